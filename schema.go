@@ -1,0 +1,87 @@
+// Package outboxd holds the outbox schema and applies it to a database.
+//
+// Applications enqueue through package [github.com/outboxd/outboxd/outbox]; the relay
+// lives in [github.com/outboxd/outboxd/relay]. This package only embeds schema.sql and
+// migrates a database to it, for `outboxd migrate` and for applications that embed the
+// relay and prefer to migrate at start.
+package outboxd
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Schema is the text of schema.sql: the whole current schema, idempotent.
+//
+//go:embed schema.sql
+var Schema string
+
+// SchemaVersion is the version schema.sql records in outbox_schema_migrations.
+const SchemaVersion = 1
+
+// ErrSchemaTooNew is returned by [Migrate] when the database was migrated by a newer
+// outboxd than this one: applying an older schema could undo its changes.
+var ErrSchemaTooNew = errors.New("database schema is newer than this outboxd")
+
+// Beginner starts a transaction; [pgx.Conn], [pgxpool.Pool] and [pgx.Tx] satisfy it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// migrateLockID is the advisory lock that serialises concurrent migrations
+// (several relays starting at once). The number is arbitrary but fixed.
+const migrateLockID = 7_345_120_001
+
+// Migrate brings the database to [SchemaVersion] by applying [Schema] in one transaction,
+// under an advisory lock so that concurrent callers apply it once. A database already at
+// the current version is left alone; one at a newer version is refused with
+// [ErrSchemaTooNew]. Rows are never dropped: every schema change is additive.
+//
+// It returns the version the database had before (0 for an empty database).
+func Migrate(ctx context.Context, db Beginner) (from int, err error) {
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrateLockID)); err != nil {
+			return fmt.Errorf("take migration lock: %w", err)
+		}
+		from, err = currentVersion(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if from > SchemaVersion {
+			return fmt.Errorf("%w: database is at version %d, this outboxd knows version %d; upgrade outboxd",
+				ErrSchemaTooNew, from, SchemaVersion)
+		}
+		if from == SchemaVersion {
+			return nil
+		}
+		// Exec without arguments uses the simple protocol, which runs a multi-statement script.
+		if _, err := tx.Exec(ctx, Schema); err != nil {
+			return fmt.Errorf("apply schema version %d: %w", SchemaVersion, err)
+		}
+		return nil
+	})
+	return from, err
+}
+
+// currentVersion reads the newest applied version, 0 when the table does not exist yet.
+func currentVersion(ctx context.Context, tx pgx.Tx) (int, error) {
+	// A savepoint keeps the transaction usable when the table is missing.
+	var v int
+	err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+		return sp.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM outbox_schema_migrations`).Scan(&v)
+	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	return v, nil
+}
