@@ -36,6 +36,9 @@ CREATE TABLE IF NOT EXISTS outbox (
     -- The lease of the relay delivering the row: set while status = 'delivering'.
     lease_owner      text,
     lease_expires_at timestamptz,
+    -- The latest attempt ended without knowing whether the receiver acted (lease expired
+    -- mid-send, connection lost after the request was written).
+    ambiguous        boolean     NOT NULL DEFAULT false,
     created_at       timestamptz NOT NULL DEFAULT now(),
     updated_at       timestamptz NOT NULL DEFAULT now(),
     delivered_at     timestamptz,
@@ -66,9 +69,9 @@ CREATE TABLE IF NOT EXISTS outbox (
         CHECK (status <> 'delivering' OR (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL))
 );
 
--- The claim query's index: pending rows in the order they become due.
+-- The claim query's index: pending rows of a connector in the order they become due.
 CREATE INDEX IF NOT EXISTS outbox_pending_due
-    ON outbox (next_attempt_at, id) WHERE status = 'pending';
+    ON outbox (connector, next_attempt_at, id) WHERE status = 'pending';
 
 -- Rows in flight, by lease expiry: finds rows whose relay died.
 CREATE INDEX IF NOT EXISTS outbox_delivering_lease
@@ -96,13 +99,14 @@ CREATE TABLE IF NOT EXISTS outbox_attempts (
     relay_id    text        NOT NULL,
     started_at  timestamptz NOT NULL,
     finished_at timestamptz,
-    -- delivered: the receiver accepted; retry: failed, will be tried again;
-    -- failed: failed for good; ambiguous: the relay cannot know whether the receiver acted.
+    -- delivered: the receiver accepted; retry: failed, to be tried again; dead: failed for
+    -- good; held: left for an operator; lease_expired: the relay vanished mid-attempt.
     outcome     text        NOT NULL,
+    -- The relay cannot know whether the receiver acted on this attempt.
     ambiguous   boolean     NOT NULL DEFAULT false,
     error       text,
     CONSTRAINT outbox_attempts_outcome_known
-        CHECK (outcome IN ('delivered', 'retry', 'failed', 'ambiguous', 'released'))
+        CHECK (outcome IN ('delivered', 'retry', 'dead', 'held', 'lease_expired'))
 );
 
 CREATE INDEX IF NOT EXISTS outbox_attempts_outbox_id

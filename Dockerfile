@@ -1,0 +1,22 @@
+# syntax=docker/dockerfile:1
+# Multi-stage: build a static binary, ship it on a small image with CA certificates and a
+# non-root user.
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN --mount=type=cache,target=/go/pkg/mod go mod download
+COPY . .
+ARG VERSION=dev
+RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/outboxd ./cmd/outboxd
+
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --no-create-home outboxd
+COPY --from=build /out/outboxd /usr/local/bin/outboxd
+USER outboxd
+ENV OUTBOX_HTTP_ADDR=:8080
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/outboxd"]
+CMD ["serve"]

@@ -1,0 +1,454 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/webhook"
+	"github.com/outboxd/outboxd/internal/config"
+	"github.com/outboxd/outboxd/internal/pgcluster"
+	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/outbox"
+	"github.com/outboxd/outboxd/relay"
+)
+
+// demoTimeout bounds the whole demo, so it never hangs; it normally takes a few seconds.
+const demoTimeout = 60 * time.Second
+
+// demoSuccess is the demo's last line when everything ended as it should.
+const demoSuccess = "every effect happened once; the permanent failure is dead with its reason"
+
+func newDemoCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "demo",
+		Short: "Watch the relay deliver a few intents, failures included, to a local receiver",
+		Long: "demo shows outboxd end to end in a few seconds. It starts a throwaway PostgreSQL from the local " +
+			"server binaries (or uses OUTBOX_DATABASE_URL), migrates it, starts a receiver on loopback that " +
+			"enforces Idempotency-Key, runs the relay against it and commits five intents in one application " +
+			"transaction: two that succeed at once, one whose receiver performs the effect and then drops the " +
+			"connection before answering, one that fails twice before it succeeds, and one the receiver refuses " +
+			"for good.\n\n" +
+			"It prints each attempt as it happens and the end state, and exits 0 only when every delivered " +
+			"intent had exactly one effect at the receiver and the refused one is dead with its reason. " +
+			"It stops everything it started and removes the throwaway database. With OUTBOX_DATABASE_URL, " +
+			"the demo's rows stay in that database under keys that start with the run id it prints, for a " +
+			"relay instance of their own (webhook:demo_<run id>), so no other row is touched.",
+		Example: `  # a throwaway PostgreSQL from initdb and pg_ctl (on PATH or under /usr/lib/postgresql/*/bin)
+  outboxd demo
+
+  # the same, from a checkout
+  make demo
+
+  # an existing database: migrated, and the demo's five rows stay there
+  OUTBOX_DATABASE_URL=postgres://app@localhost/app outboxd demo`,
+		RunE: func(cmd *cobra.Command, _ []string) error { return demo(cmd.Context(), e) },
+	}
+}
+
+// demoIntent is one of the demo's intents and what its receiver is told to do.
+type demoIntent struct {
+	key      string
+	what     string // what the receiver does, for a person
+	plan     receiver.Plan
+	payload  map[string]any
+	wantDead bool
+}
+
+// demo runs the demonstration; see newDemoCmd.
+func demo(ctx context.Context, e *env) error {
+	logCfg, err := config.LoadLog(e.environ)
+	if err != nil {
+		return usageError{err}
+	}
+	// The demo's own lines tell the story; the relay's logs only show problems.
+	logger := newLogger(e.stderr, config.Log{Format: logCfg.Format, Level: "warn"})
+
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeoutCause(ctx, demoTimeout,
+		fmt.Errorf("the demo did not finish within %s", demoTimeout))
+	defer cancel()
+
+	out := newStoryWriter(e.stdout)
+	runID := randomHex(4)
+	out.plain("outboxd demo (run %s): the relay delivers five intents to a local receiver that enforces Idempotency-Key.\n", runID)
+
+	// The database: the given one, or a throwaway cluster.
+	instance := "webhook"
+	var dsn string
+	if db, err := config.LoadDatabase(e.environ); err == nil {
+		dsn = db.URL
+		// A relay instance of its own, so the demo relay never claims the database's
+		// other rows, and keys of its own.
+		instance = "webhook:demo_" + runID
+		out.plain("database: OUTBOX_DATABASE_URL (%s); the demo's rows use relay instance %s\n", db, instance)
+	} else {
+		out.plain("database: starting a throwaway PostgreSQL from the local server binaries ...")
+		started := time.Now()
+		cluster, err := pgcluster.Start(ctx, pgcluster.Options{})
+		if err != nil {
+			if errors.Is(err, pgcluster.ErrNotFound) {
+				return fmt.Errorf("%w; or set OUTBOX_DATABASE_URL to use an existing database", err)
+			}
+			return fmt.Errorf("start PostgreSQL: %w", err)
+		}
+		defer func() {
+			if err := cluster.Stop(); err != nil {
+				fmt.Fprintln(e.stderr, "outboxd: stop the throwaway PostgreSQL:", err)
+			}
+		}()
+		dsn = cluster.URL("postgres")
+		out.plain(" ready on 127.0.0.1:%d after %s\n", cluster.Port(), time.Since(started).Round(10*time.Millisecond))
+	}
+	poolCfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return usageError{fmt.Errorf("OUTBOX_DATABASE_URL: %w", err)}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("database pool: %w", err)
+	}
+	defer pool.Close()
+	if _, err := outboxd.Migrate(ctx, pool); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	out.plain("schema: migrated to version %d\n", outboxd.SchemaVersion)
+
+	intents := demoIntents(runID)
+	what := make(map[string]string, len(intents))
+	for _, in := range intents {
+		what[in.key] = in.what
+	}
+	// The receiver reports each effect as it performs it.
+	rcv, err := receiver.Start(receiver.Options{OnEffect: func(eff receiver.Effect) {
+		out.event("receiver   %s: performed the effect (effect #%d at this receiver)", eff.Key, eff.Seq)
+	}})
+	if err != nil {
+		return fmt.Errorf("start receiver: %w", err)
+	}
+	defer rcv.Close()
+	for _, in := range intents {
+		rcv.Plan(in.key, in.plan)
+	}
+	out.plain("receiver: %s (enforces Idempotency-Key: a repeated key gets the stored answer, no new effect)\n", rcv.URL())
+
+	hook, err := webhook.New(webhook.Config{URL: rcv.URL(), Guarantee: connectors.Enforced, Timeout: 5 * time.Second})
+	if err != nil {
+		return fmt.Errorf("webhook connector: %w", err)
+	}
+	relayCfg := &relay.Config{
+		ID:           "demo-" + runID,
+		PollInterval: 200 * time.Millisecond,
+		BackoffBase:  200 * time.Millisecond,
+		BackoffMax:   time.Second,
+		// Far beyond the demo's few seconds: on a shared database, the demo relay must
+		// not purge rows another relay keeps.
+		Retention:       100 * 365 * 24 * time.Hour,
+		ShutdownTimeout: 5 * time.Second,
+		Logger:          logger,
+	}
+	r, err := relay.New(pool, relayCfg, map[string]relay.Instance{
+		instance: {Connector: &watchedConnector{Connector: hook, rcv: rcv, out: out}},
+	})
+	if err != nil {
+		return err
+	}
+	rr := startRelay(ctx, r)
+	defer func() { _ = rr.stop() }()
+	if err := rr.waitReady(ctx); err != nil {
+		return err
+	}
+	out.plain("relay: running as %s (guarantee enforced, retries after 200ms, doubling, at most 1s apart)\n\n", r.ID())
+
+	// The application's transaction: its own writes and the intents commit together.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// ... the application's own UPDATE orders SET ... would go here ...
+		for _, in := range intents {
+			if _, err := outbox.Enqueue(ctx, tx, outbox.Message{Key: in.key, Connector: instance, Payload: in.payload}); err != nil {
+				return err // a rollback removes the intents too
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("enqueue: %w", err)
+	}
+	out.start()
+	out.plain("app: one transaction enqueued %d intents and committed:\n", len(intents))
+	for _, in := range intents {
+		out.plain("  %s  %s\n", in.key, in.what)
+	}
+	out.plain("\n")
+
+	// Wait until every intent is finished: delivered or dead.
+	final, err := waitFinished(ctx, pool, intents)
+	if err != nil {
+		return err
+	}
+	if err := rr.stop(); err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	out.plain("\n")
+	return demoReport(out, intents, final, rcv)
+}
+
+// demoIntents are the demo's intents, keyed as an application would: by the work (the
+// run, the order, the step), once per logical operation.
+func demoIntents(runID string) []demoIntent {
+	return []demoIntent{
+		{
+			key:     outbox.Key(runID, "order-1001", "send-receipt"),
+			what:    "succeeds at once",
+			payload: map[string]any{"event": "order.paid", "order": "1001", "action": "send-receipt"},
+		},
+		{
+			key:     outbox.Key(runID, "order-1001", "notify-warehouse"),
+			what:    "succeeds at once",
+			payload: map[string]any{"event": "order.paid", "order": "1001", "action": "notify-warehouse"},
+		},
+		{
+			key:     outbox.Key(runID, "order-1002", "charge-card"),
+			what:    "the receiver performs the effect, then drops the connection before answering",
+			plan:    receiver.Plan{DropAfterEffect: 1},
+			payload: map[string]any{"event": "order.placed", "order": "1002", "action": "charge-card", "amount": 4200},
+		},
+		{
+			key:     outbox.Key(runID, "order-1003", "sync-crm"),
+			what:    "the receiver fails twice (503), then succeeds",
+			plan:    receiver.Plan{FailFirst: 2},
+			payload: map[string]any{"event": "order.paid", "order": "1003", "action": "sync-crm"},
+		},
+		{
+			key:      outbox.Key(runID, "order-1004", "post-invoice"),
+			what:     "the receiver refuses it for good (422)",
+			plan:     receiver.Plan{PermanentStatus: 422},
+			payload:  map[string]any{"event": "order.paid", "order": "1004", "action": "post-invoice"},
+			wantDead: true,
+		},
+	}
+}
+
+// waitFinished polls the intents every 100ms until each is delivered or dead.
+func waitFinished(ctx context.Context, pool *pgxpool.Pool, intents []demoIntent) ([]outbox.Intent, error) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		final := make([]outbox.Intent, len(intents))
+		done := true
+		for i, in := range intents {
+			got, err := outbox.Get(ctx, pool, in.key)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil, fmt.Errorf("waiting for the intents to finish: %w", context.Cause(ctx))
+				}
+				return nil, err
+			}
+			final[i] = got
+			if got.Status != outbox.StatusDelivered && got.Status != outbox.StatusDead {
+				done = false
+			}
+		}
+		if done {
+			return final, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for the intents to finish: %w", context.Cause(ctx))
+		case <-tick.C:
+		}
+	}
+}
+
+// demoReport prints the end state and checks it; it returns an error when the demo did
+// not end as it should.
+func demoReport(out *storyWriter, intents []demoIntent, final []outbox.Intent, rcv *receiver.Receiver) error {
+	var problems []string
+	out.plain("end state:\n")
+	tw := tabwriter.NewWriter(out.w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  KEY\tSTATUS\tATTEMPTS\tEFFECTS AT RECEIVER\tLAST ERROR")
+	for i, in := range intents {
+		got := final[i]
+		effects := rcv.Effects(in.key)
+		lastErr := ""
+		if got.Status == outbox.StatusDead {
+			lastErr = got.LastError
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%s\n", in.key, got.Status, got.Attempts, effects, lastErr)
+
+		switch {
+		case in.wantDead && got.Status != outbox.StatusDead:
+			problems = append(problems, fmt.Sprintf("%s should be dead, but is %s", in.key, got.Status))
+		case in.wantDead && got.LastError == "":
+			problems = append(problems, fmt.Sprintf("%s is dead without a reason in last_error", in.key))
+		case in.wantDead && effects != 0:
+			problems = append(problems, fmt.Sprintf("%s is dead, yet the receiver performed its effect %d times", in.key, effects))
+		case !in.wantDead && got.Status != outbox.StatusDelivered:
+			problems = append(problems, fmt.Sprintf("%s should be delivered, but is %s: %s", in.key, got.Status, got.LastError))
+		case !in.wantDead && effects != 1:
+			problems = append(problems, fmt.Sprintf("%s was delivered with %d effects at the receiver instead of exactly 1", in.key, effects))
+		}
+	}
+	_ = tw.Flush()
+	out.plain("\n")
+	if len(problems) > 0 {
+		for _, p := range problems {
+			out.plain("PROBLEM: %s\n", p)
+		}
+		return fmt.Errorf("the demo did not end as it should: %d problem(s), listed above", len(problems))
+	}
+	out.plain("%s\n", demoSuccess)
+	return nil
+}
+
+// watchedConnector wraps the demo's webhook connector to print each attempt as it ends.
+type watchedConnector struct {
+	connectors.Connector
+	rcv *receiver.Receiver
+	out *storyWriter
+}
+
+// Deliver delivers through the wrapped connector and prints how the attempt ended.
+func (w *watchedConnector) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
+	// Attempts of one row never overlap, so the count before and after tells whether
+	// this attempt performed the effect.
+	before := w.rcv.Effects(d.Key)
+	res, err := w.Connector.Deliver(ctx, d)
+	after := w.rcv.Effects(d.Key)
+	var outcome string
+	switch {
+	case err == nil && after == before && after > 0:
+		outcome = fmt.Sprintf("delivered: %s, the receiver's stored answer (no new effect)", resultStatus(res))
+	case err == nil:
+		outcome = "delivered: " + resultStatus(res)
+	case connectors.IsPermanent(err):
+		outcome = "permanent failure, not retried: " + err.Error()
+	case connectors.IsAmbiguous(err):
+		outcome = "ambiguous, retried with the same key: " + err.Error()
+	default:
+		outcome = "failed, retried with the same key: " + err.Error()
+	}
+	w.out.event("attempt %d  %s: %s", d.Attempt, d.Key, outcome)
+	return res, err
+}
+
+// resultStatus returns the status code in a webhook result, such as "200".
+func resultStatus(res json.RawMessage) string {
+	var r struct {
+		Status int `json:"status"`
+	}
+	if json.Unmarshal(res, &r) != nil || r.Status == 0 {
+		return "ok"
+	}
+	return fmt.Sprint(r.Status)
+}
+
+// storyWriter writes the demo's lines, from any goroutine, whole.
+type storyWriter struct {
+	mu    sync.Mutex
+	w     io.Writer
+	since time.Time
+}
+
+func newStoryWriter(w io.Writer) *storyWriter { return &storyWriter{w: w, since: time.Now()} }
+
+// start restarts the clock of event lines: time 0 is the commit.
+func (s *storyWriter) start() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.since = time.Now()
+}
+
+// plain writes text as is.
+func (s *storyWriter) plain(format string, args ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fmt.Fprintf(s.w, format, args...)
+}
+
+// event writes one line prefixed with the time since the commit.
+func (s *storyWriter) event(format string, args ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	line := strings.TrimRight(fmt.Sprintf(format, args...), "\n")
+	fmt.Fprintf(s.w, "%+8.3fs  %s\n", time.Since(s.since).Seconds(), line)
+}
+
+// runningRelay is a relay running in a goroutine of its own.
+type runningRelay struct {
+	r      *relay.Relay
+	cancel context.CancelFunc
+	done   chan struct{} // closed once Run returned
+	err    error         // what Run returned; read after done is closed
+}
+
+// startRelay runs r until stop is called or ctx ends.
+func startRelay(ctx context.Context, r *relay.Relay) *runningRelay {
+	ctx, cancel := context.WithCancel(ctx)
+	rr := &runningRelay{r: r, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(rr.done)
+		rr.err = r.Run(ctx)
+	}()
+	return rr
+}
+
+// waitReady waits until the relay is ready: the database answers and it listens for
+// NOTIFY, so rows committed from now on wake it at once.
+func (rr *runningRelay) waitReady(ctx context.Context) error {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if rr.r.Ready(ctx) == nil {
+			return nil
+		}
+		select {
+		case <-rr.done:
+			if rr.err != nil {
+				return fmt.Errorf("relay: %w", rr.err)
+			}
+			return errors.New("relay stopped before it was ready")
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the relay: %w", context.Cause(ctx))
+		case <-tick.C:
+		}
+	}
+}
+
+// stop stops the relay and waits until Run returned. Calling it again returns the same.
+func (rr *runningRelay) stop() error {
+	rr.cancel()
+	<-rr.done
+	return rr.err
+}
+
+// randomHex returns n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// quietLogger discards everything below warnings; for commands whose own output tells
+// the story.
+func quietLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}

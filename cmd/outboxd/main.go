@@ -1,0 +1,106 @@
+// Command outboxd is the transactional-outbox relay for PostgreSQL: it serves the relay,
+// migrates the schema, and gives operators the commands to see and repair the outbox.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set with -ldflags "-X main.version=...".
+var version = ""
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Environ(), os.Stdin, os.Stdout, os.Stderr))
+}
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// usageError marks a mistake in how the command was called: exit 2, with a hint.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// env is what commands read instead of the process environment, so tests can run them
+// in parallel.
+type env struct {
+	environ []string
+	stdin   io.Reader
+	stdout  io.Writer
+	stderr  io.Writer
+}
+
+// run executes one command line and returns the exit code.
+func run(ctx context.Context, args, environ []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	e := &env{environ: environ, stdin: stdin, stdout: stdout, stderr: stderr}
+	root := newRootCmd(e)
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintln(stderr, "outboxd:", err)
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintln(stderr, "Run 'outboxd --help' for usage.")
+		return exitUsage
+	}
+	return exitFailure
+}
+
+func newRootCmd(e *env) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "outboxd",
+		Short:         "Transactional-outbox relay for PostgreSQL",
+		Long:          "outboxd delivers the intents your application writes to the outbox table, exactly once per idempotency key as far as the receiver allows.",
+		Version:       buildVersion(),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(newMigrateCmd(e))
+	root.AddCommand(newServeCmd(e))
+	root.AddCommand(newDemoCmd(e))
+	root.AddCommand(newBenchCmd(e))
+	for _, c := range root.Commands() {
+		if c.Args == nil {
+			c.Args = noArgs
+		}
+	}
+	return root
+}
+
+// noArgs refuses positional arguments as a usage error.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usagef("%s takes no arguments, got %q", cmd.CommandPath(), args[0])
+	}
+	return nil
+}
+
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" {
+		return info.Main.Version
+	}
+	return "dev"
+}

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+
+	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/internal/config"
+)
+
+func newMigrateCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade the outbox schema",
+		Long: "migrate applies the schema embedded in this binary to OUTBOX_DATABASE_URL. It is safe to run " +
+			"again and from several processes at once; rows are never dropped.",
+		Example: "  OUTBOX_DATABASE_URL=postgres://app@localhost/app outboxd migrate",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			db, err := config.LoadDatabase(e.environ)
+			if err != nil {
+				return usageError{err}
+			}
+			ctx := cmd.Context()
+			conn, err := pgx.Connect(ctx, db.URL)
+			if err != nil {
+				return fmt.Errorf("connect: %w", err)
+			}
+			defer conn.Close(ctx)
+			from, err := outboxd.Migrate(ctx, conn)
+			if err != nil {
+				return err
+			}
+			if from == outboxd.SchemaVersion {
+				fmt.Fprintf(e.stdout, "schema already at version %d\n", from)
+			} else {
+				fmt.Fprintf(e.stdout, "schema migrated from version %d to %d\n", from, outboxd.SchemaVersion)
+			}
+			return nil
+		},
+	}
+}

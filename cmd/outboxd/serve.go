@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outboxd/outboxd/connectors/webhook"
+	"github.com/outboxd/outboxd/internal/config"
+	"github.com/outboxd/outboxd/internal/httpserver"
+	"github.com/outboxd/outboxd/relay"
+)
+
+func newServeCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "serve",
+		Short: "Run the relay and its HTTP endpoints",
+		Long: "serve delivers the outbox: it claims due rows in OUTBOX_DATABASE_URL, delivers them through the " +
+			"configured connector instances, and records each outcome. It also serves /healthz, /readyz and " +
+			"/metrics on OUTBOX_HTTP_ADDR.\n\n" +
+			"Everything is configured by environment variables (the README lists them all); at least one " +
+			"connector instance is needed. SIGINT or SIGTERM stops claiming and gives deliveries in flight " +
+			"OUTBOX_SHUTDOWN_TIMEOUT to finish; a second signal exits at once.",
+		Example: `  # the default webhook instance
+  OUTBOX_DATABASE_URL=postgres://app@localhost/app \
+  OUTBOX_WEBHOOK_URL=https://example.com/hooks/outbox \
+  outboxd serve
+
+  # two named webhook instances, one whose receiver dedupes on Idempotency-Key; JSON logs
+  OUTBOX_DATABASE_URL='postgres://app@localhost/app?pool_max_conns=16' \
+  OUTBOX_CONNECTORS=webhook:crm,webhook:billing \
+  OUTBOX_WEBHOOK_CRM_URL=https://crm.example.com/hooks \
+  OUTBOX_WEBHOOK_BILLING_URL=https://billing.example.com/hooks \
+  OUTBOX_WEBHOOK_BILLING_GUARANTEE=enforced \
+  OUTBOX_LOG_FORMAT=json \
+  outboxd serve`,
+		RunE: func(cmd *cobra.Command, _ []string) error { return serve(cmd.Context(), e) },
+	}
+}
+
+// serve runs the relay and the HTTP server until a signal (or ctx) stops them.
+func serve(ctx context.Context, e *env) error {
+	cfg, err := config.Load(e.environ)
+	if err != nil {
+		return usageError{err}
+	}
+	if len(cfg.Instances()) == 0 {
+		return usagef("no connector instance is configured: set OUTBOX_WEBHOOK_URL for the default webhook " +
+			"instance, or name instances in OUTBOX_CONNECTORS (webhook:crm reads OUTBOX_WEBHOOK_CRM_URL)")
+	}
+	poolCfg, err := poolConfig(cfg.Database.URL, cfg.Engine.Concurrency)
+	if err != nil {
+		// pgconn's message shows the DSN with its password redacted.
+		return usageError{fmt.Errorf("OUTBOX_DATABASE_URL: %w", err)}
+	}
+	instances, err := buildInstances(cfg)
+	if err != nil {
+		return usageError{err}
+	}
+	logger := newLogger(e.stderr, cfg.Log)
+
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+
+	// The pool connects lazily: relay.Run pings it first, retrying while the database
+	// comes up.
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("database pool: %w", err)
+	}
+	defer pool.Close()
+
+	relayCfg := cfg.Relay()
+	relayCfg.Logger = logger
+	relayCfg.Registerer = registry
+	r, err := relay.New(pool, relayCfg, instances)
+	if err != nil {
+		return err
+	}
+
+	srv := httpserver.New(&httpserver.Config{
+		Addr:            cfg.HTTPAddr,
+		ReadyFunc:       r.Ready,
+		Gatherer:        registry,
+		ShutdownTimeout: cfg.Engine.ShutdownTimeout,
+		Logger:          logger.With("component", "http"),
+	})
+	// Listen before the relay starts, so a taken port fails before any row is claimed.
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listen on OUTBOX_HTTP_ADDR: %w", err)
+	}
+
+	logger.InfoContext(ctx, "outboxd starting", "version", buildVersion(), "config", cfg)
+	// Either part failing ends the other: a relay that cannot start takes the HTTP
+	// server down with it, and a failed listener stops the relay.
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := r.Run(gctx); err != nil {
+			return fmt.Errorf("relay: %w", err)
+		}
+		if gctx.Err() == nil {
+			return errors.New("relay: stopped without being asked to")
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		signaled := ctx.Err() != nil // rather than a failure of the relay or the server
+		// The signals get their default behaviour back, so a second one kills the process.
+		stop()
+		if signaled {
+			logger.InfoContext(gctx, "stopping: finishing deliveries in flight; a second signal exits at once",
+				"shutdown_timeout", cfg.Engine.ShutdownTimeout.String())
+		}
+		return nil
+	})
+	g.Go(func() error {
+		if err := srv.Serve(gctx, ln); err != nil {
+			return fmt.Errorf("http server: %w", err)
+		}
+		return nil
+	})
+	// The error is printed once, by run.
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	logger.InfoContext(ctx, "outboxd stopped")
+	return nil
+}
+
+// buildInstances makes the relay's connector instances from the configuration. The
+// webhook instances share one client, and so one pool of keep-alive connections.
+func buildInstances(cfg *config.Config) (map[string]relay.Instance, error) {
+	client := &http.Client{Transport: webhook.DefaultTransport()}
+	instances := make(map[string]relay.Instance, len(cfg.Webhooks))
+	for _, w := range cfg.Webhooks {
+		conn, err := webhook.New(webhook.Config{
+			URL:       w.URL,
+			Secret:    w.Secret.Reveal(),
+			Timeout:   w.Timeout,
+			Guarantee: w.Guarantee,
+			Client:    client,
+		})
+		if err != nil {
+			// config.Load has checked what webhook.New checks; this names the variables
+			// in case the two ever disagree.
+			return nil, fmt.Errorf("%s (%s*): %w", w.Instance(), w.Prefix(), err)
+		}
+		instances[w.Instance()] = w.RelayInstance(conn)
+	}
+	return instances, nil
+}
+
+// poolConfig parses the DSN into a pool configuration. Pool settings stay in the DSN
+// (pool_max_conns=...); when it does not set pool_max_conns, the pool is sized for the
+// relay's concurrency rather than pgxpool's default of the CPU count: deliveries hold
+// no connection while they wait on a receiver, but each outcome is written on one.
+func poolConfig(dsn string, concurrency int) (*pgxpool.Config, error) {
+	// pgxpool.ParseConfig removes pool_max_conns from what it parsed, so whether the
+	// DSN sets it is read from pgconn's parse.
+	connCfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if _, set := connCfg.RuntimeParams["pool_max_conns"]; !set {
+		cfg.MaxConns = int32(min(max(8, 4+concurrency/16), math.MaxInt32))
+	}
+	return cfg, nil
+}

@@ -1,0 +1,178 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/internal/config"
+	"github.com/outboxd/outboxd/relay"
+)
+
+func TestServeUsageErrors(t *testing.T) {
+	t.Parallel()
+
+	tests := []struct {
+		name    string
+		args    []string
+		environ []string
+		want    []string // lines stderr must contain
+		notWant []string // what stderr must not show (secrets)
+	}{
+		{
+			name:    "EveryConfigProblem",
+			args:    []string{"serve"},
+			environ: []string{"OUTBOX_LEASE=30", "OUTBOX_CONNECTORS=webhook:crm", "OUTBOX_LOG_LEVEL=loud"},
+			want: []string{
+				"outboxd: invalid configuration:",
+				"- OUTBOX_DATABASE_URL is required but not set",
+				`- OUTBOX_LOG_LEVEL must be debug, info, warn or error, got "loud"`,
+				`- OUTBOX_LEASE must be a duration such as 500ms, 30s or 1h30m, got "30"`,
+				"- OUTBOX_WEBHOOK_CRM_URL is required for webhook:crm, which OUTBOX_CONNECTORS names",
+				"Run 'outboxd --help' for usage.",
+			},
+		},
+		{
+			name: "SecretsStayHidden",
+			args: []string{"serve"},
+			environ: []string{
+				"OUTBOX_DATABASE_URL=postgres://app:hunter2@localhost/app",
+				"OUTBOX_WEBHOOK_URL=https://example.com/hook",
+				"OUTBOX_WEBHOOK_SECRET=not-a-whsec-secret",
+				"OUTBOX_WEBHOOK_GUARANTEE=maybe",
+			},
+			want: []string{
+				"- OUTBOX_WEBHOOK_SECRET must be whsec_ followed by base64 (the Standard Webhooks format)",
+				`- OUTBOX_WEBHOOK_GUARANTEE must be forwarded or enforced, got "maybe"`,
+			},
+			notWant: []string{"hunter2", "not-a-whsec-secret"},
+		},
+		{
+			name:    "NoConnector",
+			args:    []string{"serve"},
+			environ: []string{"OUTBOX_DATABASE_URL=postgres://app@localhost/app"},
+			want: []string{
+				"outboxd: no connector instance is configured: set OUTBOX_WEBHOOK_URL for the default webhook instance, " +
+					"or name instances in OUTBOX_CONNECTORS (webhook:crm reads OUTBOX_WEBHOOK_CRM_URL)",
+			},
+		},
+		{
+			name: "BadDSN",
+			args: []string{"serve"},
+			environ: []string{
+				"OUTBOX_DATABASE_URL=postgres://app:hunter2@localhost:notaport/app",
+				"OUTBOX_WEBHOOK_URL=https://example.com/hook",
+			},
+			want:    []string{"outboxd: OUTBOX_DATABASE_URL: cannot parse `postgres://app:xxxxx@localhost:notaport/app`"},
+			notWant: []string{"hunter2"},
+		},
+		{
+			name:    "Arguments",
+			args:    []string{"serve", "now"},
+			environ: []string{"OUTBOX_DATABASE_URL=postgres://app@localhost/app", "OUTBOX_WEBHOOK_URL=https://example.com/hook"},
+			want:    []string{`outboxd: outboxd serve takes no arguments, got "now"`},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+
+			var stdout, stderr bytes.Buffer
+			code := run(t.Context(), tt.args, tt.environ, strings.NewReader(""), &stdout, &stderr)
+			require.Equal(t, exitUsage, code, stderr.String())
+			lines := strings.Split(stderr.String(), "\n")
+			for _, want := range tt.want {
+				require.True(t, containsPrefix(lines, want), "stderr lacks %q:\n%s", want, stderr.String())
+			}
+			for _, secret := range tt.notWant {
+				require.NotContains(t, stderr.String(), secret)
+			}
+			require.Empty(t, stdout.String())
+		})
+	}
+}
+
+// containsPrefix reports whether one of lines starts with prefix.
+func containsPrefix(lines []string, prefix string) bool {
+	for _, l := range lines {
+		if strings.HasPrefix(l, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestServeHelp(t *testing.T) {
+	t.Parallel()
+
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"serve", "--help"}, nil, strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitOK, code, stderr.String())
+	require.Contains(t, stdout.String(), "Examples:\n")
+	require.Contains(t, stdout.String(), "OUTBOX_WEBHOOK_URL=https://example.com/hooks/outbox")
+	require.Contains(t, stdout.String(), "a second signal exits at once")
+}
+
+func TestPoolConfig(t *testing.T) {
+	t.Parallel()
+
+	tests := []struct {
+		name        string
+		dsn         string
+		concurrency int
+		want        int32
+	}{
+		{"DefaultConcurrency", "postgres://app@localhost/app", 128, 12},
+		{"Small", "postgres://app@localhost/app", 16, 8},
+		{"Large", "host=localhost user=app", 1024, 68},
+		{"SetInURL", "postgres://app@localhost/app?pool_max_conns=3", 1024, 3},
+		{"SetInKeywords", "host=localhost user=app pool_max_conns=40", 16, 40},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := poolConfig(tt.dsn, tt.concurrency)
+			require.NoError(t, err)
+			require.Equal(t, tt.want, cfg.MaxConns)
+		})
+	}
+
+	_, err := poolConfig("postgres://app@localhost/app?pool_max_conns=none", 128)
+	require.ErrorContains(t, err, "cannot parse pool_max_conns")
+}
+
+func TestBuildInstances(t *testing.T) {
+	t.Parallel()
+
+	cfg, err := config.Load([]string{
+		"OUTBOX_DATABASE_URL=postgres://app@localhost/app",
+		"OUTBOX_WEBHOOK_URL=http://127.0.0.1:1/hook",
+		"OUTBOX_CONNECTORS=webhook:crm",
+		"OUTBOX_WEBHOOK_CRM_URL=http://127.0.0.1:1/crm",
+		"OUTBOX_WEBHOOK_CRM_SECRET=whsec_c2VjcmV0LWRlZmF1bHQ=",
+		"OUTBOX_WEBHOOK_CRM_GUARANTEE=enforced",
+		"OUTBOX_WEBHOOK_CRM_RATE=5",
+		"OUTBOX_WEBHOOK_CRM_CONCURRENCY=3",
+		"OUTBOX_WEBHOOK_CRM_ON_AMBIGUOUS=hold",
+	})
+	require.NoError(t, err)
+
+	instances, err := buildInstances(cfg)
+	require.NoError(t, err)
+	require.Len(t, instances, 2)
+
+	def := instances["webhook"]
+	require.Equal(t, connectors.Forwarded, def.Connector.Guarantee())
+	require.Equal(t, relay.AmbiguousRetry, def.OnAmbiguous)
+	require.Zero(t, def.Rate)
+	require.Zero(t, def.Concurrency)
+
+	crm := instances["webhook:crm"]
+	require.Equal(t, connectors.Enforced, crm.Connector.Guarantee())
+	require.Equal(t, relay.AmbiguousHold, crm.OnAmbiguous)
+	require.Equal(t, 5.0, crm.Rate)
+	require.Equal(t, 3, crm.Concurrency)
+}

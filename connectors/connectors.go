@@ -1,0 +1,173 @@
+// Package connectors defines what the relay asks of a connector: deliver one row, and
+// say honestly whether the receiver enforces the idempotency key.
+//
+// Each connector kind lives in its own package below this one (webhook, email, slack,
+// payment) and keeps its SDK to itself. A connector classifies failures by wrapping them:
+// [Permanent] for failures a retry cannot fix, [RetryAfter] for a receiver that named a
+// delay, [Ambiguous] when the request may have reached the receiver and nobody knows
+// whether it acted. Any other error is retried with backoff.
+package connectors
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// Guarantee is what a connector's receiver promises about the idempotency key.
+type Guarantee string
+
+const (
+	// Enforced: the receiver dedupes on the key (Stripe, receivers that honour
+	// Idempotency-Key), so a retry after an ambiguous attempt is safe.
+	Enforced Guarantee = "enforced"
+	// Reconciled: the receiver does not dedupe, but the connector can ask it whether the
+	// effect already happened before retrying.
+	Reconciled Guarantee = "reconciled"
+	// Forwarded: the key travels with the request but nothing downstream is known to
+	// enforce it; a retry after an ambiguous attempt may duplicate the effect.
+	Forwarded Guarantee = "forwarded"
+)
+
+// Delivery is one attempt to deliver one row.
+type Delivery struct {
+	// Key is the row's idempotency key, the same on every attempt.
+	Key string
+	// Attempt is this attempt's number, starting at 1.
+	Attempt int
+	// Payload is the row's payload, verbatim JSON.
+	Payload json.RawMessage
+	// Headers travel with the row, such as a W3C "traceparent".
+	Headers map[string]string
+	// PreviousAmbiguous is true when an earlier attempt ended without the relay knowing
+	// whether the receiver acted (a reconciling connector looks before acting again).
+	PreviousAmbiguous bool
+}
+
+// Connector delivers rows to one receiver. Implementations are safe for concurrent use.
+type Connector interface {
+	// Deliver performs one attempt. On success it returns the receiver's answer to store
+	// against the key (JSON). On failure it returns an error classified with [Permanent],
+	// [RetryAfter] or [Ambiguous], or a plain error to retry with backoff; the result may
+	// then still be non-nil (a 4xx body, say) and is stored too.
+	Deliver(ctx context.Context, d Delivery) (json.RawMessage, error)
+	// Guarantee says whether the receiver enforces the key.
+	Guarantee() Guarantee
+}
+
+// Permanent marks err as a failure that retrying cannot fix: the row goes to dead.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &classified{err: err, permanent: true}
+}
+
+// RetryAfter marks err as retryable no sooner than after d (a receiver's Retry-After).
+func RetryAfter(err error, d time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return &classified{err: err, retryAfter: d, hasDelay: true}
+}
+
+// Ambiguous marks err as an attempt whose effect is unknown: the request may have reached
+// the receiver, which may have acted (a timeout after the request was written, a
+// connection reset before the answer). It may wrap an error already marked RetryAfter.
+func Ambiguous(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &classified{err: err, ambiguous: true}
+}
+
+type classified struct {
+	err        error
+	permanent  bool
+	ambiguous  bool
+	retryAfter time.Duration
+	hasDelay   bool
+}
+
+func (c *classified) Error() string { return c.err.Error() }
+func (c *classified) Unwrap() error { return c.err }
+
+// The methods below are what the Is* functions look for, so an error type of a
+// connector's own can classify itself by having them.
+
+func (c *classified) Permanent() bool { return c.permanent }
+func (c *classified) Ambiguous() bool { return c.ambiguous }
+func (c *classified) RetryDelay() (time.Duration, bool) {
+	return c.retryAfter, c.hasDelay
+}
+
+// IsPermanent reports whether any error in err's chain says it is permanent.
+func IsPermanent(err error) bool {
+	return anyInChain(err, func(e error) bool {
+		p, ok := e.(interface{ Permanent() bool })
+		return ok && p.Permanent()
+	})
+}
+
+// IsAmbiguous reports whether any error in err's chain says its effect is unknown.
+func IsAmbiguous(err error) bool {
+	return anyInChain(err, func(e error) bool {
+		a, ok := e.(interface{ Ambiguous() bool })
+		return ok && a.Ambiguous()
+	})
+}
+
+// RetryDelay returns the delay a receiver asked for, if any error in err's chain has one.
+func RetryDelay(err error) (time.Duration, bool) {
+	var (
+		d  time.Duration
+		ok bool
+	)
+	anyInChain(err, func(e error) bool {
+		r, is := e.(interface{ RetryDelay() (time.Duration, bool) })
+		if is {
+			d, ok = r.RetryDelay()
+		}
+		return ok
+	})
+	return d, ok
+}
+
+// anyInChain walks err's tree (Unwrap() error and Unwrap() []error) until match holds.
+func anyInChain(err error, match func(error) bool) bool {
+	for err != nil {
+		if match(err) {
+			return true
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if anyInChain(e, match) {
+					return true
+				}
+			}
+			return false
+		default:
+			return false
+		}
+	}
+	return false
+}
+
+// ErrUnknownConnector is returned by [Set.Get] for an instance the relay does not have.
+var ErrUnknownConnector = errors.New("connector not configured")
+
+// Set holds the configured connector instances by name ("webhook", "webhook:crm").
+type Set map[string]Connector
+
+// Get returns the instance named name.
+func (s Set) Get(name string) (Connector, error) {
+	c, ok := s[name]
+	if !ok {
+		return nil, ErrUnknownConnector
+	}
+	return c, nil
+}

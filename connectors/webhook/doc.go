@@ -1,0 +1,50 @@
+// Package webhook is the connector that POSTs a row's payload to one configured URL.
+//
+// Each attempt sends the payload verbatim as the body, with
+//
+//	Content-Type: application/json
+//	Idempotency-Key: <the row's key>
+//	User-Agent: outboxd
+//
+// plus the row's own headers (such as traceparent). When [Config.Secret] is set, the
+// request is also signed the Standard Webhooks way (https://www.standardwebhooks.com):
+//
+//	webhook-id: <the row's key>
+//	webhook-timestamp: <unix seconds of this attempt>
+//	webhook-signature: v1,<base64 of HMAC-SHA256(secret, id + "." + timestamp + "." + body)>
+//
+// where the secret is the base64 part of a "whsec_…" value. The id is the key, so it is
+// the same on every attempt, while the timestamp and signature are fresh each time, as
+// the specification asks. Target URLs come only from configuration, never from rows.
+//
+// # Outcomes
+//
+// A 2xx answer is success; the stored result is
+//
+//	{"status": 200, "body": "<at most MaxResultBody bytes, valid UTF-8>", "truncated": true}
+//
+// with "truncated" present only when the body was cut. Failures return the same result
+// next to an error classified for the relay:
+//
+//   - 408, 409, 425, 429 and 5xx are retried, no sooner than a Retry-After header says
+//     (delta-seconds or an HTTP date) when there is one ([connectors.RetryAfter]).
+//   - 3xx is permanent: redirects are not followed, so a receiver that moved must be
+//     configured with its final URL.
+//   - Other 4xx are permanent ([connectors.Permanent]).
+//   - Network errors and timeouts are retried. When they happen after the whole request
+//     was written (seen with net/http/httptrace), the receiver may have acted, and the
+//     error is also marked [connectors.Ambiguous].
+//
+// # Guarantee
+//
+// A receiver is not known to dedupe on Idempotency-Key, so the connector declares
+// [connectors.Forwarded] unless the operator sets [Config.Guarantee] to
+// [connectors.Enforced] for a receiver that does.
+//
+// # Transport
+//
+// Connectors without their own [Config.Client] share one keep-alive transport,
+// [DefaultTransport], so connections to a receiver are reused across rows. The transport's
+// own silent resend of a request that carries an Idempotency-Key is turned off: the relay
+// owns retries, and must see an ambiguous attempt rather than have it hidden.
+package webhook

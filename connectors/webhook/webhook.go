@@ -1,0 +1,492 @@
+package webhook
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/outboxd/outboxd/connectors"
+)
+
+// Config configures a [Connector]. A zero field means its default.
+type Config struct {
+	// URL is where rows are POSTed: an absolute http or https URL. Required.
+	URL string
+	// Secret is a Standard Webhooks signing secret, "whsec_" followed by base64. When set,
+	// each request carries webhook-id, webhook-timestamp and webhook-signature headers.
+	// Defaults to no signing.
+	Secret string
+	// Timeout bounds one attempt, from dialling to the end of the answer's excerpt.
+	// Defaults to 10s.
+	Timeout time.Duration
+	// Guarantee is what the receiver promises about Idempotency-Key. Set
+	// [connectors.Enforced] only for a receiver that dedupes on it. Defaults to
+	// [connectors.Forwarded].
+	Guarantee connectors.Guarantee
+	// Client sends the requests; it is copied, and the copy never follows redirects.
+	// Defaults to a client on [DefaultTransport].
+	Client *http.Client
+	// MaxResultBody is how many bytes of the receiver's answer the result keeps.
+	// Defaults to 1024.
+	MaxResultBody int
+	// NowFunc is the clock for webhook-timestamp and Retry-After dates. Defaults to
+	// time.Now.
+	NowFunc func() time.Time
+}
+
+// LogValue keeps the secret out of logs.
+func (c Config) LogValue() slog.Value {
+	secret := ""
+	if c.Secret != "" {
+		secret = "REDACTED"
+	}
+	return slog.GroupValue(
+		slog.String("url", redactURL(c.URL)),
+		slog.String("secret", secret),
+		slog.Duration("timeout", c.Timeout),
+		slog.String("guarantee", string(c.Guarantee)),
+	)
+}
+
+const (
+	defaultTimeout       = 10 * time.Second
+	defaultMaxResultBody = 1024
+	secretPrefix         = "whsec_"
+	// maxDrain is how much of an answer's remaining body is read and thrown away so its
+	// connection can serve the next request; past that, closing the connection is cheaper.
+	maxDrain = 64 << 10
+	// maxErrorExcerpt bounds the body excerpt quoted in an error message, which ends up in
+	// last_error for a person to read; the result keeps the longer excerpt.
+	maxErrorExcerpt = 200
+)
+
+// ErrTimeout is the cause of an attempt that ran past [Config.Timeout]; errors.Is finds
+// it in the error Deliver returns.
+var ErrTimeout = errors.New("webhook attempt timed out")
+
+// Connector delivers rows to one webhook URL. It is safe for concurrent use.
+type Connector struct {
+	url       string
+	target    string // the URL as errors show it, without a password
+	secret    []byte
+	timeout   time.Duration
+	guarantee connectors.Guarantee
+	client    *http.Client
+	maxBody   int
+	now       func() time.Time
+}
+
+var _ connectors.Connector = (*Connector)(nil)
+
+var sharedTransport = sync.OnceValue(func() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	// The relay sends many rows to few receivers at once: keep enough idle connections
+	// per receiver that a burst doesn't open (and then close) new ones.
+	t.MaxIdleConns = 4096
+	t.MaxIdleConnsPerHost = 512
+	t.IdleConnTimeout = 90 * time.Second
+	return t
+})
+
+// DefaultTransport returns the keep-alive transport shared by every [Connector] built
+// without a [Config.Client]. It is a clone of http.DefaultTransport (proxy settings from
+// the environment, HTTP/2 when the receiver offers it) that keeps up to 512 idle
+// connections per host for 90s.
+func DefaultTransport() *http.Transport { return sharedTransport() }
+
+// New returns a connector for cfg, or an error naming the field that is wrong.
+func New(cfg Config) (*Connector, error) {
+	cfg = cfg.withDefaults()
+	c := &Connector{
+		timeout:   cfg.Timeout,
+		guarantee: cfg.Guarantee,
+		maxBody:   cfg.MaxResultBody,
+		now:       cfg.NowFunc,
+	}
+	var errs []error
+	u, err := parseURL(cfg.URL)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if cfg.Secret != "" {
+		c.secret, err = parseSecret(cfg.Secret)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if cfg.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("Timeout: %s is negative", cfg.Timeout))
+	}
+	if cfg.MaxResultBody < 0 {
+		errs = append(errs, fmt.Errorf("MaxResultBody: %d is negative", cfg.MaxResultBody))
+	}
+	switch cfg.Guarantee {
+	case connectors.Enforced, connectors.Reconciled, connectors.Forwarded:
+	default:
+		errs = append(errs, fmt.Errorf("Guarantee: %q is not enforced, reconciled or forwarded", cfg.Guarantee))
+	}
+	for i, err := range errs {
+		errs[i] = fmt.Errorf("webhook config: %w", err) // one line per problem, each complete
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	c.url, c.target = u.String(), u.Redacted()
+
+	client := &http.Client{Transport: DefaultTransport()}
+	if cfg.Client != nil {
+		copied := *cfg.Client
+		client = &copied
+	}
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	c.client = client
+	return c, nil
+}
+
+func (cfg Config) withDefaults() Config {
+	cfg.Timeout = cmp.Or(cfg.Timeout, defaultTimeout)
+	cfg.Guarantee = cmp.Or(cfg.Guarantee, connectors.Forwarded)
+	cfg.MaxResultBody = cmp.Or(cfg.MaxResultBody, defaultMaxResultBody)
+	if cfg.NowFunc == nil {
+		cfg.NowFunc = time.Now
+	}
+	return cfg
+}
+
+func parseURL(raw string) (*url.URL, error) {
+	if raw == "" {
+		return nil, errors.New("URL: required")
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		// url.Parse's error quotes the whole URL, password included; keep only the reason.
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("URL: does not parse: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("URL: scheme must be http or https, not %q", u.Scheme)
+	}
+	if u.Host == "" || u.Hostname() == "" {
+		return nil, errors.New("URL: has no host")
+	}
+	return u, nil
+}
+
+func parseSecret(s string) ([]byte, error) {
+	// The messages never quote the secret.
+	rest, ok := strings.CutPrefix(s, secretPrefix)
+	if !ok {
+		return nil, errors.New(`Secret: must start with "whsec_" (the Standard Webhooks format)`)
+	}
+	key, err := base64.StdEncoding.DecodeString(rest)
+	if err != nil {
+		return nil, errors.New(`Secret: the part after "whsec_" is not valid base64`)
+	}
+	if len(key) == 0 {
+		return nil, errors.New(`Secret: nothing after "whsec_"`)
+	}
+	return key, nil
+}
+
+// redactURL shows raw without its password, or not at all when it does not parse.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(invalid URL)"
+	}
+	return u.Redacted()
+}
+
+// String names the connector by its URL (without a password), and never shows the secret.
+func (c *Connector) String() string { return "webhook " + c.target }
+
+// LogValue keeps the secret out of logs.
+func (c *Connector) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("url", c.target),
+		slog.Bool("signed", c.secret != nil),
+		slog.String("guarantee", string(c.guarantee)),
+	)
+}
+
+// Guarantee reports what the receiver promises about Idempotency-Key, as configured.
+func (c *Connector) Guarantee() connectors.Guarantee { return c.guarantee }
+
+// result is what Deliver returns for the relay to store.
+type result struct {
+	Status    int    `json:"status"`
+	Body      string `json:"body"`
+	Truncated bool   `json:"truncated,omitempty"`
+}
+
+// reservedHeaders are set by the connector; a row's header of the same name is dropped.
+var reservedHeaders = map[string]bool{
+	"Content-Type":      true,
+	"Content-Length":    true,
+	"Transfer-Encoding": true,
+	"Connection":        true,
+	"Keep-Alive":        true,
+	"Proxy-Connection":  true,
+	"Te":                true,
+	"Trailer":           true,
+	"Upgrade":           true,
+	"Expect":            true,
+	"Host":              true,
+	"Idempotency-Key":   true,
+	"User-Agent":        true,
+	"Webhook-Id":        true,
+	"Webhook-Timestamp": true,
+	"Webhook-Signature": true,
+}
+
+// Deliver POSTs d.Payload to the configured URL, once. See the package documentation for
+// the headers sent and how the answer is classified.
+func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
+	if d.Key == "" {
+		return nil, connectors.Permanent(errors.New("deliver webhook: the row has no idempotency key"))
+	}
+	if !json.Valid(d.Payload) {
+		return nil, connectors.Permanent(errors.New("deliver webhook: the payload is not valid JSON"))
+	}
+
+	ctx, cancel := context.WithTimeoutCause(ctx, c.timeout, ErrTimeout)
+	defer cancel()
+	var wrote atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			if info.Err == nil {
+				wrote.Store(true)
+			}
+		},
+	})
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(d.Payload))
+	if err != nil {
+		return nil, connectors.Permanent(fmt.Errorf("POST %s: build request: %w", c.target, err))
+	}
+	// Without GetBody the transport cannot resend the request by itself. It otherwise
+	// would, on a reused connection that dies after the request was written, because the
+	// Idempotency-Key header marks the POST replayable to net/http: a second send the
+	// relay never sees, which turns an ambiguous attempt into a silent duplicate for a
+	// receiver that does not dedupe. The relay owns retries.
+	req.GetBody = nil
+	for name, value := range d.Headers {
+		name = http.CanonicalHeaderKey(name)
+		if reservedHeaders[name] {
+			continue
+		}
+		if !validHeader(name, value) {
+			return nil, connectors.Permanent(fmt.Errorf("POST %s: the row's header %q is not a valid HTTP header", c.target, name))
+		}
+		req.Header.Set(name, value)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", d.Key)
+	req.Header.Set("User-Agent", "outboxd")
+	if c.secret != nil {
+		ts := strconv.FormatInt(c.now().Unix(), 10)
+		req.Header.Set("Webhook-Id", d.Key)
+		req.Header.Set("Webhook-Timestamp", ts)
+		req.Header.Set("Webhook-Signature", sign(c.secret, d.Key, ts, d.Payload))
+	}
+
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return nil, c.sendError(ctx, err, wrote.Load())
+	}
+	defer func() {
+		_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
+		_ = resp.Body.Close()
+	}()
+
+	// A body cut short (a timeout while reading it, say) still leaves the status code,
+	// which is the receiver's answer; the excerpt is then marked truncated.
+	excerpt, truncated := readExcerpt(resp.Body, c.maxBody)
+	res := marshalResult(result{Status: resp.StatusCode, Body: excerpt, Truncated: truncated})
+	return res, c.classify(resp, excerpt)
+}
+
+// sign returns the webhook-signature value for one request.
+func sign(secret []byte, id, ts string, body []byte) string {
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte(id))
+	mac.Write([]byte{'.'})
+	mac.Write([]byte(ts))
+	mac.Write([]byte{'.'})
+	mac.Write(body)
+	return "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// sendError classifies a request that got no answer.
+func (c *Connector) sendError(ctx context.Context, err error, wrote bool) error {
+	// *url.Error repeats the method and URL, which our message already starts with.
+	cause := err
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		cause = ue.Err
+	}
+	timedOut := errors.Is(context.Cause(ctx), ErrTimeout)
+	if timedOut && !errors.Is(cause, ErrTimeout) {
+		cause = fmt.Errorf("%w: %w", ErrTimeout, cause)
+	}
+	switch {
+	case wrote && timedOut:
+		return connectors.Ambiguous(fmt.Errorf("POST %s: no answer within %s after the request was sent; the receiver may have acted: %w",
+			c.target, c.timeout, cause))
+	case wrote && ctx.Err() != nil:
+		return connectors.Ambiguous(fmt.Errorf("POST %s: attempt cancelled after the request was sent; the receiver may have acted: %w",
+			c.target, cause))
+	case wrote:
+		return connectors.Ambiguous(fmt.Errorf("POST %s: connection closed after the request was sent; the receiver may have acted: %w",
+			c.target, cause))
+	case timedOut:
+		return fmt.Errorf("POST %s: the request could not be sent within %s: %w", c.target, c.timeout, cause)
+	default:
+		return fmt.Errorf("POST %s: the request could not be sent: %w", c.target, cause)
+	}
+}
+
+// classify turns an answer into nil or a classified error.
+func (c *Connector) classify(resp *http.Response, excerpt string) error {
+	code := resp.StatusCode
+	if code >= 200 && code <= 299 {
+		return nil
+	}
+	answered := fmt.Sprintf("POST %s: receiver answered %s", c.target, statusText(code))
+	if q := errorExcerpt(excerpt); q != "" {
+		answered += ": " + q
+	}
+	switch {
+	case code >= 300 && code <= 399:
+		where := ""
+		if loc := resp.Header.Get("Location"); loc != "" {
+			where = " to " + redactURL(loc)
+		}
+		return connectors.Permanent(fmt.Errorf("%s (a redirect%s, not followed); configure the final URL instead", answered, where))
+	case code == http.StatusRequestTimeout, code == http.StatusConflict, code == http.StatusTooEarly,
+		code == http.StatusTooManyRequests, code >= 500:
+		err := errors.New(answered)
+		if d, ok := retryAfter(resp.Header.Get("Retry-After"), c.now()); ok {
+			return connectors.RetryAfter(err, d)
+		}
+		return err
+	default: // other 4xx, and codes outside the classes HTTP defines
+		return connectors.Permanent(errors.New(answered))
+	}
+}
+
+func statusText(code int) string {
+	if t := http.StatusText(code); t != "" {
+		return strconv.Itoa(code) + " " + t
+	}
+	return strconv.Itoa(code)
+}
+
+// retryAfter parses a Retry-After value: delta-seconds or an HTTP date (RFC 9110
+// section 10.2.3). A date in the past means no delay.
+func retryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if secs < 0 || secs > int64(365*24*time.Hour/time.Second) {
+			return 0, false
+		}
+		return time.Duration(secs) * time.Second, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	return max(t.Sub(now), 0), true
+}
+
+// readExcerpt reads up to limit bytes of body and returns them as valid UTF-8 (invalid
+// bytes become U+FFFD while it fits, and a rune cut at the end is dropped), reporting
+// whether anything was left out.
+func readExcerpt(body io.Reader, limit int) (string, bool) {
+	buf, err := io.ReadAll(io.LimitReader(body, int64(limit)+1))
+	truncated := err != nil || len(buf) > limit
+	buf = buf[:min(len(buf), limit)]
+	if utf8.Valid(buf) {
+		return string(buf), truncated
+	}
+	var b strings.Builder
+	for len(buf) > 0 {
+		r, size := utf8.DecodeRune(buf)
+		if r == utf8.RuneError && size == 1 && !utf8.FullRune(buf) {
+			truncated = true // a rune cut by the limit
+			break
+		}
+		n := size
+		if r == utf8.RuneError && size == 1 {
+			n = utf8.RuneLen(utf8.RuneError)
+		}
+		if b.Len()+n > limit {
+			truncated = true
+			break
+		}
+		b.WriteRune(r)
+		buf = buf[size:]
+	}
+	return b.String(), truncated
+}
+
+func errorExcerpt(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) <= maxErrorExcerpt {
+		return s
+	}
+	cut := maxErrorExcerpt
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+func marshalResult(r result) json.RawMessage {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // the excerpt is for people; keep <, > and & readable
+	_ = enc.Encode(r)        // cannot fail: an int, a valid UTF-8 string and a bool
+	return bytes.TrimRight(buf.Bytes(), "\n")
+}
+
+// validHeader reports whether name is an HTTP token and value has no control
+// characters other than tab, so the request is well-formed.
+func validHeader(name, value string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		ch := name[i]
+		if ch <= ' ' || ch >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, ch) >= 0 {
+			return false
+		}
+	}
+	for i := 0; i < len(value); i++ {
+		if ch := value[i]; (ch < ' ' && ch != '\t') || ch == 0x7f {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,542 @@
+package webhook_test
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/connectortest"
+	"github.com/outboxd/outboxd/connectors/webhook"
+	"github.com/outboxd/outboxd/internal/receiver"
+)
+
+// testSecret is the Standard Webhooks specification's example secret.
+const testSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+type testBundle struct {
+	r *receiver.Receiver
+	c *webhook.Connector
+}
+
+// setup starts a receiver with opts and a connector for it with cfg; cfg.URL defaults to
+// the receiver's, and cfg.Client to a client on a transport of the test's own.
+func setup(t *testing.T, opts receiver.Options, cfg webhook.Config) *testBundle {
+	t.Helper()
+	r, err := receiver.Start(opts)
+	require.NoError(t, err)
+	t.Cleanup(r.Close)
+	if cfg.URL == "" {
+		cfg.URL = r.URL()
+	}
+	if cfg.Client == nil {
+		cfg.Client = testClient(t)
+	}
+	c, err := webhook.New(cfg)
+	require.NoError(t, err)
+	return &testBundle{r: r, c: c}
+}
+
+func testClient(t *testing.T) *http.Client {
+	t.Helper()
+	tr := webhook.DefaultTransport().Clone()
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}
+}
+
+func delivery(key string) connectors.Delivery {
+	return connectors.Delivery{
+		Key:     key,
+		Attempt: 1,
+		Payload: json.RawMessage(`{ "order": 42,  "state": "paid" }`),
+		Headers: map[string]string{"traceparent": traceparent},
+	}
+}
+
+type result struct {
+	Status    int    `json:"status"`
+	Body      string `json:"body"`
+	Truncated bool   `json:"truncated"`
+}
+
+func decodeResult(t *testing.T, raw json.RawMessage) result {
+	t.Helper()
+	var res result
+	require.NoError(t, json.Unmarshal(raw, &res), "result %s", raw)
+	return res
+}
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+
+	payload := func(i int) json.RawMessage { return json.RawMessage(fmt.Sprintf(`{"row":%d}`, i)) }
+	harness := func(t *testing.T, r *receiver.Receiver, g connectors.Guarantee) connectortest.Harness {
+		t.Helper()
+		c, err := webhook.New(webhook.Config{URL: r.URL(), Guarantee: g}) // the shared transport, as in production
+		require.NoError(t, err)
+		return connectortest.Harness{
+			Connector:           c,
+			PayloadFunc:         payload,
+			EffectsFunc:         r.Effects,
+			DropAfterEffectFunc: func(key string) { r.Plan(key, receiver.Plan{DropAfterEffect: 1}) },
+		}
+	}
+
+	t.Run("Enforced", func(t *testing.T) {
+		t.Parallel()
+		r, err := receiver.Start(receiver.Options{})
+		require.NoError(t, err)
+		t.Cleanup(r.Close)
+		connectortest.Run(t, harness(t, r, connectors.Enforced))
+	})
+
+	// A receiver that ignores the key is what "forwarded" warns about.
+	t.Run("Forwarded", func(t *testing.T) {
+		t.Parallel()
+		r, err := receiver.Start(receiver.Options{IgnoreKeys: true})
+		require.NoError(t, err)
+		t.Cleanup(r.Close)
+		connectortest.Run(t, harness(t, r, connectors.Forwarded))
+	})
+}
+
+func TestDeliver_Success(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{}, webhook.Config{})
+
+	d := delivery("order-42:notify/crm")
+	d.Headers["Idempotency-Key"] = "a row can't change the key"
+	d.Headers["X-Tenant"] = "acme"
+	raw, err := b.c.Deliver(t.Context(), d)
+	require.NoError(t, err)
+
+	res := decodeResult(t, raw)
+	require.Equal(t, http.StatusOK, res.Status)
+	require.JSONEq(t, `{"received":"order-42:notify/crm","effect":1}`, res.Body)
+	require.False(t, res.Truncated)
+	require.NotContains(t, string(raw), "truncated")
+
+	log := b.r.EffectLog()
+	require.Len(t, log, 1)
+	e := log[0]
+	require.Equal(t, "order-42:notify/crm", e.Key)
+	require.Equal(t, string(d.Payload), string(e.Body), "the payload travels verbatim")
+	require.Equal(t, "application/json", e.Headers.Get("Content-Type"))
+	require.Equal(t, "outboxd", e.Headers.Get("User-Agent"))
+	require.Equal(t, traceparent, e.Headers.Get("Traceparent"))
+	require.Equal(t, "acme", e.Headers.Get("X-Tenant"))
+	require.Empty(t, e.Headers.Get("Webhook-Signature"), "no secret, no signature")
+
+	require.Equal(t, connectors.Forwarded, b.c.Guarantee(), "the default guarantee")
+}
+
+func TestDeliver_SameKeyTwice(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{}, webhook.Config{Guarantee: connectors.Enforced})
+
+	first, err := b.c.Deliver(t.Context(), delivery("k"))
+	require.NoError(t, err)
+	d := delivery("k")
+	d.Attempt = 2
+	second, err := b.c.Deliver(t.Context(), d)
+	require.NoError(t, err)
+
+	require.JSONEq(t, string(first), string(second), "the stored answer comes back")
+	require.Equal(t, 1, b.r.Effects("k"))
+	require.Equal(t, 2, b.r.Requests("k"))
+	require.Equal(t, connectors.Enforced, b.c.Guarantee())
+}
+
+// The failure that matters most: the receiver acts, then the connection drops before the
+// answer. The attempt is ambiguous; the retry with the same key finds the stored answer.
+func TestDeliver_DropAfterEffect(t *testing.T) {
+	t.Parallel()
+
+	for _, warm := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ReusedConnection=%t", warm), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, receiver.Options{}, webhook.Config{Guarantee: connectors.Enforced})
+			if warm {
+				// On a reused connection net/http would resend the request by itself,
+				// and the ambiguous attempt would never be seen.
+				_, err := b.c.Deliver(t.Context(), delivery("warm-up"))
+				require.NoError(t, err)
+			}
+			b.r.Plan("k", receiver.Plan{DropAfterEffect: 1})
+
+			raw, err := b.c.Deliver(t.Context(), delivery("k"))
+			require.Error(t, err)
+			require.Nil(t, raw)
+			require.True(t, connectors.IsAmbiguous(err), "%v", err)
+			require.False(t, connectors.IsPermanent(err))
+			require.Contains(t, err.Error(), "POST "+b.r.URL()+": connection closed after the request was sent; the receiver may have acted")
+			require.Equal(t, 1, b.r.Requests("k"), "the transport did not resend on its own")
+			require.Equal(t, 1, b.r.Effects("k"))
+
+			d := delivery("k")
+			d.Attempt, d.PreviousAmbiguous = 2, true
+			raw, err = b.c.Deliver(t.Context(), d)
+			require.NoError(t, err)
+			require.JSONEq(t, `{"received":"k","effect":1}`, decodeResult(t, raw).Body)
+			require.Equal(t, 1, b.r.Effects("k"))
+		})
+	}
+}
+
+func TestDeliver_Retryable(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2030, 5, 6, 7, 8, 9, 0, time.UTC)
+	b := setup(t, receiver.Options{}, webhook.Config{NowFunc: func() time.Time { return now }})
+
+	tests := []struct {
+		name       string
+		plan       receiver.Plan
+		wantStatus int
+		wantDelay  time.Duration // 0: no Retry-After
+	}{
+		{"503Seconds", receiver.Plan{FailFirst: 1, RetryAfter: "7"}, 503, 7 * time.Second},
+		{"503Date", receiver.Plan{FailFirst: 1, RetryAfter: now.Add(90 * time.Second).Format(http.TimeFormat)}, 503, 90 * time.Second},
+		{"429PastDate", receiver.Plan{FailFirst: 1, FailStatus: 429, RetryAfter: now.Add(-time.Hour).Format(http.TimeFormat)}, 429, -1},
+		{"429Garbage", receiver.Plan{FailFirst: 1, FailStatus: 429, RetryAfter: "soon"}, 429, 0},
+		{"408", receiver.Plan{FailFirst: 1, FailStatus: 408}, 408, 0},
+		{"409", receiver.Plan{FailFirst: 1, FailStatus: 409}, 409, 0},
+		{"425", receiver.Plan{FailFirst: 1, FailStatus: 425}, 425, 0},
+		{"500", receiver.Plan{FailFirst: 1, FailStatus: 500}, 500, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			key := "retryable-" + tt.name
+			b.r.Plan(key, tt.plan)
+
+			raw, err := b.c.Deliver(t.Context(), delivery(key))
+			require.Error(t, err)
+			require.False(t, connectors.IsPermanent(err), "%v", err)
+			require.False(t, connectors.IsAmbiguous(err), "an answer is not ambiguous")
+			require.Contains(t, err.Error(), fmt.Sprintf("POST %s: receiver answered %d %s: ", b.r.URL(), tt.wantStatus, http.StatusText(tt.wantStatus)))
+			require.Contains(t, err.Error(), "planned failure", "the body excerpt is in the error")
+
+			res := decodeResult(t, raw)
+			require.Equal(t, tt.wantStatus, res.Status)
+			require.Contains(t, res.Body, "planned failure")
+
+			delay, ok := connectors.RetryDelay(err)
+			switch {
+			case tt.wantDelay > 0:
+				require.True(t, ok)
+				require.Equal(t, tt.wantDelay, delay)
+			case tt.wantDelay < 0: // a date in the past: retry now
+				require.True(t, ok)
+				require.Zero(t, delay)
+			default:
+				require.False(t, ok)
+			}
+			require.Equal(t, 0, b.r.Effects(key))
+
+			_, err = b.c.Deliver(t.Context(), delivery(key))
+			require.NoError(t, err, "the retry succeeds")
+			require.Equal(t, 1, b.r.Effects(key))
+		})
+	}
+}
+
+func TestDeliver_Permanent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{}, webhook.Config{})
+
+	for _, status := range []int{400, 404, 422} {
+		key := fmt.Sprintf("permanent-%d", status)
+		b.r.Plan(key, receiver.Plan{PermanentStatus: status})
+		raw, err := b.c.Deliver(t.Context(), delivery(key))
+		require.True(t, connectors.IsPermanent(err), "%d: %v", status, err)
+		require.False(t, connectors.IsAmbiguous(err))
+		require.Contains(t, err.Error(), fmt.Sprintf("receiver answered %d %s: ", status, http.StatusText(status)))
+		res := decodeResult(t, raw)
+		require.Equal(t, status, res.Status)
+		require.Contains(t, res.Body, "planned permanent failure")
+		require.Equal(t, 0, b.r.Effects(key))
+	}
+}
+
+func TestDeliver_RedirectNotFollowed(t *testing.T) {
+	t.Parallel()
+	var followed atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/moved" {
+			followed.Add(1)
+			return
+		}
+		http.Redirect(w, r, "/moved", http.StatusFound)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := webhook.New(webhook.Config{URL: srv.URL + "/hook", Client: testClient(t)})
+	require.NoError(t, err)
+
+	raw, err := c.Deliver(t.Context(), delivery("k"))
+	require.True(t, connectors.IsPermanent(err), "%v", err)
+	require.Contains(t, err.Error(), "receiver answered 302 Found")
+	require.Contains(t, err.Error(), "a redirect to /moved, not followed); configure the final URL instead")
+	require.Equal(t, http.StatusFound, decodeResult(t, raw).Status)
+	require.Zero(t, followed.Load())
+}
+
+func TestDeliver_Signature(t *testing.T) {
+	t.Parallel()
+	other := "whsec_" + base64.StdEncoding.EncodeToString([]byte("not the receiver's secret"))
+
+	t.Run("RightSecret", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, receiver.Options{Secret: testSecret}, webhook.Config{Secret: testSecret})
+		_, err := b.c.Deliver(t.Context(), delivery("k"))
+		require.NoError(t, err)
+		e := b.r.EffectLog()[0]
+		require.Equal(t, "k", e.Headers.Get("Webhook-Id"))
+		require.Regexp(t, `^v1,[A-Za-z0-9+/]{43}=$`, e.Headers.Get("Webhook-Signature"))
+	})
+
+	for name, secret := range map[string]string{"WrongSecret": other, "NoSecret": ""} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, receiver.Options{Secret: testSecret}, webhook.Config{Secret: secret})
+			raw, err := b.c.Deliver(t.Context(), delivery("k"))
+			require.True(t, connectors.IsPermanent(err), "%v", err)
+			require.Contains(t, err.Error(), "receiver answered 401 Unauthorized")
+			require.Equal(t, http.StatusUnauthorized, decodeResult(t, raw).Status)
+			require.Equal(t, 0, b.r.Effects("k"))
+			if secret != "" {
+				require.NotContains(t, err.Error(), strings.TrimPrefix(secret, "whsec_"))
+			}
+		})
+	}
+
+	// The published example, checked on the wire: the receiver logs the headers as sent.
+	t.Run("SpecVector", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, receiver.Options{}, webhook.Config{
+			Secret:  testSecret,
+			NowFunc: func() time.Time { return time.Unix(1614265330, 0) },
+		})
+		_, err := b.c.Deliver(t.Context(), connectors.Delivery{
+			Key:     "msg_p5jXN8AQM9LWM0D4loKWxJek",
+			Attempt: 1,
+			Payload: json.RawMessage(`{"test": 2432232314}`),
+		})
+		require.NoError(t, err)
+		h := b.r.EffectLog()[0].Headers
+		require.Equal(t, "msg_p5jXN8AQM9LWM0D4loKWxJek", h.Get("webhook-id"))
+		require.Equal(t, "1614265330", h.Get("webhook-timestamp"))
+		require.Equal(t, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=", h.Get("webhook-signature"))
+	})
+}
+
+func TestDeliver_Timeout(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	b := setup(t, receiver.Options{OnEffect: func(receiver.Effect) { <-release }},
+		webhook.Config{Timeout: 50 * time.Millisecond, Guarantee: connectors.Enforced})
+
+	// The receiver holds the request until the connector has given up on it.
+	raw, err := b.c.Deliver(t.Context(), delivery("k"))
+	close(release)
+	require.Error(t, err)
+	require.Nil(t, raw)
+	require.ErrorIs(t, err, webhook.ErrTimeout)
+	require.True(t, connectors.IsAmbiguous(err), "%v", err)
+	require.False(t, connectors.IsPermanent(err))
+	require.Contains(t, err.Error(), "no answer within 50ms after the request was sent; the receiver may have acted")
+	require.Equal(t, 1, b.r.Effects("k"))
+}
+
+func TestDeliver_NotSent(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ConnectionRefused", func(t *testing.T) {
+		t.Parallel()
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		url := "http://" + ln.Addr().String() + "/hook"
+		require.NoError(t, ln.Close())
+		c, err := webhook.New(webhook.Config{URL: url, Client: testClient(t)})
+		require.NoError(t, err)
+
+		raw, err := c.Deliver(t.Context(), delivery("k"))
+		require.Error(t, err)
+		require.Nil(t, raw)
+		require.False(t, connectors.IsAmbiguous(err), "nothing was sent: %v", err)
+		require.False(t, connectors.IsPermanent(err))
+		require.Contains(t, err.Error(), "POST "+url+": the request could not be sent: ")
+	})
+
+	t.Run("Cancelled", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, receiver.Options{}, webhook.Config{})
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		_, err := b.c.Deliver(ctx, delivery("k"))
+		require.ErrorIs(t, err, context.Canceled)
+		require.False(t, connectors.IsAmbiguous(err))
+		require.False(t, connectors.IsPermanent(err))
+		require.Equal(t, 0, b.r.Requests("k"))
+	})
+}
+
+func TestDeliver_InvalidRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{}, webhook.Config{})
+
+	for name, d := range map[string]connectors.Delivery{
+		"NoKey":      {Payload: json.RawMessage(`{}`)},
+		"NotJSON":    {Key: "k", Payload: json.RawMessage(`{`)},
+		"BadHeader":  {Key: "k", Payload: json.RawMessage(`{}`), Headers: map[string]string{"X-Evil": "a\r\nInjected: yes"}},
+		"BadHdrName": {Key: "k", Payload: json.RawMessage(`{}`), Headers: map[string]string{"bad name": "v"}},
+	} {
+		_, err := b.c.Deliver(t.Context(), d)
+		require.True(t, connectors.IsPermanent(err), "%s: %v", name, err)
+	}
+	require.Equal(t, 0, b.r.Requests("k"))
+}
+
+func TestDeliver_ResultExcerpt(t *testing.T) {
+	t.Parallel()
+	body := strings.Repeat("é", 3000) // 2 bytes each, so a 9-byte cut falls inside a rune
+	var conns atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		status := http.StatusOK
+		if r.Header.Get("Idempotency-Key") == "fail" {
+			status = http.StatusBadGateway
+		}
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(body))
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	c, err := webhook.New(webhook.Config{URL: srv.URL, MaxResultBody: 9, Client: testClient(t)})
+	require.NoError(t, err)
+
+	for range 5 {
+		raw, err := c.Deliver(t.Context(), delivery("ok"))
+		require.NoError(t, err)
+		res := decodeResult(t, raw)
+		require.Equal(t, "éééé", res.Body)
+		require.True(t, res.Truncated)
+		require.Contains(t, string(raw), `"truncated":true`)
+	}
+	// Each answer's unread body was drained, so one connection carried all five.
+	require.Equal(t, int64(1), conns.Load())
+
+	raw, err := c.Deliver(t.Context(), delivery("fail"))
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "receiver answered 502 Bad Gateway: éééé")
+	res := decodeResult(t, raw)
+	require.Equal(t, http.StatusBadGateway, res.Status)
+	require.True(t, utf8.ValidString(res.Body))
+}
+
+func TestNew_Validation(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		cfg  webhook.Config
+		want string
+	}{
+		{"NoURL", webhook.Config{}, "URL: required"},
+		{"BadURL", webhook.Config{URL: "http://a b:pass@x/%zz"}, "URL: does not parse"},
+		{"Relative", webhook.Config{URL: "/hook"}, "URL: scheme must be http or https"},
+		{"FTP", webhook.Config{URL: "ftp://127.0.0.1/hook"}, `URL: scheme must be http or https, not "ftp"`},
+		{"NoHost", webhook.Config{URL: "http:///hook"}, "URL: has no host"},
+		{"PortOnly", webhook.Config{URL: "http://:80/hook"}, "URL: has no host"},
+		{"SecretPrefix", webhook.Config{URL: "http://127.0.0.1/", Secret: "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}, `Secret: must start with "whsec_"`},
+		{"SecretBase64", webhook.Config{URL: "http://127.0.0.1/", Secret: "whsec_not*base64"}, "Secret: the part after \"whsec_\" is not valid base64"},
+		{"SecretEmpty", webhook.Config{URL: "http://127.0.0.1/", Secret: "whsec_"}, "Secret: nothing after"},
+		{"Timeout", webhook.Config{URL: "http://127.0.0.1/", Timeout: -time.Second}, "Timeout: -1s is negative"},
+		{"MaxResultBody", webhook.Config{URL: "http://127.0.0.1/", MaxResultBody: -1}, "MaxResultBody: -1 is negative"},
+		{"Guarantee", webhook.Config{URL: "http://127.0.0.1/", Guarantee: "maybe"}, `Guarantee: "maybe" is not enforced, reconciled or forwarded`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := webhook.New(tt.cfg)
+			require.Nil(t, c)
+			require.ErrorContains(t, err, "webhook config: "+tt.want)
+			require.NotContains(t, err.Error(), "pass", "a password in the URL stays out of errors")
+			if raw := strings.TrimPrefix(tt.cfg.Secret, "whsec_"); raw != "" {
+				require.NotContains(t, err.Error(), raw)
+			}
+		})
+	}
+
+	t.Run("EveryProblemAtOnce", func(t *testing.T) {
+		t.Parallel()
+		_, err := webhook.New(webhook.Config{URL: "ftp://x", Secret: "nope", Timeout: -1})
+		require.Error(t, err)
+		lines := strings.Split(err.Error(), "\n")
+		require.Len(t, lines, 3)
+		for _, l := range lines {
+			require.True(t, strings.HasPrefix(l, "webhook config: "), l)
+		}
+	})
+
+	t.Run("Valid", func(t *testing.T) {
+		t.Parallel()
+		for _, u := range []string{"http://127.0.0.1:8080/hook", "https://example.com/hooks?tenant=1"} {
+			c, err := webhook.New(webhook.Config{URL: u, Secret: testSecret, Guarantee: connectors.Enforced})
+			require.NoError(t, err, u)
+			require.Equal(t, connectors.Enforced, c.Guarantee())
+		}
+	})
+}
+
+func TestConfig_LogValueRedactsSecret(t *testing.T) {
+	t.Parallel()
+	cfg := webhook.Config{URL: "https://user:hunter2@example.com/hook", Secret: testSecret}
+	s := cfg.LogValue().String()
+	require.NotContains(t, s, "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+	require.NotContains(t, s, "hunter2")
+	require.Contains(t, s, "REDACTED")
+}
+
+func TestDefaultTransport(t *testing.T) {
+	t.Parallel()
+	tr := webhook.DefaultTransport()
+	require.Same(t, tr, webhook.DefaultTransport(), "one transport, shared")
+	require.Equal(t, 512, tr.MaxIdleConnsPerHost)
+	require.Equal(t, 90*time.Second, tr.IdleConnTimeout)
+	require.NotSame(t, http.DefaultTransport, tr)
+}
+
+func TestNew_DoesNotChangeCallersClient(t *testing.T) {
+	t.Parallel()
+	client := testClient(t)
+	_, err := webhook.New(webhook.Config{URL: "http://127.0.0.1/", Client: client})
+	require.NoError(t, err)
+	require.Nil(t, client.CheckRedirect)
+}
+
+func TestConnector_NeverShowsSecret(t *testing.T) {
+	t.Parallel()
+	c, err := webhook.New(webhook.Config{URL: "https://user:hunter2@example.com/hook", Secret: testSecret})
+	require.NoError(t, err)
+	for _, s := range []string{fmt.Sprint(c), fmt.Sprintf("%+v", c), c.LogValue().String()} {
+		require.NotContains(t, s, "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+		require.NotContains(t, s, "hunter2")
+	}
+	require.Equal(t, "webhook https://user:xxxxx@example.com/hook", c.String())
+}

@@ -1,0 +1,265 @@
+package config
+
+import (
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+
+	"github.com/outboxd/outboxd/relay"
+)
+
+// Config is the whole configuration of `outboxd serve`. Read it with [Load].
+type Config struct {
+	Database Database
+	// HTTPAddr is where serve listens for /healthz, /readyz, /metrics and the intent API.
+	HTTPAddr string `env:"OUTBOX_HTTP_ADDR" envDefault:"127.0.0.1:8080" desc:"host:port of the HTTP server: intent API, /metrics, /healthz, /readyz"`
+	Log      Log
+	Engine   Engine
+	// Connectors is OUTBOX_CONNECTORS as given: the extra named instances, such as
+	// "webhook:crm". Their settings are in the per-kind fields below.
+	Connectors []string `env:"OUTBOX_CONNECTORS" desc:"extra named connector instances, comma-separated kind:name (e.g. webhook:crm,webhook:billing); each reads the kind's variables with the name inserted (OUTBOX_WEBHOOK_CRM_URL)"`
+	// Webhooks are the webhook instances: the default one first when OUTBOX_WEBHOOK_URL
+	// is set, then the named ones in OUTBOX_CONNECTORS order.
+	Webhooks []Webhook `env:"-"`
+}
+
+// Database is the configuration every command needs.
+type Database struct {
+	// URL is the PostgreSQL DSN. Pool settings go in it (pool_max_conns=...). It may
+	// hold a password: print the Database, or [RedactDSN] of the URL, never the URL.
+	URL string `env:"OUTBOX_DATABASE_URL,required,notEmpty" desc:"PostgreSQL DSN, URL or keyword/value form; pool settings such as pool_max_conns go in it (required)"`
+}
+
+// Log chooses how outboxd logs.
+type Log struct {
+	// Format is "text" or "json".
+	Format string `env:"OUTBOX_LOG_FORMAT" envDefault:"text" desc:"log format on stderr: text or json"`
+	// Level is "debug", "info", "warn" or "error"; see [Log.SlogLevel].
+	Level string `env:"OUTBOX_LOG_LEVEL" envDefault:"info" desc:"least severe level logged: debug, info, warn or error"`
+}
+
+// Engine is the relay's tuning; [Config.Relay] turns it into a [relay.Config].
+type Engine struct {
+	// BatchSize is the most rows one claim takes.
+	BatchSize int `env:"OUTBOX_BATCH_SIZE" envDefault:"500" desc:"most rows one claim takes"`
+	// Concurrency is the most deliveries in flight at once, over all connectors.
+	Concurrency int `env:"OUTBOX_CONCURRENCY" envDefault:"128" desc:"most deliveries in flight at once, over all connector instances"`
+	// Lease is how long a claimed row stays with this relay before another may take it.
+	Lease time.Duration `env:"OUTBOX_LEASE" envDefault:"30s" desc:"how long a claimed row stays with one relay before another may take it; longer than every connector timeout"`
+	// PollInterval is how often the relay looks for due rows when no NOTIFY arrives.
+	PollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"1s" desc:"how often the relay looks for due rows when no NOTIFY arrives (scheduled retries, poolers that drop NOTIFY)"`
+	// MaxAttempts sends a row to dead after this many attempts.
+	MaxAttempts int `env:"OUTBOX_MAX_ATTEMPTS" envDefault:"25" desc:"attempts after which a row is dead"`
+	// MaxAge sends a row to dead when its next attempt would come later than this
+	// after it was created.
+	MaxAge time.Duration `env:"OUTBOX_MAX_AGE" envDefault:"72h" desc:"a row whose next attempt would come later than this after its creation is dead"`
+	// BackoffBase is the first retry delay, doubled for each attempt.
+	BackoffBase time.Duration `env:"OUTBOX_BACKOFF_BASE" envDefault:"1s" desc:"first retry delay, doubled for each attempt (with jitter)"`
+	// BackoffMax caps the retry delay.
+	BackoffMax time.Duration `env:"OUTBOX_BACKOFF_MAX" envDefault:"1h" desc:"longest retry delay"`
+	// Retention is how long delivered and canceled rows are kept.
+	Retention time.Duration `env:"OUTBOX_RETENTION" envDefault:"168h" desc:"how long delivered and canceled rows are kept before they are purged"`
+	// ShutdownTimeout is how long in-flight deliveries may finish after a stop signal.
+	ShutdownTimeout time.Duration `env:"OUTBOX_SHUTDOWN_TIMEOUT" envDefault:"30s" desc:"how long in-flight deliveries may finish after SIGTERM or SIGINT before they are cancelled"`
+	// RelayID names this relay in leases and the attempts log; "" lets the relay
+	// generate one.
+	RelayID string `env:"OUTBOX_RELAY_ID" desc:"this relay's name in leases and the attempts log (default: generated from host, pid and a random suffix)"`
+}
+
+// Load reads the configuration of `outboxd serve` from environ (as os.Environ returns
+// it). When anything is wrong, the error is an [*Error] that lists every problem.
+func Load(environ []string) (*Config, error) {
+	environment := env.ToMap(environ)
+	var p problems
+	c := parseEnv[Config](environment, "", &p)
+	c.validate(&p)
+	named := parseConnectors(c.Connectors, &p)
+	c.Webhooks = loadWebhooks(environment, named[kindWebhook], &p)
+	for i := range c.Webhooks {
+		c.Webhooks[i].checkLease(c.Engine.Lease, &p)
+	}
+	if err := p.err(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// LoadDatabase reads [Database] from environ (as os.Environ returns it).
+func LoadDatabase(environ []string) (Database, error) {
+	var p problems
+	db := parseEnv[Database](env.ToMap(environ), "", &p)
+	return db, p.err()
+}
+
+// LoadLog reads [Log] from environ (as os.Environ returns it), for commands that log
+// but need no more of the configuration.
+func LoadLog(environ []string) (Log, error) {
+	var p problems
+	l := parseEnv[Log](env.ToMap(environ), "", &p)
+	l.validate(&p)
+	return l, p.err()
+}
+
+// Relay returns the engine settings as a [relay.Config]. The caller sets Logger and
+// Registerer.
+func (c *Config) Relay() *relay.Config {
+	e := c.Engine
+	return &relay.Config{
+		ID:              e.RelayID,
+		BatchSize:       e.BatchSize,
+		Concurrency:     e.Concurrency,
+		Lease:           e.Lease,
+		PollInterval:    e.PollInterval,
+		MaxAttempts:     e.MaxAttempts,
+		MaxAge:          e.MaxAge,
+		BackoffBase:     e.BackoffBase,
+		BackoffMax:      e.BackoffMax,
+		Retention:       e.Retention,
+		ShutdownTimeout: e.ShutdownTimeout,
+	}
+}
+
+// Instances returns the names of the configured connector instances, as the outbox
+// table's connector column names them ("webhook", "webhook:crm"), in configuration
+// order.
+func (c *Config) Instances() []string {
+	names := make([]string, 0, len(c.Webhooks))
+	for _, w := range c.Webhooks {
+		names = append(names, w.Instance())
+	}
+	return names
+}
+
+// LogValue shows the configuration with its secrets redacted.
+func (c Config) LogValue() slog.Value {
+	attrs := []slog.Attr{
+		slog.Any("database", c.Database),
+		slog.String("http_addr", c.HTTPAddr),
+		slog.Any("log", c.Log),
+		slog.Any("engine", c.Engine),
+	}
+	for _, w := range c.Webhooks {
+		attrs = append(attrs, slog.Any(w.Instance(), w))
+	}
+	return slog.GroupValue(attrs...)
+}
+
+// String shows the configuration with its secrets redacted.
+func (c Config) String() string { return c.LogValue().Resolve().String() }
+
+// GoString is String, so that %#v redacts too.
+func (c Config) GoString() string { return c.String() }
+
+// LogValue shows the database settings with the DSN's passwords redacted.
+func (d Database) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("url", RedactDSN(d.URL)))
+}
+
+// String shows the DSN with its passwords redacted.
+func (d Database) String() string { return RedactDSN(d.URL) }
+
+// GoString is String, so that %#v redacts too.
+func (d Database) GoString() string { return d.String() }
+
+// LogValue shows the log settings.
+func (l Log) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("format", l.Format), slog.String("level", l.Level))
+}
+
+// SlogLevel returns Level as a [slog.Level]; an unknown level (which [Load] refuses)
+// is info.
+func (l Log) SlogLevel() slog.Level {
+	if lvl, ok := logLevels[strings.ToLower(l.Level)]; ok {
+		return lvl
+	}
+	return slog.LevelInfo
+}
+
+// JSON reports whether the log format is json.
+func (l Log) JSON() bool { return strings.EqualFold(l.Format, "json") }
+
+var logLevels = map[string]slog.Level{
+	"debug": slog.LevelDebug,
+	"info":  slog.LevelInfo,
+	"warn":  slog.LevelWarn,
+	"error": slog.LevelError,
+}
+
+// LogValue shows the engine settings. Durations are strings, as in the variables, so
+// that a JSON log does not show nanoseconds.
+func (e Engine) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.Int("batch_size", e.BatchSize),
+		slog.Int("concurrency", e.Concurrency),
+		slog.String("lease", e.Lease.String()),
+		slog.String("poll_interval", e.PollInterval.String()),
+		slog.Int("max_attempts", e.MaxAttempts),
+		slog.String("max_age", e.MaxAge.String()),
+		slog.String("backoff_base", e.BackoffBase.String()),
+		slog.String("backoff_max", e.BackoffMax.String()),
+		slog.String("retention", e.Retention.String()),
+		slog.String("shutdown_timeout", e.ShutdownTimeout.String()),
+		slog.String("relay_id", e.RelayID),
+	)
+}
+
+func (c *Config) validate(p *problems) {
+	if _, port, err := net.SplitHostPort(c.HTTPAddr); err != nil || port == "" {
+		p.addf("OUTBOX_HTTP_ADDR", "OUTBOX_HTTP_ADDR must be host:port (such as 127.0.0.1:8080 or :8080), got %q", c.HTTPAddr)
+	}
+	c.Log.validate(p)
+	c.Engine.validate(p)
+}
+
+func (l *Log) validate(p *problems) {
+	switch strings.ToLower(l.Format) {
+	case "text", "json":
+	default:
+		p.addf("OUTBOX_LOG_FORMAT", "OUTBOX_LOG_FORMAT must be text or json, got %q", l.Format)
+	}
+	if _, ok := logLevels[strings.ToLower(l.Level)]; !ok {
+		p.addf("OUTBOX_LOG_LEVEL", "OUTBOX_LOG_LEVEL must be debug, info, warn or error, got %q", l.Level)
+	}
+}
+
+func (e *Engine) validate(p *problems) {
+	for _, v := range []struct {
+		name  string
+		value int
+	}{
+		{"OUTBOX_BATCH_SIZE", e.BatchSize},
+		{"OUTBOX_CONCURRENCY", e.Concurrency},
+		{"OUTBOX_MAX_ATTEMPTS", e.MaxAttempts},
+	} {
+		if v.value <= 0 {
+			p.addf(v.name, "%s must be positive, got %d", v.name, v.value)
+		}
+	}
+	for _, v := range []struct {
+		name  string
+		value time.Duration
+	}{
+		{"OUTBOX_LEASE", e.Lease},
+		{"OUTBOX_POLL_INTERVAL", e.PollInterval},
+		{"OUTBOX_MAX_AGE", e.MaxAge},
+		{"OUTBOX_BACKOFF_BASE", e.BackoffBase},
+		{"OUTBOX_BACKOFF_MAX", e.BackoffMax},
+		{"OUTBOX_RETENTION", e.Retention},
+		{"OUTBOX_SHUTDOWN_TIMEOUT", e.ShutdownTimeout},
+	} {
+		// Zero is refused too: the relay would read it as "use the default", which
+		// is not what someone who wrote 0s meant.
+		if v.value <= 0 {
+			p.addf(v.name, "%s must be positive, got %s", v.name, v.value)
+		}
+	}
+	if p.ok("OUTBOX_BACKOFF_BASE", "OUTBOX_BACKOFF_MAX") && e.BackoffBase > e.BackoffMax {
+		p.addf("OUTBOX_BACKOFF_BASE", "OUTBOX_BACKOFF_BASE (%s) must not exceed OUTBOX_BACKOFF_MAX (%s)", e.BackoffBase, e.BackoffMax)
+	}
+	if strings.TrimSpace(e.RelayID) != e.RelayID {
+		p.addf("OUTBOX_RELAY_ID", "OUTBOX_RELAY_ID must not start or end with spaces, got %q", e.RelayID)
+	}
+}

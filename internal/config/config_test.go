@@ -1,0 +1,466 @@
+package config
+
+import (
+	"errors"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/relay"
+)
+
+// environ turns a map into the os.Environ form that Load takes.
+func environ(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, k+"="+m[k])
+	}
+	return out
+}
+
+// with returns base plus extra, extra winning.
+func with(base map[string]string, extra map[string]string) map[string]string {
+	out := maps.Clone(base)
+	maps.Copy(out, extra)
+	return out
+}
+
+var minimal = map[string]string{
+	"OUTBOX_DATABASE_URL": "postgres://app@localhost/app",
+	"OUTBOX_WEBHOOK_URL":  "https://example.com/hook",
+}
+
+// problemLines returns the problems of a Load error as strings.
+func problemLines(t *testing.T, err error) []string {
+	t.Helper()
+	var cerr *Error
+	require.ErrorAs(t, err, &cerr)
+	lines := make([]string, len(cerr.Problems))
+	for i, p := range cerr.Problems {
+		lines[i] = p.Error()
+	}
+	return lines
+}
+
+func TestLoadDefaults(t *testing.T) {
+	t.Parallel()
+
+	cfg, err := Load(environ(minimal))
+	require.NoError(t, err)
+
+	require.Equal(t, "postgres://app@localhost/app", cfg.Database.URL)
+	require.Equal(t, "127.0.0.1:8080", cfg.HTTPAddr)
+	require.Equal(t, Log{Format: "text", Level: "info"}, cfg.Log)
+	require.Equal(t, Engine{
+		BatchSize:       500,
+		Concurrency:     128,
+		Lease:           30 * time.Second,
+		PollInterval:    time.Second,
+		MaxAttempts:     25,
+		MaxAge:          72 * time.Hour,
+		BackoffBase:     time.Second,
+		BackoffMax:      time.Hour,
+		Retention:       168 * time.Hour,
+		ShutdownTimeout: 30 * time.Second,
+	}, cfg.Engine)
+	require.Empty(t, cfg.Connectors)
+	require.Equal(t, []Webhook{{
+		URL:         "https://example.com/hook",
+		Timeout:     10 * time.Second,
+		Guarantee:   connectors.Forwarded,
+		OnAmbiguous: relay.AmbiguousRetry,
+	}}, cfg.Webhooks)
+	require.Equal(t, []string{"webhook"}, cfg.Instances())
+}
+
+func TestLoadDocumentedDefaults(t *testing.T) {
+	t.Parallel()
+
+	// Setting every variable to its documented default changes nothing: the
+	// defaults in Variables (and so in the README) are values Load accepts and uses.
+	explicit := maps.Clone(minimal)
+	for _, v := range Variables() {
+		if v.Default != "" {
+			explicit[v.Name] = v.Default
+		}
+	}
+	want, err := Load(environ(minimal))
+	require.NoError(t, err)
+	got, err := Load(environ(explicit))
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+}
+
+func TestLoadEveryVariable(t *testing.T) {
+	t.Parallel()
+
+	cfg, err := Load(environ(map[string]string{
+		"OUTBOX_DATABASE_URL":         "host=db user=app password=hunter2 pool_max_conns=20",
+		"OUTBOX_HTTP_ADDR":            ":9090",
+		"OUTBOX_LOG_FORMAT":           "json",
+		"OUTBOX_LOG_LEVEL":            "debug",
+		"OUTBOX_BATCH_SIZE":           "50",
+		"OUTBOX_CONCURRENCY":          "16",
+		"OUTBOX_LEASE":                "2m",
+		"OUTBOX_POLL_INTERVAL":        "250ms",
+		"OUTBOX_MAX_ATTEMPTS":         "7",
+		"OUTBOX_MAX_AGE":              "24h",
+		"OUTBOX_BACKOFF_BASE":         "500ms",
+		"OUTBOX_BACKOFF_MAX":          "10m",
+		"OUTBOX_RETENTION":            "720h",
+		"OUTBOX_SHUTDOWN_TIMEOUT":     "1m30s",
+		"OUTBOX_RELAY_ID":             "relay-a",
+		"OUTBOX_CONNECTORS":           "webhook:crm",
+		"OUTBOX_WEBHOOK_URL":          "http://127.0.0.1:9999/in",
+		"OUTBOX_WEBHOOK_SECRET":       "whsec_c2VjcmV0LWRlZmF1bHQ=",
+		"OUTBOX_WEBHOOK_TIMEOUT":      "5s",
+		"OUTBOX_WEBHOOK_RATE":         "2.5",
+		"OUTBOX_WEBHOOK_CONCURRENCY":  "4",
+		"OUTBOX_WEBHOOK_GUARANTEE":    "enforced",
+		"OUTBOX_WEBHOOK_ON_AMBIGUOUS": "hold",
+		"OUTBOX_WEBHOOK_CRM_URL":      "https://crm.example.com/hooks/outbox",
+	}))
+	require.NoError(t, err)
+
+	require.Equal(t, Config{
+		Database: Database{URL: "host=db user=app password=hunter2 pool_max_conns=20"},
+		HTTPAddr: ":9090",
+		Log:      Log{Format: "json", Level: "debug"},
+		Engine: Engine{
+			BatchSize:       50,
+			Concurrency:     16,
+			Lease:           2 * time.Minute,
+			PollInterval:    250 * time.Millisecond,
+			MaxAttempts:     7,
+			MaxAge:          24 * time.Hour,
+			BackoffBase:     500 * time.Millisecond,
+			BackoffMax:      10 * time.Minute,
+			Retention:       720 * time.Hour,
+			ShutdownTimeout: 90 * time.Second,
+			RelayID:         "relay-a",
+		},
+		Connectors: []string{"webhook:crm"},
+		Webhooks: []Webhook{
+			{
+				URL:         "http://127.0.0.1:9999/in",
+				Secret:      "whsec_c2VjcmV0LWRlZmF1bHQ=",
+				Timeout:     5 * time.Second,
+				Rate:        2.5,
+				Concurrency: 4,
+				Guarantee:   connectors.Enforced,
+				OnAmbiguous: relay.AmbiguousHold,
+			},
+			{
+				Name:        "crm",
+				URL:         "https://crm.example.com/hooks/outbox",
+				Timeout:     10 * time.Second,
+				Guarantee:   connectors.Forwarded,
+				OnAmbiguous: relay.AmbiguousRetry,
+			},
+		},
+	}, *cfg)
+	require.True(t, cfg.Log.JSON())
+	require.Equal(t, slog.LevelDebug, cfg.Log.SlogLevel())
+}
+
+func TestLoadNamedInstances(t *testing.T) {
+	t.Parallel()
+
+	cfg, err := Load(environ(map[string]string{
+		"OUTBOX_DATABASE_URL":                    "postgres://app@localhost/app",
+		"OUTBOX_CONNECTORS":                      " webhook:crm , webhook:billing_v2,",
+		"OUTBOX_WEBHOOK_CRM_URL":                 "https://crm.example.com/in",
+		"OUTBOX_WEBHOOK_CRM_SECRET":              "whsec_Y3JtLXMzY3JldC1rZXk=",
+		"OUTBOX_WEBHOOK_CRM_TIMEOUT":             "3s",
+		"OUTBOX_WEBHOOK_CRM_RATE":                "10",
+		"OUTBOX_WEBHOOK_CRM_CONCURRENCY":         "2",
+		"OUTBOX_WEBHOOK_CRM_GUARANTEE":           "Enforced",
+		"OUTBOX_WEBHOOK_BILLING_V2_URL":          "https://billing.example.com/in",
+		"OUTBOX_WEBHOOK_BILLING_V2_ON_AMBIGUOUS": "HOLD",
+	}))
+	require.NoError(t, err)
+
+	// No OUTBOX_WEBHOOK_URL: no default instance.
+	require.Equal(t, []string{"webhook:crm", "webhook:billing_v2"}, cfg.Instances())
+	crm, billing := cfg.Webhooks[0], cfg.Webhooks[1]
+	require.Equal(t, Webhook{
+		Name:        "crm",
+		URL:         "https://crm.example.com/in",
+		Secret:      "whsec_Y3JtLXMzY3JldC1rZXk=",
+		Timeout:     3 * time.Second,
+		Rate:        10,
+		Concurrency: 2,
+		Guarantee:   connectors.Enforced,
+		OnAmbiguous: relay.AmbiguousRetry,
+	}, crm)
+	require.Equal(t, "OUTBOX_WEBHOOK_CRM_", crm.Prefix())
+	require.Equal(t, "billing_v2", billing.Name)
+	require.Equal(t, relay.AmbiguousHold, billing.OnAmbiguous)
+	require.Equal(t, 10*time.Second, billing.Timeout)
+
+	require.Equal(t, relay.Instance{Concurrency: 2, Rate: 10, OnAmbiguous: relay.AmbiguousRetry}, crm.RelayInstance(nil))
+}
+
+func TestLoadProblems(t *testing.T) {
+	t.Parallel()
+
+	tests := []struct {
+		name string
+		env  map[string]string
+		want []string
+	}{
+		{
+			name: "NothingSet",
+			env:  map[string]string{},
+			want: []string{`OUTBOX_DATABASE_URL is required but not set`},
+		},
+		{
+			name: "EmptyDSN",
+			env:  with(minimal, map[string]string{"OUTBOX_DATABASE_URL": ""}),
+			want: []string{`OUTBOX_DATABASE_URL is required but empty`},
+		},
+		{
+			name: "BadDurationAndMissingURL",
+			env: with(minimal, map[string]string{
+				"OUTBOX_LEASE":      "30",
+				"OUTBOX_CONNECTORS": "webhook:crm",
+			}),
+			want: []string{
+				`OUTBOX_LEASE must be a duration such as 500ms, 30s or 1h30m, got "30"`,
+				`OUTBOX_WEBHOOK_CRM_URL is required for webhook:crm, which OUTBOX_CONNECTORS names`,
+			},
+		},
+		{
+			name: "Numbers",
+			env: with(minimal, map[string]string{
+				"OUTBOX_BATCH_SIZE":   "lots",
+				"OUTBOX_CONCURRENCY":  "0",
+				"OUTBOX_MAX_ATTEMPTS": "-1",
+				"OUTBOX_WEBHOOK_RATE": "fast",
+			}),
+			want: []string{
+				`OUTBOX_BATCH_SIZE must be a whole number, got "lots"`,
+				`OUTBOX_CONCURRENCY must be positive, got 0`,
+				`OUTBOX_MAX_ATTEMPTS must be positive, got -1`,
+				`OUTBOX_WEBHOOK_RATE must be a number, got "fast"`,
+			},
+		},
+		{
+			name: "Durations",
+			env: with(minimal, map[string]string{
+				"OUTBOX_POLL_INTERVAL":    "0s",
+				"OUTBOX_RETENTION":        "-1h",
+				"OUTBOX_SHUTDOWN_TIMEOUT": "soon",
+				"OUTBOX_BACKOFF_BASE":     "2h",
+				"OUTBOX_BACKOFF_MAX":      "1h",
+			}),
+			want: []string{
+				`OUTBOX_SHUTDOWN_TIMEOUT must be a duration such as 500ms, 30s or 1h30m, got "soon"`,
+				`OUTBOX_POLL_INTERVAL must be positive, got 0s`,
+				`OUTBOX_RETENTION must be positive, got -1h0m0s`,
+				`OUTBOX_BACKOFF_BASE (2h0m0s) must not exceed OUTBOX_BACKOFF_MAX (1h0m0s)`,
+			},
+		},
+		{
+			name: "BackoffNotComparedWhenOneIsBad",
+			env: with(minimal, map[string]string{
+				"OUTBOX_BACKOFF_BASE": "2h",
+				"OUTBOX_BACKOFF_MAX":  "x",
+			}),
+			want: []string{`OUTBOX_BACKOFF_MAX must be a duration such as 500ms, 30s or 1h30m, got "x"`},
+		},
+		{
+			name: "LogAndHTTP",
+			env: with(minimal, map[string]string{
+				"OUTBOX_LOG_FORMAT": "logfmt",
+				"OUTBOX_LOG_LEVEL":  "verbose",
+				"OUTBOX_HTTP_ADDR":  "8080",
+				"OUTBOX_RELAY_ID":   " a ",
+			}),
+			want: []string{
+				`OUTBOX_HTTP_ADDR must be host:port (such as 127.0.0.1:8080 or :8080), got "8080"`,
+				`OUTBOX_LOG_FORMAT must be text or json, got "logfmt"`,
+				`OUTBOX_LOG_LEVEL must be debug, info, warn or error, got "verbose"`,
+				`OUTBOX_RELAY_ID must not start or end with spaces, got " a "`,
+			},
+		},
+		{
+			name: "ConnectorsList",
+			env: with(minimal, map[string]string{
+				"OUTBOX_CONNECTORS":     "webhook,payment:stripe,smoke:signal,crm,webhook:CRM,webhook:a-b,webhook:ok,webhook:ok",
+				"OUTBOX_WEBHOOK_OK_URL": "https://ok.example.com/",
+			}),
+			want: []string{
+				`OUTBOX_CONNECTORS: "webhook" must be kind:name, such as webhook:crm; the default webhook instance needs no entry (set OUTBOX_WEBHOOK_URL)`,
+				`OUTBOX_CONNECTORS: "payment:stripe": connector kind "payment" is not available in this version, which has webhook only`,
+				`OUTBOX_CONNECTORS: "smoke:signal": connector kind "smoke" is not available in this version, which has webhook only`,
+				`OUTBOX_CONNECTORS: "crm" must be kind:name, such as webhook:crm`,
+				`OUTBOX_CONNECTORS: "webhook:CRM": the instance name must be lower-case letters, digits and underscores`,
+				`OUTBOX_CONNECTORS: "webhook:a-b": the instance name must be lower-case letters, digits and underscores`,
+				`OUTBOX_CONNECTORS: "webhook:ok" is listed twice`,
+			},
+		},
+		{
+			name: "DefaultInstanceWithoutURL",
+			env: map[string]string{
+				"OUTBOX_DATABASE_URL":    "postgres://app@localhost/app",
+				"OUTBOX_WEBHOOK_SECRET":  "whsec_c2VjcmV0LWRlZmF1bHQ=",
+				"OUTBOX_WEBHOOK_TIMEOUT": "1s",
+			},
+			want: []string{
+				`OUTBOX_WEBHOOK_SECRET is set but OUTBOX_WEBHOOK_URL is not: the default webhook instance needs a URL`,
+				`OUTBOX_WEBHOOK_TIMEOUT is set but OUTBOX_WEBHOOK_URL is not: the default webhook instance needs a URL`,
+			},
+		},
+		{
+			name: "NamedInstanceNotListed",
+			env: with(minimal, map[string]string{
+				"OUTBOX_WEBHOOK_CRM_URL":         "https://crm.example.com/",
+				"OUTBOX_WEBHOOK_BILLING_V2_RATE": "3",
+				"OUTBOX_WEBHOOK_SOMETHING_ELSE":  "not an instance variable",
+			}),
+			want: []string{
+				`OUTBOX_WEBHOOK_BILLING_V2_RATE is set but webhook:billing_v2 is not in OUTBOX_CONNECTORS`,
+				`OUTBOX_WEBHOOK_CRM_URL is set but webhook:crm is not in OUTBOX_CONNECTORS`,
+			},
+		},
+		{
+			name: "WebhookValues",
+			env: with(minimal, map[string]string{
+				"OUTBOX_CONNECTORS":            "webhook:a,webhook:b,webhook:c",
+				"OUTBOX_WEBHOOK_URL":           "ftp://user:pw@files.example.com/drop?token=t0k3n",
+				"OUTBOX_WEBHOOK_GUARANTEE":     "reconciled",
+				"OUTBOX_WEBHOOK_ON_AMBIGUOUS":  "panic",
+				"OUTBOX_WEBHOOK_A_URL":         "https://a.example.com:x/",
+				"OUTBOX_WEBHOOK_A_SECRET":      "whsec_not base64!",
+				"OUTBOX_WEBHOOK_C_SECRET":      "c2VjcmV0LWRlZmF1bHQ=",
+				"OUTBOX_WEBHOOK_A_RATE":        "-1",
+				"OUTBOX_WEBHOOK_A_CONCURRENCY": "-2",
+				"OUTBOX_WEBHOOK_B_URL":         "/relative/path",
+				"OUTBOX_WEBHOOK_B_RATE":        "NaN",
+				"OUTBOX_WEBHOOK_B_TIMEOUT":     "0s",
+				"OUTBOX_WEBHOOK_C_URL":         "https://c.example.com/",
+				"OUTBOX_WEBHOOK_C_TIMEOUT":     "30s",
+			}),
+			want: []string{
+				`OUTBOX_WEBHOOK_URL must be an absolute http or https URL, got "ftp://files.example.com/xxxxx"`,
+				`OUTBOX_WEBHOOK_GUARANTEE must be forwarded or enforced, got "reconciled"`,
+				`OUTBOX_WEBHOOK_ON_AMBIGUOUS must be retry or hold, got "panic"`,
+				`OUTBOX_WEBHOOK_A_URL is not a valid URL: invalid port ":x" after host`,
+				`OUTBOX_WEBHOOK_A_SECRET must be whsec_ followed by base64 (the Standard Webhooks format)`,
+				`OUTBOX_WEBHOOK_A_RATE must be requests per second, 0 for no limit, got -1`,
+				`OUTBOX_WEBHOOK_A_CONCURRENCY must not be negative (0 means OUTBOX_CONCURRENCY), got -2`,
+				`OUTBOX_WEBHOOK_B_URL must be an absolute http or https URL, got "xxxxx"`,
+				`OUTBOX_WEBHOOK_B_TIMEOUT must be positive, got 0s`,
+				`OUTBOX_WEBHOOK_B_RATE must be requests per second, 0 for no limit, got NaN`,
+				`OUTBOX_WEBHOOK_C_SECRET must be whsec_ followed by base64 (the Standard Webhooks format)`,
+				`OUTBOX_WEBHOOK_C_TIMEOUT (30s) must be shorter than OUTBOX_LEASE (30s), or a slow attempt outlives its lease and another relay sends the row again`,
+			},
+		},
+		{
+			name: "Everything",
+			env: map[string]string{
+				"OUTBOX_LEASE":           "1 minute",
+				"OUTBOX_CONNECTORS":      "webhook:crm,email:ops",
+				"OUTBOX_WEBHOOK_TIMEOUT": "5s",
+			},
+			want: []string{
+				`OUTBOX_DATABASE_URL is required but not set`,
+				`OUTBOX_LEASE must be a duration such as 500ms, 30s or 1h30m, got "1 minute"`,
+				`OUTBOX_CONNECTORS: "email:ops": connector kind "email" is not available in this version, which has webhook only`,
+				`OUTBOX_WEBHOOK_TIMEOUT is set but OUTBOX_WEBHOOK_URL is not: the default webhook instance needs a URL`,
+				`OUTBOX_WEBHOOK_CRM_URL is required for webhook:crm, which OUTBOX_CONNECTORS names`,
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+
+			cfg, err := Load(environ(tt.env))
+			require.Nil(t, cfg)
+			require.Equal(t, tt.want, problemLines(t, err))
+
+			// The message has a header and one line per problem.
+			lines := strings.Split(err.Error(), "\n")
+			require.Equal(t, "invalid configuration:", lines[0])
+			require.Len(t, lines, len(tt.want)+1)
+		})
+	}
+}
+
+func TestLoadNoSecretInProblems(t *testing.T) {
+	t.Parallel()
+
+	_, err := Load(environ(map[string]string{
+		"OUTBOX_DATABASE_URL":   "postgres://app:hunter2@localhost/app",
+		"OUTBOX_WEBHOOK_URL":    "gopher://user:urlpass@example.com/hook?token=tok3n",
+		"OUTBOX_WEBHOOK_SECRET": "whsec_s3cret",
+		"OUTBOX_LOG_LEVEL":      "loud",
+	}))
+	require.Error(t, err)
+	for _, secret := range []string{"hunter2", "urlpass", "tok3n", "whsec_s3cret"} {
+		require.NotContains(t, err.Error(), secret)
+	}
+}
+
+func TestLoadDatabase(t *testing.T) {
+	t.Parallel()
+
+	db, err := LoadDatabase([]string{"OUTBOX_DATABASE_URL=postgres://a@b/c", "UNRELATED=1"})
+	require.NoError(t, err)
+	require.Equal(t, "postgres://a@b/c", db.URL)
+
+	_, err = LoadDatabase(nil)
+	require.Equal(t, []string{"OUTBOX_DATABASE_URL is required but not set"}, problemLines(t, err))
+}
+
+func TestLoadLog(t *testing.T) {
+	t.Parallel()
+
+	l, err := LoadLog([]string{"OUTBOX_LOG_LEVEL=WARN"})
+	require.NoError(t, err)
+	require.False(t, l.JSON())
+	require.Equal(t, "WARN", l.SlogLevel().String())
+
+	_, err = LoadLog([]string{"OUTBOX_LOG_FORMAT=xml"})
+	require.Equal(t, []string{`OUTBOX_LOG_FORMAT must be text or json, got "xml"`}, problemLines(t, err))
+}
+
+func TestConfigRelay(t *testing.T) {
+	t.Parallel()
+
+	cfg, err := Load(environ(with(minimal, map[string]string{
+		"OUTBOX_RELAY_ID":     "r1",
+		"OUTBOX_BACKOFF_BASE": "2s",
+	})))
+	require.NoError(t, err)
+	require.Equal(t, &relay.Config{
+		ID:              "r1",
+		BatchSize:       500,
+		Concurrency:     128,
+		Lease:           30 * time.Second,
+		PollInterval:    time.Second,
+		MaxAttempts:     25,
+		MaxAge:          72 * time.Hour,
+		BackoffBase:     2 * time.Second,
+		BackoffMax:      time.Hour,
+		Retention:       168 * time.Hour,
+		ShutdownTimeout: 30 * time.Second,
+	}, cfg.Relay())
+}
+
+func TestProblems(t *testing.T) {
+	t.Parallel()
+
+	require.NoError(t, Problems(nil))
+
+	err := Problems(errors.Join(errors.New("a"), errors.Join(errors.New("b\nc"), errors.New("d"))))
+	require.Equal(t, "invalid configuration:\n- a\n- b c\n- d", err.Error())
+}

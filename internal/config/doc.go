@@ -1,0 +1,31 @@
+// Package config reads outboxd's configuration from the environment. It is the only
+// package that does; everything else takes plain structs.
+//
+// # Loading
+//
+// [Load] reads the whole configuration of `outboxd serve` from an environment given as
+// os.Environ returns it, never from the process environment itself, so tests can run in
+// parallel. Variables are parsed with caarlos0/env into the structs below, then checked
+// together: the error lists every problem found, one per line ([Error]).
+// [LoadDatabase] and [LoadLog] read the parts other commands need.
+//
+// # Variables
+//
+// The names are a public contract. [Variables] lists each one with its default and a
+// description; they come from the struct tags, so the list cannot drift from what is
+// parsed. Durations use Go syntax (30s, 5m, 1h30m).
+//
+// # Connector instances
+//
+// The default webhook instance exists when OUTBOX_WEBHOOK_URL is set. OUTBOX_CONNECTORS
+// names extra instances as kind:name, and each reads the default instance's variables
+// with the upper-cased name inserted after the kind: webhook:crm reads
+// OUTBOX_WEBHOOK_CRM_URL, OUTBOX_WEBHOOK_CRM_SECRET, and so on. This version builds
+// only the webhook kind.
+//
+// # Secrets
+//
+// Values that must not be printed ([Secret], the password in the DSN) are redacted by
+// fmt, log/slog and encoding/json: [Config], [Database] and [Webhook] implement
+// [slog.LogValuer] and String.
+package config

@@ -1,0 +1,89 @@
+package config
+
+import (
+	"log/slog"
+	"net/url"
+	"regexp"
+	"strings"
+)
+
+// redacted stands in for a secret, as pgx and net/url write it.
+const redacted = "xxxxx"
+
+// Secret is a configuration value that must not be printed, such as a signing key.
+// fmt, log/slog and encoding/json show it as xxxxx, or as "" when it is empty, so a
+// reader can tell whether it is set. [Secret.Reveal] returns the value.
+type Secret string
+
+// Reveal returns the secret itself, for the code that uses it.
+func (s Secret) Reveal() string { return string(s) }
+
+// String returns xxxxx, or "" when the secret is empty.
+func (s Secret) String() string {
+	if s == "" {
+		return ""
+	}
+	return redacted
+}
+
+// GoString is String, so that %#v redacts too.
+func (s Secret) GoString() string { return s.String() }
+
+// LogValue is String, so that log/slog redacts.
+func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
+
+// MarshalText is String, so that encoding/json redacts.
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// RedactDSN returns a PostgreSQL DSN with its passwords replaced by xxxxx, in either
+// form pgx accepts: a URL (the user info, and password or sslpassword in the query) or
+// keyword/value pairs (password=..., sslpassword=..., quoted or not).
+func RedactDSN(dsn string) string {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		return redactDSNURL(dsn)
+	}
+	return kvPassword.ReplaceAllString(dsn, "${1}"+redacted)
+}
+
+// kvPassword matches a password pair of a keyword/value DSN, as pgconn parses them:
+// the value is single-quoted with backslash escapes, or runs to the next space.
+var kvPassword = regexp.MustCompile(`(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|(?:[^\s\\]|\\.)*)`)
+
+// redactDSNURL works on the text rather than a parsed url.URL, because pgx accepts
+// URLs that net/url refuses (several hosts), and a DSN that does not parse still has
+// to be redacted. When unsure where the user info ends, it masks more.
+func redactDSNURL(dsn string) string {
+	scheme, rest, _ := strings.Cut(dsn, "://")
+	var b strings.Builder
+	b.WriteString(scheme + "://")
+	authority := rest
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		authority = rest[:i]
+	}
+	if i := strings.LastIndex(authority, "@"); i >= 0 {
+		user, _, hasPassword := strings.Cut(authority[:i], ":")
+		b.WriteString(user)
+		if hasPassword {
+			b.WriteString(":" + redacted)
+		}
+		b.WriteByte('@')
+		rest = rest[i+1:]
+	}
+	path, query, hasQuery := strings.Cut(rest, "?")
+	b.WriteString(path)
+	if hasQuery {
+		pairs := strings.Split(query, "&")
+		for i, pair := range pairs {
+			k, _, hasValue := strings.Cut(pair, "=")
+			key, err := url.QueryUnescape(k)
+			if err != nil {
+				key = k
+			}
+			if key = strings.ToLower(key); hasValue && (key == "password" || key == "sslpassword") {
+				pairs[i] = k + "=" + redacted
+			}
+		}
+		b.WriteString("?" + strings.Join(pairs, "&"))
+	}
+	return b.String()
+}

@@ -1,0 +1,105 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestSecret(t *testing.T) {
+	t.Parallel()
+
+	s := Secret("whsec_s3cret")
+	require.Equal(t, "whsec_s3cret", s.Reveal())
+	for _, format := range []string{"%v", "%s", "%+v", "%#v", "%q", "%x"} {
+		require.NotContains(t, fmt.Sprintf(format, s), "s3cret", format)
+	}
+	require.Equal(t, "xxxxx", s.String())
+	b, err := json.Marshal(struct{ S Secret }{s})
+	require.NoError(t, err)
+	require.JSONEq(t, `{"S":"xxxxx"}`, string(b))
+
+	// An empty secret shows as empty, so a reader can tell it is unset.
+	require.Empty(t, Secret("").String())
+}
+
+func TestConfigRedaction(t *testing.T) {
+	t.Parallel()
+
+	secrets := []string{"hunter2", "c2VjcmV0LWRlZmF1bHQ", "Y3JtLXMzY3JldC1rZXk", "urlpass", "tok3n", "T0KEN/PATH"}
+	tests := []struct {
+		name string
+		dsn  string
+	}{
+		{name: "URL", dsn: "postgres://app:hunter2@db.example.com:5432/app?sslmode=disable&pool_max_conns=4"},
+		{name: "KeywordValue", dsn: "host=db.example.com user=app password=hunter2 dbname=app"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+
+			cfg, err := Load(environ(map[string]string{
+				"OUTBOX_DATABASE_URL":       tt.dsn,
+				"OUTBOX_CONNECTORS":         "webhook:crm",
+				"OUTBOX_WEBHOOK_URL":        "https://user:urlpass@hooks.example.com/services/T0KEN/PATH?sig=tok3n",
+				"OUTBOX_WEBHOOK_SECRET":     "whsec_c2VjcmV0LWRlZmF1bHQ=",
+				"OUTBOX_WEBHOOK_CRM_URL":    "https://crm.example.com/in",
+				"OUTBOX_WEBHOOK_CRM_SECRET": "whsec_Y3JtLXMzY3JldC1rZXk=",
+			}))
+			require.NoError(t, err)
+
+			var text, js bytes.Buffer
+			slog.New(slog.NewTextHandler(&text, nil)).Info("starting", "config", cfg)
+			slog.New(slog.NewJSONHandler(&js, nil)).Info("starting", "config", cfg)
+			printed := map[string]string{
+				"slog text": text.String(),
+				"slog json": js.String(),
+				"%v":        fmt.Sprintf("%v", cfg),
+				"%+v":       fmt.Sprintf("%+v", *cfg),
+				"%#v":       fmt.Sprintf("%#v", cfg),
+				"webhooks":  fmt.Sprintf("%v %+v", cfg.Webhooks, cfg.Webhooks),
+				"database":  fmt.Sprint(cfg.Database),
+			}
+			for how, out := range printed {
+				for _, secret := range secrets {
+					require.NotContains(t, out, secret, how)
+				}
+				require.Contains(t, out, "xxxxx", how)
+			}
+
+			// What is not secret is still there to read.
+			require.Contains(t, text.String(), "config.database.url=")
+			require.Contains(t, text.String(), "db.example.com")
+			require.Contains(t, text.String(), "config.webhook.url=https://hooks.example.com/xxxxx")
+			require.Contains(t, text.String(), "config.webhook:crm.secret=xxxxx")
+			require.Contains(t, text.String(), "config.engine.lease=30s")
+			require.Contains(t, js.String(), `"webhook:crm":{"url":"https://crm.example.com/xxxxx","secret":"xxxxx"`)
+		})
+	}
+}
+
+func TestRedactDSN(t *testing.T) {
+	t.Parallel()
+
+	tests := []struct{ dsn, want string }{
+		{"postgres://app:hunter2@db/app", "postgres://app:xxxxx@db/app"},
+		{"postgresql://app@db/app?sslmode=require", "postgresql://app@db/app?sslmode=require"},
+		{"postgres://app:p%40ss@h1:5432,h2:5433/app", "postgres://app:xxxxx@h1:5432,h2:5433/app"},
+		{"postgres://app:p@ss@db/app", "postgres://app:xxxxx@db/app"},
+		{"postgres://db/app?user=app&password=hunter2&sslpassword=k3y", "postgres://db/app?user=app&password=xxxxx&sslpassword=xxxxx"},
+		{"postgres://db/app?pass%77ord=hunter2", "postgres://db/app?pass%77ord=xxxxx"},
+		{"postgres://db/app", "postgres://db/app"},
+		{"host=db password=hunter2 user=app", "host=db password=xxxxx user=app"},
+		{"host=db password = 'hunter 2\\' x' user=app", "host=db password = xxxxx user=app"},
+		{"host=db sslpassword=k3y PASSWORD=hunter2", "host=db sslpassword=xxxxx PASSWORD=xxxxx"},
+		{"host=db password='unterminated", "host=db password=xxxxx"},
+		{"", ""},
+	}
+	for _, tt := range tests {
+		require.Equal(t, tt.want, RedactDSN(tt.dsn), tt.dsn)
+	}
+}

@@ -1,0 +1,182 @@
+// Package httpserver is the HTTP side of `outboxd serve`: liveness, readiness and
+// Prometheus metrics on one mux, onto which the intent API is mounted with
+// [Server.Handle].
+//
+// # Endpoints
+//
+//   - GET /healthz answers 200 "ok" while the process runs.
+//   - GET /readyz answers 200 "ready" when [Config.ReadyFunc] returns nil, and 503 with
+//     its error otherwise.
+//   - GET /metrics serves [Config.Gatherer] in the Prometheus exposition formats.
+//
+// # Timeouts
+//
+// The server bounds reading a request and writing a response (see the constants), so a
+// slow or stalled client cannot hold a connection. A handler that streams for longer,
+// such as a server-sent events stream, extends its own deadline with
+// [http.ResponseController.SetWriteDeadline].
+package httpserver
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Limits of every connection.
+const (
+	ReadHeaderTimeout = 5 * time.Second
+	ReadTimeout       = 30 * time.Second
+	WriteTimeout      = 30 * time.Second
+	IdleTimeout       = 2 * time.Minute
+	MaxHeaderBytes    = 64 << 10
+)
+
+// Config configures a [Server]. A zero field means its default.
+type Config struct {
+	// Addr is the host:port to listen on. Defaults to 127.0.0.1:8080.
+	Addr string
+	// ReadyFunc says whether the process can do its work: nil when it can, else an
+	// error saying why not. Defaults to always ready.
+	ReadyFunc func(ctx context.Context) error
+	// ReadyTimeout bounds one call of ReadyFunc. Defaults to 5s.
+	ReadyTimeout time.Duration
+	// Gatherer is what /metrics serves. Defaults to prometheus.DefaultGatherer.
+	Gatherer prometheus.Gatherer
+	// ShutdownTimeout is how long requests in progress may finish once Run's context
+	// is done, before their connections are closed. Defaults to 10s.
+	ShutdownTimeout time.Duration
+	// Logger receives the server's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() *Config {
+	out := *c
+	out.Addr = cmp.Or(c.Addr, "127.0.0.1:8080")
+	if out.ReadyFunc == nil {
+		out.ReadyFunc = func(context.Context) error { return nil }
+	}
+	out.ReadyTimeout = cmp.Or(c.ReadyTimeout, 5*time.Second)
+	if out.Gatherer == nil {
+		out.Gatherer = prometheus.DefaultGatherer
+	}
+	out.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, 10*time.Second)
+	out.Logger = cmp.Or(c.Logger, slog.Default())
+	return &out
+}
+
+// Server serves the health, readiness and metrics endpoints, and whatever else is
+// mounted on it.
+type Server struct {
+	cfg    *Config
+	mux    *http.ServeMux
+	server *http.Server
+}
+
+// New returns a server with /healthz, /readyz and /metrics mounted. It does not listen
+// until [Server.Run] or [Server.Serve].
+func New(cfg *Config) *Server {
+	cfg = cfg.withDefaults()
+	s := &Server{cfg: cfg, mux: http.NewServeMux()}
+	s.mux.HandleFunc("GET /healthz", s.healthz)
+	s.mux.HandleFunc("GET /readyz", s.readyz)
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
+		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelError),
+		// A collector that fails leaves out its own metrics, not everyone's.
+		ErrorHandling: promhttp.ContinueOnError,
+	}))
+	s.server = &http.Server{
+		Addr:              cfg.Addr,
+		Handler:           s.mux,
+		ReadHeaderTimeout: ReadHeaderTimeout,
+		ReadTimeout:       ReadTimeout,
+		WriteTimeout:      WriteTimeout,
+		IdleTimeout:       IdleTimeout,
+		MaxHeaderBytes:    MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+	}
+	return s
+}
+
+// Handle mounts h at pattern (net/http's ServeMux patterns, such as
+// "POST /v1/intents"). Call it before Run.
+func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+
+// Handler returns everything the server serves, for tests.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Run listens on [Config.Addr] and serves until ctx is done, then shuts down as
+// [Server.Serve] does. It fails at once when the address cannot be listened on.
+func (s *Server) Run(ctx context.Context) error {
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve serves on ln until ctx is done, then stops accepting connections, gives
+// requests in progress until [Config.ShutdownTimeout] to finish, and closes what is
+// left. It returns nil after a shutdown that ctx asked for, and ln is closed on return.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	s.cfg.Logger.InfoContext(ctx, "http server listening", "addr", ln.Addr().String())
+	served := make(chan error, 1)
+	go func() { served <- s.server.Serve(ln) }()
+
+	select {
+	case err := <-served:
+		// Serve returns only when the listener fails.
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+
+	shutdownCtx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout,
+		errors.New("http shutdown timeout"))
+	defer cancel()
+	err := s.server.Shutdown(shutdownCtx)
+	if err != nil {
+		// Requests still running past the timeout: cut their connections.
+		_ = s.server.Close()
+		err = fmt.Errorf("shutdown: %w", context.Cause(shutdownCtx))
+	}
+	if serveErr := <-served; !errors.Is(serveErr, http.ErrServerClosed) {
+		err = errors.Join(err, fmt.Errorf("serve: %w", serveErr))
+	}
+	return err
+}
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = fmt.Fprintln(w, "ok")
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeoutCause(r.Context(), s.cfg.ReadyTimeout,
+		fmt.Errorf("readiness check took longer than %s", s.cfg.ReadyTimeout))
+	defer cancel()
+	err := s.cfg.ReadyFunc(ctx)
+	if err != nil && ctx.Err() != nil {
+		// Name the timeout rather than a bare "context deadline exceeded".
+		err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if err != nil {
+		// Probes call this every few seconds: the reason is in the answer, and the
+		// failing part logs its own problem once.
+		s.cfg.Logger.DebugContext(ctx, "not ready", "err", err)
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = fmt.Fprintf(w, "not ready: %v\n", err)
+		return
+	}
+	_, _ = fmt.Fprintln(w, "ready")
+}

@@ -1,0 +1,258 @@
+package httpserver
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+)
+
+func TestEndpoints(t *testing.T) {
+	t.Parallel()
+
+	type testBundle struct {
+		server   *Server
+		readyErr error
+		registry *prometheus.Registry
+	}
+	setup := func(t *testing.T) *testBundle {
+		t.Helper()
+		b := &testBundle{registry: prometheus.NewRegistry()}
+		counter := prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_test_total", Help: "A test counter."})
+		counter.Add(3)
+		b.registry.MustRegister(counter)
+		b.server = New(&Config{
+			ReadyFunc: func(context.Context) error { return b.readyErr },
+			Gatherer:  b.registry,
+			Logger:    slog.New(slog.DiscardHandler),
+		})
+		return b
+	}
+	get := func(t *testing.T, h http.Handler, method, target string) (int, string) {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), method, target, nil))
+		return rec.Code, rec.Body.String()
+	}
+
+	t.Run("Healthz", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.readyErr = errors.New("database down")
+		code, body := get(t, b.server.Handler(), http.MethodGet, "/healthz")
+		require.Equal(t, http.StatusOK, code)
+		require.Equal(t, "ok\n", body)
+	})
+
+	t.Run("Ready", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		code, body := get(t, b.server.Handler(), http.MethodGet, "/readyz")
+		require.Equal(t, http.StatusOK, code)
+		require.Equal(t, "ready\n", body)
+	})
+
+	t.Run("NotReady", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.readyErr = errors.New("listen connection: not connected")
+		code, body := get(t, b.server.Handler(), http.MethodGet, "/readyz")
+		require.Equal(t, http.StatusServiceUnavailable, code)
+		require.Equal(t, "not ready: listen connection: not connected\n", body)
+	})
+
+	t.Run("ReadyTimeout", func(t *testing.T) {
+		t.Parallel()
+		s := New(&Config{
+			ReadyFunc: func(ctx context.Context) error {
+				<-ctx.Done()
+				return ctx.Err()
+			},
+			ReadyTimeout: 10 * time.Millisecond,
+			Logger:       slog.New(slog.DiscardHandler),
+		})
+		code, body := get(t, s.Handler(), http.MethodGet, "/readyz")
+		require.Equal(t, http.StatusServiceUnavailable, code)
+		require.Equal(t, "not ready: readiness check took longer than 10ms: context deadline exceeded\n", body)
+	})
+
+	t.Run("Metrics", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		code, body := get(t, b.server.Handler(), http.MethodGet, "/metrics")
+		require.Equal(t, http.StatusOK, code)
+		require.Contains(t, body, "# HELP outbox_test_total A test counter.\n")
+		require.Contains(t, body, "outbox_test_total 3\n")
+	})
+
+	t.Run("Handle", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.server.Handle("POST /v1/intents", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+		}))
+		code, _ := get(t, b.server.Handler(), http.MethodPost, "/v1/intents")
+		require.Equal(t, http.StatusCreated, code)
+	})
+
+	t.Run("MethodsAndUnknownPaths", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		code, _ := get(t, b.server.Handler(), http.MethodPost, "/healthz")
+		require.Equal(t, http.StatusMethodNotAllowed, code)
+		code, _ = get(t, b.server.Handler(), http.MethodHead, "/readyz")
+		require.Equal(t, http.StatusOK, code)
+		code, _ = get(t, b.server.Handler(), http.MethodGet, "/")
+		require.Equal(t, http.StatusNotFound, code)
+	})
+}
+
+func TestLimits(t *testing.T) {
+	t.Parallel()
+
+	s := New(&Config{})
+	require.Equal(t, "127.0.0.1:8080", s.server.Addr)
+	require.Equal(t, ReadHeaderTimeout, s.server.ReadHeaderTimeout)
+	require.Equal(t, ReadTimeout, s.server.ReadTimeout)
+	require.Equal(t, WriteTimeout, s.server.WriteTimeout)
+	require.Equal(t, IdleTimeout, s.server.IdleTimeout)
+	require.Equal(t, MaxHeaderBytes, s.server.MaxHeaderBytes)
+	for _, d := range []time.Duration{ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout} {
+		require.Positive(t, d)
+	}
+	require.NotNil(t, s.server.ErrorLog)
+}
+
+func TestServe(t *testing.T) {
+	t.Parallel()
+
+	type testBundle struct {
+		server  *Server
+		url     string
+		cancel  context.CancelFunc
+		served  chan error
+		entered chan struct{} // a /slow request has started
+		release chan struct{} // lets /slow requests finish
+	}
+	setup := func(t *testing.T, shutdownTimeout time.Duration) *testBundle {
+		t.Helper()
+		b := &testBundle{
+			served:  make(chan error, 1),
+			entered: make(chan struct{}, 1),
+			release: make(chan struct{}),
+		}
+		b.server = New(&Config{ShutdownTimeout: shutdownTimeout, Logger: slog.New(slog.DiscardHandler)})
+		b.server.Handle("GET /slow", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b.entered <- struct{}{}
+			select {
+			case <-b.release:
+			case <-r.Context().Done():
+			}
+			_, _ = io.WriteString(w, "done")
+		}))
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		b.url = "http://" + ln.Addr().String()
+		ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+		b.cancel = cancel
+		go func() { b.served <- b.server.Serve(ctx, ln) }()
+		t.Cleanup(func() {
+			cancel()
+			select {
+			case <-b.served:
+			case <-time.After(10 * time.Second):
+				t.Error("Serve did not return")
+			}
+		})
+		return b
+	}
+	wait := func(t *testing.T, b *testBundle) error {
+		t.Helper()
+		select {
+		case err := <-b.served:
+			b.served <- err // for the cleanup
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatal("Serve did not return")
+			return nil
+		}
+	}
+
+	t.Run("StopsCleanly", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 0)
+		resp, err := http.Get(b.url + "/healthz")
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		require.NoError(t, resp.Body.Close())
+		require.Equal(t, "ok\n", string(body))
+
+		b.cancel()
+		require.NoError(t, wait(t, b))
+		_, err = http.Get(b.url + "/healthz")
+		require.Error(t, err, "the listener is closed")
+	})
+
+	t.Run("LetsRequestsFinish", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 10*time.Second)
+		got := make(chan string, 1)
+		go func() {
+			resp, err := http.Get(b.url + "/slow")
+			if err != nil {
+				got <- err.Error()
+				return
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			got <- string(body)
+		}()
+		<-b.entered
+		b.cancel()
+		close(b.release)
+		require.NoError(t, wait(t, b))
+		require.Equal(t, "done", <-got)
+	})
+
+	t.Run("ShutdownTimeout", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 20*time.Millisecond)
+		failed := make(chan error, 1)
+		go func() {
+			resp, err := http.Get(b.url + "/slow")
+			if err == nil {
+				_, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+			failed <- err
+		}()
+		<-b.entered
+		b.cancel()
+		err := wait(t, b)
+		require.ErrorContains(t, err, "shutdown: http shutdown timeout")
+		require.Error(t, <-failed, "the connection was cut")
+	})
+}
+
+func TestRunListenError(t *testing.T) {
+	t.Parallel()
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+
+	// The address is taken: Run fails at once instead of serving.
+	s := New(&Config{Addr: ln.Addr().String(), Logger: slog.New(slog.DiscardHandler)})
+	err = s.Run(t.Context())
+	require.ErrorContains(t, err, "listen: ")
+	require.True(t, strings.Contains(err.Error(), "address already in use"), err.Error())
+}

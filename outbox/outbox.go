@@ -1,0 +1,371 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Sentinel errors; test for them with errors.Is.
+var (
+	// ErrKeyConflict means the idempotency key already names a different request
+	// (another connector, payload or ordering key). The message names the key.
+	ErrKeyConflict = errors.New("idempotency key already used for a different request")
+
+	// ErrInvalidMessage means the message was refused before anything was written.
+	// The message says what is wrong.
+	ErrInvalidMessage = errors.New("invalid message")
+
+	// ErrNotFound means no intent has the key.
+	ErrNotFound = errors.New("intent not found")
+)
+
+// Statuses of an intent; relay/doc.go sets out the state machine.
+const (
+	StatusPending          = "pending"
+	StatusDelivering       = "delivering"
+	StatusDelivered        = "delivered"
+	StatusDead             = "dead"
+	StatusCanceled         = "canceled"
+	StatusAwaitingApproval = "awaiting_approval"
+	StatusHeld             = "held"
+)
+
+// DB is what Enqueue and Get need of a database handle. [pgx.Tx], [*pgx.Conn] and
+// [*pgxpool.Pool] satisfy it; pass the transaction that changes your own state.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Message is an intent to enqueue: one logical operation, named by Key.
+type Message struct {
+	// Key is the idempotency key: 1 to 255 characters, derived from the work (see [Key]).
+	Key string
+	// Connector is the connector instance that delivers it: "webhook", "email", "slack",
+	// "payment", or a named instance such as "webhook:crm".
+	Connector string
+	// Payload is what the connector needs. []byte and json.RawMessage are taken as JSON
+	// text; any other value is encoded with encoding/json.
+	Payload any
+	// OrderingKey, when set, makes rows sharing it deliver one at a time in enqueue order.
+	OrderingKey string
+	// NotBefore delays the first attempt. Zero means now.
+	NotBefore time.Time
+	// Headers travel with the row to the receiver, such as a W3C "traceparent".
+	// Names are lowercase. Headers are not part of the request's identity.
+	Headers map[string]string
+	// RequireApproval makes the intent start awaiting_approval instead of pending.
+	RequireApproval bool
+	// CreatedBy names who asked for the intent (an API token's name); informational.
+	CreatedBy string
+}
+
+// Intent is a row of the outbox table: a message and what has happened to it.
+type Intent struct {
+	ID          int64             `json:"id"`
+	Key         string            `json:"key"`
+	Connector   string            `json:"connector"`
+	Status      string            `json:"status"`
+	Payload     json.RawMessage   `json:"payload,omitempty"`
+	OrderingKey string            `json:"ordering_key,omitempty"`
+	Headers     map[string]string `json:"headers,omitempty"`
+	CreatedBy   string            `json:"created_by,omitempty"`
+	// Attempts counts the delivery attempts started so far.
+	Attempts int `json:"attempts"`
+	// LastError is the latest failure, written for a person to act on.
+	LastError string `json:"last_error,omitempty"`
+	// Result is the receiver's stored answer (status code, provider id, body excerpt).
+	Result        json.RawMessage `json:"result,omitempty"`
+	NextAttemptAt time.Time       `json:"next_attempt_at"`
+	CreatedAt     time.Time       `json:"created_at"`
+	UpdatedAt     time.Time       `json:"updated_at"`
+	// DeliveredAt is zero until the intent is delivered.
+	DeliveredAt time.Time `json:"delivered_at,omitzero"`
+
+	// Inserted is true when this call wrote the row, false when the key already existed
+	// with the same request.
+	Inserted bool `json:"-"`
+}
+
+// IntentColumns lists, in [ScanIntent]'s order, the outbox columns an Intent reads.
+const IntentColumns = `id, idempotency_key, connector, payload, status, attempts, next_attempt_at,
+	coalesce(last_error, ''), result, coalesce(ordering_key, ''), headers, coalesce(created_by, ''),
+	created_at, updated_at, delivered_at`
+
+// ScanIntent scans a row selected with [IntentColumns], plus any extra destinations.
+func ScanIntent(row pgx.Row, extra ...any) (Intent, error) {
+	var (
+		in          Intent
+		deliveredAt *time.Time
+	)
+	dest := append([]any{
+		&in.ID, &in.Key, &in.Connector, &in.Payload, &in.Status, &in.Attempts, &in.NextAttemptAt,
+		&in.LastError, &in.Result, &in.OrderingKey, &in.Headers, &in.CreatedBy,
+		&in.CreatedAt, &in.UpdatedAt, &deliveredAt,
+	}, extra...)
+	if err := row.Scan(dest...); err != nil {
+		return Intent{}, err
+	}
+	if deliveredAt != nil {
+		in.DeliveredAt = *deliveredAt
+	}
+	if len(in.Headers) == 0 {
+		in.Headers = nil
+	}
+	return in, nil
+}
+
+// insertSQL writes one intent unless its key exists. ON CONFLICT DO NOTHING waits for a
+// concurrent insert of the same key to commit or roll back, so concurrent enqueues of one
+// key yield one row and no unique-violation error (which would abort the caller's
+// transaction).
+const insertSQL = `
+INSERT INTO outbox (idempotency_key, connector, payload, ordering_key, next_attempt_at,
+                    fingerprint, headers, status, created_by)
+VALUES ($1, $2, $3, NULLIF($4, ''), coalesce($5, now()), $6, $7, $8, NULLIF($9, ''))
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING ` + insertedColumns
+
+// insertedColumns are what an insert returns; the rest of the Intent is the message.
+const insertedColumns = `id, idempotency_key, status, next_attempt_at, created_at, updated_at`
+
+// insertBatchSQL is insertSQL for many messages in one statement, in their given order.
+const insertBatchSQL = `
+INSERT INTO outbox (idempotency_key, connector, payload, ordering_key, next_attempt_at,
+                    fingerprint, headers, status, created_by)
+SELECT k, c, p, NULLIF(o, ''), coalesce(n, now()), f, h, s, NULLIF(b, '')
+FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[], $5::timestamptz[],
+            $6::bytea[], $7::jsonb[], $8::text[], $9::text[])
+     WITH ORDINALITY AS m(k, c, p, o, n, f, h, s, b, ord)
+ORDER BY ord
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING ` + insertedColumns
+
+// existingSQL reads the rows already holding some keys and says whether each holds the
+// same request. Rows written by plain SQL have no fingerprint and are compared by value
+// (jsonb equality ignores key order and whitespace).
+const existingSQL = `
+SELECT ` + IntentColumns + `,
+       m.k,
+       coalesce(o.fingerprint = m.f,
+                o.connector = m.c AND o.payload = m.p AND o.ordering_key IS NOT DISTINCT FROM NULLIF(m.o, ''))
+FROM unnest($1::text[], $2::bytea[], $3::text[], $4::jsonb[], $5::text[]) AS m(k, f, c, p, o)
+JOIN outbox o ON o.idempotency_key = m.k`
+
+// Enqueue writes an intent inside db, normally the caller's own transaction: nothing is
+// visible to the relay before that transaction commits, and a rollback removes it.
+//
+// If the key already exists with the same request (connector, payload compared in
+// canonical form, ordering key), Enqueue returns the existing intent with Inserted false
+// and no error. If it exists with a different request, the error wraps [ErrKeyConflict].
+// An invalid message is refused before anything is written, with an error wrapping
+// [ErrInvalidMessage]; neither case aborts the caller's transaction.
+func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
+	p, err := prepare(m)
+	if err != nil {
+		return Intent{}, err
+	}
+	// A row deleted between the conflict and the lookup (retention) makes the lookup
+	// miss; inserting again then succeeds, so a second pass settles it.
+	for range 2 {
+		in, err := scanInserted(db.QueryRow(ctx, insertSQL, p.Key, p.Connector, p.payload, p.OrderingKey,
+			notBefore(p.NotBefore), p.fingerprint, headersJSON(p.Headers), initialStatus(p.Message), p.CreatedBy),
+			func(string) prepared { return p })
+		if err == nil {
+			return in, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return Intent{}, fmt.Errorf("enqueue %q: %w", p.Key, err)
+		}
+		found, err := existing(ctx, db, []prepared{p})
+		if err != nil {
+			return Intent{}, err
+		}
+		if in, ok := found[p.Key]; ok {
+			return in, nil
+		}
+	}
+	return Intent{}, fmt.Errorf("enqueue %q: the existing row vanished twice while being compared", p.Key)
+}
+
+// EnqueueBatch writes many intents in one statement, with [Enqueue]'s rules for each
+// message; the returned intents are in the order of msgs. It is atomic: when any message
+// is invalid or conflicts, nothing of the batch is written (inside a transaction it uses a
+// savepoint, so the caller's transaction stays usable). A key repeated within the batch
+// counts as a re-enqueue of the first.
+func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) {
+	ps := make([]prepared, len(msgs))
+	for i, m := range msgs {
+		p, err := prepare(m)
+		if err != nil {
+			return nil, fmt.Errorf("message %d (key %q): %w", i, m.Key, err)
+		}
+		ps[i] = p
+	}
+	if len(ps) == 0 {
+		return nil, nil
+	}
+	var (
+		keys, connectors, orderingKeys, statuses, createdBy = make([]string, len(ps)), make([]string, len(ps)), make([]string, len(ps)), make([]string, len(ps)), make([]string, len(ps))
+		payloads, headers, fingerprints                     = make([][]byte, len(ps)), make([][]byte, len(ps)), make([][]byte, len(ps))
+		notBefores                                          = make([]*time.Time, len(ps))
+	)
+	for i, p := range ps {
+		keys[i], connectors[i], orderingKeys[i], statuses[i], createdBy[i] = p.Key, p.Connector, p.OrderingKey, initialStatus(p.Message), p.CreatedBy
+		payloads[i], headers[i], fingerprints[i] = p.payload, headersJSON(p.Headers), p.fingerprint
+		notBefores[i] = notBefore(p.NotBefore)
+	}
+
+	out := make([]Intent, len(ps))
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		rows, _ := tx.Query(ctx, insertBatchSQL, keys, connectors, payloads, orderingKeys, notBefores,
+			fingerprints, headers, statuses, createdBy)
+		first := make(map[string]prepared, len(ps)) // each key's first message
+		for _, p := range ps {
+			if _, ok := first[p.Key]; !ok {
+				first[p.Key] = p
+			}
+		}
+		byKey := make(map[string]Intent, len(ps))
+		for rows.Next() {
+			in, err := scanInserted(rows, func(key string) prepared { return first[key] })
+			if err != nil {
+				rows.Close()
+				return fmt.Errorf("enqueue batch: %w", err)
+			}
+			byKey[in.Key] = in
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("enqueue batch: %w", err)
+		}
+		// Every message the insert did not write, including repeats of a key within the
+		// batch, is compared with the row that holds its key.
+		var rest []prepared
+		seen := make(map[string]bool, len(ps))
+		for _, p := range ps {
+			if _, ok := byKey[p.Key]; !ok || seen[p.Key] {
+				rest = append(rest, p)
+			}
+			seen[p.Key] = true
+		}
+		found, err := existing(ctx, tx, rest)
+		if err != nil {
+			return err
+		}
+		for i, p := range ps {
+			in, ok := byKey[p.Key]
+			if ok {
+				delete(byKey, p.Key) // a repeat of this key later in the batch is not "inserted"
+			} else if in, ok = found[p.Key]; !ok {
+				return fmt.Errorf("enqueue batch: key %q neither inserted nor found; retry the batch", p.Key)
+			}
+			out[i] = in
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// scanInserted reads a row of insertedColumns and fills the rest of the Intent from the
+// message that was written, which msg returns for the row's key.
+func scanInserted(row pgx.Row, msg func(key string) prepared) (Intent, error) {
+	var in Intent
+	if err := row.Scan(&in.ID, &in.Key, &in.Status, &in.NextAttemptAt, &in.CreatedAt, &in.UpdatedAt); err != nil {
+		return Intent{}, err
+	}
+	p := msg(in.Key)
+	in.Connector, in.Payload, in.OrderingKey, in.CreatedBy = p.Connector, p.payload, p.OrderingKey, p.CreatedBy
+	if len(p.Headers) > 0 {
+		in.Headers = p.Headers
+	}
+	in.Inserted = true
+	return in, nil
+}
+
+// existing looks up the rows holding the keys of ps and checks that each holds the same
+// request. Keys without a row are absent from the map.
+func existing(ctx context.Context, db DB, ps []prepared) (map[string]Intent, error) {
+	if len(ps) == 0 {
+		return nil, nil
+	}
+	keys, conns, ords := make([]string, len(ps)), make([]string, len(ps)), make([]string, len(ps))
+	fps, payloads := make([][]byte, len(ps)), make([][]byte, len(ps))
+	for i, p := range ps {
+		keys[i], conns[i], ords[i], fps[i], payloads[i] = p.Key, p.Connector, p.OrderingKey, p.fingerprint, p.payload
+	}
+	rows, err := db.Query(ctx, existingSQL, keys, fps, conns, payloads, ords)
+	if err != nil {
+		return nil, fmt.Errorf("look up existing keys: %w", err)
+	}
+	defer rows.Close()
+	found := make(map[string]Intent, len(ps))
+	for rows.Next() {
+		var (
+			key  string
+			same bool
+		)
+		in, err := ScanIntent(rows, &key, &same)
+		if err != nil {
+			return nil, fmt.Errorf("look up existing keys: %w", err)
+		}
+		if !same {
+			return nil, fmt.Errorf("%w: key %q already names a %s intent with another payload or ordering key (created %s); use a new key for a different operation",
+				ErrKeyConflict, key, in.Connector, in.CreatedAt.UTC().Format(time.RFC3339))
+		}
+		found[key] = in
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("look up existing keys: %w", err)
+	}
+	return found, nil
+}
+
+// getSQL reads one intent by key.
+const getSQL = `SELECT ` + IntentColumns + ` FROM outbox WHERE idempotency_key = $1`
+
+// Get returns the intent with key: its status, attempts, last error and the receiver's
+// stored result. Ask Get instead of acting again. The error wraps [ErrNotFound] when no
+// intent has the key.
+func Get(ctx context.Context, db DB, key string) (Intent, error) {
+	in, err := ScanIntent(db.QueryRow(ctx, getSQL, key))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Intent{}, fmt.Errorf("%w: no intent has key %q", ErrNotFound, key)
+	}
+	if err != nil {
+		return Intent{}, fmt.Errorf("get %q: %w", key, err)
+	}
+	return in, nil
+}
+
+func initialStatus(m Message) string {
+	if m.RequireApproval {
+		return StatusAwaitingApproval
+	}
+	return StatusPending
+}
+
+func notBefore(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func headersJSON(h map[string]string) []byte {
+	if len(h) == 0 {
+		return []byte(`{}`)
+	}
+	b, _ := json.Marshal(h) // a map of strings always encodes
+	return b
+}

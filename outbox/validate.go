@@ -1,0 +1,287 @@
+package outbox
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/mail"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+)
+
+// MaxKeyLength is the longest idempotency key, in characters.
+const MaxKeyLength = 255
+
+// Kinds are the connector kinds the relay knows. A connector instance is a kind, or a kind
+// and a name joined by a colon ("webhook:crm"); a named instance validates as its kind.
+var Kinds = []string{"webhook", "email", "slack", "payment"}
+
+// PaymentOperations are the payment operations a payment intent may name.
+var PaymentOperations = []string{
+	"payment_intent.create",
+	"payment_intent.confirm",
+	"payment_intent.cancel",
+	"refund.create",
+	"customer.create",
+}
+
+var (
+	connectorPattern = regexp.MustCompile(`^[a-z][a-z0-9_]*(:[a-z0-9_]+)?$`)
+	headerPattern    = regexp.MustCompile(`^[a-z0-9][a-z0-9-]*$`)
+	errTrailingData  = errors.New("unexpected data after the JSON value")
+)
+
+// ConnectorKind returns the kind of a connector instance: "webhook" for "webhook:crm".
+func ConnectorKind(connector string) string {
+	kind, _, _ := strings.Cut(connector, ":")
+	return kind
+}
+
+// prepared is a validated message, ready to write.
+type prepared struct {
+	Message
+	payload     []byte // the JSON text to store
+	fingerprint []byte
+}
+
+// prepare validates m and computes what Enqueue writes. Its errors wrap ErrInvalidMessage.
+func prepare(m Message) (prepared, error) {
+	p := prepared{Message: m}
+	if err := checkKey(m.Key); err != nil {
+		return p, err
+	}
+	if err := checkConnector(m.Connector); err != nil {
+		return p, err
+	}
+	if m.OrderingKey != "" && utf8.RuneCountInString(m.OrderingKey) > MaxKeyLength {
+		return p, invalid("ordering key is %d characters; the limit is %d", utf8.RuneCountInString(m.OrderingKey), MaxKeyLength)
+	}
+	for name, value := range m.Headers {
+		if !headerPattern.MatchString(name) {
+			return p, invalid("header name %q must be lowercase letters, digits and '-'", name)
+		}
+		if strings.ContainsAny(value, "\r\n\x00") || !utf8.ValidString(value) {
+			return p, invalid("header %q has a value with a line break or invalid characters", name)
+		}
+	}
+
+	raw, err := payloadJSON(m.Payload)
+	if err != nil {
+		return p, err
+	}
+	v, err := decodeJSON(raw)
+	if err != nil {
+		return p, invalid("payload is not valid JSON: %v", err)
+	}
+	if err := checkPayload(ConnectorKind(m.Connector), v); err != nil {
+		return p, err
+	}
+	p.payload = raw
+	p.fingerprint = fingerprint(m.Connector, m.OrderingKey, canonicalJSON(v))
+	return p, nil
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidMessage, fmt.Sprintf(format, args...))
+}
+
+func checkKey(key string) error {
+	switch n := utf8.RuneCountInString(key); {
+	case key == "":
+		return invalid("idempotency key is empty; derive one from the work with outbox.Key")
+	case !utf8.ValidString(key):
+		return invalid("idempotency key is not valid UTF-8")
+	case n > MaxKeyLength:
+		return invalid("idempotency key is %d characters; the limit is %d", n, MaxKeyLength)
+	case strings.ContainsRune(key, 0):
+		return invalid("idempotency key contains a NUL character")
+	}
+	return nil
+}
+
+func checkConnector(connector string) error {
+	if connector == "" {
+		return invalid("connector is empty; name one of %s, or a named instance such as webhook:crm", strings.Join(Kinds, ", "))
+	}
+	if len(connector) > 100 || !connectorPattern.MatchString(connector) {
+		return invalid("connector %q is malformed; use a kind such as webhook, or kind:name with lowercase letters, digits and '_'", connector)
+	}
+	kind := ConnectorKind(connector)
+	for _, k := range Kinds {
+		if k == kind {
+			return nil
+		}
+	}
+	return invalid("connector %q has unknown kind %q; known kinds are %s", connector, kind, strings.Join(Kinds, ", "))
+}
+
+// payloadJSON turns a Message payload into JSON text: []byte and json.RawMessage are taken
+// as JSON already; anything else is marshalled with encoding/json.
+func payloadJSON(payload any) ([]byte, error) {
+	switch p := payload.(type) {
+	case nil:
+		return nil, invalid("payload is missing")
+	case json.RawMessage:
+		return p, nil
+	case []byte:
+		return p, nil
+	default:
+		b, err := json.Marshal(p)
+		if err != nil {
+			return nil, invalid("payload cannot be encoded as JSON: %v", err)
+		}
+		return b, nil
+	}
+}
+
+// checkPayload applies the rules of a connector kind to a decoded payload.
+func checkPayload(kind string, v any) error {
+	switch kind {
+	case "webhook":
+		switch v.(type) {
+		case map[string]any, []any:
+			return nil
+		}
+		return invalid("webhook payload must be a JSON object or array, got %s", jsonType(v))
+	case "email":
+		return checkEmail(v)
+	case "slack":
+		return checkSlack(v)
+	case "payment":
+		return checkPayment(v)
+	}
+	return invalid("unknown connector kind %q", kind)
+}
+
+func checkEmail(v any) error {
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return invalid("email payload must be a JSON object, got %s", jsonType(v))
+	}
+	to, err := addressList(obj, "to")
+	if err != nil {
+		return err
+	}
+	if len(to) == 0 {
+		return invalid(`email payload needs "to": one or more addresses`)
+	}
+	for _, field := range []string{"cc", "bcc", "reply_to"} {
+		if _, err := addressList(obj, field); err != nil {
+			return err
+		}
+	}
+	if s, _ := obj["subject"].(string); strings.TrimSpace(s) == "" {
+		return invalid(`email payload needs a non-empty "subject" string`)
+	}
+	if !nonEmptyString(obj["text"]) && !nonEmptyString(obj["html"]) {
+		return invalid(`email payload needs "text" or "html" (a non-empty string)`)
+	}
+	if h, ok := obj["headers"]; ok {
+		hm, ok := h.(map[string]any)
+		if !ok {
+			return invalid(`email "headers" must be an object of strings`)
+		}
+		for name, value := range hm {
+			if s, ok := value.(string); !ok || strings.ContainsAny(s, "\r\n") || strings.ContainsAny(name, ": \r\n") {
+				return invalid("email header %q must be a one-line string", name)
+			}
+		}
+	}
+	return nil
+}
+
+// addressList reads obj[field] as one address string or a list of them, each of which
+// must parse as an RFC 5322 address.
+func addressList(obj map[string]any, field string) ([]string, error) {
+	raw, ok := obj[field]
+	if !ok {
+		return nil, nil
+	}
+	var list []string
+	switch r := raw.(type) {
+	case string:
+		list = []string{r}
+	case []any:
+		for _, e := range r {
+			s, ok := e.(string)
+			if !ok {
+				return nil, invalid("email %q must hold address strings, got %s", field, jsonType(e))
+			}
+			list = append(list, s)
+		}
+	default:
+		return nil, invalid("email %q must be an address or a list of addresses, got %s", field, jsonType(raw))
+	}
+	for _, a := range list {
+		if _, err := mail.ParseAddress(a); err != nil {
+			return nil, invalid("email %q address %q does not parse: %v", field, a, err)
+		}
+	}
+	return list, nil
+}
+
+func checkSlack(v any) error {
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return invalid("slack payload must be a JSON object, got %s", jsonType(v))
+	}
+	if !nonEmptyString(obj["channel"]) {
+		return invalid(`slack payload needs a non-empty "channel" string (a channel id such as C0123456789)`)
+	}
+	blocks, hasBlocks := obj["blocks"]
+	if hasBlocks {
+		if b, ok := blocks.([]any); !ok || len(b) == 0 {
+			return invalid(`slack "blocks" must be a non-empty array`)
+		}
+	}
+	if !nonEmptyString(obj["text"]) && !hasBlocks {
+		return invalid(`slack payload needs "text" (a non-empty string) or "blocks"`)
+	}
+	if ts, ok := obj["thread_ts"]; ok && !nonEmptyString(ts) {
+		return invalid(`slack "thread_ts" must be a non-empty string`)
+	}
+	return nil
+}
+
+func checkPayment(v any) error {
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return invalid("payment payload must be a JSON object, got %s", jsonType(v))
+	}
+	op, _ := obj["operation"].(string)
+	known := false
+	for _, o := range PaymentOperations {
+		known = known || o == op
+	}
+	if !known {
+		return invalid(`payment "operation" %q is not one of %s`, op, strings.Join(PaymentOperations, ", "))
+	}
+	if _, ok := obj["params"].(map[string]any); !ok {
+		return invalid(`payment payload needs a "params" object`)
+	}
+	return nil
+}
+
+func nonEmptyString(v any) bool {
+	s, ok := v.(string)
+	return ok && strings.TrimSpace(s) != ""
+}
+
+func jsonType(v any) string {
+	switch v.(type) {
+	case map[string]any:
+		return "an object"
+	case []any:
+		return "an array"
+	case string:
+		return "a string"
+	case json.Number:
+		return "a number"
+	case bool:
+		return "a boolean"
+	case nil:
+		return "null"
+	}
+	return fmt.Sprintf("%T", v)
+}

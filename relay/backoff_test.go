@@ -1,0 +1,37 @@
+package relay
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestBackoff(t *testing.T) {
+	t.Parallel()
+	base, capped := time.Second, time.Minute
+	for attempt, want := range map[int]time.Duration{
+		1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 4: 8 * time.Second, 6: 32 * time.Second,
+	} {
+		for range 50 {
+			d := backoff(attempt, base, capped)
+			require.GreaterOrEqual(t, d, want*80/100, "attempt %d", attempt)
+			require.LessOrEqual(t, d, want*120/100, "attempt %d", attempt)
+		}
+	}
+	for _, attempt := range []int{7, 10, 64, 1000} {
+		d := backoff(attempt, base, capped)
+		require.LessOrEqual(t, d, capped, "capped at attempt %d", attempt)
+		require.GreaterOrEqual(t, d, capped*80/100, "attempt %d", attempt)
+	}
+}
+
+func TestNextAttemptAtRetryAfterWins(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	require.Equal(t, now.Add(90*time.Second), nextAttemptAt(now, 1, 90*time.Second, true, time.Second, time.Minute),
+		"Retry-After wins even over the cap")
+	require.Equal(t, now, nextAttemptAt(now, 3, -time.Second, true, time.Second, time.Minute), "a date in the past means now")
+	got := nextAttemptAt(now, 2, 0, false, time.Second, time.Minute)
+	require.WithinRange(t, got, now.Add(1600*time.Millisecond), now.Add(2400*time.Millisecond))
+}

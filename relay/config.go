@@ -1,0 +1,123 @@
+package relay
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxd/outboxd/connectors"
+)
+
+// Config tunes a [Relay]. A zero field means its default.
+type Config struct {
+	// ID names this relay in leases and the attempts log. Defaults to host-pid-random.
+	ID string
+	// BatchSize is the most rows one claim takes. Defaults to 500.
+	BatchSize int
+	// Concurrency is the most deliveries in flight at once, over all connectors.
+	// Defaults to 128.
+	Concurrency int
+	// Lease is how long a claimed row stays with this relay before another may take it.
+	// Defaults to 30s.
+	Lease time.Duration
+	// PollInterval is how often the relay looks for due rows when no NOTIFY arrives
+	// (scheduled retries, or NOTIFY blocked by a pooler). Defaults to 1s.
+	PollInterval time.Duration
+	// MaxAttempts sends a row to dead after this many attempts. Defaults to 25.
+	MaxAttempts int
+	// MaxAge sends a row to dead when its next attempt would come later than this after
+	// it was created. Defaults to 72h.
+	MaxAge time.Duration
+	// BackoffBase is the first retry delay, doubled for each attempt. Defaults to 1s.
+	BackoffBase time.Duration
+	// BackoffMax caps the retry delay. Defaults to 1h.
+	BackoffMax time.Duration
+	// Retention is how long delivered and canceled rows are kept. Defaults to 168h.
+	Retention time.Duration
+	// ShutdownTimeout is how long in-flight deliveries may finish once Run's context is
+	// done, before they are cancelled. Defaults to 30s.
+	ShutdownTimeout time.Duration
+	// Logger receives the relay's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the relay's Prometheus metrics. Defaults to a private registry.
+	Registerer prometheus.Registerer
+	// NowFunc is the clock. Defaults to time.Now, corrected for the database clock's
+	// offset; tests inject their own.
+	NowFunc func() time.Time
+
+	usesRealClock bool
+}
+
+// Instance is one configured connector instance and its limits.
+type Instance struct {
+	// Connector delivers the rows.
+	Connector connectors.Connector
+	// Concurrency is the most deliveries in flight to this instance. Defaults to
+	// Config.Concurrency.
+	Concurrency int
+	// Rate is the most requests per second to this instance; 0 means no limit.
+	Rate float64
+	// OnAmbiguous is what a forwarded connector does after an attempt whose effect is
+	// unknown: "retry" (the default) or "hold" the row for an operator.
+	OnAmbiguous string
+}
+
+// Policies for [Instance.OnAmbiguous].
+const (
+	AmbiguousRetry = "retry"
+	AmbiguousHold  = "hold"
+)
+
+func (c *Config) withDefaults() *Config {
+	host, _ := os.Hostname()
+	out := *c
+	out.ID = cmp.Or(c.ID, fmt.Sprintf("%s-%d-%s", cmp.Or(host, "relay"), os.Getpid(), randomSuffix()))
+	out.BatchSize = cmp.Or(c.BatchSize, 500)
+	out.Concurrency = cmp.Or(c.Concurrency, 128)
+	out.Lease = cmp.Or(c.Lease, 30*time.Second)
+	out.PollInterval = cmp.Or(c.PollInterval, time.Second)
+	out.MaxAttempts = cmp.Or(c.MaxAttempts, 25)
+	out.MaxAge = cmp.Or(c.MaxAge, 72*time.Hour)
+	out.BackoffBase = cmp.Or(c.BackoffBase, time.Second)
+	out.BackoffMax = cmp.Or(c.BackoffMax, time.Hour)
+	out.Retention = cmp.Or(c.Retention, 168*time.Hour)
+	out.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, 30*time.Second)
+	out.Logger = cmp.Or(c.Logger, slog.Default())
+	if out.Registerer == nil {
+		out.Registerer = prometheus.NewRegistry()
+	}
+	if out.NowFunc == nil {
+		out.NowFunc = time.Now
+		out.usesRealClock = true
+	}
+	return &out
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	positive := func(name string, v int64) {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative, got %d", name, v))
+		}
+	}
+	positive("BatchSize", int64(c.BatchSize))
+	positive("Concurrency", int64(c.Concurrency))
+	positive("MaxAttempts", int64(c.MaxAttempts))
+	for name, d := range map[string]time.Duration{
+		"Lease": c.Lease, "PollInterval": c.PollInterval, "MaxAge": c.MaxAge, "BackoffBase": c.BackoffBase,
+		"BackoffMax": c.BackoffMax, "Retention": c.Retention, "ShutdownTimeout": c.ShutdownTimeout,
+	} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", name, d))
+		}
+	}
+	if c.BackoffMax > 0 && c.BackoffBase > c.BackoffMax {
+		errs = append(errs, fmt.Errorf("BackoffBase (%s) must not exceed BackoffMax (%s)", c.BackoffBase, c.BackoffMax))
+	}
+	return errors.Join(errs...)
+}

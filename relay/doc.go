@@ -1,0 +1,73 @@
+// Package relay is the outboxd engine: it claims due rows from the outbox table with a
+// lease, delivers them through connectors, and records each outcome and attempt.
+//
+//	r, err := relay.New(pool, &relay.Config{Logger: logger}, map[string]relay.Instance{
+//		"webhook": {Connector: hook},
+//	})
+//	...
+//	err = r.Run(ctx) // returns once ctx is done and in-flight deliveries are settled
+//
+// # The state machine
+//
+//	awaiting_approval --approve--> pending --claim--> delivering --ok--> delivered
+//	        |                        ^  |                 |  \--retryable--> pending (next_attempt_at = now + backoff)
+//	        +--reject--> canceled    |  +--cancel--> canceled  \--permanent or attempts/age exhausted--> dead
+//	                                 +----------- replay (dead, or delivering whose lease expired) ------+
+//
+// The table is authoritative. A relay holds a row only through its lease (lease_owner,
+// lease_expires_at, status delivering); every change it makes is conditional on still
+// holding that lease for the same attempt, so a relay that lost its lease can never
+// overwrite the work of the relay that took the row after it.
+//
+// # Claiming
+//
+// One statement claims a batch: SELECT ... FOR UPDATE SKIP LOCKED picks due rows of a
+// connector and the UPDATE leases them, so relays sharing a database never take the same
+// row. The claim takes no more rows than there are free delivery slots (Config.Concurrency,
+// and each instance's Concurrency) and, for a rate-limited instance, no more than its rate
+// allows now; so claimed rows start at once, and one slow or strict receiver never holds
+// slots the others could use.
+//
+// The relay wakes on the NOTIFY that schema.sql's insert trigger sends, on a dedicated
+// LISTEN connection that is re-established after it drops, and otherwise every
+// Config.PollInterval (which also picks up retries whose time has come). At start it
+// sends itself a NOTIFY; when that does not arrive (a transaction-mode pooler in between)
+// it logs one loud error and relies on polling.
+//
+// Rows with an ordering key are delivered one at a time in id order: a row is due only
+// when no earlier row of its key is pending, delivering, held or awaiting approval. A
+// failing head therefore blocks only its own key. A dead or canceled row no longer holds
+// its key back.
+//
+// # Outcomes
+//
+// Outcomes are recorded in batches, one round trip for many rows, together with one
+// outbox_attempts row per attempt. A connector classifies a failure (see package
+// connectors): permanent goes to dead at once; anything else is retried at
+// now + backoff (exponential from Config.BackoffBase, ±20% jitter, capped at
+// Config.BackoffMax), or at the receiver's Retry-After when it gave one, until
+// Config.MaxAttempts or Config.MaxAge sends the row to dead. last_error says what
+// happened in a sentence.
+//
+// # Ambiguous attempts
+//
+// An attempt is ambiguous when the relay cannot know whether the receiver acted: the
+// connection broke after the request was written, or the relay died and its lease
+// expired (another relay then puts the row back and logs the abandoned attempt as
+// ambiguous). What follows depends on the connector's guarantee: enforced connectors
+// retry (the receiver dedupes on the key); reconciled connectors are told the previous
+// attempt was ambiguous and look for the effect before acting; forwarded connectors retry,
+// or, with the hold policy, leave the row held for an operator.
+//
+// Rows for connectors the relay does not have stay pending and are reported in the log
+// and the outboxd_unknown_connector_rows metric: never dead, never lost.
+//
+// # Stopping and failures
+//
+// When Run's context ends, the relay stops claiming, lets deliveries in flight finish
+// within Config.ShutdownTimeout, cancels the rest (recorded as ambiguous retries), records
+// every outcome and hands back rows it had claimed but not started. Database errors are
+// retried with backoff, so the relay rides out a PostgreSQL restart: outcomes wait in
+// memory until they can be written, and rows whose outcome never lands are retried after
+// their lease expires.
+package relay

@@ -1,0 +1,88 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// notifyChannel is the channel schema.sql's insert trigger notifies.
+const notifyChannel = "outbox"
+
+// listen keeps a dedicated connection LISTENing on the outbox channel and wakes the claim
+// loop on every notification. When the connection drops it reconnects with backoff, and
+// wakes the claim loop once connected (rows may have arrived meanwhile).
+func (r *Relay) listen(ctx context.Context) {
+	var failures int
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx)
+		r.listening.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		failures++
+		r.metrics.dbErrors.WithLabelValues("listen").Inc()
+		wait := backoff(failures, 100*time.Millisecond, 5*time.Second)
+		r.log.WarnContext(ctx, "LISTEN connection lost; polling until it is back", "err", err, "retry_in", wait)
+		sleep(ctx, wait)
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context) error {
+	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
+		return fmt.Errorf("LISTEN: %w", err)
+	}
+	r.listening.Store(true)
+	signal(r.wake)
+	r.probeOnce.Do(func() { go r.checkNotify(ctx) })
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		if n.Payload == r.probe {
+			select {
+			case <-r.probeSeen:
+			default:
+				close(r.probeSeen)
+			}
+			continue
+		}
+		signal(r.wake)
+	}
+}
+
+// probeTimeout is how long the NOTIFY self-test waits for its own notification.
+const probeTimeout = 5 * time.Second
+
+// checkNotify sends a NOTIFY through the pool and checks that the LISTEN connection gets
+// it. Behind a transaction-mode connection pooler it will not, and the relay must say so
+// loudly: it then wakes only every PollInterval.
+func (r *Relay) checkNotify(ctx context.Context) {
+	if _, err := r.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, notifyChannel, r.probe); err != nil {
+		if ctx.Err() == nil {
+			r.log.WarnContext(ctx, "could not send the NOTIFY self-test", "err", err)
+		}
+		return
+	}
+	t := time.NewTimer(probeTimeout)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-r.probeSeen:
+		r.metrics.notifyWorking.Set(1)
+	case <-t.C:
+		r.metrics.notifyWorking.Set(0)
+		r.log.ErrorContext(ctx, "NOTIFY DOES NOT REACH THIS RELAY: its own test notification did not arrive within "+probeTimeout.String()+
+			". This happens behind a connection pooler in transaction mode (PgBouncer, RDS Proxy), which does not keep LISTEN sessions. "+
+			"Delivery still works, but new rows wait up to OUTBOX_POLL_INTERVAL. Point OUTBOX_DATABASE_URL at PostgreSQL directly or at a session-mode pool to fix it.",
+			"poll_interval", r.cfg.PollInterval)
+	}
+}

@@ -1,0 +1,546 @@
+package relay
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/sethvargo/go-retry"
+	"golang.org/x/time/rate"
+
+	"github.com/outboxd/outboxd/connectors"
+)
+
+// Relay claims due rows from the outbox table, delivers them through connectors and
+// records the outcomes. Any number of relays may share one database.
+type Relay struct {
+	pool      *pgxpool.Pool
+	cfg       *Config
+	log       *slog.Logger
+	metrics   *metrics
+	instances map[string]*instance
+	names     []string // instance names, sorted
+	hold      []string // forwarded instances whose ambiguous attempts are held
+
+	wake      chan struct{} // a NOTIFY arrived, or something else worth a claim
+	slotFreed chan struct{} // a delivery finished
+	results   chan outcome
+	inflight  atomic.Int64
+
+	listening atomic.Bool
+	skew      atomic.Int64 // database clock minus local clock, when NowFunc is the real clock
+	probe     string       // the payload of this relay's NOTIFY self-test
+	probeSeen chan struct{}
+	probeOnce sync.Once
+	running   atomic.Bool
+}
+
+type instance struct {
+	name      string
+	conn      connectors.Connector
+	guarantee connectors.Guarantee
+	limit     int
+	limiter   *rate.Limiter // nil: no rate limit
+	inflight  atomic.Int64
+}
+
+// claimed is a row this relay holds the lease on.
+type claimed struct {
+	id        int64
+	key       string
+	connector string
+	payload   json.RawMessage
+	headers   map[string]string
+	attempt   int
+	ambiguous bool
+	createdAt time.Time
+}
+
+// outcome is how one attempt ended, waiting to be recorded.
+type outcome struct {
+	id        int64
+	attempt   int
+	status    string
+	nextAt    *time.Time
+	lastError *string
+	result    []byte
+	ambiguous bool
+	started   time.Time
+	finished  time.Time
+	record    string // the attempts-log outcome
+}
+
+// New returns a relay over pool for the given connector instances, keyed by instance
+// name ("webhook", "webhook:crm"). It does not touch the database until Run.
+func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay, error) {
+	if pool == nil {
+		return nil, errors.New("relay: pool is nil")
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("relay config: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("relay metrics: %w", err)
+	}
+	r := &Relay{
+		pool:      pool,
+		cfg:       cfg,
+		log:       cfg.Logger.With("component", "relay", "relay_id", cfg.ID),
+		metrics:   m,
+		instances: make(map[string]*instance, len(instances)),
+		wake:      make(chan struct{}, 1),
+		slotFreed: make(chan struct{}, 1),
+		results:   make(chan outcome, cfg.Concurrency),
+		probe:     "probe:" + cfg.ID,
+		probeSeen: make(chan struct{}),
+	}
+	for name, in := range instances {
+		if in.Connector == nil {
+			return nil, fmt.Errorf("relay: connector instance %q has no Connector", name)
+		}
+		if in.Concurrency < 0 || in.Rate < 0 || math.IsNaN(in.Rate) {
+			return nil, fmt.Errorf("relay: connector instance %q: Concurrency and Rate must not be negative", name)
+		}
+		policy := cmp.Or(in.OnAmbiguous, AmbiguousRetry)
+		if policy != AmbiguousRetry && policy != AmbiguousHold {
+			return nil, fmt.Errorf("relay: connector instance %q: OnAmbiguous must be %q or %q, got %q", name, AmbiguousRetry, AmbiguousHold, in.OnAmbiguous)
+		}
+		inst := &instance{
+			name:      name,
+			conn:      in.Connector,
+			guarantee: in.Connector.Guarantee(),
+			limit:     min(cmp.Or(in.Concurrency, cfg.Concurrency), cfg.Concurrency),
+		}
+		if in.Rate > 0 {
+			inst.limiter = rate.NewLimiter(rate.Limit(in.Rate), max(1, int(in.Rate)))
+		}
+		if policy == AmbiguousHold && inst.guarantee == connectors.Forwarded {
+			r.hold = append(r.hold, name)
+		}
+		r.instances[name] = inst
+		r.names = append(r.names, name)
+	}
+	slices.Sort(r.names)
+	slices.Sort(r.hold)
+	return r, nil
+}
+
+// ID is the relay's id, as written in leases and the attempts log.
+func (r *Relay) ID() string { return r.cfg.ID }
+
+// now is the relay's clock: the configured clock, corrected to the database's clock when
+// it is the real one, so rows stamped now() by plain SQL are due at once.
+func (r *Relay) now() time.Time {
+	return r.cfg.NowFunc().Add(time.Duration(r.skew.Load()))
+}
+
+// Ready reports whether the relay can work: the database answers and the LISTEN
+// connection is up.
+func (r *Relay) Ready(ctx context.Context) error {
+	if !r.running.Load() {
+		return errors.New("relay is not running")
+	}
+	if err := r.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("database unreachable: %w", err)
+	}
+	if !r.listening.Load() {
+		return errors.New("LISTEN connection is down (reconnecting)")
+	}
+	return nil
+}
+
+// Run delivers rows until ctx is done. Then it stops claiming, gives in-flight deliveries
+// until Config.ShutdownTimeout to finish, cancels those still running (their attempts
+// are recorded as ambiguous), records every outcome, releases leases of rows it had not
+// started, and returns nil. It returns an error only when it cannot start.
+func (r *Relay) Run(ctx context.Context) error {
+	if err := r.start(ctx); err != nil {
+		return err
+	}
+	r.running.Store(true)
+	defer r.running.Store(false)
+	r.log.InfoContext(ctx, "relay started", "connectors", r.names, "concurrency", r.cfg.Concurrency,
+		"batch_size", r.cfg.BatchSize, "lease", r.cfg.Lease)
+
+	// deliverCtx outlives ctx by up to the shutdown timeout, so deliveries in flight at a
+	// stop may finish; recordCtx outlives it a little more, so their outcomes land.
+	deliverCtx, cancelDeliveries := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelDeliveries(nil)
+	recordCtx, cancelRecords := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRecords()
+
+	var background sync.WaitGroup
+	bgCtx, stopBackground := context.WithCancel(ctx)
+	defer stopBackground()
+	background.Go(func() { r.listen(bgCtx) })
+	background.Go(func() { r.maintain(bgCtx) })
+
+	var recorder sync.WaitGroup
+	recorder.Go(func() { r.record(recordCtx) })
+
+	var deliveries sync.WaitGroup
+	r.claimLoop(ctx, deliverCtx, &deliveries)
+
+	// Stopping: let in-flight deliveries finish within the shutdown timeout.
+	done := make(chan struct{})
+	go func() { deliveries.Wait(); close(done) }()
+	timer := time.NewTimer(r.cfg.ShutdownTimeout)
+	select {
+	case <-done:
+		timer.Stop()
+	case <-timer.C:
+		r.log.WarnContext(ctx, "shutdown timeout reached; cancelling deliveries still in flight",
+			"in_flight", r.inflight.Load(), "timeout", r.cfg.ShutdownTimeout)
+		cancelDeliveries(errors.New("relay shutdown timeout reached"))
+		<-done
+	}
+	close(r.results)
+	// The recorder drains every outcome; give it a bounded time when the database is down.
+	recDone := make(chan struct{})
+	go func() { recorder.Wait(); close(recDone) }()
+	select {
+	case <-recDone:
+	case <-time.After(r.cfg.ShutdownTimeout):
+		r.log.ErrorContext(ctx, "could not record every outcome before exit; those rows stay leased and are retried after their lease expires")
+		cancelRecords()
+		<-recDone
+	}
+	stopBackground()
+	background.Wait()
+	r.log.InfoContext(ctx, "relay stopped")
+	return nil
+}
+
+// start pings the database (the pool connects lazily), retrying briefly so that a relay
+// started alongside its database waits for it, and measures clock skew.
+func (r *Relay) start(ctx context.Context) error {
+	b := retry.WithMaxDuration(30*time.Second, retry.WithCappedDuration(2*time.Second, retry.NewExponential(100*time.Millisecond)))
+	var dbNow time.Time
+	err := retry.Do(ctx, b, func(ctx context.Context) error {
+		before := time.Now()
+		if err := r.pool.QueryRow(ctx, `SELECT now()`).Scan(&dbNow); err != nil {
+			return retry.RetryableError(err)
+		}
+		if r.cfg.usesRealClock {
+			r.skew.Store(int64(dbNow.Sub(before.Add(time.Since(before) / 2))))
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("relay: reach database: %w", err)
+	}
+	return nil
+}
+
+// claimLoop claims and starts deliveries until ctx is done.
+func (r *Relay) claimLoop(ctx, deliverCtx context.Context, deliveries *sync.WaitGroup) {
+	poll := time.NewTicker(r.cfg.PollInterval)
+	defer poll.Stop()
+	var failures int
+	for ctx.Err() == nil {
+		more, retryIn, err := r.claimRound(ctx, deliverCtx, deliveries)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			failures++
+			r.metrics.dbErrors.WithLabelValues("claim").Inc()
+			wait := backoff(failures, 100*time.Millisecond, 5*time.Second)
+			r.log.WarnContext(ctx, "claim failed; retrying", "err", err, "retry_in", wait)
+			sleep(ctx, wait)
+			continue
+		}
+		failures = 0
+		if more {
+			continue
+		}
+		var (
+			timer   *time.Timer
+			timerCh <-chan time.Time
+		)
+		if retryIn > 0 {
+			timer = time.NewTimer(retryIn)
+			timerCh = timer.C
+		}
+		select {
+		case <-ctx.Done():
+		case <-r.wake:
+		case <-r.slotFreed:
+		case <-poll.C:
+		case <-timerCh:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+	}
+}
+
+// claimRound claims for every instance as much as its free slots and rate allow. more is
+// true when some claim came back full (there may be more due rows); retryIn is when a
+// rate-limited instance will next have a token.
+func (r *Relay) claimRound(ctx, deliverCtx context.Context, deliveries *sync.WaitGroup) (more bool, retryIn time.Duration, err error) {
+	globalFree := r.cfg.Concurrency - int(r.inflight.Load())
+	// Under load, wait for a quarter of the slots before claiming, so claims stay batches.
+	if globalFree < max(1, r.cfg.Concurrency/4) {
+		return false, 0, nil
+	}
+	for _, name := range r.names {
+		inst := r.instances[name]
+		limit := min(r.cfg.BatchSize, globalFree, inst.limit-int(inst.inflight.Load()))
+		if inst.limiter != nil {
+			now := time.Now()
+			tokens := int(inst.limiter.TokensAt(now))
+			if tokens < 1 {
+				wait := time.Duration(float64(time.Second) * (1 - inst.limiter.TokensAt(now)) / float64(inst.limiter.Limit()))
+				if retryIn == 0 || wait < retryIn {
+					retryIn = max(wait, time.Millisecond)
+				}
+				continue
+			}
+			limit = min(limit, tokens)
+		}
+		if limit <= 0 {
+			continue
+		}
+		rows, err := r.claim(ctx, name, limit)
+		if err != nil {
+			return false, 0, fmt.Errorf("claim %s: %w", name, err)
+		}
+		if inst.limiter != nil && len(rows) > 0 {
+			inst.limiter.AllowN(time.Now(), len(rows))
+		}
+		r.metrics.claimBatch.Observe(float64(len(rows)))
+		if ctx.Err() != nil {
+			// Stopping between the claim and the start: hand the rows back.
+			r.release(rows)
+			return false, 0, nil
+		}
+		for _, row := range rows {
+			r.inflight.Add(1)
+			inst.inflight.Add(1)
+			deliveries.Go(func() { r.deliver(deliverCtx, inst, row) })
+		}
+		globalFree -= len(rows)
+		if len(rows) == limit {
+			more = true
+		}
+	}
+	return more, retryIn, nil
+}
+
+// claim runs claimSQL for one instance.
+func (r *Relay) claim(ctx context.Context, name string, limit int) ([]claimed, error) {
+	now := r.now()
+	rows, err := r.pool.Query(ctx, claimSQL, name, now, limit, r.cfg.ID, now.Add(r.cfg.Lease))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
+		var c claimed
+		err := row.Scan(&c.id, &c.key, &c.connector, &c.payload, &c.headers, &c.attempt, &c.ambiguous, &c.createdAt)
+		return c, err
+	})
+}
+
+// release hands back rows claimed but not started. If it fails, their leases expire.
+func (r *Relay) release(rows []claimed) {
+	if len(rows) == 0 {
+		return
+	}
+	ids := make([]int64, len(rows))
+	for i, row := range rows {
+		ids[i] = row.id
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := r.pool.Exec(ctx, releaseSQL, r.cfg.ID, ids, r.now()); err != nil {
+		r.log.WarnContext(ctx, "could not release unstarted rows; they are retried when their lease expires", "err", err, "rows", len(ids))
+		return
+	}
+	r.log.InfoContext(ctx, "released rows not started", "rows", len(ids))
+}
+
+// deliver makes one attempt and queues its outcome.
+func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
+	defer func() {
+		inst.inflight.Add(-1)
+		r.inflight.Add(-1)
+		signal(r.slotFreed)
+	}()
+	started := r.now()
+	result, err := safeDeliver(ctx, inst.conn, connectors.Delivery{
+		Key: row.key, Attempt: row.attempt, Payload: row.payload, Headers: row.headers, PreviousAmbiguous: row.ambiguous,
+	})
+	finished := r.now()
+	if err != nil && ctx.Err() != nil {
+		// Cancelled at the shutdown timeout: the request may have been sent.
+		err = connectors.Ambiguous(fmt.Errorf("%w (cancelled: %v)", err, context.Cause(ctx)))
+	}
+	o := r.decide(inst, row, result, err, finished)
+	o.started = started
+	r.metrics.deliveries.WithLabelValues(inst.name, o.record).Inc()
+	r.metrics.deliveryDuration.WithLabelValues(inst.name).Observe(finished.Sub(started).Seconds())
+	if o.status == statusDelivered {
+		r.metrics.commitToDelivery.WithLabelValues(inst.name).Observe(finished.Sub(row.createdAt).Seconds())
+	}
+	r.results <- o
+}
+
+// safeDeliver turns a connector's panic into a retryable error.
+func safeDeliver(ctx context.Context, c connectors.Connector, d connectors.Delivery) (res json.RawMessage, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			res, err = nil, fmt.Errorf("connector panicked: %v", p)
+		}
+	}()
+	return c.Deliver(ctx, d)
+}
+
+const (
+	statusPending   = "pending"
+	statusDelivered = "delivered"
+	statusDead      = "dead"
+	statusHeld      = "held"
+)
+
+// decide turns an attempt's result into the row's next state.
+func (r *Relay) decide(inst *instance, row claimed, result json.RawMessage, err error, now time.Time) outcome {
+	o := outcome{id: row.id, attempt: row.attempt, finished: now}
+	if len(result) > 0 && json.Valid(result) {
+		o.result = result
+	}
+	if err == nil {
+		o.status, o.record = statusDelivered, statusDelivered
+		return o
+	}
+	o.ambiguous = connectors.IsAmbiguous(err)
+	msg := fmt.Sprintf("attempt %d: %v", row.attempt, err)
+	switch {
+	case connectors.IsPermanent(err):
+		o.status = statusDead
+		msg += " (permanent: not retried)"
+	case o.ambiguous && slices.Contains(r.hold, inst.name):
+		o.status = statusHeld
+		msg += " (the receiver does not enforce the key, so the row is held: replay or cancel it)"
+	case row.attempt >= r.cfg.MaxAttempts:
+		o.status = statusDead
+		msg += fmt.Sprintf(" (gave up after %d attempts)", row.attempt)
+	default:
+		delay, hasDelay := connectors.RetryDelay(err)
+		next := nextAttemptAt(now, row.attempt, delay, hasDelay, r.cfg.BackoffBase, r.cfg.BackoffMax)
+		if deadline := row.createdAt.Add(r.cfg.MaxAge); next.After(deadline) {
+			o.status = statusDead
+			msg += fmt.Sprintf(" (gave up: the next attempt at %s would be later than the maximum age %s)",
+				next.UTC().Format(time.RFC3339), r.cfg.MaxAge)
+		} else {
+			o.status = statusPending
+			o.nextAt = &next
+			msg += fmt.Sprintf(" (retrying at %s)", next.UTC().Format(time.RFC3339))
+		}
+	}
+	o.lastError = &msg
+	o.record = o.status
+	if o.status == statusPending {
+		o.record = "retry"
+	}
+	return o
+}
+
+// record writes outcomes in batches: it takes what is queued (up to a batch), writes it
+// in one round trip, and repeats. Under load batches grow; when idle each outcome is
+// written at once. A failed write is retried with backoff, so an outcome is never
+// dropped while the relay runs.
+func (r *Relay) record(ctx context.Context) {
+	const maxBatch = 1000
+	batch := make([]outcome, 0, maxBatch)
+	for o := range r.results {
+		batch = append(batch[:0], o)
+	drain:
+		for len(batch) < maxBatch {
+			select {
+			case o, ok := <-r.results:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, o)
+			default:
+				break drain
+			}
+		}
+		r.writeOutcomes(ctx, batch)
+	}
+}
+
+func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
+	n := len(batch)
+	var (
+		ids                   = make([]int64, n)
+		attempts              = make([]int32, n)
+		statuses, records     = make([]string, n), make([]string, n)
+		nexts                 = make([]*time.Time, n)
+		errs                  = make([]*string, n)
+		results               = make([][]byte, n)
+		ambiguous             = make([]bool, n)
+		startedAt, finishedAt = make([]time.Time, n), make([]time.Time, n)
+	)
+	for i, o := range batch {
+		ids[i], attempts[i], statuses[i], records[i] = o.id, int32(o.attempt), o.status, o.record
+		nexts[i], errs[i], results[i], ambiguous[i] = o.nextAt, o.lastError, o.result, o.ambiguous
+		startedAt[i], finishedAt[i] = o.started, o.finished
+	}
+	b := retry.WithCappedDuration(5*time.Second, retry.NewExponential(50*time.Millisecond))
+	err := retry.Do(ctx, b, func(ctx context.Context) error {
+		_, err := r.pool.Exec(ctx, recordSQL, r.cfg.ID, ids, attempts, statuses, nexts, errs, results,
+			ambiguous, startedAt, finishedAt, records)
+		if err != nil {
+			r.metrics.dbErrors.WithLabelValues("record").Inc()
+			r.log.WarnContext(ctx, "recording outcomes failed; retrying", "err", err, "rows", n)
+			return retry.RetryableError(err)
+		}
+		return nil
+	})
+	if err != nil {
+		r.log.ErrorContext(ctx, "outcomes not recorded; the rows are retried when their lease expires", "err", err, "rows", n)
+	}
+}
+
+// sleep waits for d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// signal wakes a waiting loop without blocking.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+func randomSuffix() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,178 @@
+package outboxd_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// emptySchemaConn returns a connection whose search_path is a new, empty schema, so the
+// migration runs as on an empty database.
+func emptySchemaConn(t *testing.T, pool *pgxpool.Pool) *pgxpool.Conn {
+	t.Helper()
+	conn, err := pool.Acquire(t.Context())
+	require.NoError(t, err)
+	t.Cleanup(conn.Release)
+	_, err = conn.Exec(t.Context(), `CREATE SCHEMA fresh; SET search_path = fresh`)
+	require.NoError(t, err)
+	return conn
+}
+
+func TestMigrateEmptyThenAgain(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	conn := emptySchemaConn(t, pgtest.DB(t))
+
+	from, err := outboxd.Migrate(ctx, conn)
+	require.NoError(t, err)
+	require.Equal(t, 0, from)
+
+	_, err = conn.Exec(ctx, `INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('keep-me', 'webhook', '{}')`)
+	require.NoError(t, err)
+
+	from, err = outboxd.Migrate(ctx, conn)
+	require.NoError(t, err)
+	require.Equal(t, outboxd.SchemaVersion, from)
+
+	// The file itself applies again cleanly, and rows survive.
+	_, err = conn.Exec(ctx, outboxd.Schema)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, outboxd.Schema)
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE idempotency_key = 'keep-me'`).Scan(&n))
+	require.Equal(t, 1, n)
+}
+
+func TestMigrateConcurrently(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pgtest.DB(t)
+	_, err := pool.Exec(ctx, `CREATE SCHEMA fresh`)
+	require.NoError(t, err)
+
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer conn.Release()
+			if _, err := conn.Exec(ctx, `SET search_path = fresh`); err != nil {
+				errs <- err
+				return
+			}
+			_, err = outboxd.Migrate(ctx, conn)
+			_, _ = conn.Exec(context.WithoutCancel(ctx), `RESET search_path`)
+			errs <- err
+		}()
+	}
+	for range 4 {
+		require.NoError(t, <-errs)
+	}
+}
+
+func TestMigrateRefusesNewerSchema(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pgtest.DB(t)
+	_, err := pool.Exec(ctx, `INSERT INTO outbox_schema_migrations (version) VALUES (999)`)
+	require.NoError(t, err)
+	_, err = outboxd.Migrate(ctx, pool)
+	require.ErrorIs(t, err, outboxd.ErrSchemaTooNew)
+	require.Contains(t, err.Error(), "999")
+}
+
+func TestPlainInsertDefaults(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tx := pgtest.Tx(t)
+
+	_, err := tx.Exec(ctx, `INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('plain-1', 'webhook', '{"a": 1}')`)
+	require.NoError(t, err)
+
+	var (
+		status            string
+		attempts          int
+		due, dbNow        time.Time
+		headers           map[string]string
+		leaseOwner        *string
+		lastErr, ordering *string
+	)
+	require.NoError(t, tx.QueryRow(ctx, `SELECT status, attempts, next_attempt_at, now(), headers, lease_owner, last_error, ordering_key
+		FROM outbox WHERE idempotency_key = 'plain-1'`).Scan(&status, &attempts, &due, &dbNow, &headers, &leaseOwner, &lastErr, &ordering))
+	require.Equal(t, "pending", status)
+	require.Equal(t, 0, attempts)
+	require.False(t, due.After(dbNow), "claimable at once")
+	require.Empty(t, headers)
+	require.Nil(t, leaseOwner)
+	require.Nil(t, lastErr)
+	require.Nil(t, ordering)
+}
+
+func TestConstraintsStopBadPlainInserts(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("k", 256)
+	for name, tt := range map[string]struct{ sql, constraint string }{
+		"empty key":           {`INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('', 'webhook', '{}')`, "outbox_idempotency_key_length"},
+		"long key":            {`INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('` + long + `', 'webhook', '{}')`, "outbox_idempotency_key_length"},
+		"empty connector":     {`INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('k', '', '{}')`, "outbox_connector_format"},
+		"unknown status":      {`INSERT INTO outbox (idempotency_key, connector, payload, status) VALUES ('k', 'webhook', '{}', 'sent')`, "outbox_status_known"},
+		"webhook scalar":      {`INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('k', 'webhook:crm', '"x"')`, "outbox_payload_shape"},
+		"email array":         {`INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('k', 'email', '[]')`, "outbox_payload_shape"},
+		"delivering no lease": {`INSERT INTO outbox (idempotency_key, connector, payload, status) VALUES ('k', 'webhook', '{}', 'delivering')`, "outbox_lease_while_delivering"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, err := pgtest.Tx(t).Exec(t.Context(), tt.sql)
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, err, &pgErr)
+			require.Equal(t, tt.constraint, pgErr.ConstraintName)
+		})
+	}
+
+	t.Run("null payload", func(t *testing.T) {
+		t.Parallel()
+		_, err := pgtest.Tx(t).Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('k', 'webhook', NULL)`)
+		require.ErrorContains(t, err, "not-null")
+	})
+	t.Run("not json", func(t *testing.T) {
+		t.Parallel()
+		_, err := pgtest.Tx(t).Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('k', 'webhook', 'nope')`)
+		require.ErrorContains(t, err, "invalid input syntax for type json")
+	})
+}
+
+func TestInsertTriggerNotifies(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pgtest.DB(t)
+
+	listener, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer listener.Release()
+	_, err = listener.Exec(ctx, `LISTEN outbox`)
+	require.NoError(t, err)
+
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('wake', 'webhook', '{}')`)
+	require.NoError(t, err)
+
+	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err := listener.Conn().WaitForNotification(waitCtx)
+	require.NoError(t, err, "the insert trigger sends NOTIFY outbox")
+	require.Equal(t, "outbox", n.Channel)
+	_, _ = listener.Exec(context.WithoutCancel(ctx), `UNLISTEN *`)
+}
