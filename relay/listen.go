@@ -40,7 +40,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		return fmt.Errorf("LISTEN: %w", err)
 	}
 	r.listening.Store(true)
-	signal(r.wake)
+	notify(r.wake)
 	r.probeOnce.Do(func() { go r.checkNotify(ctx) })
 	for {
 		n, err := conn.WaitForNotification(ctx)
@@ -55,7 +55,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 			}
 			continue
 		}
-		signal(r.wake)
+		notify(r.wake)
 	}
 }
 

@@ -56,7 +56,7 @@ func (r *Relay) reclaim(ctx context.Context) {
 	if n := tag.RowsAffected(); n > 0 {
 		r.metrics.leaseExpiries.Add(float64(n))
 		r.log.WarnContext(ctx, "rows put back after their relay's lease expired; their last attempt is recorded as ambiguous", "rows", n)
-		signal(r.wake)
+		notify(r.wake)
 	}
 }
 

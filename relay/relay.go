@@ -382,7 +382,7 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 	defer func() {
 		inst.inflight.Add(-1)
 		r.inflight.Add(-1)
-		signal(r.slotFreed)
+		notify(r.slotFreed)
 	}()
 	started := r.now()
 	result, err := safeDeliver(ctx, inst.conn, connectors.Delivery{
@@ -531,8 +531,8 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// signal wakes a waiting loop without blocking.
-func signal(ch chan struct{}) {
+// notify wakes a waiting loop without blocking.
+func notify(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:
 	default:

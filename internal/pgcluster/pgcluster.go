@@ -62,9 +62,9 @@ type Cluster struct {
 	logPath string
 	owner   *owner // OS user the server runs as; nil means the current user
 	logf    func(format string, args ...any)
+	port    int // set by Start, fixed after
 
 	mu      sync.Mutex
-	port    int
 	proc    *process // nil while stopped
 	removed bool
 }
@@ -149,11 +149,7 @@ func (c *Cluster) URL(dbname string) string {
 
 // Port returns the TCP port the cluster listens on, on 127.0.0.1. It does not change
 // across [Cluster.Restart].
-func (c *Cluster) Port() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.port
-}
+func (c *Cluster) Port() int { return c.port }
 
 // Restart stops the server with a fast shutdown (which disconnects every client) and
 // starts it again on the same port and data directory, returning once it accepts

@@ -32,7 +32,7 @@
 // # Template database
 //
 // A template database is migrated once per process with [outboxd.Migrate]; each [DB] and
-// [URL] clones it with CREATE DATABASE … TEMPLATE, which takes a few milliseconds. The
+// [URL] clones it with CREATE DATABASE … TEMPLATE, which takes tens of milliseconds. The
 // clones are serialised within the process, because PostgreSQL refuses to copy a database
 // that another session is connected to, and a concurrent clone counts as one.
 //

@@ -1,0 +1,158 @@
+package relay
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/webhook"
+	"github.com/outboxd/outboxd/internal/pgtest"
+	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// childEnv makes the test binary run as a relay process (see runChild), so the crash test
+// can kill a real process with SIGKILL.
+const childEnv = "OUTBOX_TEST_RELAY_CHILD"
+
+// runChild runs a relay against OUTBOX_TEST_CHILD_DSN delivering to
+// OUTBOX_TEST_CHILD_URL until it is killed or gets SIGTERM.
+func runChild() int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	pool, err := pgxpool.New(ctx, os.Getenv("OUTBOX_TEST_CHILD_DSN"))
+	if err != nil {
+		return 1
+	}
+	defer pool.Close()
+	hook, err := webhook.New(webhook.Config{URL: os.Getenv("OUTBOX_TEST_CHILD_URL"), Guarantee: connectors.Enforced})
+	if err != nil {
+		return 1
+	}
+	r, err := New(pool, &Config{ID: "child", Lease: 2 * time.Second, PollInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}, map[string]Instance{"webhook": {Connector: hook}})
+	if err != nil {
+		return 1
+	}
+	if err := r.Run(ctx); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// The failure that matters most, with a real process: the relay is killed (SIGKILL) after
+// the receiver performed the write but before the outcome was recorded. After a restart
+// and the lease's expiry, there is still exactly one effect.
+func TestRelayKilledAfterEffectBeforeRecord(t *testing.T) {
+	t.Parallel()
+	var (
+		once    sync.Once
+		arrived = make(chan struct{})
+		release = make(chan struct{})
+	)
+	rcv, err := receiver.Start(receiver.Options{OnEffect: func(e receiver.Effect) {
+		if e.Key == "charge-once" {
+			once.Do(func() { close(arrived) })
+			<-release // hold the answer until the relay is dead
+		}
+	}})
+	require.NoError(t, err)
+	t.Cleanup(rcv.Close)
+	t.Cleanup(func() { closeOnce(release) })
+	dsn := pgtest.URL(t)
+	pool, err := pgxpool.New(t.Context(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), childEnv+"=1", "OUTBOX_TEST_CHILD_DSN="+dsn, "OUTBOX_TEST_CHILD_URL="+rcv.URL())
+	child.Stderr = os.Stderr
+	require.NoError(t, child.Start())
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+
+	enqueue(t, pool, "charge-once", "webhook", map[string]int{"amount": 500})
+	select {
+	case <-arrived:
+	case <-time.After(waitTimeout):
+		t.Fatal("the child relay never delivered")
+	}
+	// The receiver has performed the effect; the relay has not seen the answer.
+	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
+	_ = child.Wait()
+	closeOnce(release)
+
+	in, err := outbox.Get(t.Context(), pool, "charge-once")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDelivering, in.Status, "the dead relay's lease is still on the row")
+	require.Equal(t, 1, rcv.Effects("charge-once"))
+
+	// A new relay takes the row once the lease expires, and the receiver answers from
+	// its store: still one effect.
+	hook, err := webhook.New(webhook.Config{URL: rcv.URL(), Guarantee: connectors.Enforced})
+	require.NoError(t, err)
+	start(t, pool, &Config{PollInterval: 50 * time.Millisecond, Registerer: prometheus.NewRegistry(), Logger: testLogger()},
+		map[string]Instance{"webhook": {Connector: hook}})
+	in = waitStatus(t, pool, "charge-once", outbox.StatusDelivered)
+	require.Equal(t, 1, rcv.Effects("charge-once"))
+	require.Equal(t, 2, rcv.Requests("charge-once"))
+	require.Equal(t, 2, in.Attempts)
+	att := attemptsOf(t, pool, "charge-once")
+	require.Equal(t, "lease_expired", att[0].Outcome)
+	require.Equal(t, "child", att[0].RelayID)
+	require.True(t, att[0].Ambiguous)
+}
+
+// PostgreSQL restarts under a running relay: it rides it out, nothing is lost, and
+// delivery resumes by itself.
+func TestSurvivesPostgresRestart(t *testing.T) {
+	t.Parallel()
+	cluster := pgtest.Cluster(t)
+	ctx := t.Context()
+	pool, err := pgxpool.New(ctx, cluster.URL("postgres"))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = outboxd.Migrate(ctx, pool)
+	require.NoError(t, err)
+	rcv, err := receiver.Start(receiver.Options{})
+	require.NoError(t, err)
+	t.Cleanup(rcv.Close)
+
+	start(t, pool, &Config{PollInterval: 50 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
+		Registerer: prometheus.NewRegistry(), Logger: testLogger()},
+		map[string]Instance{"webhook": {Connector: newHook(t, rcv.URL())}})
+
+	enqueueN := func(prefix string, n int) {
+		msgs := make([]outbox.Message, n)
+		for i := range msgs {
+			msgs[i] = outbox.Message{Key: outbox.Key(prefix, strconv.Itoa(i)), Connector: "webhook", Payload: []int{i}}
+		}
+		require.Eventually(t, func() bool {
+			_, err := outbox.EnqueueBatch(ctx, pool, msgs)
+			return err == nil
+		}, waitTimeout, 50*time.Millisecond)
+	}
+	enqueueN("before", 300)
+	require.Eventually(t, func() bool { return rcv.TotalEffects() > 0 }, waitTimeout, 5*time.Millisecond)
+	require.NoError(t, cluster.Restart(ctx))
+	enqueueN("after", 300)
+
+	require.Eventually(t, func() bool { return rcv.TotalEffects() == 600 }, waitTimeout, 20*time.Millisecond)
+	require.Eventually(t, func() bool {
+		var n int
+		return pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE status = 'delivered'`).Scan(&n) == nil && n == 600
+	}, waitTimeout, 20*time.Millisecond)
+	require.Empty(t, rcv.DuplicateKeys())
+}

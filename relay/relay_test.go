@@ -1,0 +1,636 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/webhook"
+	"github.com/outboxd/outboxd/internal/pgtest"
+	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// waitTimeout bounds every wait for the relay to reach a state. Tests never assert on
+// how long it took; this only stops a broken test from hanging.
+const waitTimeout = 60 * time.Second
+
+// testClock is an injected clock that only moves when a test moves it.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+type testBundle struct {
+	pool     *pgxpool.Pool
+	receiver *receiver.Receiver
+	hook     *webhook.Connector
+	registry *prometheus.Registry
+}
+
+func setup(t *testing.T, opts receiver.Options) *testBundle {
+	t.Helper()
+	rcv, err := receiver.Start(opts)
+	require.NoError(t, err)
+	t.Cleanup(rcv.Close)
+	return &testBundle{
+		pool:     pgtest.DB(t),
+		receiver: rcv,
+		hook:     newHook(t, rcv.URL()),
+		registry: prometheus.NewRegistry(),
+	}
+}
+
+func newHook(t *testing.T, url string) *webhook.Connector {
+	t.Helper()
+	hook, err := webhook.New(webhook.Config{URL: url, Guarantee: connectors.Enforced, Timeout: 5 * time.Second})
+	require.NoError(t, err)
+	return hook
+}
+
+// fastConfig retries within milliseconds, so tests that use the real clock finish fast.
+func (b *testBundle) fastConfig() *Config {
+	return &Config{
+		PollInterval: 50 * time.Millisecond,
+		BackoffBase:  time.Millisecond,
+		BackoffMax:   10 * time.Millisecond,
+		Registerer:   b.registry,
+		Logger:       testLogger(),
+	}
+}
+
+func testLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// start runs a relay until the test ends; the returned stop cancels it and checks that
+// Run returned nil.
+func start(t *testing.T, pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (r *Relay, stop func()) {
+	t.Helper()
+	r, err := New(pool, cfg, instances)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(waitTimeout):
+				t.Fatal("relay did not stop")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return r, stop
+}
+
+func enqueue(t *testing.T, db outbox.DB, key, connector string, payload any) outbox.Intent {
+	t.Helper()
+	in, err := outbox.Enqueue(t.Context(), db, outbox.Message{Key: key, Connector: connector, Payload: payload})
+	require.NoError(t, err)
+	return in
+}
+
+// waitStatus waits until the row with key has status, and returns it.
+func waitStatus(t *testing.T, pool *pgxpool.Pool, key, status string) outbox.Intent {
+	t.Helper()
+	var in outbox.Intent
+	require.Eventually(t, func() bool {
+		var err error
+		in, err = outbox.Get(t.Context(), pool, key)
+		return err == nil && in.Status == status
+	}, waitTimeout, 10*time.Millisecond, "row %q never reached %s (last: %+v)", key, status, in)
+	return in
+}
+
+type attemptRow struct {
+	Attempt   int
+	Outcome   string
+	Ambiguous bool
+	Error     string
+	RelayID   string
+}
+
+func attemptsOf(t *testing.T, pool *pgxpool.Pool, key string) []attemptRow {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), `SELECT a.attempt, a.outcome, a.ambiguous, coalesce(a.error, ''), a.relay_id
+		FROM outbox_attempts a JOIN outbox o ON o.id = a.outbox_id WHERE o.idempotency_key = $1 ORDER BY a.id`, key)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []attemptRow
+	for rows.Next() {
+		var a attemptRow
+		require.NoError(t, rows.Scan(&a.Attempt, &a.Outcome, &a.Ambiguous, &a.Error, &a.RelayID))
+		out = append(out, a)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+func countStatus(t *testing.T, pool *pgxpool.Pool) map[string]int {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), `SELECT status, count(*) FROM outbox GROUP BY status`)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var (
+			s string
+			n int
+		)
+		require.NoError(t, rows.Scan(&s, &n))
+		out[s] = n
+	}
+	return out
+}
+
+func TestDeliversOnNotifyWithTraceparent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	cfg := b.fastConfig()
+	cfg.PollInterval = time.Hour // only NOTIFY can wake the relay
+	r, _ := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.Eventually(t, func() bool { return r.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
+
+	trace := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	_, err := outbox.Enqueue(t.Context(), b.pool, outbox.Message{Key: "order-1/notify", Connector: "webhook",
+		Payload: map[string]any{"order": 1}, Headers: map[string]string{"traceparent": trace}})
+	require.NoError(t, err)
+
+	in := waitStatus(t, b.pool, "order-1/notify", outbox.StatusDelivered)
+	require.Equal(t, 1, in.Attempts)
+	var result struct{ Status int }
+	require.NoError(t, json.Unmarshal(in.Result, &result))
+	require.Equal(t, http.StatusOK, result.Status)
+
+	log := b.receiver.EffectLog()
+	require.Len(t, log, 1)
+	require.Equal(t, trace, log[0].Headers.Get("traceparent"))
+	require.Equal(t, "order-1/notify", log[0].Headers.Get("Idempotency-Key"))
+	require.JSONEq(t, `{"order":1}`, string(log[0].Body))
+	require.Equal(t, []attemptRow{{Attempt: 1, Outcome: "delivered", RelayID: r.ID()}}, attemptsOf(t, b.pool, "order-1/notify"))
+
+	// A plain SQL insert is delivered the same way.
+	_, err = b.pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('plain', 'webhook', '[1]')`)
+	require.NoError(t, err)
+	waitStatus(t, b.pool, "plain", outbox.StatusDelivered)
+}
+
+// The failure that matters most: the receiver performs the write, then the connection
+// drops before the relay sees the answer. The retry carries the same key, and the
+// receiver's effect count stays 1.
+func TestConnectionDropAfterEffectIsNotDuplicated(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	b.receiver.Plan("charge-1", receiver.Plan{DropAfterEffect: 1})
+	start(t, b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+
+	enqueue(t, b.pool, "charge-1", "webhook", map[string]any{"amount": 100})
+	in := waitStatus(t, b.pool, "charge-1", outbox.StatusDelivered)
+
+	require.Equal(t, 1, b.receiver.Effects("charge-1"))
+	require.Equal(t, 2, b.receiver.Requests("charge-1"), "the retry reached the receiver, which answered from its store")
+	require.Equal(t, 2, in.Attempts)
+	att := attemptsOf(t, b.pool, "charge-1")
+	require.Len(t, att, 2)
+	require.Equal(t, "retry", att[0].Outcome)
+	require.True(t, att[0].Ambiguous, "the dropped attempt is recorded as ambiguous")
+	require.Equal(t, "delivered", att[1].Outcome)
+	for _, e := range b.receiver.EffectLog() {
+		require.Equal(t, "charge-1", e.Headers.Get("Idempotency-Key"))
+	}
+}
+
+func TestFailureClassification(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	b.receiver.Plan("permanent", receiver.Plan{PermanentStatus: http.StatusUnprocessableEntity})
+	b.receiver.Plan("flaky", receiver.Plan{FailFirst: 2})
+	b.receiver.Plan("hopeless", receiver.Plan{FailFirst: 1000})
+	cfg := b.fastConfig()
+	cfg.MaxAttempts = 3
+	start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+
+	for _, k := range []string{"permanent", "flaky", "hopeless"} {
+		enqueue(t, b.pool, k, "webhook", []string{k})
+	}
+
+	perm := waitStatus(t, b.pool, "permanent", outbox.StatusDead)
+	require.Equal(t, 1, perm.Attempts, "a permanent failure is not retried")
+	require.Contains(t, perm.LastError, "422")
+	require.Contains(t, perm.LastError, "permanent")
+	require.Contains(t, string(perm.Result), "422", "the receiver's answer is stored")
+
+	flaky := waitStatus(t, b.pool, "flaky", outbox.StatusDelivered)
+	require.Equal(t, 3, flaky.Attempts)
+	require.Contains(t, flaky.LastError, "503", "the latest failure stays readable")
+
+	hopeless := waitStatus(t, b.pool, "hopeless", outbox.StatusDead)
+	require.Equal(t, 3, hopeless.Attempts)
+	require.Contains(t, hopeless.LastError, "gave up after 3 attempts")
+	require.Equal(t, 0, b.receiver.Effects("hopeless"))
+}
+
+func TestUnknownConnectorStaysPending(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	enqueue(t, b.pool, "for-crm", "webhook:crm", []int{1})
+	r, _ := start(t, b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+
+	// A row the relay can deliver, enqueued after: once it is delivered, the relay has
+	// had its chance at the other one.
+	enqueue(t, b.pool, "known", "webhook", []int{2})
+	waitStatus(t, b.pool, "known", outbox.StatusDelivered)
+	r.reclaim(t.Context())
+
+	in, err := outbox.Get(t.Context(), b.pool, "for-crm")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusPending, in.Status)
+	require.Equal(t, 0, in.Attempts)
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(r.metrics.unknownConnector.WithLabelValues("webhook:crm")) == 1
+	}, waitTimeout, 10*time.Millisecond, "reported in outboxd_unknown_connector_rows")
+}
+
+// Backoff and Retry-After schedules, checked with an injected clock.
+func TestRetrySchedulesWithInjectedClock(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	var dbNow time.Time
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT now()`).Scan(&dbNow))
+	clock := &testClock{now: dbNow.Add(time.Second)}
+	cfg := b.fastConfig()
+	cfg.NowFunc = clock.Now
+	cfg.BackoffBase = 10 * time.Second
+	cfg.BackoffMax = time.Hour
+	// The connector reads Retry-After dates against the same clock as the relay.
+	hook, err := webhook.New(webhook.Config{URL: b.receiver.URL(), Guarantee: connectors.Enforced, NowFunc: clock.Now})
+	require.NoError(t, err)
+	start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: hook}})
+
+	date := clock.Now().Add(5 * time.Minute).UTC().Truncate(time.Second)
+	b.receiver.Plan("backoff", receiver.Plan{FailFirst: 2})
+	b.receiver.Plan("retry-after-seconds", receiver.Plan{FailFirst: 1, FailStatus: 429, RetryAfter: "120"})
+	b.receiver.Plan("retry-after-date", receiver.Plan{FailFirst: 1, RetryAfter: date.Format(http.TimeFormat)})
+	for _, k := range []string{"backoff", "retry-after-seconds", "retry-after-date"} {
+		enqueue(t, b.pool, k, "webhook", []string{k})
+	}
+
+	waitAttempts := func(key string, n int) outbox.Intent {
+		t.Helper()
+		var in outbox.Intent
+		require.Eventually(t, func() bool {
+			var err error
+			in, err = outbox.Get(t.Context(), b.pool, key)
+			return err == nil && in.Attempts == n && in.Status == outbox.StatusPending
+		}, waitTimeout, 10*time.Millisecond)
+		return in
+	}
+
+	t0 := clock.Now()
+	in := waitAttempts("backoff", 1)
+	require.WithinRange(t, in.NextAttemptAt, t0.Add(8*time.Second), t0.Add(12*time.Second), "base ±20%")
+	in = waitAttempts("retry-after-seconds", 1)
+	require.True(t, in.NextAttemptAt.Equal(t0.Add(120*time.Second)), "Retry-After seconds wins: %s", in.NextAttemptAt)
+	in = waitAttempts("retry-after-date", 1)
+	require.True(t, in.NextAttemptAt.Equal(date), "Retry-After date wins: %s", in.NextAttemptAt)
+
+	// Nothing is retried before its time: the clock has not moved.
+	require.Equal(t, 1, b.receiver.Requests("backoff"))
+
+	clock.Advance(13 * time.Second)
+	t1 := clock.Now()
+	in = waitAttempts("backoff", 2)
+	require.WithinRange(t, in.NextAttemptAt, t1.Add(16*time.Second), t1.Add(24*time.Second), "doubled ±20%")
+	require.Equal(t, 1, b.receiver.Requests("retry-after-seconds"), "not due yet")
+
+	clock.Advance(10 * time.Minute)
+	waitStatus(t, b.pool, "backoff", outbox.StatusDelivered)
+	waitStatus(t, b.pool, "retry-after-seconds", outbox.StatusDelivered)
+	waitStatus(t, b.pool, "retry-after-date", outbox.StatusDelivered)
+}
+
+func TestMaxAgeSendsToDead(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	b.receiver.Plan("old", receiver.Plan{FailFirst: 1, RetryAfter: "3600"})
+	cfg := b.fastConfig()
+	cfg.MaxAge = time.Minute
+	start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	enqueue(t, b.pool, "old", "webhook", []int{1})
+	in := waitStatus(t, b.pool, "old", outbox.StatusDead)
+	require.Contains(t, in.LastError, "maximum age")
+}
+
+// Rows sharing an ordering key are delivered one at a time in id order, even when
+// deliveries fail at random; a failing head holds back only its own key.
+func TestOrderingKeysUnderRandomFailures(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{FailRate: 0.3, Seed: 7})
+	start(t, b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+
+	const keys, perKey = 6, 25
+	var msgs []outbox.Message
+	for i := range perKey {
+		for k := range keys {
+			msgs = append(msgs, outbox.Message{
+				Key: fmt.Sprintf("ord-%d-%d", k, i), Connector: "webhook", OrderingKey: fmt.Sprintf("customer-%d", k),
+				Payload: map[string]int{"k": k, "seq": i},
+			})
+		}
+	}
+	// A blocked head: its key waits, the others flow.
+	b.receiver.Plan("blocked-head", receiver.Plan{FailFirst: 1000, RetryAfter: "3600"})
+	msgs = append(msgs,
+		outbox.Message{Key: "blocked-head", Connector: "webhook", OrderingKey: "stuck", Payload: []int{0}},
+		outbox.Message{Key: "blocked-tail", Connector: "webhook", OrderingKey: "stuck", Payload: []int{1}})
+	_, err := outbox.EnqueueBatch(t.Context(), b.pool, msgs)
+	require.NoError(t, err)
+
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == keys*perKey },
+		waitTimeout, 20*time.Millisecond)
+
+	last := map[int]int{}
+	for k := range keys {
+		last[k] = -1
+	}
+	for _, e := range b.receiver.EffectLog() {
+		var p struct{ K, Seq int }
+		require.NoError(t, json.Unmarshal(e.Body, &p))
+		require.Equal(t, last[p.K]+1, p.Seq, "key %d delivered out of order", p.K)
+		last[p.K] = p.Seq
+	}
+	require.Empty(t, b.receiver.DuplicateKeys())
+
+	tail, err := outbox.Get(t.Context(), b.pool, "blocked-tail")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusPending, tail.Status)
+	require.Equal(t, 0, tail.Attempts, "the tail waits for its failing head")
+}
+
+// Three relays against one database and thousands of rows: one effect per key, no row
+// lost or stuck.
+func TestThreeRelaysShareOneDatabase(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{FailRate: 0.05, Seed: 3})
+	const rows = 3000
+	msgs := make([]outbox.Message, rows)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Key: outbox.Key("three", fmt.Sprint(i)), Connector: "webhook", Payload: map[string]int{"i": i}}
+	}
+	for i := 0; i < rows; i += 500 {
+		_, err := outbox.EnqueueBatch(t.Context(), b.pool, msgs[i:i+500])
+		require.NoError(t, err)
+	}
+	for i := range 10 {
+		b.receiver.Plan(msgs[i*100].Key, receiver.Plan{DropAfterEffect: 1})
+	}
+	ids := map[string]bool{}
+	for range 3 {
+		cfg := b.fastConfig()
+		cfg.Registerer = prometheus.NewRegistry()
+		cfg.BatchSize = 50
+		cfg.Concurrency = 16
+		r, _ := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+		ids[r.ID()] = true
+	}
+
+	require.Eventually(t, func() bool { return b.receiver.TotalEffects() == rows }, waitTimeout, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == rows }, waitTimeout, 20*time.Millisecond)
+	require.Empty(t, b.receiver.DuplicateKeys())
+	for _, m := range msgs {
+		require.Equal(t, 1, b.receiver.Effects(m.Key))
+	}
+	var relays []string
+	rs, err := b.pool.Query(t.Context(), `SELECT DISTINCT relay_id FROM outbox_attempts`)
+	require.NoError(t, err)
+	for rs.Next() {
+		var id string
+		require.NoError(t, rs.Scan(&id))
+		relays = append(relays, id)
+	}
+	require.NoError(t, rs.Err())
+	require.Len(t, relays, 3, "all three relays took part")
+}
+
+// One slow receiver never starves the others: its instance's concurrency limit keeps it
+// from holding the relay's slots.
+func TestSlowInstanceDoesNotStarveOthers(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	slow, err := receiver.Start(receiver.Options{OnEffect: func(receiver.Effect) { <-release }})
+	require.NoError(t, err)
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { closeOnce(release) })
+	b := setup(t, receiver.Options{})
+	cfg := b.fastConfig()
+	cfg.Concurrency = 8
+	start(t, b.pool, cfg, map[string]Instance{
+		"webhook":      {Connector: b.hook},
+		"webhook:slow": {Connector: newHook(t, slow.URL()), Concurrency: 2, Rate: 50},
+	})
+
+	var msgs []outbox.Message
+	for i := range 40 {
+		msgs = append(msgs,
+			outbox.Message{Key: fmt.Sprintf("slow-%d", i), Connector: "webhook:slow", Payload: []int{i}},
+			outbox.Message{Key: fmt.Sprintf("fast-%d", i), Connector: "webhook", Payload: []int{i}})
+	}
+	_, err = outbox.EnqueueBatch(t.Context(), b.pool, msgs)
+	require.NoError(t, err)
+
+	require.Eventually(t, func() bool { return b.receiver.TotalEffects() == 40 }, waitTimeout, 10*time.Millisecond,
+		"the fast instance delivers everything while the slow one is stuck")
+	var delivering int
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE connector = 'webhook:slow' AND status = 'delivering'`).Scan(&delivering))
+	require.LessOrEqual(t, delivering, 2, "the slow instance holds at most its own limit")
+
+	closeOnce(release)
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 80 }, waitTimeout, 10*time.Millisecond)
+}
+
+var closeMu sync.Mutex
+
+func closeOnce(ch chan struct{}) {
+	closeMu.Lock()
+	defer closeMu.Unlock()
+	select {
+	case <-ch:
+	default:
+		close(ch)
+	}
+}
+
+// A row whose relay died mid-attempt is taken again once the lease expires, and the
+// abandoned attempt is recorded as ambiguous.
+func TestExpiredLeaseIsReclaimedAsAmbiguous(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	enqueue(t, b.pool, "orphan", "webhook", []int{1})
+	enqueue(t, b.pool, "orphan-held", "webhook:hold", []int{1})
+	_, err := b.pool.Exec(t.Context(), `UPDATE outbox SET status = 'delivering', attempts = 1, lease_owner = 'ghost',
+		lease_expires_at = now() - interval '1 second', updated_at = now() - interval '31 seconds'`)
+	require.NoError(t, err)
+
+	forwarded, err := webhook.New(webhook.Config{URL: b.receiver.URL(), Guarantee: connectors.Forwarded})
+	require.NoError(t, err)
+	start(t, b.pool, b.fastConfig(), map[string]Instance{
+		"webhook":      {Connector: b.hook},
+		"webhook:hold": {Connector: forwarded, OnAmbiguous: AmbiguousHold},
+	})
+
+	in := waitStatus(t, b.pool, "orphan", outbox.StatusDelivered)
+	require.Equal(t, 2, in.Attempts)
+	att := attemptsOf(t, b.pool, "orphan")
+	require.Len(t, att, 2)
+	require.Equal(t, attemptRow{Attempt: 1, Outcome: "lease_expired", Ambiguous: true, Error: "lease expired before the outcome was recorded", RelayID: "ghost"}, att[0])
+	require.Equal(t, "delivered", att[1].Outcome)
+
+	held := waitStatus(t, b.pool, "orphan-held", outbox.StatusHeld)
+	require.Contains(t, held.LastError, "held for an operator")
+	require.Equal(t, 0, b.receiver.Effects("orphan-held"), "a forwarded row with the hold policy is not retried blindly")
+}
+
+func TestGracefulShutdown(t *testing.T) {
+	t.Parallel()
+
+	t.Run("in-flight deliveries finish", func(t *testing.T) {
+		t.Parallel()
+		arrived, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		b := setup(t, receiver.Options{OnEffect: func(receiver.Effect) { once.Do(func() { close(arrived) }); <-release }})
+		t.Cleanup(func() { closeOnce(release) })
+		_, stop := start(t, b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+		enqueue(t, b.pool, "in-flight", "webhook", []int{1})
+		<-arrived
+
+		stopped := make(chan struct{})
+		go func() { stop(); close(stopped) }()
+		closeOnce(release)
+		<-stopped
+
+		in, err := outbox.Get(t.Context(), b.pool, "in-flight")
+		require.NoError(t, err)
+		require.Equal(t, outbox.StatusDelivered, in.Status)
+		requireNoLeases(t, b.pool)
+	})
+
+	t.Run("deliveries past the timeout are cancelled and recorded", func(t *testing.T) {
+		t.Parallel()
+		arrived, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		b := setup(t, receiver.Options{OnEffect: func(receiver.Effect) { once.Do(func() { close(arrived) }); <-release }})
+		t.Cleanup(func() { closeOnce(release) })
+		cfg := b.fastConfig()
+		cfg.ShutdownTimeout = 50 * time.Millisecond
+		_, stop := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+		enqueue(t, b.pool, "stuck", "webhook", []int{1})
+		<-arrived
+		stop()
+
+		in, err := outbox.Get(t.Context(), b.pool, "stuck")
+		require.NoError(t, err)
+		require.Equal(t, outbox.StatusPending, in.Status, "back for a retry")
+		require.Contains(t, in.LastError, "shutdown timeout")
+		att := attemptsOf(t, b.pool, "stuck")
+		require.Len(t, att, 1)
+		require.True(t, att[0].Ambiguous)
+		requireNoLeases(t, b.pool)
+	})
+}
+
+func requireNoLeases(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE lease_owner IS NOT NULL OR status = 'delivering'`).Scan(&n))
+	require.Zero(t, n, "no row is left leased")
+}
+
+func TestRetentionDeletesOldFinishedRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	for i := range 5 {
+		enqueue(t, b.pool, fmt.Sprint("old-", i), "webhook", []int{i})
+	}
+	enqueue(t, b.pool, "recent", "webhook", []int{9})
+	enqueue(t, b.pool, "old-dead", "webhook", []int{10})
+	_, err := b.pool.Exec(t.Context(), `UPDATE outbox SET status = CASE WHEN idempotency_key = 'old-dead' THEN 'dead' ELSE 'delivered' END,
+		updated_at = now() - CASE WHEN idempotency_key = 'recent' THEN interval '1 hour' ELSE interval '8 days' END`)
+	require.NoError(t, err)
+
+	r, err := New(b.pool, b.fastConfig(), nil)
+	require.NoError(t, err)
+	r.deleteExpired(t.Context())
+
+	var keys []string
+	rows, err := b.pool.Query(t.Context(), `SELECT idempotency_key FROM outbox ORDER BY id`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var k string
+		require.NoError(t, rows.Scan(&k))
+		keys = append(keys, k)
+	}
+	require.Equal(t, []string{"recent", "old-dead"}, keys, "dead rows are kept for operators")
+}
+
+func TestNewValidates(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	_, err := New(pool, &Config{Lease: -time.Second, BackoffBase: time.Hour, BackoffMax: time.Minute}, nil)
+	require.ErrorContains(t, err, "Lease must not be negative")
+	require.ErrorContains(t, err, "BackoffBase (1h0m0s) must not exceed BackoffMax (1m0s)")
+	_, err = New(pool, nil, map[string]Instance{"webhook": {}})
+	require.ErrorContains(t, err, `"webhook" has no Connector`)
+	_, err = New(pool, nil, map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/"), OnAmbiguous: "panic"}})
+	require.ErrorContains(t, err, "OnAmbiguous")
+}
+
+// TestClaimPlan keeps the EXPLAIN beside claimSQL honest: the claim uses the partial index.
+func TestClaimPlan(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	_, err := pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, ordering_key)
+		SELECT 'k' || g, 'webhook', '{}', CASE WHEN g % 10 = 0 THEN 'o' || (g % 7) END FROM generate_series(1, 10000) g`)
+	require.NoError(t, err)
+	_, err = pool.Exec(t.Context(), `ANALYZE outbox`)
+	require.NoError(t, err)
+	rows, err := pool.Query(t.Context(), `EXPLAIN (COSTS OFF) `+claimSQL, "webhook", time.Now(), 100, "r", time.Now())
+	require.NoError(t, err)
+	var plan []string
+	for rows.Next() {
+		var line string
+		require.NoError(t, rows.Scan(&line))
+		plan = append(plan, line)
+	}
+	require.NoError(t, rows.Err())
+	joined := strings.Join(plan, "\n")
+	require.Contains(t, joined, "outbox_pending_due", joined)
+	require.Contains(t, joined, "LockRows", joined)
+}
