@@ -634,3 +634,53 @@ func TestClaimPlan(t *testing.T) {
 	require.Contains(t, joined, "outbox_pending_due", joined)
 	require.Contains(t, joined, "LockRows", joined)
 }
+
+// A rate-limited instance is claimed no faster than its rate allows, so a receiver's limit
+// is respected before it has to answer 429.
+func TestRateLimitBoundsClaims(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	for i := range 20 {
+		enqueue(t, b.pool, fmt.Sprint("limited-", i), "webhook", []int{i})
+	}
+	r, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook, Rate: 5}})
+	require.NoError(t, err)
+
+	var deliveries sync.WaitGroup
+	ctx := t.Context()
+	more, retryIn, err := r.claimRound(ctx, ctx, &deliveries)
+	require.NoError(t, err)
+	require.True(t, more)
+	require.Zero(t, retryIn)
+	deliveries.Wait()
+	require.Equal(t, 5, b.receiver.TotalEffects(), "one second's worth of requests")
+
+	// The bucket is empty now: the next round claims nothing and says when to look again.
+	_, retryIn, err = r.claimRound(ctx, ctx, &deliveries)
+	require.NoError(t, err)
+	require.Positive(t, retryIn)
+	require.LessOrEqual(t, retryIn, 200*time.Millisecond)
+	var delivering int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE status = 'delivering'`).Scan(&delivering))
+	require.Equal(t, 5, delivering, "the outcomes were never recorded here, and nothing more was claimed")
+}
+
+// The LISTEN connection comes back after PostgreSQL drops it, and NOTIFY wakes the relay
+// again.
+func TestListenReconnects(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	cfg := b.fastConfig()
+	cfg.PollInterval = time.Hour
+	r, _ := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.Eventually(t, func() bool { return r.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
+
+	var killed bool
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE datname = current_database() AND query = 'LISTEN outbox'`).Scan(&killed))
+	require.True(t, killed)
+	require.Eventually(t, func() bool { return r.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
+
+	enqueue(t, b.pool, "after-reconnect", "webhook", []int{1})
+	waitStatus(t, b.pool, "after-reconnect", outbox.StatusDelivered)
+}
