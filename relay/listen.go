@@ -59,8 +59,8 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 	}
 }
 
-// probeTimeout is how long the NOTIFY self-test waits for its own notification.
-const probeTimeout = 5 * time.Second
+// defaultProbeTimeout is how long the NOTIFY self-test waits for its own notification.
+const defaultProbeTimeout = 5 * time.Second
 
 // checkNotify sends a NOTIFY through the pool and checks that the LISTEN connection gets
 // it. Behind a transaction-mode connection pooler it will not, and the relay must say so
@@ -72,7 +72,7 @@ func (r *Relay) checkNotify(ctx context.Context) {
 		}
 		return
 	}
-	t := time.NewTimer(probeTimeout)
+	t := time.NewTimer(r.probeTimeout)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
@@ -80,7 +80,7 @@ func (r *Relay) checkNotify(ctx context.Context) {
 		r.metrics.notifyWorking.Set(1)
 	case <-t.C:
 		r.metrics.notifyWorking.Set(0)
-		r.log.ErrorContext(ctx, "NOTIFY DOES NOT REACH THIS RELAY: its own test notification did not arrive within "+probeTimeout.String()+
+		r.log.ErrorContext(ctx, "NOTIFY DOES NOT REACH THIS RELAY: its own test notification did not arrive within "+r.probeTimeout.String()+
 			". This happens behind a connection pooler in transaction mode (PgBouncer, RDS Proxy), which does not keep LISTEN sessions. "+
 			"Delivery still works, but new rows wait up to OUTBOX_POLL_INTERVAL. Point OUTBOX_DATABASE_URL at PostgreSQL directly or at a session-mode pool to fix it.",
 			"poll_interval", r.cfg.PollInterval)

@@ -44,7 +44,9 @@ type Relay struct {
 	probe     string       // the payload of this relay's NOTIFY self-test
 	probeSeen chan struct{}
 	probeOnce sync.Once
-	running   atomic.Bool
+	// probeTimeout is how long the NOTIFY self-test waits; tests shorten it.
+	probeTimeout time.Duration
+	running      atomic.Bool
 }
 
 type instance struct {
@@ -110,6 +112,8 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		results:   make(chan outcome, cfg.Concurrency),
 		probe:     "probe:" + cfg.ID,
 		probeSeen: make(chan struct{}),
+
+		probeTimeout: defaultProbeTimeout,
 	}
 	for name, in := range instances {
 		if in.Connector == nil {

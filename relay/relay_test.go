@@ -178,6 +178,8 @@ func TestDeliversOnNotifyWithTraceparent(t *testing.T) {
 	cfg.PollInterval = time.Hour // only NOTIFY can wake the relay
 	r, _ := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
 	require.Eventually(t, func() bool { return r.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.notifyWorking) == 1 }, waitTimeout, 10*time.Millisecond,
+		"the NOTIFY self-test passed")
 
 	trace := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 	_, err := outbox.Enqueue(t.Context(), b.pool, outbox.Message{Key: "order-1/notify", Connector: "webhook",
@@ -683,4 +685,36 @@ func TestListenReconnects(t *testing.T) {
 
 	enqueue(t, b.pool, "after-reconnect", "webhook", []int{1})
 	waitStatus(t, b.pool, "after-reconnect", outbox.StatusDelivered)
+}
+
+// Behind a transaction-mode pooler NOTIFY never reaches the relay; it must say so loudly.
+func TestNotifySelfTestWarnsWhenNotificationsDoNotArrive(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	var logs strings.Builder
+	var mu sync.Mutex
+	cfg := b.fastConfig()
+	cfg.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
+	r, err := New(b.pool, cfg, nil)
+	require.NoError(t, err)
+	r.probeTimeout = 50 * time.Millisecond
+
+	// No LISTEN connection is up, exactly as behind a pooler that drops LISTEN sessions.
+	r.checkNotify(t.Context())
+	mu.Lock()
+	defer mu.Unlock()
+	require.Contains(t, logs.String(), "NOTIFY DOES NOT REACH THIS RELAY")
+	require.Contains(t, logs.String(), "transaction mode")
+	require.Zero(t, testutil.ToFloat64(r.metrics.notifyWorking))
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
