@@ -41,11 +41,7 @@ func (r *Relay) maintain(ctx context.Context) {
 
 // reclaim puts back rows whose lease expired and wakes the claim loop when it did.
 func (r *Relay) reclaim(ctx context.Context) {
-	hold := r.hold
-	if hold == nil {
-		hold = []string{}
-	}
-	tag, err := r.pool.Exec(ctx, reclaimSQL, r.now(), r.cfg.MaxAttempts, hold)
+	tag, err := r.pool.Exec(ctx, reclaimSQL, r.now(), r.cfg.MaxAttempts, nonNil(r.hold), nonNil(r.names))
 	if err != nil {
 		if ctx.Err() == nil {
 			r.metrics.dbErrors.WithLabelValues("reclaim").Inc()
@@ -97,11 +93,7 @@ func (r *Relay) refreshStats(ctx context.Context) {
 	}
 	rows.Close()
 
-	names := r.names
-	if names == nil {
-		names = []string{}
-	}
-	rows, err = r.pool.Query(ctx, unknownConnectorsSQL, names)
+	rows, err = r.pool.Query(ctx, unknownConnectorsSQL, nonNil(r.names))
 	if err != nil {
 		return
 	}
@@ -127,7 +119,7 @@ func (r *Relay) deleteExpired(ctx context.Context) {
 	cutoff := r.now().Add(-r.cfg.Retention)
 	var total int64
 	for ctx.Err() == nil {
-		tag, err := r.pool.Exec(ctx, retentionSQL, cutoff, retentionBatch)
+		tag, err := r.pool.Exec(ctx, retentionSQL, cutoff, retentionBatch, nonNil(r.names))
 		if err != nil {
 			if ctx.Err() == nil {
 				r.metrics.dbErrors.WithLabelValues("retention").Inc()
@@ -143,4 +135,13 @@ func (r *Relay) deleteExpired(ctx context.Context) {
 	if total > 0 {
 		r.log.InfoContext(ctx, "deleted finished rows past retention", "rows", total, "retention", r.cfg.Retention)
 	}
+}
+
+// nonNil makes a nil list an empty SQL array rather than NULL, which would match nothing
+// in "= ANY" but also nothing in "<> ALL".
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }

@@ -497,6 +497,7 @@ func TestExpiredLeaseIsReclaimedAsAmbiguous(t *testing.T) {
 	b := setup(t, receiver.Options{})
 	enqueue(t, b.pool, "orphan", "webhook", []int{1})
 	enqueue(t, b.pool, "orphan-held", "webhook:hold", []int{1})
+	enqueue(t, b.pool, "orphan-elsewhere", "webhook:elsewhere", []int{1})
 	_, err := b.pool.Exec(t.Context(), `UPDATE outbox SET status = 'delivering', attempts = 1, lease_owner = 'ghost',
 		lease_expires_at = now() - interval '1 second', updated_at = now() - interval '31 seconds'`)
 	require.NoError(t, err)
@@ -518,6 +519,12 @@ func TestExpiredLeaseIsReclaimedAsAmbiguous(t *testing.T) {
 	held := waitStatus(t, b.pool, "orphan-held", outbox.StatusHeld)
 	require.Contains(t, held.LastError, "held for an operator")
 	require.Equal(t, 0, b.receiver.Effects("orphan-held"), "a forwarded row with the hold policy is not retried blindly")
+
+	// A connector this relay does not have keeps its lease until a relay that has it,
+	// and so knows its policy, puts it back.
+	other, err := outbox.Get(t.Context(), b.pool, "orphan-elsewhere")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDelivering, other.Status)
 }
 
 func TestGracefulShutdown(t *testing.T) {
@@ -587,7 +594,12 @@ func TestRetentionDeletesOldFinishedRows(t *testing.T) {
 		updated_at = now() - CASE WHEN idempotency_key = 'recent' THEN interval '1 hour' ELSE interval '8 days' END`)
 	require.NoError(t, err)
 
-	r, err := New(b.pool, b.fastConfig(), nil)
+	enqueue(t, b.pool, "other-relays-row", "webhook:other", []int{11})
+	_, err = b.pool.Exec(t.Context(), `UPDATE outbox SET status = 'delivered', updated_at = now() - interval '8 days'
+		WHERE idempotency_key = 'other-relays-row'`)
+	require.NoError(t, err)
+
+	r, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
 	require.NoError(t, err)
 	r.deleteExpired(t.Context())
 
@@ -599,7 +611,8 @@ func TestRetentionDeletesOldFinishedRows(t *testing.T) {
 		require.NoError(t, rows.Scan(&k))
 		keys = append(keys, k)
 	}
-	require.Equal(t, []string{"recent", "old-dead"}, keys, "dead rows are kept for operators")
+	require.Equal(t, []string{"recent", "old-dead", "other-relays-row"}, keys,
+		"dead rows are kept for operators, and another relay's connectors follow that relay's retention")
 }
 
 func TestNewValidates(t *testing.T) {

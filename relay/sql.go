@@ -84,15 +84,16 @@ SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL,
     attempts = attempts - 1, updated_at = $3
 WHERE id = ANY($2) AND status = 'delivering' AND lease_owner = $1`
 
-// reclaimSQL puts back rows whose lease expired (their relay died or lost the database):
-// the abandoned attempt is logged as ambiguous, and the row becomes pending again, held
-// for an operator when its connector is forwarded with the hold policy ($3), or dead when
-// it has used its attempts ($2). $1 is the relay's clock.
+// reclaimSQL puts back rows of this relay's connectors ($4) whose lease expired (their
+// relay died or lost the database): the abandoned attempt is logged as ambiguous, and the
+// row becomes pending again, held for an operator when its connector is forwarded with the
+// hold policy ($3), or dead when it has used its attempts ($2). $1 is the relay's clock.
+// Only relays that have the connector decide, since only they know its policy.
 const reclaimSQL = `
 WITH expired AS (
     SELECT id, lease_owner, updated_at AS started_at, attempts
     FROM outbox
-    WHERE status = 'delivering' AND lease_expires_at < $1
+    WHERE status = 'delivering' AND lease_expires_at < $1 AND connector = ANY($4)
     ORDER BY lease_expires_at
     LIMIT 1000
     FOR UPDATE SKIP LOCKED
@@ -133,11 +134,14 @@ FROM outbox
 WHERE status IN ('pending', 'delivering', 'held', 'dead', 'awaiting_approval')
 GROUP BY connector, status`
 
-// retentionSQL deletes up to $2 finished rows last changed before $1 (attempts cascade).
+// retentionSQL deletes up to $2 finished rows of this relay's connectors ($3) last
+// changed before $1 (attempts cascade). Each relay keeps its own connectors' rows for its
+// own retention, so relays configured differently on one database do not overrule
+// each other.
 const retentionSQL = `
 DELETE FROM outbox
 WHERE id IN (
     SELECT id FROM outbox
-    WHERE status IN ('delivered', 'canceled') AND updated_at < $1
+    WHERE status IN ('delivered', 'canceled') AND updated_at < $1 AND connector = ANY($3)
     ORDER BY updated_at
     LIMIT $2)`
