@@ -112,12 +112,24 @@ CREATE TABLE IF NOT EXISTS outbox_attempts (
 CREATE INDEX IF NOT EXISTS outbox_attempts_outbox_id
     ON outbox_attempts (outbox_id, attempt);
 
--- outbox_notify wakes relays (LISTEN outbox) when rows arrive, so they need not poll.
--- It runs once per statement, so a bulk insert sends one notification.
+-- outbox_wake says whether some relay is polling fast right now (it saw work within the
+-- last moments and looks for more every few milliseconds). While it is, inserts need not
+-- NOTIFY: PostgreSQL serialises the commits of every transaction that sends NOTIFY, which
+-- would cap the rate at which applications can commit single-row transactions.
+CREATE TABLE IF NOT EXISTS outbox_wake (
+    id            integer PRIMARY KEY DEFAULT 1 CHECK (id = 1),
+    polling_until timestamptz NOT NULL DEFAULT '-infinity'
+);
+INSERT INTO outbox_wake (id) VALUES (1) ON CONFLICT (id) DO NOTHING;
+
+-- outbox_notify wakes idle relays (LISTEN outbox) when rows arrive, so they need not poll.
+-- It runs once per statement, so a bulk insert sends at most one notification.
 CREATE OR REPLACE FUNCTION outbox_notify() RETURNS trigger
     LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('outbox', '');
+    IF NOT EXISTS (SELECT 1 FROM outbox_wake WHERE polling_until > clock_timestamp()) THEN
+        PERFORM pg_notify('outbox', '');
+    END IF;
     RETURN NULL;
 END;
 $$;

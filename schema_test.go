@@ -176,3 +176,33 @@ func TestInsertTriggerNotifies(t *testing.T) {
 	require.Equal(t, "outbox", n.Channel)
 	_, _ = listener.Exec(context.WithoutCancel(ctx), `UNLISTEN *`)
 }
+
+// While a relay polls fast (outbox_wake.polling_until in the future) inserts send no
+// NOTIFY, so they do not serialise on PostgreSQL's notification lock.
+func TestInsertTriggerQuietWhileRelayPollsFast(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pgtest.DB(t)
+
+	listener, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer listener.Release()
+	_, err = listener.Exec(ctx, `LISTEN outbox`)
+	require.NoError(t, err)
+
+	_, err = pool.Exec(ctx, `UPDATE outbox_wake SET polling_until = clock_timestamp() + interval '1 hour'`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('quiet', 'webhook', '{}')`)
+	require.NoError(t, err)
+	// Notifications arrive in commit order: if the insert had notified, its notification
+	// would come before this marker.
+	_, err = pool.Exec(ctx, `SELECT pg_notify('outbox', 'marker')`)
+	require.NoError(t, err)
+
+	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err := listener.Conn().WaitForNotification(waitCtx)
+	require.NoError(t, err)
+	require.Equal(t, "marker", n.Payload, "the insert sent no notification")
+	_, _ = listener.Exec(context.WithoutCancel(ctx), `UNLISTEN *`)
+}

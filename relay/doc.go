@@ -34,6 +34,13 @@
 // sends itself a NOTIFY; when that does not arrive (a transaction-mode pooler in between)
 // it logs one loud error and relies on polling.
 //
+// NOTIFY has a cost: PostgreSQL serialises the commits of every transaction that sends
+// one, which caps how fast applications can commit single-row transactions. So a relay
+// that has claimed rows within the last moments polls every few milliseconds instead and
+// records that in the outbox_wake row; while some relay does, the insert trigger sends no
+// NOTIFY. When the load stops the mark lapses (about two seconds) and inserts wake idle
+// relays again.
+//
 // Rows with an ordering key are delivered one at a time in id order: a row is due only
 // when no earlier row of its key is pending, delivering, held or awaiting approval. A
 // failing head therefore blocks only its own key. A dead or canceled row no longer holds

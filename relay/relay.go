@@ -253,13 +253,28 @@ func (r *Relay) start(ctx context.Context) error {
 	return nil
 }
 
+// Fast polling. A relay that claimed rows within the last fastPollWindow looks for more
+// every fastPollInterval, and says so in outbox_wake; while it does, the insert trigger
+// sends no NOTIFY. PostgreSQL serialises the commits of all transactions that NOTIFY,
+// so under steady load the notifications would cap the application's commit rate; when
+// the load stops, polling_until lapses and inserts wake idle relays with NOTIFY again.
+const (
+	fastPollInterval = 2 * time.Millisecond
+	fastPollWindow   = 2 * time.Second
+	fastPollRefresh  = fastPollWindow / 4
+)
+
 // claimLoop claims and starts deliveries until ctx is done.
 func (r *Relay) claimLoop(ctx, deliverCtx context.Context, deliveries *sync.WaitGroup) {
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
-	var failures int
+	var (
+		failures    int
+		fastUntil   time.Time // this relay polls fast until then (monotonic clock)
+		lastRefresh time.Time
+	)
 	for ctx.Err() == nil {
-		more, retryIn, err := r.claimRound(ctx, deliverCtx, deliveries)
+		claimed, more, retryIn, err := r.claimRound(ctx, deliverCtx, deliveries)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -272,8 +287,17 @@ func (r *Relay) claimLoop(ctx, deliverCtx context.Context, deliveries *sync.Wait
 			continue
 		}
 		failures = 0
+		if claimed > 0 && time.Since(lastRefresh) >= fastPollRefresh {
+			if _, err := r.pool.Exec(ctx, pollFastSQL, fastPollWindow); err == nil {
+				lastRefresh = time.Now()
+				fastUntil = lastRefresh.Add(fastPollWindow)
+			}
+		}
 		if more {
 			continue
+		}
+		if time.Now().Before(fastUntil) && (retryIn == 0 || retryIn > fastPollInterval) {
+			retryIn = fastPollInterval
 		}
 		var (
 			timer   *time.Timer
@@ -296,14 +320,14 @@ func (r *Relay) claimLoop(ctx, deliverCtx context.Context, deliveries *sync.Wait
 	}
 }
 
-// claimRound claims for every instance as much as its free slots and rate allow. more is
-// true when some claim came back full (there may be more due rows); retryIn is when a
-// rate-limited instance will next have a token.
-func (r *Relay) claimRound(ctx, deliverCtx context.Context, deliveries *sync.WaitGroup) (more bool, retryIn time.Duration, err error) {
+// claimRound claims for every instance as much as its free slots and rate allow, and
+// returns how many rows it claimed. more is true when some claim came back full (there
+// may be more due rows); retryIn is when a rate-limited instance will next have a token.
+func (r *Relay) claimRound(ctx, deliverCtx context.Context, deliveries *sync.WaitGroup) (claimed int, more bool, retryIn time.Duration, err error) {
 	globalFree := r.cfg.Concurrency - int(r.inflight.Load())
 	// Under load, wait for a quarter of the slots before claiming, so claims stay batches.
 	if globalFree < max(1, r.cfg.Concurrency/4) {
-		return false, 0, nil
+		return 0, false, 0, nil
 	}
 	for _, name := range r.names {
 		inst := r.instances[name]
@@ -325,8 +349,9 @@ func (r *Relay) claimRound(ctx, deliverCtx context.Context, deliveries *sync.Wai
 		}
 		rows, err := r.claim(ctx, name, limit)
 		if err != nil {
-			return false, 0, fmt.Errorf("claim %s: %w", name, err)
+			return claimed, false, 0, fmt.Errorf("claim %s: %w", name, err)
 		}
+		claimed += len(rows)
 		if inst.limiter != nil && len(rows) > 0 {
 			inst.limiter.AllowN(time.Now(), len(rows))
 		}
@@ -334,7 +359,7 @@ func (r *Relay) claimRound(ctx, deliverCtx context.Context, deliveries *sync.Wai
 		if ctx.Err() != nil {
 			// Stopping between the claim and the start: hand the rows back.
 			r.release(rows)
-			return false, 0, nil
+			return claimed, false, 0, nil
 		}
 		for _, row := range rows {
 			r.inflight.Add(1)
@@ -346,7 +371,7 @@ func (r *Relay) claimRound(ctx, deliverCtx context.Context, deliveries *sync.Wai
 			more = true
 		}
 	}
-	return more, retryIn, nil
+	return claimed, more, retryIn, nil
 }
 
 // claim runs claimSQL for one instance.

@@ -663,15 +663,16 @@ func TestRateLimitBoundsClaims(t *testing.T) {
 
 	var deliveries sync.WaitGroup
 	ctx := t.Context()
-	more, retryIn, err := r.claimRound(ctx, ctx, &deliveries)
+	claimed, more, retryIn, err := r.claimRound(ctx, ctx, &deliveries)
 	require.NoError(t, err)
+	require.Equal(t, 5, claimed)
 	require.True(t, more)
 	require.Zero(t, retryIn)
 	deliveries.Wait()
 	require.Equal(t, 5, b.receiver.TotalEffects(), "one second's worth of requests")
 
 	// The bucket is empty now: the next round claims nothing and says when to look again.
-	_, retryIn, err = r.claimRound(ctx, ctx, &deliveries)
+	_, _, retryIn, err = r.claimRound(ctx, ctx, &deliveries)
 	require.NoError(t, err)
 	require.Positive(t, retryIn)
 	require.LessOrEqual(t, retryIn, 200*time.Millisecond)

@@ -145,3 +145,8 @@ WHERE id IN (
     WHERE status IN ('delivered', 'canceled') AND updated_at < $1 AND connector = ANY($3)
     ORDER BY updated_at
     LIMIT $2)`
+
+// pollFastSQL tells the insert trigger that a relay polls fast for the next $1, so
+// inserts need not NOTIFY (see schema.sql, outbox_wake).
+const pollFastSQL = `
+UPDATE outbox_wake SET polling_until = greatest(polling_until, clock_timestamp() + $1::interval) WHERE id = 1`

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -49,9 +48,10 @@ func newDemoCmd(e *env) *cobra.Command {
 			"for good.\n\n" +
 			"It prints each attempt as it happens and the end state, and exits 0 only when every delivered " +
 			"intent had exactly one effect at the receiver and the refused one is dead with its reason. " +
-			"It stops everything it started and removes the throwaway database. With OUTBOX_DATABASE_URL, " +
-			"the demo's rows stay in that database under keys that start with the run id it prints, for a " +
-			"relay instance of their own (webhook:demo_<run id>), so no other row is touched.",
+			"It stops everything it started and removes the throwaway database. With OUTBOX_DATABASE_URL " +
+			"(a scratch database is best), the demo's rows stay in that database under keys that start with " +
+			"the run id it prints, for a relay instance of their own (webhook:demo_<run id>), so its relay " +
+			"delivers no other row.",
 		Example: `  # a throwaway PostgreSQL from initdb and pg_ctl (on PATH or under /usr/lib/postgresql/*/bin)
   outboxd demo
 
@@ -134,13 +134,18 @@ func demo(ctx context.Context, e *env) error {
 	out.plain("schema: migrated to version %d\n", outboxd.SchemaVersion)
 
 	intents := demoIntents(runID)
-	what := make(map[string]string, len(intents))
+	drops := make(map[string]bool, len(intents))
 	for _, in := range intents {
-		what[in.key] = in.what
+		drops[in.key] = in.plan.DropAfterEffect > 0
+		out.keyWidth = max(out.keyWidth, len(in.key))
 	}
 	// The receiver reports each effect as it performs it.
 	rcv, err := receiver.Start(receiver.Options{OnEffect: func(eff receiver.Effect) {
-		out.event("receiver   %s: performed the effect (effect #%d at this receiver)", eff.Key, eff.Seq)
+		note := ""
+		if drops[eff.Key] {
+			note = ", and now drops the connection without answering"
+		}
+		out.event(eff.Key, "receiver performed the effect (#%d at this receiver)%s", eff.Seq, note)
 	}})
 	if err != nil {
 		return fmt.Errorf("start receiver: %w", err)
@@ -180,6 +185,14 @@ func demo(ctx context.Context, e *env) error {
 	out.plain("relay: running as %s (guarantee enforced, retries after 200ms, doubling, at most 1s apart)\n\n", r.ID())
 
 	// The application's transaction: its own writes and the intents commit together.
+	// Deliveries start the moment it commits, so the story is told first.
+	out.plain("app: one transaction enqueues these intents (pgx.BeginFunc, outbox.Enqueue, commit);\n" +
+		"     the times below count from its BEGIN:\n")
+	for _, in := range intents {
+		out.plain("  %-*s  %s\n", out.keyWidth, in.key, in.what)
+	}
+	out.plain("\n")
+	out.start()
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// ... the application's own UPDATE orders SET ... would go here ...
 		for _, in := range intents {
@@ -192,12 +205,6 @@ func demo(ctx context.Context, e *env) error {
 	if err != nil {
 		return fmt.Errorf("enqueue: %w", err)
 	}
-	out.start()
-	out.plain("app: one transaction enqueued %d intents and committed:\n", len(intents))
-	for _, in := range intents {
-		out.plain("  %s  %s\n", in.key, in.what)
-	}
-	out.plain("\n")
 
 	// Wait until every intent is finished: delivered or dead.
 	final, err := waitFinished(ctx, pool, intents)
@@ -336,17 +343,17 @@ func (w *watchedConnector) Deliver(ctx context.Context, d connectors.Delivery) (
 	var outcome string
 	switch {
 	case err == nil && after == before && after > 0:
-		outcome = fmt.Sprintf("delivered: %s, the receiver's stored answer (no new effect)", resultStatus(res))
+		outcome = fmt.Sprintf("delivered (%s: the receiver answered from its stored result, no second effect)", resultStatus(res))
 	case err == nil:
-		outcome = "delivered: " + resultStatus(res)
+		outcome = fmt.Sprintf("delivered (%s)", resultStatus(res))
 	case connectors.IsPermanent(err):
 		outcome = "permanent failure, not retried: " + err.Error()
 	case connectors.IsAmbiguous(err):
-		outcome = "ambiguous, retried with the same key: " + err.Error()
+		outcome = "ambiguous (the receiver may have acted), will retry with the same key: " + err.Error()
 	default:
-		outcome = "failed, retried with the same key: " + err.Error()
+		outcome = "failed, will retry with the same key: " + err.Error()
 	}
-	w.out.event("attempt %d  %s: %s", d.Attempt, d.Key, outcome)
+	w.out.event(d.Key, "attempt %d %s", d.Attempt, outcome)
 	return res, err
 }
 
@@ -363,14 +370,15 @@ func resultStatus(res json.RawMessage) string {
 
 // storyWriter writes the demo's lines, from any goroutine, whole.
 type storyWriter struct {
-	mu    sync.Mutex
-	w     io.Writer
-	since time.Time
+	mu       sync.Mutex
+	w        io.Writer
+	since    time.Time
+	keyWidth int // keys in event lines are padded to this width; set before any event
 }
 
 func newStoryWriter(w io.Writer) *storyWriter { return &storyWriter{w: w, since: time.Now()} }
 
-// start restarts the clock of event lines: time 0 is the commit.
+// start restarts the clock of event lines: time 0 is the application's BEGIN.
 func (s *storyWriter) start() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -384,12 +392,12 @@ func (s *storyWriter) plain(format string, args ...any) {
 	fmt.Fprintf(s.w, format, args...)
 }
 
-// event writes one line prefixed with the time since the commit.
-func (s *storyWriter) event(format string, args ...any) {
+// event writes one line about key, prefixed with the time since start.
+func (s *storyWriter) event(key, format string, args ...any) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	line := strings.TrimRight(fmt.Sprintf(format, args...), "\n")
-	fmt.Fprintf(s.w, "%+8.3fs  %s\n", time.Since(s.since).Seconds(), line)
+	fmt.Fprintf(s.w, "%+7.3fs  %-*s  %s\n", time.Since(s.since).Seconds(), s.keyWidth, key, line)
 }
 
 // runningRelay is a relay running in a goroutine of its own.
@@ -445,10 +453,4 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// quietLogger discards everything below warnings; for commands whose own output tells
-// the story.
-func quietLogger(w io.Writer) *slog.Logger {
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }

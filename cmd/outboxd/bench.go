@@ -1,0 +1,873 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/webhook"
+	"github.com/outboxd/outboxd/internal/config"
+	"github.com/outboxd/outboxd/internal/pgcluster"
+	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/outbox"
+	"github.com/outboxd/outboxd/relay"
+)
+
+// benchOptions are bench's flags.
+type benchOptions struct {
+	rows         int
+	payloadBytes int
+	concurrency  int
+	batchSize    int
+	rate         float64
+	duration     time.Duration
+	json         bool
+	cpuProfile   string
+	producers    int
+}
+
+// Bounds of the benchmark's steps, so that a stuck run ends with an error instead of
+// hanging. They are far above what a healthy run takes.
+const (
+	benchSetupTimeout = 2 * time.Minute  // cluster, databases, migrations
+	benchPhaseTimeout = 5 * time.Minute  // each measured phase, inserts included
+	benchLatencyDrain = 30 * time.Second // after the offered load, for the last deliveries
+	benchInsertBatch  = 1000             // rows per EnqueueBatch while pre-inserting
+	benchMaxProducers = 64
+	// benchRowsPerProducer is the offered rows/s one producer goroutine is given. More
+	// producers do not commit faster: PostgreSQL serializes the commits of transactions
+	// that NOTIFY (schema.sql's insert trigger does), and more of them only queue on
+	// that lock.
+	benchRowsPerProducer = 125
+	// benchRetention is the relays' retention: far beyond a run, so that a bench relay
+	// on a shared database never purges rows that the database's own relays keep longer.
+	benchRetention = 100 * 365 * 24 * time.Hour
+	// benchRateReached is the share of the offered rate the producers must reach for
+	// the latency targets to count as met at that rate.
+	benchRateReached = 0.95
+)
+
+// Targets from the performance issue, shown beside the figures. They are meant for the
+// default flags on the 2-core reference machine.
+const (
+	targetDeliveriesPerSec = 15000
+	targetRelayToRaw       = 0.5
+	targetP50              = 5 * time.Millisecond
+	targetP99              = 25 * time.Millisecond
+)
+
+// benchStatusSQL counts one connector instance's rows by status, with their attempts, to
+// check after the throughput phase that every row was delivered, and how many retries
+// it took. The bench command's only reads of the table; the outbox package has no
+// counting function yet.
+const benchStatusSQL = `
+SELECT status, count(*), coalesce(sum(attempts), 0)
+FROM outbox
+WHERE connector = $1
+GROUP BY status`
+
+// benchSettingsSQL reads the server settings the report shows, so the figures always
+// say which durability they were measured with.
+const benchSettingsSQL = `
+SELECT current_setting('server_version'), current_setting('fsync'),
+       current_setting('synchronous_commit'), current_setting('full_page_writes')`
+
+func newBenchCmd(e *env) *cobra.Command {
+	o := benchOptions{}
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure the relay's throughput and commit-to-delivery latency on loopback",
+		Long: "bench measures the relay against a fast receiver on loopback that enforces Idempotency-Key. " +
+			"It starts a throwaway PostgreSQL with durable commits (fsync=on, synchronous_commit=on) from the " +
+			"local server binaries, or uses OUTBOX_DATABASE_URL, and runs three phases:\n\n" +
+			"  1. raw: --rows keep-alive POSTs of the same payload straight to the receiver, from --concurrency " +
+			"workers: the ceiling the relay is compared with.\n" +
+			"  2. throughput: --rows rows are inserted first (not timed), then a relay with --concurrency and " +
+			"--batch-size starts; the time from its start to the receiver's last effect gives deliveries/s. " +
+			"Every row must end delivered, with exactly one effect.\n" +
+			"  3. latency: a fresh relay, and --rate rows/s offered for --duration, each row in its own " +
+			"transaction (BEGIN, outbox.Enqueue, COMMIT); commit-to-delivery is the time from COMMIT " +
+			"returning to the request's arrival at the receiver.\n\n" +
+			"Progress goes to stderr, the report to stdout (JSON with --json). With OUTBOX_DATABASE_URL the " +
+			"rows stay in that database, under connector instances of their own (webhook:bench_<run id>_*).",
+		Example: `  # the issue's benchmark: 50,000 rows of ~500 bytes, then 1,000 rows/s for 10s
+  outboxd bench
+
+  # a quick look, as JSON
+  outboxd bench --rows 5000 --duration 3s --json
+
+  # a bigger batch and fewer deliveries in flight
+  outboxd bench --batch-size 1000 --concurrency 64`,
+		RunE: func(cmd *cobra.Command, _ []string) error { return bench(cmd.Context(), e, o) },
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.rows, "rows", 50000, "rows delivered in the throughput phase (and raw POSTs in the raw phase)")
+	f.IntVar(&o.payloadBytes, "payload-bytes", 500, "size of each webhook payload, in bytes of JSON")
+	f.IntVar(&o.concurrency, "concurrency", 128, "deliveries in flight (the relay's Concurrency), and raw POST workers")
+	f.IntVar(&o.batchSize, "batch-size", 500, "most rows one claim takes (the relay's BatchSize)")
+	f.Float64Var(&o.rate, "rate", 1000, "rows/s offered in the latency phase, each in its own transaction")
+	f.DurationVar(&o.duration, "duration", 10*time.Second, "how long the latency phase offers its load")
+	f.BoolVar(&o.json, "json", false, "print the report as JSON")
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the throughput phase to this file")
+	_ = f.MarkHidden("cpuprofile")
+	f.IntVar(&o.producers, "producers", 0, "goroutines committing the latency phase's transactions (default: one per 125 rows/s, 4 to 64)")
+	_ = f.MarkHidden("producers")
+	return cmd
+}
+
+func (o benchOptions) validate() error {
+	var errs []error
+	if o.rows < 1 {
+		errs = append(errs, fmt.Errorf("--rows must be at least 1, got %d", o.rows))
+	}
+	if o.payloadBytes < 64 || o.payloadBytes > 1<<20 {
+		errs = append(errs, fmt.Errorf("--payload-bytes must be between 64 and 1048576, got %d", o.payloadBytes))
+	}
+	if o.concurrency < 1 {
+		errs = append(errs, fmt.Errorf("--concurrency must be at least 1, got %d", o.concurrency))
+	}
+	if o.batchSize < 1 {
+		errs = append(errs, fmt.Errorf("--batch-size must be at least 1, got %d", o.batchSize))
+	}
+	if !(o.rate > 0) || math.IsInf(o.rate, 0) {
+		errs = append(errs, fmt.Errorf("--rate must be a positive number of rows/s, got %v", o.rate))
+	}
+	if o.producers < 0 {
+		errs = append(errs, fmt.Errorf("--producers must not be negative, got %d", o.producers))
+	}
+	if o.duration <= 0 {
+		errs = append(errs, fmt.Errorf("--duration must be positive, got %s", o.duration))
+	}
+	if o.rate > 0 && o.duration > 0 && o.rate*o.duration.Seconds() > 10_000_000 {
+		errs = append(errs, errors.New("--rate × --duration must stay under 10,000,000 rows"))
+	}
+	if len(errs) > 0 {
+		return usageError{errors.Join(errs...)}
+	}
+	return nil
+}
+
+// benchReport is what bench measured, as printed with --json.
+type benchReport struct {
+	Config struct {
+		Rows         int     `json:"rows"`
+		PayloadBytes int     `json:"payload_bytes"`
+		Concurrency  int     `json:"concurrency"`
+		BatchSize    int     `json:"batch_size"`
+		Rate         float64 `json:"rate"`
+		Duration     string  `json:"duration"`
+	} `json:"config"`
+	Postgres struct {
+		Source            string `json:"source"`
+		Version           string `json:"version"`
+		Fsync             string `json:"fsync"`
+		SynchronousCommit string `json:"synchronous_commit"`
+		FullPageWrites    string `json:"full_page_writes"`
+	} `json:"postgres"`
+	Machine struct {
+		CPUs       int    `json:"cpus"`
+		GOMAXPROCS int    `json:"gomaxprocs"`
+		Platform   string `json:"platform"`
+		Go         string `json:"go"`
+	} `json:"machine"`
+	Raw struct {
+		Requests          int     `json:"requests"`
+		Workers           int     `json:"workers"`
+		Seconds           float64 `json:"seconds"`
+		RequestsPerSecond float64 `json:"requests_per_second"`
+	} `json:"raw"`
+	Throughput struct {
+		Rows                int     `json:"rows"`
+		InsertSeconds       float64 `json:"insert_seconds"`
+		Seconds             float64 `json:"seconds"`
+		DeliveriesPerSecond float64 `json:"deliveries_per_second"`
+		RecordedSeconds     float64 `json:"recorded_seconds"`
+		Attempts            int64   `json:"attempts"`
+		Claims              int     `json:"claims"`
+		RowsPerClaim        float64 `json:"rows_per_claim"`
+		RelayToRaw          float64 `json:"relay_to_raw"`
+	} `json:"throughput"`
+	Latency struct {
+		OfferedRate  float64 `json:"offered_rate"`
+		AchievedRate float64 `json:"achieved_rate"`
+		Producers    int     `json:"producers"`
+		Samples      int     `json:"samples"`
+		P50Ms        float64 `json:"p50_ms"`
+		P90Ms        float64 `json:"p90_ms"`
+		P99Ms        float64 `json:"p99_ms"`
+		MaxMs        float64 `json:"max_ms"`
+		CommitP50Ms  float64 `json:"commit_p50_ms"`
+		CommitP99Ms  float64 `json:"commit_p99_ms"`
+	} `json:"latency"`
+	Targets []benchTarget `json:"targets"`
+}
+
+// benchTarget is one of the issue's targets and whether this run met it.
+type benchTarget struct {
+	Name string `json:"name"`
+	Met  bool   `json:"met"`
+}
+
+// bench runs the benchmark; see newBenchCmd.
+func bench(ctx context.Context, e *env, o benchOptions) error {
+	if err := o.validate(); err != nil {
+		return err
+	}
+	logCfg, err := config.LoadLog(e.environ)
+	if err != nil {
+		return usageError{err}
+	}
+	// The report tells the story; the relay's logs only show problems.
+	logger := newLogger(e.stderr, config.Log{Format: logCfg.Format, Level: "warn"})
+	progress := func(format string, args ...any) { fmt.Fprintf(e.stderr, "bench: "+format+"\n", args...) }
+
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	rep := &benchReport{}
+	rep.Config.Rows, rep.Config.PayloadBytes, rep.Config.Concurrency = o.rows, o.payloadBytes, o.concurrency
+	rep.Config.BatchSize, rep.Config.Rate, rep.Config.Duration = o.batchSize, o.rate, o.duration.String()
+	rep.Machine.CPUs, rep.Machine.GOMAXPROCS = runtime.NumCPU(), runtime.GOMAXPROCS(0)
+	rep.Machine.Platform, rep.Machine.Go = runtime.GOOS+"/"+runtime.GOARCH, runtime.Version()
+
+	runID := randomHex(4)
+	dbs, err := benchDatabases(ctx, e, runID, progress)
+	if err != nil {
+		return err
+	}
+	defer dbs.close(e.stderr)
+	rep.Postgres.Source = dbs.source
+
+	payload := benchPayload(o.payloadBytes)
+	lat := &latencyRecorder{prefix: "bench-" + runID + "-lat-"}
+	rcv, err := receiver.Start(receiver.Options{NoEffectLog: true, OnEffect: lat.onEffect})
+	if err != nil {
+		return fmt.Errorf("start receiver: %w", err)
+	}
+	defer rcv.Close()
+	hook, err := webhook.New(webhook.Config{URL: rcv.URL(), Guarantee: connectors.Enforced})
+	if err != nil {
+		return fmt.Errorf("webhook connector: %w", err)
+	}
+	relayCfg := func() *relay.Config {
+		return &relay.Config{
+			Concurrency: o.concurrency, BatchSize: o.batchSize, Retention: benchRetention, Logger: logger,
+			Registerer: prometheus.NewRegistry(),
+		}
+	}
+
+	// Throughput database: settings, then phase 1 and 2.
+	tput, err := openBenchPool(ctx, dbs.throughput, o.concurrency)
+	if err != nil {
+		return err
+	}
+	defer tput.Close()
+	if err := tput.QueryRow(ctx, benchSettingsSQL).Scan(&rep.Postgres.Version, &rep.Postgres.Fsync,
+		&rep.Postgres.SynchronousCommit, &rep.Postgres.FullPageWrites); err != nil {
+		return fmt.Errorf("read server settings: %w", err)
+	}
+	progress("PostgreSQL %s, fsync=%s, synchronous_commit=%s, full_page_writes=%s", rep.Postgres.Version,
+		rep.Postgres.Fsync, rep.Postgres.SynchronousCommit, rep.Postgres.FullPageWrites)
+
+	// Phase 1: raw POSTs.
+	progress("phase 1: %d raw keep-alive POSTs to %s from %d workers", o.rows, rcv.URL(), o.concurrency)
+	rawCtx, cancelRaw := context.WithTimeoutCause(ctx, benchPhaseTimeout, errors.New("the raw phase took too long"))
+	rawElapsed, err := benchRaw(rawCtx, rcv.URL(), payload, o.rows, o.concurrency, "bench-"+runID+"-raw-")
+	cancelRaw()
+	if err != nil {
+		return fmt.Errorf("raw phase: %w", err)
+	}
+	rep.Raw.Requests, rep.Raw.Workers = o.rows, o.concurrency
+	rep.Raw.Seconds = rawElapsed.Seconds()
+	rep.Raw.RequestsPerSecond = float64(o.rows) / rawElapsed.Seconds()
+	progress("phase 1: %.0f req/s", rep.Raw.RequestsPerSecond)
+
+	// Phase 2: throughput.
+	if err := benchThroughput(ctx, o, rep, tput, dbs.tputInstance, rcv, hook, relayCfg(), payload, runID, progress); err != nil {
+		return fmt.Errorf("throughput phase: %w", err)
+	}
+	tput.Close()
+
+	// Phase 3: latency, on a fresh database (or a fresh connector instance).
+	if err := benchLatency(ctx, o, rep, dbs, lat, hook, relayCfg(), payload, progress); err != nil {
+		return fmt.Errorf("latency phase: %w", err)
+	}
+
+	// A latency measured at a lower rate than offered says nothing about the offered one.
+	rateReached := rep.Latency.AchievedRate >= benchRateReached*rep.Latency.OfferedRate
+	atRate := fmt.Sprintf(" at %g rows/s", o.rate)
+	if !rateReached {
+		atRate = fmt.Sprintf(" at %g rows/s (not reached: %.0f rows/s)", o.rate, rep.Latency.AchievedRate)
+	}
+	rep.Targets = []benchTarget{
+		{fmt.Sprintf("at least %d deliveries/s", targetDeliveriesPerSec), rep.Throughput.DeliveriesPerSecond >= targetDeliveriesPerSec},
+		{fmt.Sprintf("relay at least %.1f × the raw rate", targetRelayToRaw), rep.Throughput.RelayToRaw >= targetRelayToRaw},
+		{fmt.Sprintf("commit-to-delivery p50 at most %s%s", targetP50, atRate), rateReached && rep.Latency.P50Ms <= ms(targetP50)},
+		{fmt.Sprintf("commit-to-delivery p99 at most %s%s", targetP99, atRate), rateReached && rep.Latency.P99Ms <= ms(targetP99)},
+	}
+	if o.json {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	printBenchReport(e.stdout, rep)
+	return nil
+}
+
+// benchDBs are the databases the phases use, and how to let go of them.
+type benchDBs struct {
+	source       string // for the report
+	throughput   string // DSN of phases 1 and 2
+	latency      string // DSN of phase 3
+	tputInstance string // connector instance of phase 2's rows
+	latInstance  string // connector instance of phase 3's rows
+	cluster      *pgcluster.Cluster
+}
+
+// benchDatabases starts a durable throwaway cluster with one fresh database per phase,
+// or uses OUTBOX_DATABASE_URL with a connector instance of its own per phase, so that
+// neither phase sees the other's rows, nor the relays any other row.
+func benchDatabases(ctx context.Context, e *env, runID string, progress func(string, ...any)) (*benchDBs, error) {
+	ctx, cancel := context.WithTimeoutCause(ctx, benchSetupTimeout, errors.New("setting up the databases took too long"))
+	defer cancel()
+	if db, err := config.LoadDatabase(e.environ); err == nil {
+		d := &benchDBs{
+			source:       "OUTBOX_DATABASE_URL " + db.String(),
+			throughput:   db.URL,
+			latency:      db.URL,
+			tputInstance: "webhook:bench_" + runID + "_throughput",
+			latInstance:  "webhook:bench_" + runID + "_latency",
+		}
+		if err := migrateURL(ctx, db.URL); err != nil {
+			return nil, usageError{fmt.Errorf("OUTBOX_DATABASE_URL: %w", err)}
+		}
+		return d, nil
+	}
+
+	binDir, err := pgcluster.FindBinDir()
+	if err != nil {
+		return nil, fmt.Errorf("%w; or set OUTBOX_DATABASE_URL to benchmark an existing database", err)
+	}
+	progress("starting a throwaway PostgreSQL from %s with fsync=on, synchronous_commit=on", binDir)
+	started := time.Now()
+	cluster, err := pgcluster.Start(ctx, pgcluster.Options{
+		// Durable commits, as production pays for them: the issue forbids weakening them.
+		Fsync:         true,
+		ExtraSettings: map[string]string{"synchronous_commit": "on"},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start PostgreSQL: %w", err)
+	}
+	d := &benchDBs{
+		source:       "throwaway cluster from " + binDir,
+		throughput:   cluster.URL("outboxd_bench_throughput"),
+		latency:      cluster.URL("outboxd_bench_latency"),
+		tputInstance: "webhook",
+		latInstance:  "webhook",
+		cluster:      cluster,
+	}
+	if err := createDatabases(ctx, cluster.URL("postgres"), "outboxd_bench_throughput", "outboxd_bench_latency"); err != nil {
+		d.close(e.stderr)
+		return nil, err
+	}
+	for _, dsn := range []string{d.throughput, d.latency} {
+		if err := migrateURL(ctx, dsn); err != nil {
+			d.close(e.stderr)
+			return nil, err
+		}
+	}
+	progress("PostgreSQL ready on 127.0.0.1:%d after %s", cluster.Port(), time.Since(started).Round(10*time.Millisecond))
+	return d, nil
+}
+
+func (d *benchDBs) close(stderr io.Writer) {
+	if d.cluster == nil {
+		return
+	}
+	if err := d.cluster.Stop(); err != nil {
+		fmt.Fprintln(stderr, "outboxd: stop the throwaway PostgreSQL:", err)
+	}
+}
+
+// createDatabases creates empty databases on the cluster at adminDSN.
+func createDatabases(ctx context.Context, adminDSN string, names ...string) error {
+	conn, err := pgx.Connect(ctx, adminDSN)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	for _, name := range names {
+		// createDatabaseSQL: a fresh database per phase, so each starts from an empty table.
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+			return fmt.Errorf("create database %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// migrateURL applies the schema to the database at dsn.
+func migrateURL(ctx context.Context, dsn string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := outboxd.Migrate(ctx, conn); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	return nil
+}
+
+// openBenchPool opens a pool sized as `outboxd serve` sizes it for this concurrency.
+func openBenchPool(ctx context.Context, dsn string, concurrency int) (*pgxpool.Pool, error) {
+	cfg, err := poolConfig(dsn, concurrency)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("OUTBOX_DATABASE_URL: %w", err)}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database pool: %w", err)
+	}
+	return pool, nil
+}
+
+// benchPayload returns a webhook body of exactly n bytes of JSON (n ≥ 64): an order
+// event padded with a note.
+func benchPayload(n int) json.RawMessage {
+	const head = `{"event":"order.paid","order_id":"ord_12345","customer":"cus_987","amount":4200,"currency":"eur","note":"`
+	const tail = `"}`
+	if pad := n - len(head) - len(tail); pad >= 0 {
+		return json.RawMessage(head + strings.Repeat("x", pad) + tail)
+	}
+	short := `{"event":"order.paid","note":"`
+	return json.RawMessage(short + strings.Repeat("x", max(0, n-len(short)-len(tail))) + tail)
+}
+
+// benchRaw POSTs payload n times to url from workers goroutines sharing one keep-alive
+// client, each request with its own Idempotency-Key, and returns the time it took.
+func benchRaw(ctx context.Context, url string, payload []byte, n, workers int, keyPrefix string) (time.Duration, error) {
+	client := &http.Client{Transport: webhook.DefaultTransport()}
+	var (
+		next     atomic.Int64
+		firstErr error
+		errOnce  sync.Once
+		wg       sync.WaitGroup
+	)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	fail := func(err error) {
+		errOnce.Do(func() { firstErr = err; cancel() })
+	}
+	start := time.Now()
+	for range min(workers, n) {
+		wg.Go(func() {
+			for {
+				i := next.Add(1)
+				if i > int64(n) || ctx.Err() != nil {
+					return
+				}
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
+				if err != nil {
+					fail(err)
+					return
+				}
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Idempotency-Key", keyPrefix+strconv.FormatInt(i, 10))
+				req.Header.Set("User-Agent", "outboxd")
+				resp, err := client.Do(req)
+				if err != nil {
+					fail(err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					fail(fmt.Errorf("receiver answered %s", resp.Status))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if firstErr != nil {
+		return 0, firstErr
+	}
+	return elapsed, nil
+}
+
+// benchThroughput is phase 2: pre-insert the rows, then time a relay delivering them.
+func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool *pgxpool.Pool, instance string,
+	rcv *receiver.Receiver, hook connectors.Connector, cfg *relay.Config, payload json.RawMessage, runID string,
+	progress func(string, ...any),
+) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, benchPhaseTimeout, errors.New("the throughput phase took too long"))
+	defer cancel()
+
+	progress("phase 2: inserting %d rows of %d bytes (not timed)", o.rows, len(payload))
+	insertStart := time.Now()
+	msgs := make([]outbox.Message, 0, benchInsertBatch)
+	for i := 0; i < o.rows; i += benchInsertBatch {
+		msgs = msgs[:0]
+		for j := i; j < min(i+benchInsertBatch, o.rows); j++ {
+			msgs = append(msgs, outbox.Message{Key: fmt.Sprintf("bench-%s-t-%07d", runID, j), Connector: instance, Payload: payload})
+		}
+		if _, err := outbox.EnqueueBatch(ctx, pool, msgs); err != nil {
+			return fmt.Errorf("insert rows: %w", err)
+		}
+	}
+	rep.Throughput.InsertSeconds = time.Since(insertStart).Seconds()
+
+	r, err := relay.New(pool, cfg, map[string]relay.Instance{instance: {Connector: hook}})
+	if err != nil {
+		return err
+	}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	progress("phase 2: relay delivering %d rows (concurrency %d, batch size %d)", o.rows, o.concurrency, o.batchSize)
+	base := rcv.TotalEffects()
+	start := time.Now()
+	rr := startRelay(ctx, r)
+	defer func() { _ = rr.stop() }()
+	poll := time.NewTicker(2 * time.Millisecond)
+	defer poll.Stop()
+	for rcv.TotalEffects()-base < o.rows {
+		select {
+		case <-rr.done:
+			return fmt.Errorf("relay stopped after %d of %d deliveries: %v", rcv.TotalEffects()-base, o.rows, rr.err)
+		case <-ctx.Done():
+			return fmt.Errorf("%w after %d of %d deliveries", context.Cause(ctx), rcv.TotalEffects()-base, o.rows)
+		case <-poll.C:
+		}
+	}
+	elapsed := time.Since(start)
+	if err := rr.stop(); err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	recorded := time.Since(start)
+
+	rep.Throughput.Rows = o.rows
+	rep.Throughput.Seconds = elapsed.Seconds()
+	rep.Throughput.DeliveriesPerSecond = float64(o.rows) / elapsed.Seconds()
+	rep.Throughput.RecordedSeconds = recorded.Seconds()
+	rep.Throughput.RelayToRaw = rep.Throughput.DeliveriesPerSecond / rep.Raw.RequestsPerSecond
+	rep.Throughput.Claims, rep.Throughput.RowsPerClaim = claimStats(cfg.Registerer)
+	progress("phase 2: %.0f deliveries/s", rep.Throughput.DeliveriesPerSecond)
+
+	// Every row delivered, each with exactly one effect.
+	if extra := rcv.TotalEffects() - base - o.rows; extra != 0 {
+		return fmt.Errorf("the receiver performed %d effects more than the %d rows", extra, o.rows)
+	}
+	if dups := rcv.DuplicateKeys(); len(dups) > 0 {
+		return fmt.Errorf("the receiver performed %d keys' effects more than once, such as %s", len(dups), dups[0])
+	}
+	rows, err := pool.Query(ctx, benchStatusSQL, instance)
+	if err != nil {
+		return fmt.Errorf("count rows by status: %w", err)
+	}
+	var (
+		delivered int64
+		other     []string
+	)
+	for rows.Next() {
+		var (
+			status          string
+			count, attempts int64
+		)
+		if err := rows.Scan(&status, &count, &attempts); err != nil {
+			rows.Close()
+			return fmt.Errorf("count rows by status: %w", err)
+		}
+		rep.Throughput.Attempts += attempts
+		if status == outbox.StatusDelivered {
+			delivered = count
+		} else {
+			other = append(other, fmt.Sprintf("%d %s", count, status))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("count rows by status: %w", err)
+	}
+	if delivered != int64(o.rows) || len(other) > 0 {
+		return fmt.Errorf("after the relay stopped, %d of %d rows are delivered (others: %s)",
+			delivered, o.rows, cmp.Or(strings.Join(other, ", "), "none"))
+	}
+	return nil
+}
+
+// latencyRecorder keeps, for each row of the latency phase, when its COMMIT returned and
+// when its request reached the receiver, as offsets from base on the monotonic clock.
+type latencyRecorder struct {
+	prefix  string // keys are prefix + index
+	base    time.Time
+	commits []time.Duration       // written by the row's producer only
+	arrived []atomic.Int64        // nanoseconds since base; 0 until the row arrives
+	count   atomic.Int64          // rows arrived
+	rows    atomic.Pointer[int64] // nil until the phase starts; then its row count
+}
+
+// start prepares for n rows.
+func (l *latencyRecorder) start(n int) {
+	l.base = time.Now()
+	l.commits = make([]time.Duration, n)
+	l.arrived = make([]atomic.Int64, n)
+	rows := int64(n)
+	l.rows.Store(&rows) // publishes the slices to onEffect
+}
+
+// onEffect is the receiver's hook: it notes the arrival of a latency row.
+func (l *latencyRecorder) onEffect(eff receiver.Effect) {
+	n := l.rows.Load()
+	if n == nil {
+		return
+	}
+	rest, ok := strings.CutPrefix(eff.Key, l.prefix)
+	if !ok {
+		return
+	}
+	i, err := strconv.Atoi(rest)
+	if err != nil || i < 0 || int64(i) >= *n {
+		return
+	}
+	if l.arrived[i].CompareAndSwap(0, max(1, int64(eff.At.Sub(l.base)))) {
+		l.count.Add(1)
+	}
+}
+
+// benchLatency is phase 3: a fresh relay, and single-row transactions at a steady rate.
+func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *benchDBs, lat *latencyRecorder,
+	hook connectors.Connector, cfg *relay.Config, payload json.RawMessage, progress func(string, ...any),
+) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, benchPhaseTimeout+o.duration, errors.New("the latency phase took too long"))
+	defer cancel()
+
+	n := max(1, int(math.Round(o.rate*o.duration.Seconds())))
+	producers := o.producers
+	if producers == 0 {
+		producers = min(benchMaxProducers, max(4, int(math.Ceil(o.rate/benchRowsPerProducer))))
+	}
+	producers = min(producers, n)
+	rep.Latency.OfferedRate, rep.Latency.Producers = o.rate, producers
+
+	pool, err := openBenchPool(ctx, dbs.latency, o.concurrency)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// The application's connections are not the relay's.
+	appCfg, err := pgxpool.ParseConfig(dbs.latency)
+	if err != nil {
+		return usageError{fmt.Errorf("OUTBOX_DATABASE_URL: %w", err)}
+	}
+	appCfg.MaxConns, appCfg.MinConns = int32(producers), int32(producers)
+	app, err := pgxpool.NewWithConfig(ctx, appCfg)
+	if err != nil {
+		return fmt.Errorf("database pool: %w", err)
+	}
+	defer app.Close()
+	if err := app.Ping(ctx); err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+
+	r, err := relay.New(pool, cfg, map[string]relay.Instance{dbs.latInstance: {Connector: hook}})
+	if err != nil {
+		return err
+	}
+	rr := startRelay(ctx, r)
+	defer func() { _ = rr.stop() }()
+	if err := rr.waitReady(ctx); err != nil {
+		return err
+	}
+
+	progress("phase 3: %g rows/s offered for %s (%d single-row transactions from %d producers)", o.rate, o.duration, n, producers)
+	lat.start(n)
+	interval := time.Duration(float64(time.Second) / o.rate)
+	var (
+		next     atomic.Int64
+		wg       sync.WaitGroup
+		firstErr error
+		errOnce  sync.Once
+	)
+	pctx, stopProducers := context.WithCancel(ctx)
+	defer stopProducers()
+	start := time.Now()
+	for range producers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n || pctx.Err() != nil {
+					return
+				}
+				// Open loop: row i is due at start + i/rate, whether or not earlier rows
+				// have been delivered.
+				if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+					time.Sleep(wait)
+				}
+				key := lat.prefix + strconv.Itoa(i)
+				err := pgx.BeginFunc(pctx, app, func(tx pgx.Tx) error {
+					_, err := outbox.Enqueue(pctx, tx, outbox.Message{Key: key, Connector: dbs.latInstance, Payload: payload})
+					return err
+				})
+				lat.commits[i] = time.Since(lat.base)
+				if err != nil {
+					errOnce.Do(func() { firstErr = fmt.Errorf("enqueue %s: %w", key, err); stopProducers() })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	offered := time.Since(start)
+	if firstErr != nil {
+		return firstErr
+	}
+	rep.Latency.AchievedRate = float64(n) / offered.Seconds()
+
+	// The last rows are still on their way.
+	drain, cancelDrain := context.WithTimeoutCause(ctx, benchLatencyDrain,
+		fmt.Errorf("rows were still undelivered %s after the load ended", benchLatencyDrain))
+	defer cancelDrain()
+	poll := time.NewTicker(2 * time.Millisecond)
+	defer poll.Stop()
+	for lat.count.Load() < int64(n) {
+		select {
+		case <-rr.done:
+			return fmt.Errorf("relay stopped after %d of %d deliveries: %v", lat.count.Load(), n, rr.err)
+		case <-drain.Done():
+			return fmt.Errorf("%w: %d of %d delivered", context.Cause(drain), lat.count.Load(), n)
+		case <-poll.C:
+		}
+	}
+	if err := rr.stop(); err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+
+	latencies := make([]time.Duration, n)
+	commitGaps := make([]time.Duration, n)
+	for i := range n {
+		// A request can reach the receiver before the producer's COMMIT call returns
+		// (the relay is woken by the commit itself); that counts as no latency at all.
+		latencies[i] = max(0, time.Duration(lat.arrived[i].Load())-lat.commits[i])
+		scheduled := time.Duration(i) * interval
+		commitGaps[i] = lat.commits[i] - start.Sub(lat.base) - scheduled
+	}
+	slices.Sort(latencies)
+	slices.Sort(commitGaps)
+	rep.Latency.Samples = n
+	rep.Latency.P50Ms = ms(percentile(latencies, 0.50))
+	rep.Latency.P90Ms = ms(percentile(latencies, 0.90))
+	rep.Latency.P99Ms = ms(percentile(latencies, 0.99))
+	rep.Latency.MaxMs = ms(latencies[n-1])
+	rep.Latency.CommitP50Ms = ms(percentile(commitGaps, 0.50))
+	rep.Latency.CommitP99Ms = ms(percentile(commitGaps, 0.99))
+	progress("phase 3: p50 %.2f ms, p99 %.2f ms", rep.Latency.P50Ms, rep.Latency.P99Ms)
+	return nil
+}
+
+// claimStats reads from the relay's metrics how many claim statements it ran and how
+// many rows they took on average.
+func claimStats(reg prometheus.Registerer) (claims int, rowsPerClaim float64) {
+	g, ok := reg.(prometheus.Gatherer)
+	if !ok {
+		return 0, 0
+	}
+	families, err := g.Gather()
+	if err != nil {
+		return 0, 0
+	}
+	for _, mf := range families {
+		if mf.GetName() != "outboxd_claim_batch_rows" || len(mf.GetMetric()) == 0 {
+			continue
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		if h.GetSampleCount() > 0 {
+			return int(h.GetSampleCount()), h.GetSampleSum() / float64(h.GetSampleCount())
+		}
+	}
+	return 0, 0
+}
+
+// percentile returns the nearest-rank percentile p (0 < p ≤ 1) of sorted.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	rank := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[min(max(rank, 0), len(sorted)-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// printBenchReport writes rep for a person.
+func printBenchReport(w io.Writer, rep *benchReport) {
+	c, pg := rep.Config, rep.Postgres
+	fmt.Fprintf(w, "outboxd bench\n")
+	fmt.Fprintf(w, "  config:     rows=%d payload=%dB concurrency=%d batch=%d rate=%g rows/s duration=%s\n",
+		c.Rows, c.PayloadBytes, c.Concurrency, c.BatchSize, c.Rate, c.Duration)
+	fmt.Fprintf(w, "  postgres:   %s, fsync=%s, synchronous_commit=%s, full_page_writes=%s (%s)\n",
+		pg.Version, pg.Fsync, pg.SynchronousCommit, pg.FullPageWrites, pg.Source)
+	fmt.Fprintf(w, "  machine:    %d CPUs, GOMAXPROCS=%d, %s, %s\n\n", rep.Machine.CPUs, rep.Machine.GOMAXPROCS, rep.Machine.Platform, rep.Machine.Go)
+
+	fmt.Fprintf(w, "raw keep-alive POSTs:   %8.0f req/s         (%d requests, %d workers, %.2fs)\n",
+		rep.Raw.RequestsPerSecond, rep.Raw.Requests, rep.Raw.Workers, rep.Raw.Seconds)
+	t := rep.Throughput
+	fmt.Fprintf(w, "relay throughput:       %8.0f deliveries/s  (%d pre-inserted rows in %.2fs from relay start to last effect;\n"+
+		"                                                all outcomes recorded and relay stopped at %.2fs;\n"+
+		"                                                %d attempts; %d claims, %.1f rows per claim)\n",
+		t.DeliveriesPerSecond, t.Rows, t.Seconds, t.RecordedSeconds, t.Attempts, t.Claims, t.RowsPerClaim)
+	fmt.Fprintf(w, "relay / raw:            %8.2f\n\n", t.RelayToRaw)
+
+	l := rep.Latency
+	fmt.Fprintf(w, "commit-to-delivery latency at %g rows/s offered (achieved %.1f rows/s, %d producers, single-row transactions):\n",
+		l.OfferedRate, l.AchievedRate, l.Producers)
+	fmt.Fprintf(w, "  p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms   (%d samples)\n",
+		l.P50Ms, l.P90Ms, l.P99Ms, l.MaxMs, l.Samples)
+	fmt.Fprintf(w, "  each transaction, from its scheduled start to COMMIT returning: p50 %.2f ms, p99 %.2f ms\n", l.CommitP50Ms, l.CommitP99Ms)
+	if l.AchievedRate < benchRateReached*l.OfferedRate {
+		fmt.Fprintf(w, "  the producers fell behind: single-row transactions could not commit at %g rows/s on this machine\n", l.OfferedRate)
+	}
+	fmt.Fprintln(w)
+
+	fmt.Fprintf(w, "issue targets (for the default flags on a 2-core machine):\n")
+	for _, tg := range rep.Targets {
+		mark := "met   "
+		if !tg.Met {
+			mark = "MISSED"
+		}
+		fmt.Fprintf(w, "  %s  %s\n", mark, tg.Name)
+	}
+}

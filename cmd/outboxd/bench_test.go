@@ -1,0 +1,104 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/pgcluster"
+)
+
+// TestBenchSmoke runs a tiny `outboxd bench`: it must finish and report its figures.
+// It asserts nothing about them: tests never assert on timings.
+func TestBenchSmoke(t *testing.T) {
+	t.Parallel()
+	if _, err := pgcluster.FindBinDir(); err != nil {
+		t.Skipf("bench needs the PostgreSQL server binaries: %v", err)
+	}
+	small := []string{"bench", "--rows", "500", "--duration", "1s", "--rate", "200", "--concurrency", "16", "--batch-size", "100"}
+
+	t.Run("Text", func(t *testing.T) {
+		t.Parallel()
+		var stdout, stderr bytes.Buffer
+		code := run(t.Context(), small, nil, strings.NewReader(""), &stdout, &stderr)
+		require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+		out := stdout.String()
+		require.Contains(t, out, "req/s")
+		require.Contains(t, out, "deliveries/s")
+		require.Contains(t, out, "p50 ")
+		require.Contains(t, out, "p99 ")
+		require.Contains(t, out, "(200 samples)")
+		require.Contains(t, out, "fsync=on, synchronous_commit=on")
+		require.Contains(t, out, "rows=500 payload=500B concurrency=16 batch=100")
+		require.Contains(t, stderr.String(), "bench: phase 3:")
+	})
+
+	t.Run("JSON", func(t *testing.T) {
+		t.Parallel()
+		var stdout, stderr bytes.Buffer
+		code := run(t.Context(), append(small, "--json"), nil, strings.NewReader(""), &stdout, &stderr)
+		require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+		var rep benchReport
+		require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep), stdout.String())
+		require.Equal(t, 500, rep.Throughput.Rows)
+		require.Equal(t, int64(500), rep.Throughput.Attempts, "no row needed a retry")
+		require.Positive(t, rep.Throughput.DeliveriesPerSecond)
+		require.Positive(t, rep.Raw.RequestsPerSecond)
+		require.Equal(t, 200, rep.Latency.Samples)
+		require.LessOrEqual(t, rep.Latency.P50Ms, rep.Latency.P99Ms)
+		require.Equal(t, "on", rep.Postgres.Fsync)
+		require.Equal(t, "on", rep.Postgres.SynchronousCommit)
+		require.Len(t, rep.Targets, 4)
+	})
+}
+
+func TestBenchUsageErrors(t *testing.T) {
+	t.Parallel()
+
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"NoRows", []string{"bench", "--rows", "0"}, "--rows must be at least 1, got 0"},
+		{"NegativeRate", []string{"bench", "--rate", "-5"}, "--rate must be a positive number of rows/s, got -5"},
+		{"ZeroDuration", []string{"bench", "--duration", "0s"}, "--duration must be positive, got 0s"},
+		{"TinyPayload", []string{"bench", "--payload-bytes", "10"}, "--payload-bytes must be between 64 and 1048576, got 10"},
+		{"BadFlag", []string{"bench", "--rows", "many"}, `invalid argument "many" for "--rows"`},
+		{"Arguments", []string{"bench", "now"}, `outboxd bench takes no arguments, got "now"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			code := run(t.Context(), tt.args, nil, strings.NewReader(""), &stdout, &stderr)
+			require.Equal(t, exitUsage, code, stderr.String())
+			require.Contains(t, stderr.String(), tt.want)
+			require.Contains(t, stderr.String(), "Run 'outboxd --help' for usage.")
+			require.Empty(t, stdout.String())
+		})
+	}
+}
+
+func TestBenchPayload(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{64, 100, 500, 4096} {
+		p := benchPayload(n)
+		require.Len(t, p, n)
+		require.True(t, json.Valid(p), string(p))
+	}
+}
+
+func TestBenchHelp(t *testing.T) {
+	t.Parallel()
+
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"bench", "--help"}, nil, strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitOK, code, stderr.String())
+	require.Contains(t, stdout.String(), "Examples:\n")
+	require.Contains(t, stdout.String(), "  outboxd bench\n")
+	require.NotContains(t, stdout.String(), "cpuprofile", "the profiling flag is hidden")
+}

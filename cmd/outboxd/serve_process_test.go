@@ -1,0 +1,279 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/pgtest"
+	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// serveChildEnv makes the test binary run `outboxd serve` (see TestMain) instead of the
+// tests, so a test can stop a real process with a real signal.
+const serveChildEnv = "OUTBOX_TEST_SERVE_CHILD"
+
+// processWait bounds every wait on the child process. Reaching it means something is
+// stuck, not slow.
+const processWait = 60 * time.Second
+
+func TestMain(m *testing.M) {
+	if os.Getenv(serveChildEnv) == "1" {
+		os.Exit(run(context.Background(), []string{"serve"}, os.Environ(), os.Stdin, os.Stdout, os.Stderr))
+	}
+	pgtest.Main(m)
+}
+
+// TestServeStopsGracefullyOnSIGTERM runs `outboxd serve` as a process, stops it with
+// SIGTERM while a delivery is in flight, and checks that the delivery finishes and is
+// recorded, that no row is left leased, and that the process exits 0.
+func TestServeStopsGracefullyOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	const inFlightKey = "in-flight"
+	others := []string{"other-1", "other-2", "other-3"}
+	keys := append([]string{inFlightKey}, others...)
+
+	var (
+		firstOnce   sync.Once
+		releaseOnce sync.Once
+		arrived     = make(chan struct{})
+		release     = make(chan struct{})
+	)
+	releaseHeld := func() { releaseOnce.Do(func() { close(release) }) }
+	rcv, err := receiver.Start(receiver.Options{OnEffect: func(e receiver.Effect) {
+		if e.Key != inFlightKey {
+			return
+		}
+		first := false
+		firstOnce.Do(func() { first = true; close(arrived) })
+		if first {
+			<-release // hold the first request open until the test lets it go
+		}
+	}})
+	require.NoError(t, err)
+	t.Cleanup(rcv.Close)
+	t.Cleanup(releaseHeld) // runs before rcv.Close: no handler stays blocked
+
+	dsn := pgtest.URL(t)
+	pool, err := pgxpool.New(t.Context(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	// The child inherits the environment but none of the caller's OUTBOX_ variables,
+	// which would change its configuration.
+	environ := make([]string, 0, len(os.Environ())+8)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "OUTBOX_") {
+			environ = append(environ, kv)
+		}
+	}
+	environ = append(environ,
+		serveChildEnv+"=1",
+		"OUTBOX_DATABASE_URL="+dsn,
+		"OUTBOX_WEBHOOK_URL="+rcv.URL(),
+		"OUTBOX_WEBHOOK_GUARANTEE=enforced",
+		"OUTBOX_HTTP_ADDR=127.0.0.1:0", // the child logs the port it got
+		"OUTBOX_POLL_INTERVAL=50ms",
+		"OUTBOX_SHUTDOWN_TIMEOUT=30s",
+		"OUTBOX_LOG_FORMAT=json",
+	)
+	var stdout, stderr lockedBuffer
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = environ
+	child.Stdout = &stdout
+	child.Stderr = &stderr
+	require.NoError(t, child.Start())
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = child.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			_ = child.Process.Kill()
+			<-exited
+		}
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("child stdout:\n%s\nchild stderr:\n%s", stdout.String(), stderr.String())
+		}
+	})
+
+	// waitFor polls cond until it holds, failing if the child exits first or the wait
+	// runs out.
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(processWait)
+		for !cond() {
+			select {
+			case <-exited:
+				t.Fatalf("the child exited (%v) while waiting for %s", waitErr, what)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("gave up after %s waiting for %s", processWait, what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
+	var base string
+	waitFor("the child's HTTP server to listen", func() bool {
+		rec, ok := findLog(stderr.String(), "http server listening")
+		if !ok {
+			return false
+		}
+		addr, _ := rec["addr"].(string)
+		base = "http://" + addr
+		return addr != ""
+	})
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	get := func(path string) (int, string) {
+		resp, err := client.Get(base + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+
+	for i, key := range keys {
+		_, err := outbox.Enqueue(t.Context(), pool, outbox.Message{Key: key, Connector: "webhook", Payload: map[string]int{"n": i}})
+		require.NoError(t, err)
+	}
+	select {
+	case <-arrived:
+	case <-exited:
+		t.Fatalf("the child exited (%v) before delivering %q", waitErr, inFlightKey)
+	case <-time.After(processWait):
+		t.Fatalf("the child never delivered %q", inFlightKey)
+	}
+	// The other rows are not held: they are delivered before the stop, so the stop has
+	// exactly one delivery in flight.
+	for _, key := range others {
+		waitFor(key+" to be delivered", func() bool {
+			in, err := outbox.Get(t.Context(), pool, key)
+			return err == nil && in.Status == outbox.StatusDelivered
+		})
+	}
+	in, err := outbox.Get(t.Context(), pool, inFlightKey)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDelivering, in.Status, "the held row is in flight")
+
+	var lastReady string
+	waitFor("/readyz to answer 200", func() bool {
+		code, body := get("/readyz")
+		lastReady = fmt.Sprintf("%d %s", code, body)
+		return code == http.StatusOK
+	})
+	require.Contains(t, lastReady, "ready")
+	waitFor("/metrics to show outboxd_deliveries_total", func() bool {
+		code, body := get("/metrics")
+		return code == http.StatusOK && strings.Contains(body, "outboxd_deliveries_total")
+	})
+
+	require.NoError(t, child.Process.Signal(syscall.SIGTERM))
+	// Let the held request go only once the child has begun stopping, so the delivery
+	// finishes during the graceful shutdown rather than before it.
+	waitFor(`the "stopping" log line`, func() bool {
+		_, ok := findLog(stderr.String(), "stopping")
+		return ok
+	})
+	releaseHeld()
+	select {
+	case <-exited:
+	case <-time.After(processWait):
+		t.Fatalf("the child did not exit within %s of SIGTERM", processWait)
+	}
+	require.NoError(t, waitErr)
+	require.Equal(t, exitOK, child.ProcessState.ExitCode())
+
+	// The in-flight delivery finished and was recorded, in one attempt.
+	in, err = outbox.Get(t.Context(), pool, inFlightKey)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDelivered, in.Status, "the in-flight row finished during the shutdown")
+	require.Equal(t, 1, in.Attempts)
+	var outcome string
+	var ambiguous bool
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT a.outcome, a.ambiguous
+		FROM outbox_attempts a JOIN outbox o ON o.id = a.outbox_id WHERE o.idempotency_key = $1`, inFlightKey).
+		Scan(&outcome, &ambiguous))
+	require.Equal(t, "delivered", outcome)
+	require.False(t, ambiguous, "the delivery was not cut short")
+
+	// Nothing is left leased, and every row is delivered.
+	var leased, undelivered int
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT
+		count(*) FILTER (WHERE status = 'delivering' OR lease_owner IS NOT NULL),
+		count(*) FILTER (WHERE status <> 'delivered')
+		FROM outbox`).Scan(&leased, &undelivered))
+	require.Zero(t, leased, "rows left delivering or leased")
+	require.Zero(t, undelivered, "rows not delivered")
+
+	// Each key's effect happened exactly once.
+	for _, key := range keys {
+		require.Equal(t, 1, rcv.Effects(key), "effects for %q", key)
+	}
+	require.Equal(t, len(keys), rcv.TotalEffects())
+	require.Empty(t, rcv.DuplicateKeys())
+
+	logs := stderr.String()
+	rec, ok := findLog(logs, "stopping")
+	require.True(t, ok, "no stopping line in:\n%s", logs)
+	require.Equal(t, "30s", rec["shutdown_timeout"])
+	_, ok = findLog(logs, "outboxd stopped")
+	require.True(t, ok, "no outboxd stopped line in:\n%s", logs)
+	_, ok = findLog(logs, "shutdown timeout reached")
+	require.False(t, ok, "the shutdown timeout was reached:\n%s", logs)
+}
+
+// findLog returns the first complete JSON log record in logs whose msg starts with
+// prefix.
+func findLog(logs, prefix string) (map[string]any, bool) {
+	lines := strings.Split(logs, "\n")
+	// The last element is empty or a line still being written.
+	for _, line := range lines[:len(lines)-1] {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			continue
+		}
+		if msg, _ := rec["msg"].(string); strings.HasPrefix(msg, prefix) {
+			return rec, true
+		}
+	}
+	return nil, false
+}
+
+// lockedBuffer is a bytes.Buffer that a child process writes to while the test reads.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
