@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sethvargo/go-retry"
 	"golang.org/x/time/rate"
 
@@ -56,6 +57,23 @@ type instance struct {
 	limit     int
 	limiter   *rate.Limiter // nil: no rate limit
 	inflight  atomic.Int64
+
+	// The instance's series, looked up once rather than on every delivery.
+	outcomes         map[string]prometheus.Counter
+	duration         prometheus.Observer
+	commitToDelivery prometheus.Observer
+}
+
+// outcomeLabels are the attempts-log outcomes a delivery can end with.
+var outcomeLabels = []string{statusDelivered, "retry", statusDead, statusHeld}
+
+// observe records one attempt in the instance's metrics.
+func (inst *instance) observe(outcome string, took, sinceCreated time.Duration) {
+	inst.outcomes[outcome].Inc()
+	inst.duration.Observe(took.Seconds())
+	if outcome == statusDelivered {
+		inst.commitToDelivery.Observe(sinceCreated.Seconds())
+	}
 }
 
 // claimed is a row this relay holds the lease on.
@@ -109,7 +127,9 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		instances: make(map[string]*instance, len(instances)),
 		wake:      make(chan struct{}, 1),
 		slotFreed: make(chan struct{}, 1),
-		results:   make(chan outcome, cfg.Concurrency),
+		// Room for several batches of outcomes, so a delivery frees its slot at once even
+		// while a write is on its way.
+		results:   make(chan outcome, 4*cfg.Concurrency),
 		probe:     "probe:" + cfg.ID,
 		probeSeen: make(chan struct{}),
 
@@ -127,10 +147,16 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 			return nil, fmt.Errorf("relay: connector instance %q: OnAmbiguous must be %q or %q, got %q", name, AmbiguousRetry, AmbiguousHold, in.OnAmbiguous)
 		}
 		inst := &instance{
-			name:      name,
-			conn:      in.Connector,
-			guarantee: in.Connector.Guarantee(),
-			limit:     min(cmp.Or(in.Concurrency, cfg.Concurrency), cfg.Concurrency),
+			name:             name,
+			conn:             in.Connector,
+			guarantee:        in.Connector.Guarantee(),
+			limit:            min(cmp.Or(in.Concurrency, cfg.Concurrency), cfg.Concurrency),
+			outcomes:         make(map[string]prometheus.Counter, len(outcomeLabels)),
+			duration:         m.deliveryDuration.WithLabelValues(name),
+			commitToDelivery: m.commitToDelivery.WithLabelValues(name),
+		}
+		for _, o := range outcomeLabels {
+			inst.outcomes[o] = m.deliveries.WithLabelValues(name, o)
 		}
 		if in.Rate > 0 {
 			inst.limiter = rate.NewLimiter(rate.Limit(in.Rate), max(1, int(in.Rate)))
@@ -181,7 +207,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.running.Store(true)
 	defer r.running.Store(false)
 	r.log.InfoContext(ctx, "relay started", "connectors", r.names, "concurrency", r.cfg.Concurrency,
-		"batch_size", r.cfg.BatchSize, "lease", r.cfg.Lease)
+		"batch_size", r.cfg.BatchSize, "lease", r.cfg.Lease.String())
 
 	// deliverCtx outlives ctx by up to the shutdown timeout, so deliveries in flight at a
 	// stop may finish; recordCtx outlives it a little more, so their outcomes land.
@@ -196,8 +222,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	background.Go(func() { r.listen(bgCtx) })
 	background.Go(func() { r.maintain(bgCtx) })
 
+	// Two recorders: while one waits for its commit, the other gathers the next batch.
 	var recorder sync.WaitGroup
-	recorder.Go(func() { r.record(recordCtx) })
+	for range recorders {
+		recorder.Go(func() { r.record(recordCtx) })
+	}
 
 	var deliveries sync.WaitGroup
 	r.claimLoop(ctx, deliverCtx, &deliveries)
@@ -382,9 +411,20 @@ func (r *Relay) claim(ctx context.Context, name string, limit int) ([]claimed, e
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
-		var c claimed
-		err := row.Scan(&c.id, &c.key, &c.connector, &c.payload, &c.headers, &c.attempt, &c.ambiguous, &c.createdAt)
-		return c, err
+		var (
+			c       claimed
+			headers []byte
+		)
+		if err := row.Scan(&c.id, &c.key, &c.connector, &c.payload, &headers, &c.attempt, &c.ambiguous, &c.createdAt); err != nil {
+			return c, err
+		}
+		// Most rows carry no headers ('{}'); decode only those that do.
+		if len(headers) > 2 {
+			if err := json.Unmarshal(headers, &c.headers); err != nil {
+				return c, fmt.Errorf("row %d headers: %w", c.id, err)
+			}
+		}
+		return c, nil
 	})
 }
 
@@ -424,11 +464,7 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 	}
 	o := r.decide(inst, row, result, err, finished)
 	o.started = started
-	r.metrics.deliveries.WithLabelValues(inst.name, o.record).Inc()
-	r.metrics.deliveryDuration.WithLabelValues(inst.name).Observe(finished.Sub(started).Seconds())
-	if o.status == statusDelivered {
-		r.metrics.commitToDelivery.WithLabelValues(inst.name).Observe(finished.Sub(row.createdAt).Seconds())
-	}
+	inst.observe(o.record, finished.Sub(started), finished.Sub(row.createdAt))
 	r.results <- o
 }
 
@@ -491,6 +527,9 @@ func (r *Relay) decide(inst *instance, row claimed, result json.RawMessage, err 
 	}
 	return o
 }
+
+// recorders is how many goroutines write outcomes.
+const recorders = 2
 
 // record writes outcomes in batches: it takes what is queued (up to a batch), writes it
 // in one round trip, and repeats. Under load batches grow; when idle each outcome is
