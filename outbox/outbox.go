@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -138,16 +139,30 @@ RETURNING ` + insertedColumns
 const insertedColumns = `id, idempotency_key, status, next_attempt_at, created_at, updated_at`
 
 // insertBatchSQL is insertSQL for many messages in one statement, in their given order.
+// It writes nothing when any key already names a different request, so a batch is all
+// or nothing without a savepoint round trip; the uncorrelated NOT EXISTS runs once.
 const insertBatchSQL = `
+WITH m AS (
+    SELECT *
+    FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[], $5::timestamptz[],
+                $6::bytea[], $7::jsonb[], $8::text[], $9::text[])
+         WITH ORDINALITY AS m(k, c, p, o, n, f, h, s, b, ord)
+)
 INSERT INTO outbox (idempotency_key, connector, payload, ordering_key, next_attempt_at,
                     fingerprint, headers, status, created_by)
 SELECT k, c, p, NULLIF(o, ''), coalesce(n, now()), f, h, s, NULLIF(b, '')
-FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[], $5::timestamptz[],
-            $6::bytea[], $7::jsonb[], $8::text[], $9::text[])
-     WITH ORDINALITY AS m(k, c, p, o, n, f, h, s, b, ord)
+FROM m
+WHERE NOT EXISTS (
+    SELECT 1 FROM m JOIN outbox o ON o.idempotency_key = m.k
+    WHERE NOT coalesce(o.fingerprint = m.f,
+                       o.connector = m.c AND o.payload = m.p AND o.ordering_key IS NOT DISTINCT FROM NULLIF(m.o, '')))
 ORDER BY ord
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING ` + insertedColumns
+
+// undoBatchSQL removes rows a batch inserted in the caller's transaction when a
+// concurrent transaction committed a conflicting key during the insert.
+const undoBatchSQL = `DELETE FROM outbox WHERE id = ANY($1)`
 
 // existingSQL reads the rows already holding some keys and says whether each holds the
 // same request. Rows written by plain SQL have no fingerprint and are compared by value
@@ -198,21 +213,40 @@ func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 
 // EnqueueBatch writes many intents in one statement, with [Enqueue]'s rules for each
 // message; the returned intents are in the order of msgs. It is atomic: when any message
-// is invalid or conflicts, nothing of the batch is written (inside a transaction it uses a
-// savepoint, so the caller's transaction stays usable). A key repeated within the batch
-// counts as a re-enqueue of the first.
+// is invalid or conflicts, nothing of the batch is written, and the caller's transaction
+// stays usable. A key repeated within the batch counts as a re-enqueue of the first.
 func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) {
 	ps := make([]prepared, len(msgs))
+	first := make(map[string]prepared, len(msgs)) // each key's first message
 	for i, m := range msgs {
 		p, err := prepare(m)
 		if err != nil {
 			return nil, fmt.Errorf("message %d (key %q): %w", i, m.Key, err)
+		}
+		if f, ok := first[p.Key]; !ok {
+			first[p.Key] = p
+		} else if !bytes.Equal(f.fingerprint, p.fingerprint) {
+			return nil, fmt.Errorf("message %d: %w: key %q appears twice in the batch with different requests",
+				i, ErrKeyConflict, p.Key)
 		}
 		ps[i] = p
 	}
 	if len(ps) == 0 {
 		return nil, nil
 	}
+	if _, inTx := db.(pgx.Tx); inTx {
+		return enqueueBatch(ctx, db, ps, first)
+	}
+	// Outside a transaction the undo below would come too late: others could see the rows.
+	var out []Intent
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) (err error) {
+		out, err = enqueueBatch(ctx, tx, ps, first)
+		return err
+	})
+	return out, err
+}
+
+func enqueueBatch(ctx context.Context, tx DB, ps []prepared, first map[string]prepared) ([]Intent, error) {
 	var (
 		keys, connectors, orderingKeys, statuses, createdBy = make([]string, len(ps)), make([]string, len(ps)), make([]string, len(ps)), make([]string, len(ps)), make([]string, len(ps))
 		payloads, headers, fingerprints                     = make([][]byte, len(ps)), make([][]byte, len(ps)), make([][]byte, len(ps))
@@ -224,55 +258,54 @@ func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) 
 		notBefores[i] = notBefore(p.NotBefore)
 	}
 
-	out := make([]Intent, len(ps))
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		rows, _ := tx.Query(ctx, insertBatchSQL, keys, connectors, payloads, orderingKeys, notBefores,
-			fingerprints, headers, statuses, createdBy)
-		first := make(map[string]prepared, len(ps)) // each key's first message
-		for _, p := range ps {
-			if _, ok := first[p.Key]; !ok {
-				first[p.Key] = p
-			}
-		}
-		byKey := make(map[string]Intent, len(ps))
-		for rows.Next() {
-			in, err := scanInserted(rows, func(key string) prepared { return first[key] })
-			if err != nil {
-				rows.Close()
-				return fmt.Errorf("enqueue batch: %w", err)
-			}
-			byKey[in.Key] = in
-		}
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("enqueue batch: %w", err)
-		}
-		// Every message the insert did not write, including repeats of a key within the
-		// batch, is compared with the row that holds its key.
-		var rest []prepared
-		seen := make(map[string]bool, len(ps))
-		for _, p := range ps {
-			if _, ok := byKey[p.Key]; !ok || seen[p.Key] {
-				rest = append(rest, p)
-			}
-			seen[p.Key] = true
-		}
-		found, err := existing(ctx, tx, rest)
-		if err != nil {
-			return err
-		}
-		for i, p := range ps {
-			in, ok := byKey[p.Key]
-			if ok {
-				delete(byKey, p.Key) // a repeat of this key later in the batch is not "inserted"
-			} else if in, ok = found[p.Key]; !ok {
-				return fmt.Errorf("enqueue batch: key %q neither inserted nor found; retry the batch", p.Key)
-			}
-			out[i] = in
-		}
-		return nil
-	})
+	rows, err := tx.Query(ctx, insertBatchSQL, keys, connectors, payloads, orderingKeys, notBefores,
+		fingerprints, headers, statuses, createdBy)
 	if err != nil {
+		return nil, fmt.Errorf("enqueue batch: %w", err)
+	}
+	byKey := make(map[string]Intent, len(ps))
+	var ids []int64
+	for rows.Next() {
+		in, err := scanInserted(rows, func(key string) prepared { return first[key] })
+		if err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("enqueue batch: %w", err)
+		}
+		byKey[in.Key] = in
+		ids = append(ids, in.ID)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("enqueue batch: %w", err)
+	}
+
+	// Every message the insert did not write, including repeats of a key within the
+	// batch, is compared with the row that holds its key.
+	var rest []prepared
+	seen := make(map[string]bool, len(ps))
+	for _, p := range ps {
+		if _, ok := byKey[p.Key]; !ok || seen[p.Key] {
+			rest = append(rest, p)
+		}
+		seen[p.Key] = true
+	}
+	found, err := existing(ctx, tx, rest)
+	if err != nil {
+		if len(ids) > 0 {
+			if _, undoErr := tx.Exec(ctx, undoBatchSQL, ids); undoErr != nil {
+				return nil, errors.Join(err, fmt.Errorf("undo the batch's rows: %w", undoErr))
+			}
+		}
 		return nil, err
+	}
+	out := make([]Intent, len(ps))
+	for i, p := range ps {
+		in, ok := byKey[p.Key]
+		if ok {
+			delete(byKey, p.Key) // a repeat of this key later in the batch is not "inserted"
+		} else if in, ok = found[p.Key]; !ok {
+			return nil, fmt.Errorf("enqueue batch: key %q neither inserted nor found; retry the batch", p.Key)
+		}
+		out[i] = in
 	}
 	return out, nil
 }

@@ -399,3 +399,43 @@ func TestEnqueueBatch(t *testing.T) {
 		require.Equal(t, 0, countRows(t, b.pool))
 	})
 }
+
+// A concurrent transaction commits a conflicting key while the batch's insert waits on
+// it: the batch must still write nothing.
+func TestEnqueueBatchConflictRace(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pgtest.DB(t)
+
+	other, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer other.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // cleanup
+	_, err = outbox.Enqueue(ctx, other, webhookMsg("contended", []int{1}))
+	require.NoError(t, err)
+
+	mine, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer mine.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // cleanup
+	var myPID int
+	require.NoError(t, mine.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&myPID))
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := outbox.EnqueueBatch(ctx, mine, []outbox.Message{
+			webhookMsg("fresh", []int{1}), webhookMsg("contended", []int{2}),
+		})
+		done <- err
+	}()
+	// Wait until the batch's insert is blocked on the other transaction's key.
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1`, myPID).Scan(&waiting)
+		return err == nil && waiting
+	}, 30*time.Second, 5*time.Millisecond)
+	require.NoError(t, other.Commit(ctx))
+
+	require.ErrorIs(t, <-done, outbox.ErrKeyConflict)
+	var n int
+	require.NoError(t, mine.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE idempotency_key = 'fresh'`).Scan(&n))
+	require.Zero(t, n, "the batch's other rows were undone; the transaction is usable")
+}
