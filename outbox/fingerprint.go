@@ -4,13 +4,15 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 )
 
-// decodeJSON parses a JSON document into maps, slices and json.Numbers, rejecting
-// trailing data after the first value.
+// decodeJSON parses a JSON document into maps, slices, strings, bools, nil and
+// json.Numbers, refusing anything but whitespace after the first value.
 func decodeJSON(raw []byte) (any, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
@@ -18,41 +20,87 @@ func decodeJSON(raw []byte) (any, error) {
 	if err := dec.Decode(&v); err != nil {
 		return nil, err
 	}
-	if _, err := dec.Token(); err == nil {
+	if len(bytes.Trim(raw[dec.InputOffset():], " \t\r\n")) > 0 { // JSON whitespace only
 		return nil, errTrailingData
 	}
 	return v, nil
 }
 
 // canonicalJSON re-encodes a decoded JSON value so that documents that mean the same
-// have the same bytes: object keys sorted, no insignificant whitespace, and numbers in
-// one spelling (1, 1.0 and 1e0 are all "1").
+// have the same bytes: object keys sorted, no insignificant whitespace, strings escaped
+// one way, and numbers in one spelling (1, 1.0 and 1e0 are all "1").
 func canonicalJSON(v any) []byte {
-	b, err := json.Marshal(normalizeNumbers(v))
-	if err != nil {
-		// Unreachable: the value came from the JSON decoder and holds only JSON types.
-		panic("outbox: re-encode decoded JSON: " + err.Error())
-	}
-	return b
+	return appendCanonical(make([]byte, 0, 512), v)
 }
 
-func normalizeNumbers(v any) any {
+func appendCanonical(b []byte, v any) []byte {
 	switch v := v.(type) {
 	case map[string]any:
-		for k, e := range v {
-			v[k] = normalizeNumbers(e)
+		keys := make([]string, 0, len(v))
+		for k := range v {
+			keys = append(keys, k)
 		}
-		return v
+		slices.Sort(keys)
+		b = append(b, '{')
+		for i, k := range keys {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, k)
+			b = append(b, ':')
+			b = appendCanonical(b, v[k])
+		}
+		return append(b, '}')
 	case []any:
+		b = append(b, '[')
 		for i, e := range v {
-			v[i] = normalizeNumbers(e)
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendCanonical(b, e)
 		}
-		return v
+		return append(b, ']')
+	case string:
+		return appendString(b, v)
 	case json.Number:
-		return json.Number(canonicalNumber(string(v)))
-	default:
-		return v
+		return append(b, canonicalNumber(string(v))...)
+	case bool:
+		return strconv.AppendBool(b, v)
+	case nil:
+		return append(b, "null"...)
 	}
+	// Unreachable: the value came from the JSON decoder and holds only JSON types.
+	panic(fmt.Sprintf("outbox: unexpected %T in decoded JSON", v))
+}
+
+// appendString writes s as a JSON string, escaping only what JSON requires: the quote,
+// the backslash and control characters. The decoder has already replaced invalid UTF-8.
+func appendString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		b = append(b, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			b = append(b, '\\', c)
+		case '\n':
+			b = append(b, '\\', 'n')
+		case '\t':
+			b = append(b, '\\', 't')
+		case '\r':
+			b = append(b, '\\', 'r')
+		default:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		}
+		start = i + 1
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
 }
 
 // canonicalNumber spells a JSON number one way. Integer literals are kept as written (so

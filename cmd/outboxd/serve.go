@@ -18,6 +18,9 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/outboxd/outboxd/connectors/email"
+	"github.com/outboxd/outboxd/connectors/payment"
+	"github.com/outboxd/outboxd/connectors/slack"
 	"github.com/outboxd/outboxd/connectors/webhook"
 	"github.com/outboxd/outboxd/internal/config"
 	"github.com/outboxd/outboxd/internal/httpserver"
@@ -149,10 +152,13 @@ func serve(ctx context.Context, e *env) error {
 }
 
 // buildInstances makes the relay's connector instances from the configuration. The
-// webhook instances share one client, and so one pool of keep-alive connections.
+// webhook instances share one client, and so one pool of keep-alive connections; the
+// payment and slack connectors use their packages' own shared default clients.
 func buildInstances(cfg *config.Config) (map[string]relay.Instance, error) {
 	client := &http.Client{Transport: webhook.DefaultTransport()}
-	instances := make(map[string]relay.Instance, len(cfg.Webhooks))
+	instances := make(map[string]relay.Instance, len(cfg.Instances()))
+	// config.Load has checked what each New checks; the errors name the variables in
+	// case the two ever disagree.
 	for _, w := range cfg.Webhooks {
 		conn, err := webhook.New(webhook.Config{
 			URL:       w.URL,
@@ -162,11 +168,46 @@ func buildInstances(cfg *config.Config) (map[string]relay.Instance, error) {
 			Client:    client,
 		})
 		if err != nil {
-			// config.Load has checked what webhook.New checks; this names the variables
-			// in case the two ever disagree.
 			return nil, fmt.Errorf("%s (%s*): %w", w.Instance(), w.Prefix(), err)
 		}
 		instances[w.Instance()] = w.RelayInstance(conn)
+	}
+	for _, c := range cfg.Payments {
+		conn, err := payment.New(payment.Config{
+			APIKey:  c.APIKey.Reveal(),
+			APIBase: c.APIBase,
+			Timeout: c.Timeout,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%s (%s*): %w", c.Instance(), c.Prefix(), err)
+		}
+		instances[c.Instance()] = c.RelayInstance(conn)
+	}
+	for _, c := range cfg.Emails {
+		conn, err := email.New(email.Config{
+			Addr:     c.Addr,
+			Username: c.Username,
+			Password: c.Password.Reveal(),
+			From:     c.From,
+			Timeout:  c.Timeout,
+			TLS:      c.TLS,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%s (%s*, %s*): %w", c.Instance(), c.SMTPPrefix(), c.EmailPrefix(), err)
+		}
+		instances[c.Instance()] = c.RelayInstance(conn)
+	}
+	for _, c := range cfg.Slacks {
+		conn, err := slack.New(slack.Config{
+			Token:        c.Token.Reveal(),
+			APIBase:      c.APIBase,
+			Timeout:      c.Timeout,
+			HistoryLimit: c.HistoryLimit,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%s (%s*): %w", c.Instance(), c.Prefix(), err)
+		}
+		instances[c.Instance()] = c.RelayInstance(conn)
 	}
 	return instances, nil
 }

@@ -20,10 +20,19 @@ type Config struct {
 	Engine   Engine
 	// Connectors is OUTBOX_CONNECTORS as given: the extra named instances, such as
 	// "webhook:crm". Their settings are in the per-kind fields below.
-	Connectors []string `env:"OUTBOX_CONNECTORS" desc:"extra named connector instances, comma-separated kind:name (e.g. webhook:crm,webhook:billing); each reads the kind's variables with the name inserted (OUTBOX_WEBHOOK_CRM_URL)"`
+	Connectors []string `env:"OUTBOX_CONNECTORS" desc:"extra named connector instances, comma-separated kind:name with kind webhook, payment, email or slack (e.g. webhook:crm,payment:eu); each reads the kind's variables with the name inserted (OUTBOX_WEBHOOK_CRM_URL, OUTBOX_PAYMENT_EU_API_KEY)"`
 	// Webhooks are the webhook instances: the default one first when OUTBOX_WEBHOOK_URL
 	// is set, then the named ones in OUTBOX_CONNECTORS order.
 	Webhooks []Webhook `env:"-"`
+	// Payments are the payment instances: the default one first when
+	// OUTBOX_PAYMENT_API_KEY is set, then the named ones.
+	Payments []Payment `env:"-"`
+	// Emails are the email instances: the default one first when OUTBOX_SMTP_ADDR is
+	// set, then the named ones.
+	Emails []Email `env:"-"`
+	// Slacks are the slack instances: the default one first when OUTBOX_SLACK_TOKEN is
+	// set, then the named ones.
+	Slacks []Slack `env:"-"`
 }
 
 // Database is the configuration every command needs.
@@ -77,9 +86,12 @@ func Load(environ []string) (*Config, error) {
 	c := parseEnv[Config](environment, "", &p)
 	c.validate(&p)
 	named := parseConnectors(c.Connectors, &p)
-	c.Webhooks = loadWebhooks(environment, named[kindWebhook], &p)
-	for i := range c.Webhooks {
-		c.Webhooks[i].checkLease(c.Engine.Lease, &p)
+	c.Webhooks = loadInstances(environment, kindWebhook, named[kindWebhook], &p, loadWebhook)
+	c.Payments = loadInstances(environment, kindPayment, named[kindPayment], &p, loadPayment)
+	c.Emails = loadInstances(environment, kindEmail, named[kindEmail], &p, loadEmail)
+	c.Slacks = loadInstances(environment, kindSlack, named[kindSlack], &p, loadSlack)
+	for _, in := range c.instances() {
+		checkLease(in.timeoutVar(), in.timeout(), c.Engine.Lease, &p)
 	}
 	if err := p.err(); err != nil {
 		return nil, err
@@ -123,14 +135,33 @@ func (c *Config) Relay() *relay.Config {
 }
 
 // Instances returns the names of the configured connector instances, as the outbox
-// table's connector column names them ("webhook", "webhook:crm"), in configuration
-// order.
+// table's connector column names them ("webhook", "webhook:crm", "payment"): the
+// webhook instances, then payment, email and slack, each in configuration order.
 func (c *Config) Instances() []string {
-	names := make([]string, 0, len(c.Webhooks))
-	for _, w := range c.Webhooks {
-		names = append(names, w.Instance())
+	all := c.instances()
+	names := make([]string, len(all))
+	for i, in := range all {
+		names[i] = in.Instance()
 	}
 	return names
+}
+
+// instances returns every kind's instance settings, in the order of Instances.
+func (c *Config) instances() []instanceConfig {
+	var out []instanceConfig
+	for _, w := range c.Webhooks {
+		out = append(out, w)
+	}
+	for _, pm := range c.Payments {
+		out = append(out, pm)
+	}
+	for _, e := range c.Emails {
+		out = append(out, e)
+	}
+	for _, s := range c.Slacks {
+		out = append(out, s)
+	}
+	return out
 }
 
 // LogValue shows the configuration with its secrets redacted.
@@ -141,8 +172,8 @@ func (c Config) LogValue() slog.Value {
 		slog.Any("log", c.Log),
 		slog.Any("engine", c.Engine),
 	}
-	for _, w := range c.Webhooks {
-		attrs = append(attrs, slog.Any(w.Instance(), w))
+	for _, in := range c.instances() {
+		attrs = append(attrs, slog.Any(in.Instance(), in))
 	}
 	return slog.GroupValue(attrs...)
 }

@@ -84,13 +84,20 @@ func TestLoadDocumentedDefaults(t *testing.T) {
 
 	// Setting every variable to its documented default changes nothing: the
 	// defaults in Variables (and so in the README) are values Load accepts and uses.
-	explicit := maps.Clone(minimal)
+	// Every kind's default instance exists, so that its variables are read.
+	base := with(minimal, map[string]string{
+		"OUTBOX_PAYMENT_API_KEY": "sk_test_123",
+		"OUTBOX_SMTP_ADDR":       "smtp.example.com:587",
+		"OUTBOX_EMAIL_FROM":      "outbox@example.com",
+		"OUTBOX_SLACK_TOKEN":     "xoxb-123",
+	})
+	explicit := maps.Clone(base)
 	for _, v := range Variables() {
 		if v.Default != "" {
 			explicit[v.Name] = v.Default
 		}
 	}
-	want, err := Load(environ(minimal))
+	want, err := Load(environ(base))
 	require.NoError(t, err)
 	got, err := Load(environ(explicit))
 	require.NoError(t, err)
@@ -293,17 +300,18 @@ func TestLoadProblems(t *testing.T) {
 		{
 			name: "ConnectorsList",
 			env: with(minimal, map[string]string{
-				"OUTBOX_CONNECTORS":     "webhook,payment:stripe,smoke:signal,crm,webhook:CRM,webhook:a-b,webhook:ok,webhook:ok",
+				"OUTBOX_CONNECTORS":     "webhook,email,smoke:signal,crm,webhook:CRM,webhook:a-b,webhook:ok,webhook:ok,slack:a:b",
 				"OUTBOX_WEBHOOK_OK_URL": "https://ok.example.com/",
 			}),
 			want: []string{
 				`OUTBOX_CONNECTORS: "webhook" must be kind:name, such as webhook:crm; the default webhook instance needs no entry (set OUTBOX_WEBHOOK_URL)`,
-				`OUTBOX_CONNECTORS: "payment:stripe": connector kind "payment" is not available in this version, which has webhook only`,
-				`OUTBOX_CONNECTORS: "smoke:signal": connector kind "smoke" is not available in this version, which has webhook only`,
+				`OUTBOX_CONNECTORS: "email" must be kind:name, such as email:crm; the default email instance needs no entry (set OUTBOX_SMTP_ADDR)`,
+				`OUTBOX_CONNECTORS: "smoke:signal": connector kind "smoke" is not one of webhook, payment, email, slack`,
 				`OUTBOX_CONNECTORS: "crm" must be kind:name, such as webhook:crm`,
 				`OUTBOX_CONNECTORS: "webhook:CRM": the instance name must be lower-case letters, digits and underscores`,
 				`OUTBOX_CONNECTORS: "webhook:a-b": the instance name must be lower-case letters, digits and underscores`,
 				`OUTBOX_CONNECTORS: "webhook:ok" is listed twice`,
+				`OUTBOX_CONNECTORS: "slack:a:b": the instance name must be lower-case letters, digits and underscores`,
 			},
 		},
 		{
@@ -367,15 +375,17 @@ func TestLoadProblems(t *testing.T) {
 			name: "Everything",
 			env: map[string]string{
 				"OUTBOX_LEASE":           "1 minute",
-				"OUTBOX_CONNECTORS":      "webhook:crm,email:ops",
+				"OUTBOX_CONNECTORS":      "webhook:crm,email:ops,sms:ops",
 				"OUTBOX_WEBHOOK_TIMEOUT": "5s",
 			},
 			want: []string{
 				`OUTBOX_DATABASE_URL is required but not set`,
 				`OUTBOX_LEASE must be a duration such as 500ms, 30s or 1h30m, got "1 minute"`,
-				`OUTBOX_CONNECTORS: "email:ops": connector kind "email" is not available in this version, which has webhook only`,
+				`OUTBOX_CONNECTORS: "sms:ops": connector kind "sms" is not one of webhook, payment, email, slack`,
 				`OUTBOX_WEBHOOK_TIMEOUT is set but OUTBOX_WEBHOOK_URL is not: the default webhook instance needs a URL`,
 				`OUTBOX_WEBHOOK_CRM_URL is required for webhook:crm, which OUTBOX_CONNECTORS names`,
+				`OUTBOX_SMTP_OPS_ADDR is required for email:ops, which OUTBOX_CONNECTORS names`,
+				`OUTBOX_EMAIL_OPS_FROM is required for email:ops: it is the sender of every message`,
 			},
 		},
 	}

@@ -17,15 +17,18 @@
 //
 // # Connector instances
 //
-// The default webhook instance exists when OUTBOX_WEBHOOK_URL is set. OUTBOX_CONNECTORS
-// names extra instances as kind:name, and each reads the default instance's variables
-// with the upper-cased name inserted after the kind: webhook:crm reads
-// OUTBOX_WEBHOOK_CRM_URL, OUTBOX_WEBHOOK_CRM_SECRET, and so on. This version builds
-// only the webhook kind.
+// Each connector kind has a default instance, which exists when its key variable is
+// set: OUTBOX_WEBHOOK_URL (webhook), OUTBOX_PAYMENT_API_KEY (payment), OUTBOX_SMTP_ADDR
+// (email) or OUTBOX_SLACK_TOKEN (slack). OUTBOX_CONNECTORS names extra instances as
+// kind:name, and each reads the default instance's variables with the upper-cased name
+// inserted after the kind's prefix: webhook:crm reads OUTBOX_WEBHOOK_CRM_URL, payment:eu
+// OUTBOX_PAYMENT_EU_API_KEY. The email kind has two prefixes, so email:support reads
+// OUTBOX_SMTP_SUPPORT_ADDR and OUTBOX_EMAIL_SUPPORT_FROM. Every instance's timeout must be
+// shorter than OUTBOX_LEASE.
 //
 // # Secrets
 //
 // Values that must not be printed ([Secret], the password in the DSN) are redacted by
-// fmt, log/slog and encoding/json: [Config], [Database] and [Webhook] implement
-// [slog.LogValuer] and String.
+// fmt, log/slog and encoding/json: [Config], [Database], [Webhook], [Payment], [Email]
+// and [Slack] implement [slog.LogValuer] and String.
 package config

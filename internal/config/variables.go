@@ -27,9 +27,11 @@ func Variables() []Variable {
 		out = append(out, v.Variable)
 	}
 	for _, k := range kinds {
-		for _, v := range variablesOf(k.typ, k.prefix) {
-			v.Kind = k.name
-			out = append(out, v.Variable)
+		for _, s := range k.sections {
+			for _, v := range variablesOf(s.typ, s.prefix) {
+				v.Kind = k.name
+				out = append(out, v.Variable)
+			}
 		}
 	}
 	return out

@@ -26,10 +26,19 @@ func TestVariables(t *testing.T) {
 		"OUTBOX_RETENTION", "OUTBOX_SHUTDOWN_TIMEOUT", "OUTBOX_RELAY_ID", "OUTBOX_CONNECTORS",
 		"OUTBOX_WEBHOOK_URL", "OUTBOX_WEBHOOK_SECRET", "OUTBOX_WEBHOOK_TIMEOUT", "OUTBOX_WEBHOOK_RATE",
 		"OUTBOX_WEBHOOK_CONCURRENCY", "OUTBOX_WEBHOOK_GUARANTEE", "OUTBOX_WEBHOOK_ON_AMBIGUOUS",
+		"OUTBOX_PAYMENT_API_KEY", "OUTBOX_PAYMENT_API_BASE", "OUTBOX_PAYMENT_TIMEOUT", "OUTBOX_PAYMENT_RATE",
+		"OUTBOX_PAYMENT_CONCURRENCY",
+		"OUTBOX_SMTP_ADDR", "OUTBOX_SMTP_USERNAME", "OUTBOX_SMTP_PASSWORD", "OUTBOX_SMTP_TLS", "OUTBOX_SMTP_TIMEOUT",
+		"OUTBOX_EMAIL_FROM", "OUTBOX_EMAIL_RATE", "OUTBOX_EMAIL_CONCURRENCY", "OUTBOX_EMAIL_ON_AMBIGUOUS",
+		"OUTBOX_SLACK_TOKEN", "OUTBOX_SLACK_API_BASE", "OUTBOX_SLACK_TIMEOUT", "OUTBOX_SLACK_HISTORY_LIMIT",
+		"OUTBOX_SLACK_RATE", "OUTBOX_SLACK_CONCURRENCY",
 	} {
 		require.True(t, seen[name], "%s is not listed", name)
 	}
-	require.Len(t, vars, 23)
+	require.Len(t, vars, 43)
+	// No payment guarantee or ambiguity policy: payment is always enforced.
+	require.False(t, seen["OUTBOX_PAYMENT_GUARANTEE"])
+	require.False(t, seen["OUTBOX_PAYMENT_ON_AMBIGUOUS"])
 
 	byName := make(map[string]Variable)
 	for _, v := range vars {
@@ -44,6 +53,12 @@ func TestVariables(t *testing.T) {
 	require.Equal(t, "168h", byName["OUTBOX_RETENTION"].Default)
 	require.Empty(t, byName["OUTBOX_RETENTION"].Kind)
 	require.Empty(t, byName["OUTBOX_DATABASE_URL"].Default)
+	require.Equal(t, "email", byName["OUTBOX_SMTP_ADDR"].Kind)
+	require.Equal(t, "email", byName["OUTBOX_EMAIL_FROM"].Kind)
+	require.Equal(t, "https://api.stripe.com", byName["OUTBOX_PAYMENT_API_BASE"].Default)
+	require.Equal(t, "https://slack.com/api/", byName["OUTBOX_SLACK_API_BASE"].Default)
+	require.Equal(t, "100", byName["OUTBOX_SLACK_HISTORY_LIMIT"].Default)
+	require.Equal(t, "opportunistic", byName["OUTBOX_SMTP_TLS"].Default)
 }
 
 func TestVariablesFieldNamesUnique(t *testing.T) {
@@ -51,7 +66,9 @@ func TestVariablesFieldNamesUnique(t *testing.T) {
 
 	// env.ParseError names the Go field, not the variable; parseEnv maps one to the
 	// other, which works while no struct it parses has two fields of the same name.
-	for _, typ := range []reflect.Type{reflect.TypeFor[Config](), reflect.TypeFor[Webhook]()} {
+	for _, typ := range []reflect.Type{reflect.TypeFor[Config](), reflect.TypeFor[Webhook](), reflect.TypeFor[Payment](),
+		reflect.TypeFor[SMTP](), reflect.TypeFor[EmailSettings](), reflect.TypeFor[Slack](),
+	} {
 		fields := make(map[string]string)
 		for _, v := range variablesOf(typ, "") {
 			require.NotContains(t, fields, v.field, "%s: field %s reads both %s and %s", typ, v.field, fields[v.field], v.Name)

@@ -1,0 +1,81 @@
+// Package payment is the connector that performs Stripe API calls named by rows,
+// through stripe-go, with the row's key as Stripe's idempotency key.
+//
+// # Payload
+//
+// A row's payload names the operation and its parameters, spelt as the Stripe API
+// spells them:
+//
+//	{"operation": "payment_intent.create",
+//	 "params": {"amount": 2000, "currency": "usd", "payment_method_types": ["card"],
+//	            "metadata": {"order": "42"}}}
+//
+// The operations are
+//
+//	payment_intent.create   POST /v1/payment_intents
+//	payment_intent.confirm  POST /v1/payment_intents/{id}/confirm   params must hold "id"
+//	payment_intent.cancel   POST /v1/payment_intents/{id}/cancel    params must hold "id"
+//	refund.create           POST /v1/refunds
+//	customer.create         POST /v1/customers
+//
+// The params are decoded into stripe-go's params struct for the call
+// (stripe.PaymentIntentCreateParams and so on), matching keys by the struct's form
+// tags, so a parameter stripe-go does not know, or a value of the wrong JSON type, is
+// refused before anything is sent. A row cannot set request options (idempotency key,
+// headers, connected account).
+//
+// # Idempotency
+//
+// Every attempt sends Idempotency-Key: <the row's key>, the same on each attempt. Stripe
+// stores its answer against the key for at least 24 hours and replays it to a request
+// with the same key and parameters, so the connector declares [connectors.Enforced]. The
+// key must be 1–255 bytes without surrounding whitespace, as Stripe requires.
+//
+// stripe-go's own network retries are off (MaxNetworkRetries 0), and so is net/http's
+// silent resend of a request whose connection died: the relay owns retries, and every
+// attempt it counts is one request. stripe-go's logging is off too; failures come back
+// as errors.
+//
+// # Outcomes
+//
+// When Stripe answers with an object, the stored result is
+//
+//	{"object": "payment_intent", "id": "pi_…", "status": "succeeded", "livemode": false,
+//	 "amount": 2000, "currency": "usd", "idempotent_replayed": true}
+//
+// where status, amount and currency appear when the object has them, and
+// idempotent_replayed when Stripe answered from its store (an earlier attempt did the
+// work). A card_error (HTTP 402) is an outcome too, not a failure: the attempt happened,
+// and Stripe replays the same decline for the same key. Deliver returns no error and the
+// result
+//
+//	{"object": "error", "type": "card_error", "code": "card_declined",
+//	 "decline_code": "insufficient_funds", "message": "…", "payment_intent": "pi_…"}
+//
+// Other failures are classified for the relay:
+//
+//   - 409 (another request with the same key is still running, which Stripe reports as
+//     an idempotency_error), 408, 425, 429, 5xx and api_error are retried, no sooner than
+//     a Retry-After header says when there is one ([connectors.RetryAfter]). So is any
+//     answer carrying Stripe-Should-Retry: true.
+//   - idempotency_error otherwise (the key was used with other parameters),
+//     invalid_request_error and other 4xx are permanent ([connectors.Permanent]), with
+//     Stripe's message.
+//   - An unknown operation, a payload or params that do not decode, a missing or
+//     malformed "id", or a key Stripe would refuse are permanent, and nothing is sent.
+//   - Network errors and timeouts are retried. Once a connection was obtained the
+//     request may have reached Stripe, so those are also marked
+//     [connectors.Ambiguous]; Stripe enforces the key, so the retry is safe. An answer
+//     that cannot be read (a 2xx body that is not a Stripe object) is ambiguous too.
+//
+// Messages name the operation and the API base, never the API key; [Config] and
+// [Connector] redact the key in fmt and log/slog output.
+//
+// # Testing
+//
+// Tests run against stripe-mock (https://github.com/stripe/stripe-mock) on loopback,
+// and against a fake Stripe in the test that enforces keys the way Stripe does, to
+// script dropped connections and error answers. Install stripe-mock with
+//
+//	go install github.com/stripe/stripe-mock@latest
+package payment

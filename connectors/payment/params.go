@@ -1,0 +1,128 @@
+package payment
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+)
+
+// decodeParams decodes a row's params, a JSON object named the way the Stripe API names
+// them ("payment_method_types", "metadata"), into dst, a pointer to a stripe-go params
+// struct.
+//
+// stripe-go's v1 params structs carry only form tags (form:"payment_method_types"), so
+// plain json.Unmarshal would match "amount" but silently drop "payment_method_types".
+// decodeParams renames each key to its Go field by the form tag, following dst's type
+// down through nested structs, slices and maps, and then decodes strictly: a parameter
+// stripe-go does not know, or a value of the wrong JSON type, is an error. The embedded
+// stripe.Params (idempotency key, headers, connected account) cannot be set from a row.
+func decodeParams(raw json.RawMessage, dst any) error {
+	renamed, err := rename(raw, reflect.TypeOf(dst), "params")
+	if err != nil {
+		return &badParamsError{err: err}
+	}
+	b, err := json.Marshal(renamed)
+	if err != nil {
+		return &badParamsError{err: fmt.Errorf("params: %w", err)}
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return &badParamsError{err: fmt.Errorf("params: %w", goNamesToStripe(err))}
+	}
+	return nil
+}
+
+// rename returns raw with object keys renamed from form-tag names to Go field names, as
+// far as t describes them; values t says nothing about are kept verbatim.
+func rename(raw json.RawMessage, t reflect.Type, path string) (any, error) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	trimmed := bytes.TrimSpace(raw)
+	if bytes.Equal(trimmed, []byte("null")) {
+		return raw, nil
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			return nil, fmt.Errorf("%s: must be a JSON object", path)
+		}
+		fields := formFields(t)
+		out := make(map[string]any, len(obj))
+		for name, v := range obj {
+			f, ok := fields[name]
+			if !ok {
+				return nil, fmt.Errorf("%s: unknown parameter %q", path, name)
+			}
+			rv, err := rename(v, f.Type, path+"."+name)
+			if err != nil {
+				return nil, err
+			}
+			out[f.Name] = rv
+		}
+		return out, nil
+	case reflect.Slice:
+		var arr []json.RawMessage
+		if err := json.Unmarshal(raw, &arr); err != nil {
+			return nil, fmt.Errorf("%s: must be a JSON array", path)
+		}
+		out := make([]any, len(arr))
+		for i, v := range arr {
+			rv, err := rename(v, t.Elem(), fmt.Sprintf("%s[%d]", path, i))
+			if err != nil {
+				return nil, err
+			}
+			out[i] = rv
+		}
+		return out, nil
+	case reflect.Map:
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			return nil, fmt.Errorf("%s: must be a JSON object", path)
+		}
+		out := make(map[string]any, len(obj))
+		for k, v := range obj {
+			rv, err := rename(v, t.Elem(), path+"."+k)
+			if err != nil {
+				return nil, err
+			}
+			out[k] = rv
+		}
+		return out, nil
+	default:
+		return raw, nil
+	}
+}
+
+// formFields maps the form-tag names of t's fields to the fields. Embedded structs
+// tagged form:"*" (stripe.Params) and fields tagged form:"-" (path parameters) are left
+// out, so a row cannot reach them.
+func formFields(t reflect.Type) map[string]reflect.StructField {
+	fields := make(map[string]reflect.StructField, t.NumField())
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() || f.Anonymous {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("form"), ",")
+		if name == "" || name == "-" || name == "*" {
+			continue
+		}
+		fields[name] = f
+	}
+	return fields
+}
+
+// goNamesToStripe keeps Go's type names out of a decoding error where it can; the
+// message still says which value was wrong.
+func goNamesToStripe(err error) error {
+	if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
+		return fmt.Errorf("a JSON %s cannot go in %s", te.Value, te.Field)
+	}
+	return err
+}

@@ -1,0 +1,627 @@
+package payment
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/stripe/stripe-go/v82"
+
+	"github.com/outboxd/outboxd/connectors"
+)
+
+// Config configures a [Connector]. A zero field means its default.
+type Config struct {
+	// APIKey is the Stripe secret (or restricted) key. Required. It is never printed:
+	// [Config.String] and [Config.LogValue] redact it.
+	APIKey string
+	// APIBase is the Stripe API's base URL, an absolute http or https URL. Tests point
+	// it at stripe-mock. Defaults to https://api.stripe.com.
+	APIBase string
+	// HTTPClient sends the requests; it is copied, and the copy's transport is wrapped.
+	// Defaults to a client on [DefaultTransport].
+	HTTPClient *http.Client
+	// Timeout bounds one attempt, from dialling to the end of the answer.
+	// Defaults to 30s.
+	Timeout time.Duration
+}
+
+// String describes cfg without the API key.
+func (cfg Config) String() string {
+	return fmt.Sprintf("payment.Config{APIKey: %s, APIBase: %s, Timeout: %s}",
+		redactKey(cfg.APIKey), redactURL(cfg.APIBase), cfg.Timeout)
+}
+
+// GoString keeps the API key out of %#v too.
+func (cfg Config) GoString() string { return cfg.String() }
+
+// LogValue keeps the API key out of logs.
+func (cfg Config) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("api_key", redactKey(cfg.APIKey)),
+		slog.String("api_base", redactURL(cfg.APIBase)),
+		slog.Duration("timeout", cfg.Timeout),
+	)
+}
+
+const (
+	// DefaultAPIBase is where [Config.APIBase] points when it is empty.
+	DefaultAPIBase = stripe.APIURL
+	defaultTimeout = 30 * time.Second
+	// maxKeyLen is the longest idempotency key Stripe (and stripe-go) accepts.
+	maxKeyLen = 255
+)
+
+// ErrTimeout is the cause of an attempt that ran past [Config.Timeout]; errors.Is finds
+// it in the error Deliver returns.
+var ErrTimeout = errors.New("payment attempt timed out")
+
+// Connector performs Stripe API calls named by rows. It is safe for concurrent use.
+type Connector struct {
+	client  *stripe.Client
+	base    string // the API base as messages show it, without a password
+	keyHint string // the redacted key
+	timeout time.Duration
+}
+
+var _ connectors.Connector = (*Connector)(nil)
+
+var sharedTransport = sync.OnceValue(func() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 64
+	t.IdleConnTimeout = 90 * time.Second
+	return t
+})
+
+// DefaultTransport returns the keep-alive transport shared by every [Connector] built
+// without a [Config.HTTPClient]: a clone of http.DefaultTransport (proxy settings from
+// the environment, HTTP/2 when offered) that keeps up to 64 idle connections per host.
+func DefaultTransport() *http.Transport { return sharedTransport() }
+
+// New returns a connector for cfg, or an error naming the field that is wrong. The
+// errors never quote the API key.
+func New(cfg Config) (*Connector, error) {
+	cfg = cfg.withDefaults()
+	var errs []error
+	if cfg.APIKey == "" {
+		errs = append(errs, errors.New("APIKey: required"))
+	} else if strings.TrimSpace(cfg.APIKey) != cfg.APIKey || strings.ContainsAny(cfg.APIKey, "\r\n\t ") {
+		errs = append(errs, errors.New("APIKey: contains whitespace"))
+	}
+	u, err := parseBase(cfg.APIBase)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if cfg.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("Timeout: %s is negative", cfg.Timeout))
+	}
+	for i, err := range errs {
+		errs[i] = fmt.Errorf("payment config: %w", err) // one line per problem, each complete
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+
+	hc := &http.Client{Transport: DefaultTransport()}
+	if cfg.HTTPClient != nil {
+		copied := *cfg.HTTPClient
+		hc = &copied
+	}
+	hc.Transport = &observingTransport{base: cmp.Or[http.RoundTripper](hc.Transport, http.DefaultTransport)}
+
+	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
+		URL:        stripe.String(strings.TrimRight(u.String(), "/")),
+		HTTPClient: hc,
+		// The relay owns retries: an attempt is one request, and the relay sees every
+		// failure (stripe-go would otherwise retry 409s, 5xx and network errors itself).
+		MaxNetworkRetries: stripe.Int64(0),
+		// Libraries return errors and their callers log them; stripe-go logs errors to
+		// stderr by default.
+		LeveledLogger:   &stripe.LeveledLogger{Level: stripe.LevelNull},
+		EnableTelemetry: stripe.Bool(false),
+	})
+	return &Connector{
+		client:  stripe.NewClient(cfg.APIKey, stripe.WithBackends(&stripe.Backends{API: backend})),
+		base:    u.Redacted(),
+		keyHint: redactKey(cfg.APIKey),
+		timeout: cfg.Timeout,
+	}, nil
+}
+
+func (cfg Config) withDefaults() Config {
+	cfg.APIBase = cmp.Or(cfg.APIBase, DefaultAPIBase)
+	cfg.Timeout = cmp.Or(cfg.Timeout, defaultTimeout)
+	return cfg
+}
+
+func parseBase(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		// url.Parse's error quotes the whole URL, password included; keep only the reason.
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("APIBase: does not parse: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("APIBase: scheme must be http or https, not %q", u.Scheme)
+	}
+	if u.Host == "" || u.Hostname() == "" {
+		return nil, errors.New("APIBase: has no host")
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return nil, errors.New("APIBase: must not have a query or fragment")
+	}
+	return u, nil
+}
+
+// redactKey shows only what kind of key it is ("sk_test_…"), never the secret part.
+func redactKey(key string) string {
+	if key == "" {
+		return ""
+	}
+	for _, prefix := range []string{"sk_test_", "sk_live_", "rk_test_", "rk_live_"} {
+		if strings.HasPrefix(key, prefix) {
+			return prefix + "REDACTED"
+		}
+	}
+	return "REDACTED"
+}
+
+// redactURL shows raw without its password, or not at all when it does not parse.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(invalid URL)"
+	}
+	return u.Redacted()
+}
+
+// String names the connector by its API base, and never shows the API key.
+func (c *Connector) String() string { return "payment " + c.base }
+
+// LogValue keeps the API key out of logs.
+func (c *Connector) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("api_base", c.base),
+		slog.String("api_key", c.keyHint),
+		slog.Duration("timeout", c.timeout),
+		slog.String("guarantee", string(connectors.Enforced)),
+	)
+}
+
+// Guarantee reports [connectors.Enforced]: Stripe dedupes on the idempotency key.
+func (c *Connector) Guarantee() connectors.Guarantee { return connectors.Enforced }
+
+// payload is what a row holds.
+type payload struct {
+	Operation string          `json:"operation"`
+	Params    json.RawMessage `json:"params"`
+}
+
+// Result is what Deliver returns for the relay to store after Stripe answered with an
+// object. Fields Stripe did not send are left out.
+type Result struct {
+	Object   string `json:"object"`
+	ID       string `json:"id"`
+	Status   string `json:"status,omitempty"`
+	Livemode bool   `json:"livemode"`
+	Amount   *int64 `json:"amount,omitempty"`
+	Currency string `json:"currency,omitempty"`
+	// Replayed is true when Stripe answered from its store of idempotent requests
+	// (the Idempotent-Replayed header): an earlier attempt with this key did the work.
+	Replayed bool `json:"idempotent_replayed,omitempty"`
+}
+
+// Decline is what Deliver returns for the relay to store after a card_error: the
+// attempt happened, and Stripe replays the same decline for the same key.
+type Decline struct {
+	Object        string `json:"object"` // "error"
+	Type          string `json:"type"`   // "card_error"
+	Code          string `json:"code,omitempty"`
+	DeclineCode   string `json:"decline_code,omitempty"`
+	Message       string `json:"message,omitempty"`
+	Param         string `json:"param,omitempty"`
+	PaymentIntent string `json:"payment_intent,omitempty"`
+	Charge        string `json:"charge,omitempty"`
+	RequestID     string `json:"request_id,omitempty"`
+}
+
+// operation performs one Stripe call with params (without "id") under key.
+type operation struct {
+	needsID bool
+	call    func(ctx context.Context, c *stripe.Client, id string, params json.RawMessage, key string) (*stripe.APIResponse, error)
+}
+
+// operations are the calls a row may name. Each decodes its params into stripe-go's
+// params struct for the call, so a misspelt parameter is refused before anything is sent.
+var operations = map[string]operation{
+	"payment_intent.create": {call: func(ctx context.Context, c *stripe.Client, _ string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
+		p := &stripe.PaymentIntentCreateParams{}
+		if err := decodeParams(raw, p); err != nil {
+			return nil, err
+		}
+		p.SetIdempotencyKey(key)
+		v, err := c.V1PaymentIntents.Create(ctx, p)
+		return lastResponse(v, err)
+	}},
+	"payment_intent.confirm": {needsID: true, call: func(ctx context.Context, c *stripe.Client, id string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
+		p := &stripe.PaymentIntentConfirmParams{}
+		if err := decodeParams(raw, p); err != nil {
+			return nil, err
+		}
+		p.SetIdempotencyKey(key)
+		v, err := c.V1PaymentIntents.Confirm(ctx, id, p)
+		return lastResponse(v, err)
+	}},
+	"payment_intent.cancel": {needsID: true, call: func(ctx context.Context, c *stripe.Client, id string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
+		p := &stripe.PaymentIntentCancelParams{}
+		if err := decodeParams(raw, p); err != nil {
+			return nil, err
+		}
+		p.SetIdempotencyKey(key)
+		v, err := c.V1PaymentIntents.Cancel(ctx, id, p)
+		return lastResponse(v, err)
+	}},
+	"refund.create": {call: func(ctx context.Context, c *stripe.Client, _ string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
+		p := &stripe.RefundCreateParams{}
+		if err := decodeParams(raw, p); err != nil {
+			return nil, err
+		}
+		p.SetIdempotencyKey(key)
+		v, err := c.V1Refunds.Create(ctx, p)
+		return lastResponse(v, err)
+	}},
+	"customer.create": {call: func(ctx context.Context, c *stripe.Client, _ string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
+		p := &stripe.CustomerCreateParams{}
+		if err := decodeParams(raw, p); err != nil {
+			return nil, err
+		}
+		p.SetIdempotencyKey(key)
+		v, err := c.V1Customers.Create(ctx, p)
+		return lastResponse(v, err)
+	}},
+}
+
+// Operations returns the operation names a payload may use, sorted.
+func Operations() []string {
+	names := make([]string, 0, len(operations))
+	for name := range operations {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// resource is a stripe-go object an operation returns.
+type resource interface {
+	*stripe.PaymentIntent | *stripe.Refund | *stripe.Customer
+}
+
+// lastResponse returns the response a stripe-go resource was decoded from.
+func lastResponse[R resource](v R, err error) (*stripe.APIResponse, error) {
+	if err != nil {
+		return nil, err
+	}
+	switch v := any(v).(type) {
+	case *stripe.PaymentIntent:
+		return v.LastResponse, nil
+	case *stripe.Refund:
+		return v.LastResponse, nil
+	case *stripe.Customer:
+		return v.LastResponse, nil
+	}
+	return nil, nil // unreachable: resource's type set is closed
+}
+
+// badParamsError marks a payload the connector refuses before sending anything.
+type badParamsError struct{ err error }
+
+func (e *badParamsError) Error() string { return e.err.Error() }
+func (e *badParamsError) Unwrap() error { return e.err }
+
+// Deliver performs the row's Stripe call once, with the row's key as the Stripe
+// idempotency key. See the package documentation for the payload, the result and how
+// failures are classified.
+func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
+	if d.Key == "" {
+		return nil, connectors.Permanent(errors.New("deliver payment: the row has no idempotency key"))
+	}
+	if len(d.Key) > maxKeyLen || strings.TrimSpace(d.Key) != d.Key {
+		return nil, connectors.Permanent(fmt.Errorf("deliver payment: the row's key is not a valid Stripe idempotency key (1-%d bytes, no surrounding whitespace)", maxKeyLen))
+	}
+	var p payload
+	dec := json.NewDecoder(bytes.NewReader(d.Payload))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return nil, connectors.Permanent(fmt.Errorf(`deliver payment: the payload is not {"operation": "...", "params": {...}}: %w`, err))
+	}
+	op, ok := operations[p.Operation]
+	if !ok {
+		return nil, connectors.Permanent(fmt.Errorf("deliver payment: unknown operation %q (want one of %s)", p.Operation, strings.Join(Operations(), ", ")))
+	}
+	what := fmt.Sprintf("%s at %s", p.Operation, c.base)
+	params, id, err := splitID(p.Params, op.needsID)
+	if err != nil {
+		return nil, connectors.Permanent(fmt.Errorf("%s: %w", what, err))
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%s: not sent: %w", what, context.Cause(ctx))
+	}
+
+	ctx, cancel := context.WithTimeoutCause(ctx, c.timeout, ErrTimeout)
+	defer cancel()
+	ex := &exchange{}
+	ctx = context.WithValue(ctx, exchangeKey{}, ex)
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		// Once a connection is in hand the request may be (partly) on the wire. Stripe
+		// enforces the key, so calling a failure from here on ambiguous costs nothing.
+		GotConn: func(httptrace.GotConnInfo) { ex.gotConn.Store(true) },
+	})
+
+	resp, err := op.call(ctx, c.client, id, params, d.Key)
+	if err != nil {
+		return c.classify(ctx, what, ex, err)
+	}
+	return resultOf(what, resp)
+}
+
+// splitID takes "id" out of params when the operation needs it, and refuses it otherwise
+// (the params struct would refuse it anyway, with a less helpful message).
+func splitID(raw json.RawMessage, needsID bool) (json.RawMessage, string, error) {
+	if len(bytes.TrimSpace(raw)) == 0 || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+		raw = json.RawMessage(`{}`)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+		return nil, "", errors.New("params: must be a JSON object")
+	}
+	if !needsID {
+		return raw, "", nil
+	}
+	rawID, ok := fields["id"]
+	if !ok {
+		return nil, "", errors.New(`params: "id" is required`)
+	}
+	var id string
+	if err := json.Unmarshal(rawID, &id); err != nil || id == "" || strings.ContainsAny(id, "/?#% \t\r\n") {
+		return nil, "", errors.New(`params: "id" must be a non-empty Stripe object id`)
+	}
+	delete(fields, "id")
+	rest, err := json.Marshal(fields)
+	if err != nil {
+		return nil, "", fmt.Errorf("params: %w", err)
+	}
+	return rest, id, nil
+}
+
+// resultOf turns Stripe's 2xx answer into the stored result.
+func resultOf(what string, resp *stripe.APIResponse) (json.RawMessage, error) {
+	if resp == nil {
+		return nil, connectors.Ambiguous(fmt.Errorf("%s: Stripe answered but the answer was not recorded; it may have acted", what))
+	}
+	var r Result
+	if err := json.Unmarshal(resp.RawJSON, &r); err != nil || r.Object == "" || r.ID == "" {
+		return nil, connectors.Ambiguous(fmt.Errorf("%s: Stripe answered %s without an object and id; it may have acted", what, resp.Status))
+	}
+	r.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
+	return marshal(r), nil
+}
+
+// classify turns a failed call into a stored result (a decline) or a classified error.
+func (c *Connector) classify(ctx context.Context, what string, ex *exchange, err error) (json.RawMessage, error) {
+	if bp, ok := errors.AsType[*badParamsError](err); ok {
+		return nil, connectors.Permanent(fmt.Errorf("%s: %w", what, bp.err))
+	}
+	status, header := ex.answer()
+	if se, ok := errors.AsType[*stripe.Error](err); ok {
+		if se.HTTPStatusCode != 0 {
+			status = se.HTTPStatusCode
+		}
+		if se.LastResponse != nil && se.LastResponse.Header != nil {
+			header = se.LastResponse.Header
+		}
+		return classifyStripe(what, status, header, se)
+	}
+	if status != 0 {
+		// An answer that is not a Stripe error object: a proxy's page, or a 2xx body
+		// stripe-go could not decode.
+		return nil, classifyStatus(what, status, header, errorExcerpt(err.Error()), status < 400)
+	}
+
+	// No answer at all.
+	cause := err
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		cause = ue.Err // it repeats the method and URL
+	}
+	timedOut := errors.Is(context.Cause(ctx), ErrTimeout)
+	if timedOut && !errors.Is(cause, ErrTimeout) {
+		cause = fmt.Errorf("%w: %w", ErrTimeout, cause)
+	}
+	sent := ex.gotConn.Load()
+	switch {
+	case sent && timedOut:
+		return nil, connectors.Ambiguous(fmt.Errorf("%s: no answer within %s; Stripe may have acted: %w", what, c.timeout, cause))
+	case sent && ctx.Err() != nil:
+		return nil, connectors.Ambiguous(fmt.Errorf("%s: attempt cancelled while in flight; Stripe may have acted: %w", what, cause))
+	case sent:
+		return nil, connectors.Ambiguous(fmt.Errorf("%s: connection failed while the request was in flight; Stripe may have acted: %w", what, cause))
+	case timedOut:
+		return nil, fmt.Errorf("%s: the request could not be sent within %s: %w", what, c.timeout, cause)
+	default:
+		return nil, fmt.Errorf("%s: the request could not be sent: %w", what, cause)
+	}
+}
+
+// classifyStripe classifies an answer that carried a Stripe error object.
+func classifyStripe(what string, status int, header http.Header, se *stripe.Error) (json.RawMessage, error) {
+	msg := se.Msg
+	if se.Code != "" {
+		msg = fmt.Sprintf("%s (%s)", msg, se.Code)
+	}
+	answered := fmt.Sprintf("%s: Stripe answered %s %s: %s", what, statusText(status), se.Type, msg)
+	switch {
+	case status == http.StatusConflict:
+		// A concurrent request with the same key is still running (Stripe sends this as
+		// an idempotency_error, but it is not a key reused with other parameters).
+		return nil, retryable(errors.New(answered), header)
+	case se.Type == stripe.ErrorTypeCard:
+		// The attempt happened and has a final outcome; Stripe replays the same decline
+		// for the same key, so it is the stored answer rather than a failure.
+		d := Decline{
+			Object:      "error",
+			Type:        string(se.Type),
+			Code:        string(se.Code),
+			DeclineCode: string(se.DeclineCode),
+			Message:     se.Msg,
+			Param:       se.Param,
+			Charge:      se.ChargeID,
+			RequestID:   se.RequestID,
+		}
+		if se.PaymentIntent != nil {
+			d.PaymentIntent = se.PaymentIntent.ID
+		}
+		return marshal(d), nil
+	case se.Type == stripe.ErrorTypeIdempotency:
+		// The key was used before with different parameters: no retry can fix that.
+		return nil, connectors.Permanent(errors.New(answered))
+	case status == http.StatusTooManyRequests, status == http.StatusRequestTimeout, status == http.StatusTooEarly,
+		status >= 500, se.Type == stripe.ErrorTypeAPI, header.Get("Stripe-Should-Retry") == "true":
+		return nil, retryable(errors.New(answered), header)
+	default: // invalid_request_error, authentication and permission errors, other 4xx
+		return nil, connectors.Permanent(errors.New(answered))
+	}
+}
+
+// classifyStatus classifies an answer without a Stripe error object.
+func classifyStatus(what string, status int, header http.Header, detail string, success bool) error {
+	if success {
+		return connectors.Ambiguous(fmt.Errorf("%s: Stripe answered %s but the answer could not be read; it may have acted: %s",
+			what, statusText(status), detail))
+	}
+	err := fmt.Errorf("%s: answered %s: %s", what, statusText(status), detail)
+	switch {
+	case status == http.StatusRequestTimeout, status == http.StatusConflict, status == http.StatusTooEarly,
+		status == http.StatusTooManyRequests, status >= 500:
+		return retryable(err, header)
+	default:
+		return connectors.Permanent(err)
+	}
+}
+
+func retryable(err error, header http.Header) error {
+	if d, ok := retryAfter(header.Get("Retry-After"), time.Now()); ok {
+		return connectors.RetryAfter(err, d)
+	}
+	return err
+}
+
+// retryAfter parses a Retry-After value: delta-seconds or an HTTP date (RFC 9110
+// section 10.2.3). A date in the past means no delay.
+func retryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if secs < 0 || secs > int64(365*24*time.Hour/time.Second) {
+			return 0, false
+		}
+		return time.Duration(secs) * time.Second, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	return max(t.Sub(now), 0), true
+}
+
+func statusText(code int) string {
+	if t := http.StatusText(code); t != "" {
+		return strconv.Itoa(code) + " " + t
+	}
+	return strconv.Itoa(code)
+}
+
+const maxErrorExcerpt = 200
+
+func errorExcerpt(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) <= maxErrorExcerpt {
+		return s
+	}
+	r := []rune(s)
+	if len(r) > maxErrorExcerpt {
+		r = r[:maxErrorExcerpt]
+	}
+	return string(r) + "…"
+}
+
+func marshal(v any) json.RawMessage {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // messages are for people; keep <, > and & readable
+	_ = enc.Encode(v)        // cannot fail: strings, bools and an *int64
+	return bytes.TrimRight(buf.Bytes(), "\n")
+}
+
+// exchange records what the transport saw of one attempt, for classification: whether
+// a connection was obtained, and the answer's status and headers when one came (a
+// non-Stripe error body loses them inside stripe-go).
+type exchange struct {
+	gotConn atomic.Bool
+	mu      sync.Mutex
+	status  int
+	header  http.Header
+}
+
+func (e *exchange) answer() (int, http.Header) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.status, e.header
+}
+
+type exchangeKey struct{}
+
+// observingTransport records each answer into the attempt's exchange, and stops
+// net/http from resending a request by itself.
+type observingTransport struct{ base http.RoundTripper }
+
+func (t *observingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	// stripe-go sets GetBody, and its requests carry Idempotency-Key, which together
+	// make net/http resend a POST on its own when a reused connection dies after the
+	// request was written. The relay owns retries and must see that attempt fail.
+	if req.GetBody != nil {
+		req = req.Clone(req.Context())
+		req.GetBody = nil
+	}
+	resp, err := t.base.RoundTrip(req)
+	if resp != nil {
+		if ex, ok := req.Context().Value(exchangeKey{}).(*exchange); ok {
+			ex.mu.Lock()
+			ex.status, ex.header = resp.StatusCode, resp.Header
+			ex.mu.Unlock()
+		}
+	}
+	return resp, err
+}
+
+// CloseIdleConnections closes the idle connections of the transport underneath.
+func (t *observingTransport) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}

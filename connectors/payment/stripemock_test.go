@@ -1,0 +1,112 @@
+package payment_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// stripeMockHint is the one line a test failure shows when stripe-mock is missing.
+const stripeMockHint = "stripe-mock not found on PATH or in $(go env GOPATH)/bin; install it with: go install github.com/stripe/stripe-mock@latest"
+
+// startStripeMock runs stripe-mock on loopback for the test and returns its HTTP base
+// URL. It is stopped at cleanup.
+func startStripeMock(t *testing.T) string {
+	t.Helper()
+	bin, err := findStripeMock()
+	if err != nil {
+		t.Fatal(stripeMockHint)
+	}
+	httpPort, httpsPort := freePort(t), freePort(t)
+	var out bytes.Buffer
+	// Not CommandContext(t.Context()): the cleanup below stops it and waits, so it is
+	// never left running past the test whatever happens.
+	cmd := exec.Command(bin,
+		"-http-addr", "127.0.0.1:"+httpPort,
+		"-https-addr", "127.0.0.1:"+httpsPort)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start(), "start %s", bin)
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("stripe-mock output:\n%s", &out)
+		}
+	})
+
+	base := "http://127.0.0.1:" + httpPort
+	// Wait until it answers: loading its OpenAPI spec takes a moment. The deadline is
+	// generous; it bounds a hang, it is not a timing assertion.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		select {
+		case err := <-exited:
+			exited <- err // for the cleanup
+			t.Fatalf("stripe-mock exited before answering: %v\n%s", err, &out)
+		default:
+		}
+		if answers(t.Context(), base) {
+			return base
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stripe-mock did not answer on %s\n%s", base, &out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func findStripeMock() (string, error) {
+	if p, err := exec.LookPath("stripe-mock"); err == nil {
+		return p, nil
+	}
+	gopath := os.Getenv("GOPATH")
+	if gopath == "" {
+		if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
+			gopath = strings.TrimSpace(string(out))
+		}
+	}
+	for _, dir := range filepath.SplitList(gopath) {
+		p := filepath.Join(dir, "bin", "stripe-mock")
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+			return p, nil
+		}
+	}
+	return "", errors.New("stripe-mock not found")
+}
+
+func answers(ctx context.Context, base string) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/customers", nil)
+	if err != nil {
+		return false
+	}
+	req.SetBasicAuth("sk_test_123", "")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+}

@@ -1,0 +1,69 @@
+// Package slack is the connector that posts a row as a Slack message, with
+// chat.postMessage through github.com/slack-go/slack.
+//
+// # Payload
+//
+//	{"channel": "C0123ABCD", "text": "order 42 paid", "blocks": [...], "thread_ts": "1700000000.000100"}
+//
+// "channel" is a conversation ID (C…, G… or D…) and is required: a retry looks the key
+// up in that conversation's history, which Slack only serves by ID, so names such as
+// "#general" and user IDs are refused. At least one of "text" and a non-empty "blocks"
+// (a JSON array of Block Kit blocks, decoded with [github.com/slack-go/slack.Blocks]) is required; with
+// blocks, "text" is the notification fallback. "thread_ts" makes the message a reply in
+// that thread. Any other field is refused, so a misspelt one does not vanish silently.
+// [ValidatePayload] runs the same checks.
+//
+// Each message carries the row's key in its message metadata:
+//
+//	{"event_type": "outboxd_intent", "event_payload": {"idempotency_key": "<key>"}}
+//
+// The row's headers (traceparent) are not sent. The token travels the way slack-go sends
+// it, as the "token" field of the form body; the Web API root comes from configuration,
+// never from rows.
+//
+// # Guarantee
+//
+// Slack does not dedupe posts, so the connector reconciles ([connectors.Reconciled]).
+// On any attempt after the first, and on any attempt after an ambiguous one, it first
+// reads the conversation with include_all_metadata: the latest [Config.HistoryLimit]
+// messages of conversations.history, or for a thread reply up to 10 pages of
+// conversations.replies (replies are not in a channel's history). If a message whose
+// metadata carries the key is there, Deliver returns it without posting:
+//
+//	{"channel": "C0123ABCD", "ts": "1700000000.000200", "reconciled": true}
+//
+// A successful post returns {"channel": "...", "ts": "..."}.
+//
+// The lookup has limits an operator should know. A message pushed out of the latest
+// HistoryLimit messages by others before the retry (a busy channel, a long backoff), or
+// a reply beyond the thread's first 10 pages, is not found, and the retry posts a
+// second message. A message someone deleted is not found either. The token needs the
+// history scope of the conversation's kind (channels:history, groups:history,
+// im:history, mpim:history) besides chat:write; without it the lookup fails with
+// missing_scope, which is permanent.
+//
+// # Outcomes
+//
+//   - Rate limits (HTTP 429 with Retry-After) are retried no sooner than Slack asks
+//     ([connectors.RetryAfter]); 429 without it, 408 and 5xx are retried with backoff.
+//   - Slack's service_unavailable, request_timeout and ratelimited answers are retried;
+//     internal_error and fatal_error, which Slack says may follow a partial effect, are
+//     retried and marked [connectors.Ambiguous] when they answer a post.
+//   - Every other Slack error code is permanent ([connectors.Permanent]): it names a
+//     problem with the request, the token or the conversation that the same row will
+//     meet again — channel_not_found, not_in_channel, is_archived, invalid_auth,
+//     account_inactive, token_revoked, msg_too_long, invalid_blocks, missing_scope and
+//     the rest. So are other HTTP statuses (3xx, 4xx: a wrong APIBase) and an invalid
+//     payload.
+//   - Network errors and timeouts are retried. When they happen after the whole post
+//     was written (seen with net/http/httptrace), Slack may have posted the message,
+//     and the error is also marked ambiguous; the next attempt looks first. A failed
+//     lookup is never ambiguous: it posts nothing.
+//
+// [Config.Timeout] bounds one attempt, lookup and post together; an attempt that runs
+// past it wraps [ErrTimeout].
+//
+// slack-go's own retries (slack.OptionRetry) are not used: the relay owns retries, and a
+// library that resent a post would make a second message the relay never sees. For the
+// same reason redirects are not followed.
+package slack

@@ -1,0 +1,462 @@
+package slack
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	slackgo "github.com/slack-go/slack"
+
+	"github.com/outboxd/outboxd/connectors"
+)
+
+// Config configures a [Connector]. A zero field means its default.
+type Config struct {
+	// Token is the bot token ("xoxb-…") the messages are posted with. It needs the
+	// chat:write scope, and channels:history, groups:history, im:history or mpim:history
+	// for the kinds of conversation it posts to, so that it can reconcile. Required.
+	Token string
+	// APIBase is the Web API root, with or without a trailing slash. Defaults to
+	// "https://slack.com/api/".
+	APIBase string
+	// HTTPClient sends the requests; it is copied, and the copy never follows redirects.
+	// Defaults to a client on a keep-alive transport shared by every connector built
+	// without one.
+	HTTPClient *http.Client
+	// Timeout bounds one attempt: the history lookup (when there is one) and the post.
+	// Defaults to 30s.
+	Timeout time.Duration
+	// HistoryLimit is how many of the conversation's latest messages (or of a thread's
+	// replies, per page) a retry reads to find an earlier attempt's message, at most 999.
+	// Defaults to 100.
+	HistoryLimit int
+}
+
+// String describes cfg without its token, so fmt never prints it.
+func (cfg Config) String() string {
+	return fmt.Sprintf("slack.Config{Token:%s APIBase:%s Timeout:%s HistoryLimit:%d}",
+		redactToken(cfg.Token), redactURL(cfg.APIBase), cfg.Timeout, cfg.HistoryLimit)
+}
+
+// GoString keeps the token out of %#v too.
+func (cfg Config) GoString() string { return cfg.String() }
+
+// LogValue keeps the token out of logs.
+func (cfg Config) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("token", redactToken(cfg.Token)),
+		slog.String("api_base", redactURL(cfg.APIBase)),
+		slog.Duration("timeout", cfg.Timeout),
+		slog.Int("history_limit", cfg.HistoryLimit),
+	)
+}
+
+const (
+	// DefaultAPIBase is the Slack Web API root.
+	DefaultAPIBase = "https://slack.com/api/"
+	// EventType is the message metadata event_type under which the key is posted.
+	EventType = "outboxd_intent"
+	// KeyField is the field of the metadata's event_payload that holds the key.
+	KeyField = "idempotency_key"
+
+	defaultTimeout      = 30 * time.Second
+	defaultHistoryLimit = 100
+	maxHistoryLimit     = 999 // what conversations.history and conversations.replies accept
+	// maxReplyPages bounds how many pages of a thread a retry reads: replies come oldest
+	// first, so a recent reply in a long thread is on a later page.
+	maxReplyPages = 10
+)
+
+// ErrTimeout is the cause of an attempt that ran past [Config.Timeout]; errors.Is finds
+// it in the error Deliver returns.
+var ErrTimeout = errors.New("slack attempt timed out")
+
+// Connector posts rows to Slack with chat.postMessage. It is safe for concurrent use.
+type Connector struct {
+	api          *slackgo.Client
+	base         string // the API root, ending in a slash
+	timeout      time.Duration
+	historyLimit int
+}
+
+var _ connectors.Connector = (*Connector)(nil)
+
+var sharedTransport = sync.OnceValue(func() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	// Many rows go to one host: keep enough idle connections that a burst reuses them.
+	t.MaxIdleConns = 1024
+	t.MaxIdleConnsPerHost = 256
+	t.IdleConnTimeout = 90 * time.Second
+	return t
+})
+
+// New returns a connector for cfg, or an error naming each field that is wrong. The
+// errors never quote the token.
+func New(cfg Config) (*Connector, error) {
+	cfg = cfg.withDefaults()
+	var errs []error
+	if cfg.Token == "" {
+		errs = append(errs, errors.New("Token: required"))
+	} else if strings.TrimSpace(cfg.Token) != cfg.Token || strings.ContainsAny(cfg.Token, " \t\r\n") {
+		errs = append(errs, errors.New("Token: contains whitespace"))
+	}
+	base, err := parseBase(cfg.APIBase)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if cfg.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("Timeout: %s is negative", cfg.Timeout))
+	}
+	if cfg.HistoryLimit < 0 || cfg.HistoryLimit > maxHistoryLimit {
+		errs = append(errs, fmt.Errorf("HistoryLimit: %d is not between 1 and %d", cfg.HistoryLimit, maxHistoryLimit))
+	}
+	for i, err := range errs {
+		errs[i] = fmt.Errorf("slack config: %w", err) // one line per problem, each complete
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+
+	client := &http.Client{Transport: sharedTransport()}
+	if cfg.HTTPClient != nil {
+		copied := *cfg.HTTPClient
+		client = &copied
+	}
+	// A redirected POST would be resent as a GET without its body; a 3xx is an answer to
+	// classify, not a place to go.
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+	return &Connector{
+		// No slackgo.OptionRetry: the relay owns retries, and a library retry of a post
+		// would be a second message the relay never sees.
+		api:          slackgo.New(cfg.Token, slackgo.OptionAPIURL(base), slackgo.OptionHTTPClient(client)),
+		base:         base,
+		timeout:      cfg.Timeout,
+		historyLimit: cfg.HistoryLimit,
+	}, nil
+}
+
+func (cfg Config) withDefaults() Config {
+	cfg.APIBase = cmp.Or(cfg.APIBase, DefaultAPIBase)
+	cfg.Timeout = cmp.Or(cfg.Timeout, defaultTimeout)
+	cfg.HistoryLimit = cmp.Or(cfg.HistoryLimit, defaultHistoryLimit)
+	return cfg
+}
+
+// parseBase checks the API root and returns it with exactly one trailing slash, which
+// slack-go expects (it appends method names such as "chat.postMessage").
+func parseBase(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			err = ue.Err
+		}
+		return "", fmt.Errorf("APIBase: does not parse: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", fmt.Errorf("APIBase: scheme must be http or https, not %q", u.Scheme)
+	}
+	if u.Hostname() == "" {
+		return "", errors.New("APIBase: has no host")
+	}
+	if u.User != nil {
+		return "", errors.New("APIBase: must not carry credentials; the token authenticates")
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return "", errors.New("APIBase: must not have a query or fragment")
+	}
+	u.Path = strings.TrimRight(u.Path, "/") + "/"
+	u.RawPath = ""
+	return u.String(), nil
+}
+
+// redactURL shows raw without a password, or not at all when it does not parse.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(invalid URL)"
+	}
+	return u.Redacted()
+}
+
+// redactToken shows only a token's type prefix ("xoxb-REDACTED"), or nothing.
+func redactToken(tok string) string {
+	if tok == "" {
+		return ""
+	}
+	if i := strings.IndexByte(tok, '-'); i > 0 && i <= 5 {
+		return tok[:i+1] + "REDACTED"
+	}
+	return "REDACTED"
+}
+
+// String names the connector by its API root; it never shows the token.
+func (c *Connector) String() string { return "slack " + c.base }
+
+// LogValue keeps the token out of logs.
+func (c *Connector) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("api_base", c.base),
+		slog.String("token", "REDACTED"),
+		slog.Duration("timeout", c.timeout),
+		slog.Int("history_limit", c.historyLimit),
+		slog.String("guarantee", string(connectors.Reconciled)),
+	)
+}
+
+// Guarantee reports [connectors.Reconciled]: Slack does not dedupe posts, but a retry
+// finds an earlier attempt's message by the key in its metadata before posting again.
+func (c *Connector) Guarantee() connectors.Guarantee { return connectors.Reconciled }
+
+// Payload is what a slack row's payload holds.
+type Payload struct {
+	// Channel is the conversation ID ("C…", "G…" or "D…"). Names and user IDs are
+	// refused: the history lookup that reconciles a retry needs the conversation's ID.
+	Channel string `json:"channel"`
+	// Text is the message text, or its fallback when Blocks is set.
+	Text string `json:"text,omitempty"`
+	// Blocks is a JSON array of Block Kit blocks.
+	Blocks json.RawMessage `json:"blocks,omitempty"`
+	// ThreadTS, when set, makes the message a reply in that thread.
+	ThreadTS string `json:"thread_ts,omitempty"`
+}
+
+// conversationID is what a channel must look like: a public or private channel, a
+// multi-person or a direct message conversation.
+var conversationID = regexp.MustCompile(`^[CGD][A-Z0-9]{2,}$`)
+
+// message is a payload checked and decoded.
+type message struct {
+	Payload
+	blocks slackgo.Blocks
+}
+
+// ValidatePayload reports whether raw is a payload this connector can post, and if not,
+// why. Deliver refuses such a payload as permanent.
+func ValidatePayload(raw json.RawMessage) error {
+	_, err := parsePayload(raw)
+	return err
+}
+
+func parsePayload(raw json.RawMessage) (message, error) {
+	var m message
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields() // a misspelt field would otherwise vanish from the message
+	if err := dec.Decode(&m.Payload); err != nil {
+		return m, fmt.Errorf("payload: %w", err)
+	}
+	if dec.More() {
+		return m, errors.New("payload: trailing data after the JSON object")
+	}
+	if m.Channel == "" {
+		return m, errors.New(`payload: "channel" is required`)
+	}
+	if !conversationID.MatchString(m.Channel) {
+		return m, fmt.Errorf(`payload: "channel" %q is not a conversation ID (C…, G… or D…); names cannot be reconciled`, m.Channel)
+	}
+	if b := bytes.TrimSpace(m.Blocks); len(b) > 0 && !bytes.Equal(b, []byte("null")) {
+		if b[0] != '[' {
+			return m, errors.New(`payload: "blocks" must be a JSON array of Block Kit blocks`)
+		}
+		if err := m.blocks.UnmarshalJSON(b); err != nil {
+			return m, fmt.Errorf(`payload: "blocks": %w`, err)
+		}
+	}
+	if m.Text == "" && len(m.blocks.BlockSet) == 0 {
+		return m, errors.New(`payload: "text" or a non-empty "blocks" is required`)
+	}
+	return m, nil
+}
+
+// result is what Deliver returns for the relay to store.
+type result struct {
+	Channel    string `json:"channel"`
+	TS         string `json:"ts"`
+	Reconciled bool   `json:"reconciled,omitempty"`
+}
+
+// Deliver posts one row. On an attempt after the first, or after an ambiguous one, it
+// first looks for a message carrying d.Key in its metadata and returns that instead of
+// posting again. See the package documentation for how failures are classified.
+func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
+	if d.Key == "" {
+		return nil, connectors.Permanent(errors.New("deliver slack: the row has no idempotency key"))
+	}
+	m, err := parsePayload(d.Payload)
+	if err != nil {
+		return nil, connectors.Permanent(fmt.Errorf("deliver slack: %w", err))
+	}
+
+	ctx, cancel := context.WithTimeoutCause(ctx, c.timeout, ErrTimeout)
+	defer cancel()
+
+	if d.Attempt > 1 || d.PreviousAmbiguous {
+		ts, found, err := c.find(ctx, m, d.Key)
+		if err != nil {
+			return nil, err
+		}
+		if found {
+			return marshalResult(result{Channel: m.Channel, TS: ts, Reconciled: true}), nil
+		}
+	}
+
+	opts := []slackgo.MsgOption{
+		slackgo.MsgOptionMetadata(slackgo.SlackMetadata{
+			EventType:    EventType,
+			EventPayload: map[string]any{KeyField: d.Key},
+		}),
+	}
+	if m.Text != "" {
+		opts = append(opts, slackgo.MsgOptionText(m.Text, false))
+	}
+	if len(m.blocks.BlockSet) > 0 {
+		opts = append(opts, slackgo.MsgOptionBlocks(m.blocks.BlockSet...))
+	}
+	if m.ThreadTS != "" {
+		opts = append(opts, slackgo.MsgOptionTS(m.ThreadTS))
+	}
+
+	var wrote atomic.Bool
+	postCtx := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			if info.Err == nil {
+				wrote.Store(true)
+			}
+		},
+	})
+	channel, ts, err := c.api.PostMessageContext(postCtx, m.Channel, opts...)
+	if err != nil {
+		return nil, c.classify(ctx, "chat.postMessage "+m.Channel, err, wrote.Load())
+	}
+	return marshalResult(result{Channel: cmp.Or(channel, m.Channel), TS: ts}), nil
+}
+
+// find looks for the message an earlier attempt posted under key: in the conversation's
+// latest HistoryLimit messages, or for a thread reply, in the thread's first
+// maxReplyPages pages of replies. Its errors are classified.
+func (c *Connector) find(ctx context.Context, m message, key string) (string, bool, error) {
+	if m.ThreadTS == "" {
+		resp, err := c.api.GetConversationHistoryContext(ctx, &slackgo.GetConversationHistoryParameters{
+			ChannelID:          m.Channel,
+			Limit:              c.historyLimit,
+			IncludeAllMetadata: true,
+		})
+		if err != nil {
+			return "", false, c.classify(ctx, "look up the key in conversations.history "+m.Channel, err, false)
+		}
+		ts, ok := findKey(resp.Messages, key)
+		return ts, ok, nil
+	}
+	params := &slackgo.GetConversationRepliesParameters{
+		ChannelID:          m.Channel,
+		Timestamp:          m.ThreadTS,
+		Limit:              c.historyLimit,
+		IncludeAllMetadata: true,
+	}
+	for range maxReplyPages {
+		msgs, more, cursor, err := c.api.GetConversationRepliesContext(ctx, params)
+		if err != nil {
+			return "", false, c.classify(ctx, "look up the key in conversations.replies "+m.Channel+" "+m.ThreadTS, err, false)
+		}
+		if ts, ok := findKey(msgs, key); ok {
+			return ts, true, nil
+		}
+		if !more || cursor == "" {
+			break
+		}
+		params.Cursor = cursor
+	}
+	return "", false, nil
+}
+
+func findKey(msgs []slackgo.Message, key string) (string, bool) {
+	for _, msg := range msgs {
+		if msg.Metadata.EventType != EventType {
+			continue
+		}
+		if k, ok := msg.Metadata.EventPayload[KeyField].(string); ok && k == key {
+			return msg.Timestamp, true
+		}
+	}
+	return "", false
+}
+
+// Slack error codes that a later attempt may not meet. The rest name a problem with the
+// request, the token or the conversation, which retrying the same row does not fix.
+var (
+	// retryableCodes: Slack did not act.
+	retryableCodes = map[string]bool{
+		"service_unavailable": true,
+		"request_timeout":     true,
+		"ratelimited":         true,
+		"rate_limited":        true,
+	}
+	// ambiguousCodes: Slack says some of the operation may have happened.
+	ambiguousCodes = map[string]bool{
+		"internal_error": true,
+		"fatal_error":    true,
+	}
+)
+
+// classify turns a failed call of op ("chat.postMessage C…") into a classified error.
+// wrote says whether a post's request was written in full, after which Slack may have
+// acted on it.
+func (c *Connector) classify(ctx context.Context, op string, err error, wrote bool) error {
+	// *url.Error repeats the method and the endpoint, which op already names.
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		err = ue.Err
+	}
+	if rl, ok := errors.AsType[*slackgo.RateLimitedError](err); ok {
+		return connectors.RetryAfter(fmt.Errorf("%s: %w", op, err), rl.RetryAfter)
+	}
+	if se, ok := errors.AsType[slackgo.SlackErrorResponse](err); ok {
+		err = fmt.Errorf("%s: %w%s", op, err, scopes(se))
+		switch {
+		case ambiguousCodes[se.Err] && wrote:
+			return connectors.Ambiguous(err)
+		case ambiguousCodes[se.Err], retryableCodes[se.Err]:
+			return err
+		default:
+			return connectors.Permanent(err)
+		}
+	}
+	if sc, ok := errors.AsType[slackgo.StatusCodeError](err); ok {
+		err = fmt.Errorf("%s: %w", op, err)
+		if sc.Code >= 500 || sc.Code == http.StatusTooManyRequests || sc.Code == http.StatusRequestTimeout {
+			return err
+		}
+		return connectors.Permanent(err)
+	}
+	if errors.Is(context.Cause(ctx), ErrTimeout) && !errors.Is(err, ErrTimeout) {
+		err = fmt.Errorf("%w: %w", ErrTimeout, err)
+	}
+	if wrote {
+		return connectors.Ambiguous(fmt.Errorf("%s: no answer after the request was sent; Slack may have posted the message: %w", op, err))
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// scopes quotes Slack's scope diagnostics from a missing_scope answer.
+func scopes(se slackgo.SlackErrorResponse) string {
+	if se.Needed == "" && se.Provided == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (needed %q, provided %q)", se.Needed, se.Provided)
+}
+
+func marshalResult(r result) json.RawMessage {
+	b, _ := json.Marshal(r) // cannot fail: strings and a bool
+	return b
+}
