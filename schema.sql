@@ -87,12 +87,12 @@ CREATE INDEX IF NOT EXISTS outbox_ordering_unfinished
 CREATE INDEX IF NOT EXISTS outbox_finished_age
     ON outbox (updated_at) WHERE status IN ('delivered', 'canceled');
 
--- Operators look at rows that need them (dead, held, pending, awaiting approval) by
--- status and age. Rows in flight or delivered are left out, so the relay's two updates
--- of every row do not maintain this index.
-CREATE INDEX IF NOT EXISTS outbox_status_created
+-- Operators look at rows that need a person (dead, held, awaiting approval) by status
+-- and age. Rows on their way (pending, delivering) and delivered rows are left out, so
+-- enqueueing and the relay's updates do not maintain this index.
+CREATE INDEX IF NOT EXISTS outbox_needs_attention
     ON outbox (status, created_at DESC, id DESC)
-    WHERE status NOT IN ('delivering', 'delivered');
+    WHERE status IN ('dead', 'held', 'awaiting_approval');
 
 -- outbox_attempts records every attempt of every row: when, which relay, how it ended.
 CREATE TABLE IF NOT EXISTS outbox_attempts (

@@ -139,29 +139,20 @@ RETURNING ` + insertedColumns
 const insertedColumns = `id, idempotency_key, status, next_attempt_at, created_at, updated_at`
 
 // insertBatchSQL is insertSQL for many messages in one statement, in their given order.
-// It writes nothing when any key already names a different request, so a batch is all
-// or nothing without a savepoint round trip; the uncorrelated NOT EXISTS runs once.
 const insertBatchSQL = `
-WITH m AS (
-    SELECT *
-    FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[], $5::timestamptz[],
-                $6::bytea[], $7::jsonb[], $8::text[], $9::text[])
-         WITH ORDINALITY AS m(k, c, p, o, n, f, h, s, b, ord)
-)
 INSERT INTO outbox (idempotency_key, connector, payload, ordering_key, next_attempt_at,
                     fingerprint, headers, status, created_by)
 SELECT k, c, p, NULLIF(o, ''), coalesce(n, now()), f, h, s, NULLIF(b, '')
-FROM m
-WHERE NOT EXISTS (
-    SELECT 1 FROM m JOIN outbox o ON o.idempotency_key = m.k
-    WHERE NOT coalesce(o.fingerprint = m.f,
-                       o.connector = m.c AND o.payload = m.p AND o.ordering_key IS NOT DISTINCT FROM NULLIF(m.o, '')))
+FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[], $5::timestamptz[],
+            $6::bytea[], $7::jsonb[], $8::text[], $9::text[])
+     WITH ORDINALITY AS m(k, c, p, o, n, f, h, s, b, ord)
 ORDER BY ord
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING ` + insertedColumns
 
-// undoBatchSQL removes rows a batch inserted in the caller's transaction when a
-// concurrent transaction committed a conflicting key during the insert.
+// undoBatchSQL removes the rows a batch inserted in the caller's transaction when one of
+// its keys turned out to name a different request: a batch is all or nothing, without
+// paying a savepoint's round trips on the common path.
 const undoBatchSQL = `DELETE FROM outbox WHERE id = ANY($1)`
 
 // existingSQL reads the rows already holding some keys and says whether each holds the
@@ -237,7 +228,7 @@ func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) 
 	if _, inTx := db.(pgx.Tx); inTx {
 		return enqueueBatch(ctx, db, ps, first)
 	}
-	// Outside a transaction the undo below would come too late: others could see the rows.
+	// Outside a transaction the undo would come too late: others could see the rows.
 	var out []Intent
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) (err error) {
 		out, err = enqueueBatch(ctx, tx, ps, first)
