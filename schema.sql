@@ -39,6 +39,9 @@ CREATE TABLE IF NOT EXISTS outbox (
     -- The latest attempt ended without knowing whether the receiver acted (lease expired
     -- mid-send, connection lost after the request was written).
     ambiguous        boolean     NOT NULL DEFAULT false,
+    -- When the first attempt started: a receiver that forgets keys after a while (Stripe,
+    -- 24 hours) must not see a retry after that window has passed since then.
+    first_attempt_at timestamptz,
     created_at       timestamptz NOT NULL DEFAULT now(),
     updated_at       timestamptz NOT NULL DEFAULT now(),
     delivered_at     timestamptz,

@@ -56,6 +56,23 @@ type Connector interface {
 	Guarantee() Guarantee
 }
 
+// KeyWindower is implemented by connectors whose receiver remembers idempotency keys
+// only for a while (Stripe: 24 hours). The relay never sends an attempt of an enforced
+// row after that window has passed since its first attempt, because the receiver would
+// no longer recognise the key and a retry could act twice; it holds the row for an
+// operator instead.
+type KeyWindower interface {
+	KeyWindow() time.Duration
+}
+
+// KeyWindow returns c's key window, or 0 when c does not declare one.
+func KeyWindow(c Connector) time.Duration {
+	if w, ok := c.(KeyWindower); ok {
+		return w.KeyWindow()
+	}
+	return 0
+}
+
 // Permanent marks err as a failure that retrying cannot fix: the row goes to dead.
 func Permanent(err error) error {
 	if err == nil {

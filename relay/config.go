@@ -65,6 +65,10 @@ type Instance struct {
 	// OnAmbiguous is what a forwarded connector does after an attempt whose effect is
 	// unknown: "retry" (the default) or "hold" the row for an operator.
 	OnAmbiguous string
+	// MaxAge overrides Config.MaxAge for this instance. Defaults to Config.MaxAge, but
+	// never longer than the connector's key window (see [connectors.KeyWindower]), so
+	// rows give up before the receiver forgets their key.
+	MaxAge time.Duration
 }
 
 // Policies for [Instance.OnAmbiguous].

@@ -54,6 +54,8 @@ type instance struct {
 	name      string
 	conn      connectors.Connector
 	guarantee connectors.Guarantee
+	keyWindow time.Duration // 0: the receiver's memory of keys is not limited (or unknown)
+	maxAge    time.Duration
 	limit     int
 	limiter   *rate.Limiter // nil: no rate limit
 	inflight  atomic.Int64
@@ -86,6 +88,7 @@ type claimed struct {
 	attempt   int
 	ambiguous bool
 	createdAt time.Time
+	firstAt   time.Time // when the first attempt started
 }
 
 // outcome is how one attempt ended, waiting to be recorded.
@@ -150,6 +153,8 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 			name:             name,
 			conn:             in.Connector,
 			guarantee:        in.Connector.Guarantee(),
+			keyWindow:        connectors.KeyWindow(in.Connector),
+			maxAge:           cmp.Or(in.MaxAge, cfg.MaxAge),
 			limit:            min(cmp.Or(in.Concurrency, cfg.Concurrency), cfg.Concurrency),
 			outcomes:         make(map[string]prometheus.Counter, len(outcomeLabels)),
 			duration:         m.deliveryDuration.WithLabelValues(name),
@@ -157,6 +162,9 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		}
 		for _, o := range outcomeLabels {
 			inst.outcomes[o] = m.deliveries.WithLabelValues(name, o)
+		}
+		if in.MaxAge == 0 && inst.keyWindow > 0 {
+			inst.maxAge = min(inst.maxAge, inst.keyWindow)
 		}
 		if in.Rate > 0 {
 			inst.limiter = rate.NewLimiter(rate.Limit(in.Rate), max(1, int(in.Rate)))
@@ -415,7 +423,7 @@ func (r *Relay) claim(ctx context.Context, name string, limit int) ([]claimed, e
 			c       claimed
 			headers []byte
 		)
-		if err := row.Scan(&c.id, &c.key, &c.connector, &c.payload, &headers, &c.attempt, &c.ambiguous, &c.createdAt); err != nil {
+		if err := row.Scan(&c.id, &c.key, &c.connector, &c.payload, &headers, &c.attempt, &c.ambiguous, &c.createdAt, &c.firstAt); err != nil {
 			return c, err
 		}
 		// Most rows carry no headers ('{}'); decode only those that do.
@@ -454,6 +462,11 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 		notify(r.slotFreed)
 	}()
 	started := r.now()
+	if inst.forgotten(row, started) {
+		// Not sent: the receiver no longer knows the key (see decide).
+		r.results <- r.holdForgotten(inst, row, started)
+		return
+	}
 	result, err := safeDeliver(ctx, inst.conn, connectors.Delivery{
 		Key: row.key, Attempt: row.attempt, Payload: row.payload, Headers: row.headers, PreviousAmbiguous: row.ambiguous,
 	})
@@ -466,6 +479,26 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 	o.started = started
 	inst.observe(o.record, finished.Sub(started), finished.Sub(row.createdAt))
 	r.results <- o
+}
+
+// forgotten reports whether an attempt of row at t would reach an enforcing receiver
+// after it has forgotten the row's key: the retry would be a blind duplicate.
+func (inst *instance) forgotten(row claimed, t time.Time) bool {
+	return inst.keyWindow > 0 && inst.guarantee == connectors.Enforced && !row.firstAt.IsZero() &&
+		t.After(row.firstAt.Add(inst.keyWindow))
+}
+
+func forgottenReason(inst *instance, row claimed) string {
+	return fmt.Sprintf("held: %s remembers idempotency keys for %s and the first attempt was at %s, so a retry now could act twice; "+
+		"check the receiver, then replay with a new key or cancel", inst.name, inst.keyWindow, row.firstAt.UTC().Format(time.RFC3339))
+}
+
+// holdForgotten is the outcome of an attempt not made because the key window passed.
+func (r *Relay) holdForgotten(inst *instance, row claimed, now time.Time) outcome {
+	msg := fmt.Sprintf("attempt %d not sent: %s", row.attempt, forgottenReason(inst, row))
+	inst.observe(statusHeld, 0, 0)
+	return outcome{id: row.id, attempt: row.attempt, status: statusHeld, lastError: &msg,
+		started: now, finished: now, record: statusHeld}
 }
 
 // safeDeliver turns a connector's panic into a retryable error.
@@ -510,10 +543,13 @@ func (r *Relay) decide(inst *instance, row claimed, result json.RawMessage, err 
 	default:
 		delay, hasDelay := connectors.RetryDelay(err)
 		next := nextAttemptAt(now, row.attempt, delay, hasDelay, r.cfg.BackoffBase, r.cfg.BackoffMax)
-		if deadline := row.createdAt.Add(r.cfg.MaxAge); next.After(deadline) {
+		if deadline := row.createdAt.Add(inst.maxAge); next.After(deadline) {
 			o.status = statusDead
 			msg += fmt.Sprintf(" (gave up: the next attempt at %s would be later than the maximum age %s)",
-				next.UTC().Format(time.RFC3339), r.cfg.MaxAge)
+				next.UTC().Format(time.RFC3339), inst.maxAge)
+		} else if inst.forgotten(row, next) {
+			o.status = statusHeld
+			msg += " (" + forgottenReason(inst, row) + ")"
 		} else {
 			o.status = statusPending
 			o.nextAt = &next

@@ -732,3 +732,48 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// windowed is a webhook connector whose receiver remembers keys only for a while.
+type windowed struct {
+	*webhook.Connector
+	window time.Duration
+}
+
+func (w windowed) KeyWindow() time.Duration { return w.window }
+
+// An enforced receiver forgets keys after its window: the relay never sends a retry past
+// it, because that retry could act twice. It holds the row for an operator instead.
+func TestNoRetryAfterTheReceiverForgetsTheKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	var dbNow time.Time
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT now()`).Scan(&dbNow))
+	clock := &testClock{now: dbNow.Add(time.Second)}
+	cfg := b.fastConfig()
+	cfg.NowFunc = clock.Now
+	cfg.BackoffBase = 10 * time.Minute
+	cfg.BackoffMax = 10 * time.Minute
+	hook, err := webhook.New(webhook.Config{URL: b.receiver.URL(), Guarantee: connectors.Enforced, NowFunc: clock.Now})
+	require.NoError(t, err)
+	r, _ := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: windowed{hook, time.Hour}, MaxAge: 48 * time.Hour}})
+	require.Equal(t, 48*time.Hour, r.instances["webhook"].maxAge, "an explicit MaxAge stands")
+
+	b.receiver.Plan("late", receiver.Plan{FailFirst: 1})
+	enqueue(t, b.pool, "late", "webhook", []int{1})
+	require.Eventually(t, func() bool {
+		in, err := outbox.Get(t.Context(), b.pool, "late")
+		return err == nil && in.Attempts == 1 && in.Status == outbox.StatusPending
+	}, waitTimeout, 10*time.Millisecond)
+
+	// The relay was away for two hours: the retry is due, but the key is forgotten.
+	clock.Advance(2 * time.Hour)
+	in := waitStatus(t, b.pool, "late", outbox.StatusHeld)
+	require.Contains(t, in.LastError, "remembers idempotency keys for 1h0m0s")
+	require.Contains(t, in.LastError, "not sent")
+	require.Equal(t, 1, b.receiver.Requests("late"), "nothing was sent after the window")
+
+	// Without an explicit MaxAge, an instance gives up inside its key window.
+	r2, err := New(b.pool, &Config{Registerer: prometheus.NewRegistry()}, map[string]Instance{"webhook": {Connector: windowed{hook, time.Hour}}})
+	require.NoError(t, err)
+	require.Equal(t, time.Hour, r2.instances["webhook"].maxAge)
+}
