@@ -1,0 +1,616 @@
+package email
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/mail"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	gomail "github.com/wneessen/go-mail"
+	"github.com/wneessen/go-mail/smtp"
+
+	"github.com/outboxd/outboxd/connectors"
+)
+
+// TLS policies for [Config.TLS].
+const (
+	// TLSOpportunistic upgrades the connection with STARTTLS when the server offers it,
+	// and sends in clear otherwise. When STARTTLS is offered, the certificate is verified.
+	TLSOpportunistic = "opportunistic"
+	// TLSMandatory refuses to send unless the server offers STARTTLS and the handshake
+	// succeeds.
+	TLSMandatory = "mandatory"
+	// TLSNone never uses STARTTLS.
+	TLSNone = "none"
+)
+
+// Config configures a [Connector]. A zero field means its default.
+type Config struct {
+	// Addr is the SMTP server as host:port, such as "smtp.example.com:587". Required.
+	Addr string
+	// Username turns on SMTP AUTH when set; the mechanism is picked from those the
+	// server offers (SCRAM, CRAM-MD5, then PLAIN or LOGIN, which go-mail only uses over
+	// TLS or to a loopback server). Defaults to no authentication.
+	Username string
+	// Password goes with Username. It never appears in logs or errors.
+	Password string
+	// From is the sender: the From header and the envelope sender, such as
+	// "Shop <orders@shop.example>". Its domain is also the right side of every
+	// Message-ID. Required.
+	From string
+	// Timeout bounds one attempt, from dialling to the server's reply to the message.
+	// Defaults to 30s.
+	Timeout time.Duration
+	// TLS is the STARTTLS policy: [TLSOpportunistic], [TLSMandatory] or [TLSNone].
+	// Defaults to [TLSOpportunistic].
+	TLS string
+	// TLSConfig is used for STARTTLS; it is cloned, and its ServerName defaults to the
+	// host of Addr. Defaults to the system roots and TLS 1.2 or later.
+	TLSConfig *tls.Config
+	// NowFunc is the clock for the Date header. Defaults to time.Now.
+	NowFunc func() time.Time
+}
+
+// String describes cfg without its password, so that printing a Config with %v or %+v
+// cannot leak it.
+func (cfg Config) String() string {
+	return fmt.Sprintf("email.Config{Addr:%q Username:%q Password:%s From:%q Timeout:%s TLS:%q}",
+		cfg.Addr, cfg.Username, redacted(cfg.Password), cfg.From, cfg.Timeout, cfg.TLS)
+}
+
+// GoString is String, for %#v.
+func (cfg Config) GoString() string { return cfg.String() }
+
+// LogValue keeps the password out of logs.
+func (cfg Config) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("addr", cfg.Addr),
+		slog.String("username", cfg.Username),
+		slog.String("password", redacted(cfg.Password)),
+		slog.String("from", cfg.From),
+		slog.Duration("timeout", cfg.Timeout),
+		slog.String("tls", cfg.TLS),
+	)
+}
+
+func redacted(secret string) string {
+	if secret == "" {
+		return `""`
+	}
+	return "REDACTED"
+}
+
+const (
+	defaultTimeout = 30 * time.Second
+	// defaultIDDomain is the right side of Message-IDs when From's domain is not a plain
+	// domain name (an address literal, say).
+	defaultIDDomain = "outboxd"
+)
+
+// ErrTimeout is the cause of an attempt that ran past [Config.Timeout]; errors.Is finds
+// it in the error Deliver returns.
+var ErrTimeout = errors.New("email attempt timed out")
+
+// Connector sends rows as email through one SMTP server. It is safe for concurrent use.
+type Connector struct {
+	addr      string // host:port
+	host      string
+	port      int
+	username  string
+	password  string
+	from      *mail.Address
+	idDomain  string
+	timeout   time.Duration
+	tlsPolicy gomail.TLSPolicy
+	tlsName   string
+	tlsConfig *tls.Config
+	now       func() time.Time
+}
+
+var _ connectors.Connector = (*Connector)(nil)
+
+// New returns a connector for cfg, or an error naming each field that is wrong.
+func New(cfg Config) (*Connector, error) {
+	cfg = cfg.withDefaults()
+	c := &Connector{
+		username: cfg.Username,
+		password: cfg.Password,
+		timeout:  cfg.Timeout,
+		tlsName:  cfg.TLS,
+		now:      cfg.NowFunc,
+	}
+	var errs []error
+	host, port, err := parseAddr(cfg.Addr)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	c.addr, c.host, c.port = net.JoinHostPort(host, strconv.Itoa(port)), host, port
+	if cfg.From == "" {
+		errs = append(errs, errors.New("From: required"))
+	} else if c.from, err = mail.ParseAddress(cfg.From); err != nil {
+		errs = append(errs, fmt.Errorf("From: %q is not an email address: %w", cfg.From, err))
+	} else {
+		c.idDomain = idDomain(c.from.Address)
+	}
+	if cfg.Password != "" && cfg.Username == "" {
+		errs = append(errs, errors.New("Password: set without Username"))
+	}
+	if cfg.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("Timeout: %s is negative", cfg.Timeout))
+	}
+	switch cfg.TLS {
+	case TLSOpportunistic:
+		c.tlsPolicy = gomail.TLSOpportunistic
+	case TLSMandatory:
+		c.tlsPolicy = gomail.TLSMandatory
+	case TLSNone:
+		c.tlsPolicy = gomail.NoTLS
+	default:
+		errs = append(errs, fmt.Errorf("TLS: %q is not opportunistic, mandatory or none", cfg.TLS))
+	}
+	for i, err := range errs {
+		errs[i] = fmt.Errorf("email config: %w", err) // one line per problem, each complete
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+
+	if cfg.TLSConfig != nil {
+		c.tlsConfig = cfg.TLSConfig.Clone()
+	} else {
+		c.tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if c.tlsConfig.ServerName == "" {
+		c.tlsConfig.ServerName = host
+	}
+	return c, nil
+}
+
+func (cfg Config) withDefaults() Config {
+	cfg.Timeout = cmp.Or(cfg.Timeout, defaultTimeout)
+	cfg.TLS = cmp.Or(cfg.TLS, TLSOpportunistic)
+	if cfg.NowFunc == nil {
+		cfg.NowFunc = time.Now
+	}
+	return cfg
+}
+
+func parseAddr(addr string) (string, int, error) {
+	if addr == "" {
+		return "", 0, errors.New("Addr: required")
+	}
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, fmt.Errorf("Addr: %q is not host:port", addr)
+	}
+	if host == "" {
+		return "", 0, fmt.Errorf("Addr: %q has no host", addr)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 1 || port > 65535 {
+		return "", 0, fmt.Errorf("Addr: %q has no valid port (1-65535)", addr)
+	}
+	return host, port, nil
+}
+
+// idDomain returns the domain of addr when it is a plain domain name, which is what the
+// right side of a Message-ID should be; otherwise defaultIDDomain.
+func idDomain(addr string) string {
+	_, domain, ok := strings.Cut(addr, "@")
+	domain = strings.ToLower(domain)
+	if !ok || domain == "" || domain[0] == '.' || domain[len(domain)-1] == '.' || strings.Contains(domain, "..") {
+		return defaultIDDomain
+	}
+	for i := 0; i < len(domain); i++ {
+		ch := domain[i]
+		if !(ch >= 'a' && ch <= 'z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '.') {
+			return defaultIDDomain
+		}
+	}
+	return domain
+}
+
+// MessageID returns the Message-ID, angle brackets included, that a connector sending
+// from domain gives the row with key: the first 32 hex digits of SHA-256(key), "@" and
+// the domain. It is the same on every attempt, so a receiver that dedupes on Message-ID
+// keeps one copy.
+func MessageID(key, domain string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "<" + hex.EncodeToString(sum[:])[:32] + "@" + domain + ">"
+}
+
+// String names the connector by its server and sender, and never shows the password.
+func (c *Connector) String() string { return "email smtp://" + c.addr + " from " + c.from.Address }
+
+// LogValue keeps the password out of logs.
+func (c *Connector) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("addr", c.addr),
+		slog.String("username", c.username),
+		slog.String("password", redacted(c.password)),
+		slog.String("from", c.from.Address),
+		slog.String("tls", c.tlsName),
+	)
+}
+
+// Guarantee reports [connectors.Forwarded]: the key travels as Message-ID and
+// Idempotency-Key, but SMTP servers are not known to dedupe on either.
+func (c *Connector) Guarantee() connectors.Guarantee { return connectors.Forwarded }
+
+// Payload is what a row's payload holds for this connector.
+type Payload struct {
+	To      Addresses         `json:"to"`
+	Cc      Addresses         `json:"cc,omitempty"`
+	Bcc     Addresses         `json:"bcc,omitempty"`
+	ReplyTo Addresses         `json:"reply_to,omitempty"`
+	Subject string            `json:"subject,omitempty"`
+	Text    string            `json:"text,omitempty"`
+	HTML    string            `json:"html,omitempty"`
+	Headers map[string]string `json:"headers,omitempty"`
+}
+
+// Addresses is one address or a list of them: in JSON, "a@x" or ["a@x", "B <b@x>"].
+type Addresses []string
+
+// UnmarshalJSON accepts a string or an array of strings.
+func (a *Addresses) UnmarshalJSON(b []byte) error {
+	var one string
+	if err := json.Unmarshal(b, &one); err == nil {
+		*a = Addresses{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return errors.New("an address must be a string or an array of strings")
+	}
+	*a = many
+	return nil
+}
+
+// reservedHeaders are set by the connector or from the payload's own fields; a payload
+// header of the same name is refused.
+var reservedHeaders = map[string]bool{
+	"Message-Id":                true,
+	"Idempotency-Key":           true,
+	"From":                      true,
+	"Sender":                    true,
+	"To":                        true,
+	"Cc":                        true,
+	"Bcc":                       true,
+	"Reply-To":                  true,
+	"Subject":                   true,
+	"Date":                      true,
+	"Return-Path":               true,
+	"Mime-Version":              true,
+	"Content-Type":              true,
+	"Content-Transfer-Encoding": true,
+	"Content-Disposition":       true,
+	"Content-Id":                true,
+	"Dkim-Signature":            true,
+	"Received":                  true,
+}
+
+// Result is what Deliver returns for the relay to store after a success.
+type Result struct {
+	// MessageID is the Message-ID header sent, angle brackets included.
+	MessageID string `json:"message_id"`
+	// Accepted are the envelope recipients the server accepted (To, Cc and Bcc).
+	Accepted []string `json:"accepted"`
+	// ServerReply is the server's reply to the message, such as "250 2.0.0 queued as X".
+	ServerReply string `json:"server_reply,omitempty"`
+}
+
+// message is a payload checked and built for sending.
+type message struct {
+	msg       *gomail.Msg
+	messageID string
+	rcpts     []string // envelope recipients, bare addresses
+}
+
+// Deliver sends the row as one email, over a new connection. See the package
+// documentation for the message built and how failures are classified.
+func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
+	m, err := c.build(d)
+	if err != nil {
+		return nil, connectors.Permanent(fmt.Errorf("deliver email: %w", err))
+	}
+
+	ctx, cancel := context.WithTimeoutCause(ctx, c.timeout, ErrTimeout)
+	defer cancel()
+
+	client, conn, err := c.dial(ctx)
+	if conn != nil {
+		// Closing the connection is what interrupts a blocked read or write when the
+		// attempt is cancelled or times out; go-mail's own deadlines only bound each step.
+		stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+		defer stop()
+		defer conn.Close() //nolint:errcheck // after QUIT, or after a failure: nothing to report
+	}
+	if err != nil {
+		return nil, c.setupError(ctx, err)
+	}
+
+	res, err := c.send(ctx, client, m)
+	if err != nil {
+		return nil, err
+	}
+	_ = client.Quit() // the message is accepted; a failed goodbye changes nothing
+	return marshalResult(res), nil
+}
+
+// build checks the payload and turns it into a message. Its errors are the row's fault.
+func (c *Connector) build(d connectors.Delivery) (*message, error) {
+	if d.Key == "" {
+		return nil, errors.New("the row has no idempotency key")
+	}
+	if !validHeaderValue(d.Key) {
+		return nil, errors.New("the idempotency key has control characters, so it cannot travel as a header")
+	}
+	var p Payload
+	dec := json.NewDecoder(bytes.NewReader(d.Payload))
+	dec.DisallowUnknownFields() // a misspelt field ("body") would otherwise send an empty mail
+	if err := dec.Decode(&p); err != nil {
+		return nil, fmt.Errorf("payload: %w", err)
+	}
+	if dec.More() {
+		return nil, errors.New("payload: more than one JSON value")
+	}
+	if len(p.To) == 0 {
+		return nil, errors.New(`payload: "to" is required`)
+	}
+	if p.Text == "" && p.HTML == "" {
+		return nil, errors.New(`payload: "text" or "html" is required`)
+	}
+
+	msg := gomail.NewMsg()
+	m := &message{msg: msg, messageID: MessageID(d.Key, c.idDomain)}
+	msg.FromMailAddress(c.from)
+	for _, f := range []struct {
+		name  string
+		addrs Addresses
+		set   func(...*mail.Address)
+		rcpt  bool
+	}{
+		{"to", p.To, msg.ToMailAddress, true},
+		{"cc", p.Cc, msg.CcMailAddress, true},
+		{"bcc", p.Bcc, msg.BccMailAddress, true},
+		{"reply_to", p.ReplyTo, msg.ReplyToMailAddress, false},
+	} {
+		if len(f.addrs) == 0 {
+			continue
+		}
+		parsed := make([]*mail.Address, len(f.addrs))
+		for i, s := range f.addrs {
+			a, err := mail.ParseAddress(s)
+			if err != nil {
+				return nil, fmt.Errorf("payload: %q: %q is not an email address: %w", f.name, s, err)
+			}
+			parsed[i] = a
+			if f.rcpt {
+				m.rcpts = append(m.rcpts, a.Address)
+			}
+		}
+		f.set(parsed...)
+	}
+
+	for name, value := range p.Headers {
+		canon := textproto.CanonicalMIMEHeaderKey(name)
+		if reservedHeaders[canon] {
+			return nil, fmt.Errorf("payload: header %q is set by the connector and cannot be overridden", name)
+		}
+		if !validHeaderName(name) {
+			return nil, fmt.Errorf("payload: header %q is not a valid header name", name)
+		}
+		if !validHeaderValue(value) {
+			return nil, fmt.Errorf("payload: header %q has control characters in its value", name)
+		}
+		msg.SetGenHeader(gomail.Header(canon), value)
+	}
+	// Set after the payload's headers, so that nothing a row says can replace them.
+	msg.SetGenHeader(gomail.HeaderMessageID, m.messageID)
+	msg.SetGenHeader("Idempotency-Key", d.Key)
+	msg.SetDateWithValue(c.now())
+	msg.SetUserAgent("outboxd")
+	if p.Subject != "" {
+		msg.Subject(p.Subject)
+	}
+	switch {
+	case p.Text != "" && p.HTML != "":
+		msg.SetBodyString(gomail.TypeTextPlain, p.Text)
+		msg.AddAlternativeString(gomail.TypeTextHTML, p.HTML) // multipart/alternative
+	case p.Text != "":
+		msg.SetBodyString(gomail.TypeTextPlain, p.Text)
+	default:
+		msg.SetBodyString(gomail.TypeTextHTML, p.HTML)
+	}
+	return m, nil
+}
+
+// dial connects, greets, upgrades with STARTTLS per the policy and authenticates. The
+// returned conn is the raw connection, non-nil whenever one was opened (even when err is
+// not nil), for the caller to close.
+func (c *Connector) dial(ctx context.Context) (*smtp.Client, net.Conn, error) {
+	var (
+		mu   sync.Mutex
+		conn net.Conn
+	)
+	opts := []gomail.Option{
+		gomail.WithPort(c.port),
+		gomail.WithTimeout(c.timeout),
+		gomail.WithTLSPolicy(c.tlsPolicy),
+		gomail.WithTLSConfig(c.tlsConfig),
+		gomail.WithDialContextFunc(func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			nc, err := d.DialContext(ctx, network, c.addr)
+			if err == nil {
+				mu.Lock()
+				conn = nc
+				mu.Unlock()
+			}
+			return nc, err
+		}),
+	}
+	if c.username != "" {
+		opts = append(opts,
+			// The strongest mechanism the server offers. go-mail's PLAIN and LOGIN refuse
+			// to send the password in clear, except to a loopback server.
+			gomail.WithOpportunisticSMTPAuth(
+				gomail.SMTPAuthSCRAMSHA256PLUS, gomail.SMTPAuthSCRAMSHA256,
+				gomail.SMTPAuthSCRAMSHA1PLUS, gomail.SMTPAuthSCRAMSHA1,
+				gomail.SMTPAuthCramMD5, gomail.SMTPAuthPlain, gomail.SMTPAuthLogin),
+			gomail.WithUsername(c.username),
+			gomail.WithPassword(c.password),
+		)
+	}
+	// A client per attempt: go-mail's Client keeps per-connection state (the auth type
+	// it settled on), and building one costs nothing next to a TCP handshake.
+	mc, err := gomail.NewClient(c.host, opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	client, err := mc.DialToSMTPClientWithContext(ctx)
+	mu.Lock()
+	defer mu.Unlock()
+	return client, conn, err
+}
+
+// setupError classifies a failure before the mail transaction began: nothing was sent,
+// so the attempt had no effect. It is retried even when the server answered 5xx (a
+// rejected greeting, failed authentication): that is about the server or this
+// connector's configuration, not the row, and marking it permanent would send every row
+// to dead while it lasts.
+func (c *Connector) setupError(ctx context.Context, err error) error {
+	return fmt.Errorf("smtp %s: connect: %w", c.addr, withCause(ctx, err))
+}
+
+// withCause names why ctx ended, when it did, next to err.
+func withCause(ctx context.Context, err error) error {
+	cause := context.Cause(ctx)
+	if cause == nil || errors.Is(err, cause) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", cause, err)
+}
+
+// send runs the mail transaction on client: MAIL, RCPT for each recipient, DATA.
+func (c *Connector) send(ctx context.Context, client *smtp.Client, m *message) (Result, error) {
+	if err := client.Mail(angle(c.from.Address)); err != nil {
+		return Result{}, c.replyError(ctx, "MAIL FROM", err)
+	}
+	var errs []error
+	for _, rcpt := range m.rcpts {
+		if err := client.Rcpt(angle(rcpt)); err != nil {
+			if _, ok := errors.AsType[*textproto.Error](err); !ok {
+				return Result{}, c.replyError(ctx, "RCPT TO", err) // the connection failed
+			}
+			errs = append(errs, fmt.Errorf("%s: %w", rcpt, err))
+		}
+	}
+	if len(errs) > 0 {
+		// All or nothing: a message that reached only some recipients could not be
+		// completed by a retry without duplicating it for the others.
+		_ = client.Reset()
+		return Result{}, c.replyError(ctx, "RCPT TO", errors.Join(errs...))
+	}
+	w, err := client.Data()
+	if err != nil {
+		return Result{}, c.replyError(ctx, "DATA", err)
+	}
+	if _, err := m.msg.WriteTo(w); err != nil {
+		// The terminating "." was not sent, so the server cannot have accepted the message.
+		return Result{}, fmt.Errorf("smtp %s: send message: %w", c.addr, withCause(ctx, err))
+	}
+	if err := w.Close(); err != nil {
+		if _, ok := errors.AsType[*textproto.Error](err); ok {
+			return Result{}, c.replyError(ctx, "end of DATA", err)
+		}
+		// The whole message went out and the reply never came: the server may have
+		// queued it.
+		return Result{}, connectors.Ambiguous(fmt.Errorf(
+			"smtp %s: no reply after the message was sent; the server may have accepted it: %w",
+			c.addr, withCause(ctx, err)))
+	}
+	res := Result{MessageID: m.messageID, Accepted: m.rcpts}
+	if dc, ok := w.(*smtp.DataCloser); ok {
+		res.ServerReply = strings.TrimSpace("250 " + dc.ServerResponse())
+	}
+	return res, nil
+}
+
+// replyError classifies a failed step of the transaction before the message was sent:
+// 5xx replies are permanent, 4xx replies and broken connections are retried. The
+// server's replies stay in the chain as *textproto.Error.
+func (c *Connector) replyError(ctx context.Context, step string, err error) error {
+	err = fmt.Errorf("smtp %s: %s: %w", c.addr, step, withCause(ctx, err))
+	if permanentReply(err) {
+		return connectors.Permanent(err)
+	}
+	return err
+}
+
+// permanentReply reports whether any reply in err's tree is 5xx.
+func permanentReply(err error) bool {
+	switch e := err.(type) {
+	case *textproto.Error:
+		return e.Code >= 500 && e.Code <= 599
+	case interface{ Unwrap() []error }:
+		for _, inner := range e.Unwrap() {
+			if permanentReply(inner) {
+				return true
+			}
+		}
+		return false
+	case interface{ Unwrap() error }:
+		return permanentReply(e.Unwrap())
+	default:
+		return false
+	}
+}
+
+func angle(addr string) string { return (&mail.Address{Address: addr}).String() }
+
+func marshalResult(r Result) json.RawMessage {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // keep the < and > of the Message-ID readable
+	_ = enc.Encode(r)        // cannot fail: strings only
+	return bytes.TrimRight(buf.Bytes(), "\n")
+}
+
+// validHeaderName reports whether name is a header field name (RFC 5322 section 3.6.8:
+// printable ASCII other than colon).
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if ch := name[i]; ch < 33 || ch > 126 || ch == ':' {
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue reports whether v has no control characters other than tab, so it
+// cannot end the header or start another.
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if ch := v[i]; (ch < ' ' && ch != '\t') || ch == 0x7f {
+			return false
+		}
+	}
+	return true
+}

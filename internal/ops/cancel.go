@@ -1,0 +1,118 @@
+package ops
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// CancelResult says what [Cancel] did with each key.
+type CancelResult struct {
+	// Canceled are keys whose rows became canceled.
+	Canceled []string `json:"canceled"`
+	// Unchanged are keys already canceled.
+	Unchanged []string `json:"unchanged"`
+	// Refused maps keys left alone to the reason, a sentence for a person.
+	Refused map[string]string `json:"refused"`
+	// NotFound are keys no row has; the CLI exits 1 when there are any.
+	NotFound []string `json:"not_found"`
+}
+
+// cancelSQL cancels rows $1 at $2. The lease columns are already NULL for the statuses
+// Cancel accepts; clearing them keeps the row tidy if that ever changes.
+const cancelSQL = `
+UPDATE outbox
+SET status = 'canceled', ambiguous = false, lease_owner = NULL, lease_expires_at = NULL, updated_at = $2
+WHERE id = ANY($1)`
+
+// Cancel cancels the intents with keys, so they are never sent: pending, held and
+// awaiting_approval rows become canceled, each with an outbox_audit row (action cancel,
+// details {"from_status": ...}). A row that is in flight (delivering), delivered or dead is
+// refused, as is one another transaction holds at that moment (a relay claiming it or
+// recording its outcome): Cancel locks with FOR UPDATE SKIP LOCKED and never waits for or
+// overwrites a relay. Already canceled rows are unchanged, so cancelling twice is harmless;
+// unknown keys are listed in NotFound. Keys are handled in batches of 500, each its own
+// transaction.
+func Cancel(ctx context.Context, pool *pgxpool.Pool, keys []string, actor, reason string, now time.Time) (CancelResult, error) {
+	res := CancelResult{Canceled: []string{}, Unchanged: []string{}, Refused: map[string]string{}, NotFound: []string{}}
+	if actor == "" {
+		return res, fmt.Errorf("%w: actor: say who cancels, for the audit trail", ErrInvalidOptions)
+	}
+	now = nowOr(now)
+	targets, notFound, err := resolveKeys(ctx, pool, keys)
+	if err != nil {
+		return res, err
+	}
+	res.NotFound = append(res.NotFound, notFound...)
+	for _, b := range batches(targets, defaultBatchSize) {
+		var br CancelResult
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			br = CancelResult{Refused: map[string]string{}}
+			return cancelBatch(ctx, tx, b, actor, reason, now, &br)
+		})
+		if err != nil {
+			return res, fmt.Errorf("cancel: %w", err)
+		}
+		res.Canceled = append(res.Canceled, br.Canceled...)
+		res.Unchanged = append(res.Unchanged, br.Unchanged...)
+		res.NotFound = append(res.NotFound, br.NotFound...)
+		for k, v := range br.Refused {
+			res.Refused[k] = v
+		}
+	}
+	return res, nil
+}
+
+func cancelBatch(ctx context.Context, tx pgx.Tx, b []target, actor, reason string, now time.Time, br *CancelResult) error {
+	locked, err := lockRows(ctx, tx, ids(b))
+	if err != nil {
+		return err
+	}
+	var (
+		cancelIDs []int64
+		details   [][]byte
+	)
+	for _, t := range b {
+		r, ok := locked[t.id]
+		if !ok {
+			gone, err := skipped(ctx, tx, t.id)
+			if err != nil {
+				return err
+			}
+			if gone {
+				br.NotFound = append(br.NotFound, t.key)
+			} else {
+				br.Refused[t.key] = reasonLocked
+			}
+			continue
+		}
+		switch r.status {
+		case outbox.StatusPending, outbox.StatusHeld, outbox.StatusAwaitingApproval:
+			br.Canceled = append(br.Canceled, t.key)
+			d, _ := json.Marshal(map[string]string{"from_status": r.status}) // always encodes
+			cancelIDs, details = append(cancelIDs, r.id), append(details, d)
+		case outbox.StatusCanceled:
+			br.Unchanged = append(br.Unchanged, t.key)
+		case outbox.StatusDelivering:
+			br.Refused[t.key] = fmt.Sprintf("in flight: relay %s is delivering it; its outcome decides", r.leaseOwner)
+		case outbox.StatusDelivered:
+			br.Refused[t.key] = "already delivered; cancel cannot undo a delivery"
+		case outbox.StatusDead:
+			br.Refused[t.key] = "dead: it is finished and will not be sent again unless replayed"
+		default:
+			br.Refused[t.key] = fmt.Sprintf("status %s cannot be canceled", r.status)
+		}
+	}
+	if len(cancelIDs) > 0 {
+		if _, err := tx.Exec(ctx, cancelSQL, cancelIDs, now); err != nil {
+			return fmt.Errorf("cancel rows: %w", err)
+		}
+	}
+	return audit(ctx, tx, ActionCancel, actor, reason, now, cancelIDs, details)
+}

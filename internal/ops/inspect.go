@@ -1,0 +1,129 @@
+package ops
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// Detail is everything known about one intent: the row, every attempt and every
+// operator action.
+type Detail struct {
+	Intent outbox.Intent `json:"intent"`
+	// Ambiguous says the latest attempt may or may not have reached the receiver.
+	Ambiguous bool `json:"ambiguous"`
+	// LeaseOwner and LeaseExpiresAt name the relay delivering the row, while one is.
+	LeaseOwner     string    `json:"lease_owner,omitempty"`
+	LeaseExpiresAt time.Time `json:"lease_expires_at,omitzero"`
+	// FirstAttemptAt is when the first attempt started; zero before any.
+	FirstAttemptAt time.Time `json:"first_attempt_at,omitzero"`
+	// Attempts are in the order they were made.
+	Attempts []Attempt `json:"attempts"`
+	// Audit lists operator actions on the row, oldest first.
+	Audit []AuditEntry `json:"audit"`
+}
+
+// Attempt is one delivery attempt of an intent, from outbox_attempts.
+type Attempt struct {
+	Attempt   int       `json:"attempt"`
+	Relay     string    `json:"relay"`
+	StartedAt time.Time `json:"started_at"`
+	// FinishedAt is zero while the attempt has not finished.
+	FinishedAt time.Time `json:"finished_at,omitzero"`
+	// Duration is FinishedAt - StartedAt; zero while unfinished.
+	Duration time.Duration `json:"duration"`
+	// Outcome is delivered, retry, dead, held or lease_expired.
+	Outcome   string `json:"outcome"`
+	Ambiguous bool   `json:"ambiguous"`
+	Error     string `json:"error,omitempty"`
+}
+
+// AuditEntry is one operator action on an intent, from outbox_audit.
+type AuditEntry struct {
+	ID     int64     `json:"id"`
+	Action string    `json:"action"`
+	Actor  string    `json:"actor"`
+	Reason string    `json:"reason,omitempty"`
+	At     time.Time `json:"at"`
+	// Details depend on the action, such as {"from_status": "dead"} for a replay.
+	Details json.RawMessage `json:"details"`
+}
+
+// inspectSQL reads one intent by key with the engine's columns Intent leaves out.
+const inspectSQL = `
+SELECT ` + outbox.IntentColumns + `, ambiguous, coalesce(lease_owner, ''), lease_expires_at, first_attempt_at
+FROM outbox WHERE idempotency_key = $1`
+
+// attemptsSQL reads a row's attempts in order.
+const attemptsSQL = `
+SELECT attempt, relay_id, started_at, finished_at, outcome, ambiguous, coalesce(error, '')
+FROM outbox_attempts WHERE outbox_id = $1 ORDER BY attempt, id`
+
+// auditTrailSQL reads a row's audit trail in order.
+const auditTrailSQL = `
+SELECT id, action, actor, coalesce(reason, ''), at, details
+FROM outbox_audit WHERE outbox_id = $1 ORDER BY id`
+
+// Inspect returns the intent with key, its attempts and its audit trail. The error
+// wraps [outbox.ErrNotFound] when no intent has the key. The three reads are separate
+// statements; pass a repeatable-read transaction as db for a single snapshot.
+func Inspect(ctx context.Context, db outbox.DB, key string) (Detail, error) {
+	var (
+		d               Detail
+		leaseExp, first *time.Time
+	)
+	in, err := outbox.ScanIntent(db.QueryRow(ctx, inspectSQL, key), &d.Ambiguous, &d.LeaseOwner, &leaseExp, &first)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Detail{}, fmt.Errorf("%w: no intent has key %q", outbox.ErrNotFound, key)
+	}
+	if err != nil {
+		return Detail{}, fmt.Errorf("inspect %q: %w", key, err)
+	}
+	d.Intent = in
+	if leaseExp != nil {
+		d.LeaseExpiresAt = *leaseExp
+	}
+	if first != nil {
+		d.FirstAttemptAt = *first
+	}
+
+	rows, err := db.Query(ctx, attemptsSQL, in.ID)
+	if err != nil {
+		return Detail{}, fmt.Errorf("inspect %q: attempts: %w", key, err)
+	}
+	d.Attempts, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Attempt, error) {
+		var (
+			a        Attempt
+			finished *time.Time
+		)
+		err := r.Scan(&a.Attempt, &a.Relay, &a.StartedAt, &finished, &a.Outcome, &a.Ambiguous, &a.Error)
+		if finished != nil {
+			a.FinishedAt = *finished
+			a.Duration = finished.Sub(a.StartedAt)
+		}
+		return a, err
+	})
+	if err != nil {
+		return Detail{}, fmt.Errorf("inspect %q: attempts: %w", key, err)
+	}
+
+	rows, err = db.Query(ctx, auditTrailSQL, in.ID)
+	if err != nil {
+		return Detail{}, fmt.Errorf("inspect %q: audit: %w", key, err)
+	}
+	d.Audit, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (AuditEntry, error) {
+		var e AuditEntry
+		err := r.Scan(&e.ID, &e.Action, &e.Actor, &e.Reason, &e.At, &e.Details)
+		return e, err
+	})
+	if err != nil {
+		return Detail{}, fmt.Errorf("inspect %q: audit: %w", key, err)
+	}
+	return d, nil
+}

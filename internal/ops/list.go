@@ -1,0 +1,169 @@
+package ops
+
+import (
+	"cmp"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// Filter selects intents for [List] and, inside a [Selection], for [Replay]. Zero
+// fields select everything.
+type Filter struct {
+	// Status keeps rows in any of these statuses; each must be one of [Statuses].
+	Status []string `json:"status,omitempty"`
+	// Connector keeps rows of this connector instance ("webhook", "webhook:crm").
+	Connector string `json:"connector,omitempty"`
+	// KeyPrefix keeps rows whose idempotency key starts with it (compared literally:
+	// '%' and '_' are not wildcards).
+	KeyPrefix string `json:"key_prefix,omitempty"`
+	// OlderThan keeps rows created more than this long before Now.
+	OlderThan time.Duration `json:"older_than,omitempty"`
+	// NewerThan keeps rows created less than this long before Now.
+	NewerThan time.Duration `json:"newer_than,omitempty"`
+	// ErrorContains keeps rows whose last error contains it, ignoring case.
+	ErrorContains string `json:"error_contains,omitempty"`
+	// OrderingKey keeps rows with this ordering key.
+	OrderingKey string `json:"ordering_key,omitempty"`
+	// Limit is the page size of [List]. Defaults to 50; at most 1000. In a [Selection]
+	// it caps how many rows are selected, and zero means no cap.
+	Limit int `json:"limit,omitempty"`
+	// After is the cursor of the page to read: the Next of the previous [Page]. Empty
+	// starts at the newest row.
+	After string `json:"after,omitempty"`
+	// Now is the clock OlderThan and NewerThan count from. Defaults to the current time.
+	Now time.Time `json:"now,omitzero"`
+}
+
+// Page is one page of [List]: intents newest first, and the cursor of the next page.
+type Page struct {
+	Intents []outbox.Intent `json:"intents"`
+	// Next is the cursor to pass as [Filter].After for the next page; empty at the end.
+	Next string `json:"next,omitempty"`
+}
+
+// cursor is the position after which a page starts: the last row of the previous page.
+// It travels base64url-encoded, and callers treat it as opaque.
+type cursor struct {
+	CreatedAt time.Time `json:"c"`
+	ID        int64     `json:"i"`
+}
+
+func (c cursor) encode() string {
+	b, _ := json.Marshal(c) // a time and an int always encode
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeCursor(s string) (*cursor, error) {
+	if s == "" {
+		return nil, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	var c cursor
+	if err == nil {
+		err = json.Unmarshal(b, &c)
+	}
+	if err != nil || c.ID <= 0 {
+		return nil, fmt.Errorf("%w: After: %q is not a cursor from a previous page", ErrInvalidFilter, s)
+	}
+	return &c, nil
+}
+
+// listSQL reads one page of rows matching a filter, newest first, with keyset
+// pagination on (created_at, id). Every condition is a parameter that, when empty,
+// disables itself, so the text never depends on user input:
+// $1 statuses, $2 connector, $3 key prefix, $4 created before, $5 created after,
+// $6 error substring, $7 ordering key, $8/$9 the cursor, $10 the page size.
+// The key prefix uses starts_with, which has no wildcards to escape.
+const listSQL = `
+SELECT ` + outbox.IntentColumns + `
+FROM outbox
+WHERE (cardinality($1::text[]) = 0 OR status = ANY($1::text[]))
+  AND ($2::text = '' OR connector = $2::text)
+  AND ($3::text = '' OR starts_with(idempotency_key, $3::text))
+  AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
+  AND ($5::timestamptz IS NULL OR created_at > $5::timestamptz)
+  AND ($6::text = '' OR strpos(lower(last_error), lower($6::text)) > 0)
+  AND ($7::text = '' OR ordering_key = $7::text)
+  AND ($8::timestamptz IS NULL OR (created_at, id) < ($8::timestamptz, $9::bigint))
+ORDER BY created_at DESC, id DESC
+LIMIT $10`
+
+// listArgs validates f and returns listSQL's arguments $1 to $9.
+func (f Filter) listArgs() ([]any, error) {
+	for _, s := range f.Status {
+		if !knownStatus(s) {
+			return nil, fmt.Errorf("%w: Status: unknown status %q (known: %v)", ErrInvalidFilter, s, Statuses)
+		}
+	}
+	if f.OlderThan < 0 {
+		return nil, fmt.Errorf("%w: OlderThan: %s is negative", ErrInvalidFilter, f.OlderThan)
+	}
+	if f.NewerThan < 0 {
+		return nil, fmt.Errorf("%w: NewerThan: %s is negative", ErrInvalidFilter, f.NewerThan)
+	}
+	if f.Limit < 0 {
+		return nil, fmt.Errorf("%w: Limit: %d is negative", ErrInvalidFilter, f.Limit)
+	}
+	c, err := decodeCursor(f.After)
+	if err != nil {
+		return nil, err
+	}
+	now := nowOr(f.Now)
+	var before, after, cursorAt *time.Time
+	var cursorID int64
+	if f.OlderThan > 0 {
+		t := now.Add(-f.OlderThan)
+		before = &t
+	}
+	if f.NewerThan > 0 {
+		t := now.Add(-f.NewerThan)
+		after = &t
+	}
+	if c != nil {
+		cursorAt, cursorID = &c.CreatedAt, c.ID
+	}
+	statuses := f.Status
+	if statuses == nil {
+		statuses = []string{}
+	}
+	return []any{statuses, f.Connector, f.KeyPrefix, before, after, f.ErrorContains, f.OrderingKey,
+		cursorAt, cursorID}, nil
+}
+
+// List returns one page of intents matching f, newest first (created_at, then id,
+// descending). Pages are keyset-paginated: pass the returned Next as f.After for the
+// following page; rows inserted meanwhile never shift a page or repeat a row.
+// A filter with an unknown status, a negative duration or a bad cursor is refused with
+// an error wrapping [ErrInvalidFilter].
+func List(ctx context.Context, db outbox.DB, f Filter) (Page, error) {
+	args, err := f.listArgs()
+	if err != nil {
+		return Page{}, err
+	}
+	limit := min(cmp.Or(f.Limit, defaultListLimit), maxListLimit)
+	// One row more than the page says whether there is a next page.
+	rows, err := db.Query(ctx, listSQL, append(args, limit+1)...)
+	if err != nil {
+		return Page{}, fmt.Errorf("list: %w", err)
+	}
+	intents, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Intent, error) {
+		return outbox.ScanIntent(r)
+	})
+	if err != nil {
+		return Page{}, fmt.Errorf("list: %w", err)
+	}
+	page := Page{Intents: intents}
+	if len(intents) > limit {
+		page.Intents = intents[:limit]
+		last := page.Intents[limit-1]
+		page.Next = cursor{CreatedAt: last.CreatedAt, ID: last.ID}.encode()
+	}
+	return page, nil
+}

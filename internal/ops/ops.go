@@ -1,0 +1,213 @@
+package ops
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// Sentinel errors; test for them with errors.Is.
+var (
+	// ErrInvalidFilter means a [Filter] or [Selection] was refused before anything was
+	// read: an unknown status, a negative age, a bad cursor. The message names the field.
+	ErrInvalidFilter = errors.New("invalid filter")
+
+	// ErrInvalidOptions means the options of a command that changes rows were refused
+	// before anything was changed, such as a missing actor. The message names the field.
+	ErrInvalidOptions = errors.New("invalid options")
+)
+
+// Audit actions, as stored in outbox_audit.action.
+const (
+	ActionReplay       = "replay"
+	ActionCancel       = "cancel"
+	ActionPurgePayload = "purge_payload"
+	ActionApprove      = "approve"
+	ActionReject       = "reject"
+)
+
+// Statuses lists every status an intent can have, in the state machine's order.
+var Statuses = []string{
+	outbox.StatusPending, outbox.StatusDelivering, outbox.StatusDelivered, outbox.StatusDead,
+	outbox.StatusCanceled, outbox.StatusAwaitingApproval, outbox.StatusHeld,
+}
+
+func knownStatus(s string) bool {
+	for _, k := range Statuses {
+		if s == k {
+			return true
+		}
+	}
+	return false
+}
+
+// Default and maximum sizes.
+const (
+	defaultListLimit = 50
+	maxListLimit     = 1000
+	defaultBatchSize = 500
+	maxBatchSize     = 10_000
+)
+
+// Refusal reasons, as reported in the Refused maps of [ReplayResult] and [CancelResult].
+// They are sentences for a person; the CLI prints them as they are.
+const (
+	reasonLocked = "another transaction holds the row (a relay is recording its outcome); look again in a moment"
+)
+
+// lockedRow is a row read under FOR UPDATE by a command that may change it.
+type lockedRow struct {
+	id             int64
+	key            string
+	status         string
+	leaseOwner     string
+	leaseExpiresAt *time.Time
+	payloadPurged  bool
+}
+
+// lockSQL locks the rows $1 that no other transaction holds. A row a relay is recording
+// an outcome for (or another operator command is changing) is skipped rather than waited
+// for: the caller reports it, so a command never blocks behind a relay and never
+// overwrites what the relay writes. purged says whether the payload was purged.
+const lockSQL = `
+SELECT o.id, o.idempotency_key, o.status, coalesce(o.lease_owner, ''), o.lease_expires_at,
+       EXISTS (SELECT 1 FROM outbox_audit a WHERE a.outbox_id = o.id AND a.action = 'purge_payload')
+FROM outbox o
+WHERE o.id = ANY($1)
+ORDER BY o.id
+FOR UPDATE OF o SKIP LOCKED`
+
+// lockRows locks the rows ids in tx and returns those it got, by id.
+func lockRows(ctx context.Context, tx pgx.Tx, ids []int64) (map[int64]lockedRow, error) {
+	rows, err := tx.Query(ctx, lockSQL, ids)
+	if err != nil {
+		return nil, fmt.Errorf("lock rows: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[int64]lockedRow, len(ids))
+	for rows.Next() {
+		var r lockedRow
+		if err := rows.Scan(&r.id, &r.key, &r.status, &r.leaseOwner, &r.leaseExpiresAt, &r.payloadPurged); err != nil {
+			return nil, fmt.Errorf("lock rows: %w", err)
+		}
+		out[r.id] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("lock rows: %w", err)
+	}
+	return out, nil
+}
+
+// target is a row a command was asked to change, before it is locked.
+type target struct {
+	id  int64
+	key string
+}
+
+// resolveKeysSQL finds the rows holding keys $1.
+const resolveKeysSQL = `SELECT id, idempotency_key FROM outbox WHERE idempotency_key = ANY($1)`
+
+// resolveKeys finds the rows of keys, in the order of keys (repeats dropped), and the
+// keys no row has.
+func resolveKeys(ctx context.Context, db outbox.DB, keys []string) (found []target, notFound []string, err error) {
+	uniq := make([]string, 0, len(keys))
+	seen := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		if !seen[k] {
+			seen[k] = true
+			uniq = append(uniq, k)
+		}
+	}
+	rows, err := db.Query(ctx, resolveKeysSQL, uniq)
+	if err != nil {
+		return nil, nil, fmt.Errorf("look up keys: %w", err)
+	}
+	defer rows.Close()
+	ids := make(map[string]int64, len(uniq))
+	for rows.Next() {
+		var t target
+		if err := rows.Scan(&t.id, &t.key); err != nil {
+			return nil, nil, fmt.Errorf("look up keys: %w", err)
+		}
+		ids[t.key] = t.id
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("look up keys: %w", err)
+	}
+	for _, k := range uniq {
+		if id, ok := ids[k]; ok {
+			found = append(found, target{id: id, key: k})
+		} else {
+			notFound = append(notFound, k)
+		}
+	}
+	return found, notFound, nil
+}
+
+// existsSQL says whether the row $1 still exists; it takes no lock.
+const existsSQL = `SELECT EXISTS (SELECT 1 FROM outbox WHERE id = $1)`
+
+// skipped classifies a row lockRows did not return: deleted meanwhile (retention or
+// purge), or held by another transaction.
+func skipped(ctx context.Context, tx pgx.Tx, id int64) (gone bool, err error) {
+	var exists bool
+	if err := tx.QueryRow(ctx, existsSQL, id).Scan(&exists); err != nil {
+		return false, fmt.Errorf("look up row %d: %w", id, err)
+	}
+	return !exists, nil
+}
+
+// auditSQL records one operator action per row: $1 ids, $2 details (jsonb, parallel to
+// $1), action $3, actor $4, reason $5 (NULL when empty), at $6.
+const auditSQL = `
+INSERT INTO outbox_audit (outbox_id, action, actor, reason, at, details)
+SELECT t.id, $3, $4, NULLIF($5, ''), $6, t.details
+FROM unnest($1::bigint[], $2::jsonb[]) AS t(id, details)`
+
+// audit writes audit rows in tx.
+func audit(ctx context.Context, tx pgx.Tx, action, actor, reason string, at time.Time, ids []int64, details [][]byte) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, auditSQL, ids, details, action, actor, reason, at); err != nil {
+		return fmt.Errorf("record audit: %w", err)
+	}
+	return nil
+}
+
+// batches splits ts into chunks of at most n.
+func batches(ts []target, n int) [][]target {
+	var out [][]target
+	for len(ts) > 0 {
+		k := min(n, len(ts))
+		out = append(out, ts[:k])
+		ts = ts[k:]
+	}
+	return out
+}
+
+func ids(ts []target) []int64 {
+	out := make([]int64, len(ts))
+	for i, t := range ts {
+		out[i] = t.id
+	}
+	return out
+}
+
+// batchSize applies the default and the bound to a BatchSize option.
+func batchSize(n int) int {
+	return min(cmp.Or(max(n, 0), defaultBatchSize), maxBatchSize)
+}
+
+func nowOr(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Now()
+	}
+	return t
+}

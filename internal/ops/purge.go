@@ -1,0 +1,114 @@
+package ops
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// PurgeOptions control [Purge].
+type PurgeOptions struct {
+	// DryRun counts the rows that would be purged and changes nothing.
+	DryRun bool
+	// PayloadOnly keeps the rows and replaces their payload with {}, keeping key,
+	// status, result and attempts: the record of what happened stays, the data that
+	// was sent goes. Each row gets an outbox_audit row (action purge_payload).
+	PayloadOnly bool
+	// BatchSize is how many rows each statement purges. Defaults to 500.
+	BatchSize int
+	// Now is the clock olderThan counts from. Defaults to the current time.
+	Now time.Time
+	// Actor names who purges, for the audit trail of PayloadOnly. Defaults to "purge".
+	Actor string
+	// Reason says why, for the audit trail of PayloadOnly.
+	Reason string
+}
+
+// PurgeResult says how many rows [Purge] deleted or emptied (or, with DryRun, would).
+type PurgeResult struct {
+	Rows   int  `json:"rows"`
+	DryRun bool `json:"dry_run"`
+}
+
+// purgeCountSQL counts finished rows last changed before $1; with $2, only those whose
+// payload is still there.
+const purgeCountSQL = `
+SELECT count(*) FROM outbox
+WHERE status IN ('delivered', 'canceled') AND updated_at < $1 AND (NOT $2 OR payload <> '{}'::jsonb)`
+
+// purgeDeleteSQL deletes up to $2 finished rows last changed before $1 (attempts and
+// audit rows cascade). Rows another transaction holds are skipped: a replay with
+// Redeliver may be moving one back to pending.
+const purgeDeleteSQL = `
+WITH victims AS (
+    SELECT id FROM outbox
+    WHERE status IN ('delivered', 'canceled') AND updated_at < $1
+    ORDER BY updated_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM outbox o USING victims v WHERE o.id = v.id`
+
+// purgePayloadSQL empties the payload of up to $2 finished rows last changed before $1
+// and records it for each ($3 actor, $4 reason, $5 time). updated_at is left alone so
+// retention still counts from when the row finished. A row whose payload is already {}
+// has nothing to purge, which also makes a second run a no-op.
+const purgePayloadSQL = `
+WITH victims AS (
+    SELECT id FROM outbox
+    WHERE status IN ('delivered', 'canceled') AND updated_at < $1 AND payload <> '{}'::jsonb
+    ORDER BY updated_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE outbox o SET payload = '{}'::jsonb FROM victims v WHERE o.id = v.id RETURNING o.id
+)
+INSERT INTO outbox_audit (outbox_id, action, actor, reason, at)
+SELECT id, 'purge_payload', $3, NULLIF($4, ''), $5 FROM upd`
+
+// Purge deletes delivered and canceled rows last changed more than olderThan before
+// opts.Now, in batches of opts.BatchSize rows, each batch one statement. With
+// opts.PayloadOnly it keeps the rows and empties their payload instead. It never
+// touches a row in any other status, so nothing in flight or still to be sent is lost,
+// and it skips rows another transaction holds. Running it again is harmless.
+func Purge(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration, opts PurgeOptions) (PurgeResult, error) {
+	res := PurgeResult{DryRun: opts.DryRun}
+	if olderThan < 0 {
+		return res, fmt.Errorf("%w: olderThan: %s is negative", ErrInvalidOptions, olderThan)
+	}
+	now := nowOr(opts.Now)
+	cutoff := now.Add(-olderThan)
+	if opts.DryRun {
+		if err := pool.QueryRow(ctx, purgeCountSQL, cutoff, opts.PayloadOnly).Scan(&res.Rows); err != nil {
+			return res, fmt.Errorf("purge: count: %w", err)
+		}
+		return res, nil
+	}
+	size := batchSize(opts.BatchSize)
+	actor := opts.Actor
+	if actor == "" {
+		actor = "purge"
+	}
+	for {
+		var (
+			n   int64
+			err error
+		)
+		if opts.PayloadOnly {
+			tag, e := pool.Exec(ctx, purgePayloadSQL, cutoff, size, actor, opts.Reason, now)
+			n, err = tag.RowsAffected(), e
+		} else {
+			tag, e := pool.Exec(ctx, purgeDeleteSQL, cutoff, size)
+			n, err = tag.RowsAffected(), e
+		}
+		if err != nil {
+			return res, fmt.Errorf("purge: %w", err)
+		}
+		res.Rows += int(n)
+		if n < int64(size) {
+			return res, nil
+		}
+	}
+}

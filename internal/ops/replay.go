@@ -1,0 +1,387 @@
+package ops
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// Selection names the rows a command acts on: either Keys or Filter, not both.
+type Selection struct {
+	// Keys are idempotency keys; repeats count once.
+	Keys []string `json:"keys,omitempty"`
+	// Filter selects rows as [List] does, every page of it. Its Limit caps the number of
+	// rows selected (zero: no cap); After is ignored.
+	Filter *Filter `json:"filter,omitempty"`
+}
+
+// ReplayOptions control [Replay].
+type ReplayOptions struct {
+	// Actor names who replays, for the audit trail. Required.
+	Actor string
+	// Reason says why, for the audit trail.
+	Reason string
+	// DryRun computes the same result and changes nothing.
+	DryRun bool
+	// Redeliver allows replaying delivered rows, which sends them again.
+	Redeliver bool
+	// NewKey re-executes each row as a new intent under a key derived from the old one,
+	// instead of putting the row itself back. See [Replay].
+	NewKey bool
+	// BatchSize is how many rows each transaction takes. Defaults to 500.
+	BatchSize int
+	// Rate caps the rows replayed per second. Defaults to no cap.
+	Rate float64
+	// ProgressFunc, when set, is called after each batch with the rows handled so far
+	// and the rows selected.
+	ProgressFunc func(done, total int)
+	// Now is the replay's clock: next_attempt_at, lease expiry, audit time. Defaults to
+	// the current time.
+	Now time.Time
+}
+
+// ReplayResult says what [Replay] did (or, with DryRun, would do) with each selected key.
+type ReplayResult struct {
+	// Replayed are keys put back to pending (or, with NewKey, re-executed as a new row).
+	Replayed []string `json:"replayed"`
+	// Unchanged are keys already pending (or, with NewKey, whose previous new-key copy
+	// is still on its way), so there was nothing to do.
+	Unchanged []string `json:"unchanged"`
+	// Refused maps keys left alone to the reason, a sentence for a person.
+	Refused map[string]string `json:"refused"`
+	// NewKeys maps old keys to the key of the row that re-executes them (NewKey).
+	NewKeys map[string]string `json:"new_keys,omitempty"`
+	// NotFound are keys no row has (Keys selections, or rows deleted meanwhile).
+	NotFound []string `json:"not_found,omitempty"`
+	DryRun   bool     `json:"dry_run"`
+}
+
+// errRollback ends a dry run's transaction without an error.
+var errRollback = errors.New("dry run: roll back")
+
+// replaySQL puts rows $1 back to pending at $2. A row stuck in delivering (its lease
+// expired) is treated as the relay's reclaim treats it: the abandoned attempt is logged as
+// ambiguous and the row stays marked ambiguous, so the next attempt knows the receiver
+// may already have acted, and a late outcome from the vanished relay is still accepted
+// (relay/sql.go, recordSQL). Other rows were decided by the operator: ambiguous is
+// cleared. last_error, attempts and the attempt log are kept. Both statements read the
+// rows as they were before the UPDATE.
+const replaySQL = `
+WITH stuck AS (
+    INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
+    SELECT id, attempts, lease_owner, updated_at, $2, 'lease_expired', true,
+           'lease expired before the outcome was recorded; an operator replayed the row'
+    FROM outbox
+    WHERE id = ANY($1) AND status = 'delivering'
+)
+UPDATE outbox
+SET status = 'pending', next_attempt_at = $2, ambiguous = (status = 'delivering'),
+    lease_owner = NULL, lease_expires_at = NULL, delivered_at = NULL, updated_at = $2
+WHERE id = ANY($1)`
+
+// copySQL reads what a new-key replay copies from row $1, and how many new-key
+// replays the row has had.
+const copySQL = `
+SELECT o.connector, o.payload, coalesce(o.ordering_key, ''), o.headers, coalesce(o.created_by, ''),
+       (SELECT count(*) FROM outbox_audit a
+        WHERE a.outbox_id = o.id AND a.action = 'replay' AND a.details->>'new_key' IS NOT NULL)
+FROM outbox o WHERE o.id = $1`
+
+// statusByKeySQL reads the status of the row with key $1.
+const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
+
+// Replay puts the selected rows back to pending now, in batches of opts.BatchSize rows,
+// each batch its own short transaction. It is safe while relays run: each batch locks its
+// rows with FOR UPDATE SKIP LOCKED, so a row a relay is recording an outcome for is
+// reported as refused and left to the relay, never overwritten; and a row in flight
+// (delivering with a live lease) is refused too.
+//
+// By status:
+//
+//   - dead, held: replayed. ambiguous is cleared (the operator decided); last_error,
+//     attempts and the attempt log are kept.
+//   - delivering whose lease expired before opts.Now (stuck): replayed like the relay's
+//     own reclaim, the abandoned attempt logged as ambiguous. With a live lease: refused.
+//   - delivered: refused unless opts.Redeliver. Read [GuaranteeNote] first.
+//   - pending: unchanged, so replaying twice is harmless.
+//   - canceled, awaiting_approval: refused; canceled rows stay canceled, and approval
+//     is decided by approve or reject.
+//   - a row whose payload was purged: refused, since there is nothing left to send.
+//
+// Every replayed row gets an outbox_audit row (action replay, opts.Actor, opts.Reason,
+// details {"from_status": ...}).
+//
+// With opts.NewKey the row itself is left as it is and a new intent re-executes it:
+// same connector, payload, ordering key and headers, under the key
+// outbox.Key(oldKey, "replay", n) for the row's n-th new-key replay, enqueued with
+// [outbox.Enqueue] (so its fingerprint is its own). Keeping the old row keeps the
+// receiver's record of the old key truthful: rewriting its key would let a later enqueue
+// of the old key run the operation a third time. The old row's audit entry records
+// {"new_key": ...}. While the previous copy is still on its way (pending, delivering,
+// held, awaiting approval), replaying again is unchanged rather than a third execution.
+// A stuck delivering row is refused with NewKey (the relay would retry it as well), as
+// is a held row with an ordering key (it would hold its copy back forever).
+//
+// The error wraps [ErrInvalidFilter] or [ErrInvalidOptions] for a bad selection or
+// options, in which case nothing was changed. An error from a later batch leaves the
+// earlier batches committed; the result returned with it covers them.
+func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayOptions) (ReplayResult, error) {
+	res := ReplayResult{
+		Replayed: []string{}, Unchanged: []string{}, Refused: map[string]string{},
+		DryRun: opts.DryRun,
+	}
+	if opts.NewKey {
+		res.NewKeys = map[string]string{}
+	}
+	if opts.Actor == "" {
+		return res, fmt.Errorf("%w: Actor: say who replays, for the audit trail", ErrInvalidOptions)
+	}
+	if opts.Rate < 0 {
+		return res, fmt.Errorf("%w: Rate: %g is negative", ErrInvalidOptions, opts.Rate)
+	}
+	now := nowOr(opts.Now)
+	targets, notFound, err := resolve(ctx, pool, sel, now)
+	if err != nil {
+		return res, err
+	}
+	res.NotFound = notFound
+
+	size := batchSize(opts.BatchSize)
+	if opts.Rate > 0 {
+		size = min(size, max(1, int(opts.Rate))) // about one batch a second
+	}
+	start, done := time.Now(), 0
+	for _, b := range batches(targets, size) {
+		var br ReplayResult
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			br = ReplayResult{Refused: map[string]string{}, NewKeys: map[string]string{}}
+			if err := replayBatch(ctx, tx, b, opts, now, &br); err != nil {
+				return err
+			}
+			if opts.DryRun {
+				return errRollback
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, errRollback) {
+			return res, fmt.Errorf("replay: %w", err)
+		}
+		res.merge(br)
+		done += len(b)
+		if opts.ProgressFunc != nil {
+			opts.ProgressFunc(done, len(targets))
+		}
+		if opts.Rate > 0 && done < len(targets) {
+			due := start.Add(time.Duration(float64(done) / opts.Rate * float64(time.Second)))
+			if err := sleepUntil(ctx, due); err != nil {
+				return res, fmt.Errorf("replay: %w", err)
+			}
+		}
+	}
+	return res, nil
+}
+
+func (r *ReplayResult) merge(b ReplayResult) {
+	r.Replayed = append(r.Replayed, b.Replayed...)
+	r.Unchanged = append(r.Unchanged, b.Unchanged...)
+	r.NotFound = append(r.NotFound, b.NotFound...)
+	for k, v := range b.Refused {
+		r.Refused[k] = v
+	}
+	if r.NewKeys != nil {
+		for k, v := range b.NewKeys {
+			r.NewKeys[k] = v
+		}
+	}
+}
+
+// replayBatch replays one batch in tx, recording the outcome of each key in br.
+func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions, now time.Time, br *ReplayResult) error {
+	locked, err := lockRows(ctx, tx, ids(b))
+	if err != nil {
+		return err
+	}
+	var (
+		replayIDs []int64
+		auditIDs  []int64
+		details   [][]byte
+	)
+	for _, t := range b {
+		r, ok := locked[t.id]
+		if !ok {
+			gone, err := skipped(ctx, tx, t.id)
+			if err != nil {
+				return err
+			}
+			if gone {
+				br.NotFound = append(br.NotFound, t.key)
+			} else {
+				br.Refused[t.key] = reasonLocked
+			}
+			continue
+		}
+		stuck := r.status == outbox.StatusDelivering && r.leaseExpiresAt != nil && r.leaseExpiresAt.Before(now)
+		switch {
+		case r.status == outbox.StatusPending:
+			br.Unchanged = append(br.Unchanged, t.key)
+			continue
+		case r.status == outbox.StatusCanceled:
+			br.Refused[t.key] = "canceled rows stay canceled; enqueue a new intent to act after all"
+			continue
+		case r.status == outbox.StatusAwaitingApproval:
+			br.Refused[t.key] = "awaiting approval: approve or reject it instead"
+			continue
+		case r.status == outbox.StatusDelivered && !opts.Redeliver:
+			br.Refused[t.key] = "already delivered; replaying would send it again, so it needs Redeliver (--redeliver)"
+			continue
+		case r.status == outbox.StatusDelivering && !stuck:
+			br.Refused[t.key] = fmt.Sprintf("in flight: relay %s holds its lease until %s",
+				r.leaseOwner, r.leaseExpiresAt.UTC().Format(time.RFC3339))
+			continue
+		case r.payloadPurged:
+			br.Refused[t.key] = "its payload was purged, so there is nothing left to send"
+			continue
+		}
+		d := map[string]string{"from_status": r.status}
+		if opts.NewKey {
+			newKey, changed, reason, err := replayNewKey(ctx, tx, r)
+			if err != nil {
+				return err
+			}
+			if reason != "" {
+				br.Refused[t.key] = reason
+				continue
+			}
+			br.NewKeys[t.key] = newKey
+			if !changed {
+				br.Unchanged = append(br.Unchanged, t.key)
+				continue
+			}
+			d["new_key"] = newKey
+		} else {
+			replayIDs = append(replayIDs, r.id)
+		}
+		br.Replayed = append(br.Replayed, t.key)
+		dj, _ := json.Marshal(d) // a map of strings always encodes
+		auditIDs, details = append(auditIDs, r.id), append(details, dj)
+	}
+	if len(replayIDs) > 0 {
+		if _, err := tx.Exec(ctx, replaySQL, replayIDs, now); err != nil {
+			return fmt.Errorf("put rows back: %w", err)
+		}
+	}
+	return audit(ctx, tx, ActionReplay, opts.Actor, opts.Reason, now, auditIDs, details)
+}
+
+// replayNewKey enqueues the copy of r that re-executes it. changed is false when the
+// previous copy is still on its way; reason is set when r cannot be re-executed.
+func replayNewKey(ctx context.Context, tx pgx.Tx, r lockedRow) (newKey string, changed bool, reason string, err error) {
+	if r.status == outbox.StatusDelivering {
+		return "", false, "stuck in delivering: a relay will retry it under its own key; replay it without NewKey, or cancel it once it is back", nil
+	}
+	var (
+		m       outbox.Message
+		payload []byte
+		n       int
+	)
+	if err := tx.QueryRow(ctx, copySQL, r.id).Scan(&m.Connector, &payload, &m.OrderingKey, &m.Headers,
+		&m.CreatedBy, &n); err != nil {
+		return "", false, "", fmt.Errorf("read row %d: %w", r.id, err)
+	}
+	if r.status == outbox.StatusHeld && m.OrderingKey != "" {
+		return "", false, "held with an ordering key, which would hold its copy back; cancel it first or replay without NewKey", nil
+	}
+	if n > 0 {
+		prev := outbox.Key(r.key, "replay", strconv.Itoa(n))
+		var st string
+		err := tx.QueryRow(ctx, statusByKeySQL, prev).Scan(&st)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return "", false, "", fmt.Errorf("look up %q: %w", prev, err)
+		}
+		switch st {
+		case outbox.StatusPending, outbox.StatusDelivering, outbox.StatusHeld, outbox.StatusAwaitingApproval:
+			return prev, false, "", nil
+		}
+	}
+	m.Key = outbox.Key(r.key, "replay", strconv.Itoa(n+1))
+	m.Payload = json.RawMessage(payload)
+	if _, err := outbox.Enqueue(ctx, tx, m); err != nil {
+		return "", false, "", err
+	}
+	return m.Key, true, "", nil
+}
+
+// resolve turns a selection into rows, in order, and the keys no row has.
+func resolve(ctx context.Context, db outbox.DB, sel Selection, now time.Time) ([]target, []string, error) {
+	switch {
+	case sel.Filter != nil && len(sel.Keys) > 0:
+		return nil, nil, fmt.Errorf("%w: select by Keys or by Filter, not both", ErrInvalidFilter)
+	case sel.Filter == nil && len(sel.Keys) == 0:
+		return nil, nil, fmt.Errorf("%w: the selection is empty: give Keys or a Filter", ErrInvalidFilter)
+	case sel.Filter == nil:
+		return resolveKeys(ctx, db, sel.Keys)
+	}
+	f := *sel.Filter
+	if f.Limit < 0 {
+		return nil, nil, fmt.Errorf("%w: Limit: %d is negative", ErrInvalidFilter, f.Limit)
+	}
+	f.Now, f.After = nowOr(f.Now), ""
+	capped := f.Limit
+	var out []target
+	for {
+		f.Limit = maxListLimit
+		if capped > 0 {
+			f.Limit = min(maxListLimit, capped-len(out))
+		}
+		page, err := List(ctx, db, f)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, in := range page.Intents {
+			out = append(out, target{id: in.ID, key: in.Key})
+		}
+		if page.Next == "" || (capped > 0 && len(out) >= capped) {
+			return out, nil, nil
+		}
+		f.After = page.Next
+	}
+}
+
+func sleepUntil(ctx context.Context, t time.Time) error {
+	d := time.Until(t)
+	if d <= 0 {
+		return nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-timer.C:
+		return nil
+	}
+}
+
+// GuaranteeNote says in plain words what sending a row again means for duplicates under
+// a connector's guarantee, for replay's confirmation prompt.
+func GuaranteeNote(g connectors.Guarantee) string {
+	switch g {
+	case connectors.Enforced:
+		return "enforced: the receiver dedupes on the key, so within its key window it returns its stored answer for the same key and acts only once; after the window has passed, a redelivery acts again"
+	case connectors.Reconciled:
+		return "reconciled: the receiver does not dedupe, but the connector looks for the key's effect first and records a found one as delivered instead of acting again"
+	case connectors.Forwarded:
+		return "forwarded: the key travels with the request but nothing is known to enforce it, so the receiver may act twice"
+	default:
+		return fmt.Sprintf("unknown guarantee %q: assume the receiver may act twice", string(g))
+	}
+}
