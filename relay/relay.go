@@ -214,7 +214,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	r.running.Store(true)
 	defer r.running.Store(false)
-	r.log.InfoContext(ctx, "relay started", "connectors", r.names, "concurrency", r.cfg.Concurrency,
+	guarantees := make([]string, len(r.names))
+	for i, name := range r.names {
+		guarantees[i] = name + "=" + string(r.instances[name].guarantee)
+	}
+	r.log.InfoContext(ctx, "relay started", "connectors", guarantees, "concurrency", r.cfg.Concurrency,
 		"batch_size", r.cfg.BatchSize, "lease", r.cfg.Lease.String())
 
 	// deliverCtx outlives ctx by up to the shutdown timeout, so deliveries in flight at a
