@@ -372,4 +372,3 @@ func TestGuaranteeNote(t *testing.T) {
 	require.Contains(t, ops.GuaranteeNote(connectors.Forwarded), "act twice")
 	require.Contains(t, ops.GuaranteeNote("other"), "act twice")
 }
-
