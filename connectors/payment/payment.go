@@ -523,31 +523,12 @@ func classifyStatus(what string, status int, header http.Header, detail string, 
 }
 
 func retryable(err error, header http.Header) error {
-	if d, ok := retryAfter(header.Get("Retry-After"), time.Now()); ok {
+	if d, ok := connectors.ParseRetryAfter(header.Get("Retry-After"), time.Now()); ok {
 		return connectors.RetryAfter(err, d)
 	}
 	return err
 }
 
-// retryAfter parses a Retry-After value: delta-seconds or an HTTP date (RFC 9110
-// section 10.2.3). A date in the past means no delay.
-func retryAfter(v string, now time.Time) (time.Duration, bool) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return 0, false
-	}
-	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if secs < 0 || secs > int64(365*24*time.Hour/time.Second) {
-			return 0, false
-		}
-		return time.Duration(secs) * time.Second, true
-	}
-	t, err := http.ParseTime(v)
-	if err != nil {
-		return 0, false
-	}
-	return max(t.Sub(now), 0), true
-}
 
 func statusText(code int) string {
 	if t := http.StatusText(code); t != "" {

@@ -384,7 +384,7 @@ func (c *Connector) classify(resp *http.Response, excerpt string) error {
 	case code == http.StatusRequestTimeout, code == http.StatusConflict, code == http.StatusTooEarly,
 		code == http.StatusTooManyRequests, code >= 500:
 		err := errors.New(answered)
-		if d, ok := retryAfter(resp.Header.Get("Retry-After"), c.now()); ok {
+		if d, ok := connectors.ParseRetryAfter(resp.Header.Get("Retry-After"), c.now()); ok {
 			return connectors.RetryAfter(err, d)
 		}
 		return err
@@ -400,25 +400,6 @@ func statusText(code int) string {
 	return strconv.Itoa(code)
 }
 
-// retryAfter parses a Retry-After value: delta-seconds or an HTTP date (RFC 9110
-// section 10.2.3). A date in the past means no delay.
-func retryAfter(v string, now time.Time) (time.Duration, bool) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return 0, false
-	}
-	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if secs < 0 || secs > int64(365*24*time.Hour/time.Second) {
-			return 0, false
-		}
-		return time.Duration(secs) * time.Second, true
-	}
-	t, err := http.ParseTime(v)
-	if err != nil {
-		return 0, false
-	}
-	return max(t.Sub(now), 0), true
-}
 
 // readExcerpt reads up to limit bytes of body and returns them as valid UTF-8 (invalid
 // bytes become U+FFFD while it fits, and a rune cut at the end is dropped), reporting

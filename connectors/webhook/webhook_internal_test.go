@@ -8,6 +8,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
 )
 
 // TestSign_SpecVector reproduces the example published with the Standard Webhooks
@@ -70,7 +72,7 @@ func TestRetryAfter(t *testing.T) {
 		{"tomorrow", 0, false},
 	}
 	for _, tt := range tests {
-		got, ok := retryAfter(tt.in, now)
+		got, ok := connectors.ParseRetryAfter(tt.in, now)
 		require.Equal(t, tt.ok, ok, "%q", tt.in)
 		require.Equal(t, tt.want, got, "%q", tt.in)
 	}
