@@ -359,20 +359,9 @@ func (c *Connector) build(d connectors.Delivery) (*message, error) {
 	if !validHeaderValue(d.Key) {
 		return nil, errors.New("the idempotency key has control characters, so it cannot travel as a header")
 	}
-	var p Payload
-	dec := json.NewDecoder(bytes.NewReader(d.Payload))
-	dec.DisallowUnknownFields() // a misspelt field ("body") would otherwise send an empty mail
-	if err := dec.Decode(&p); err != nil {
-		return nil, fmt.Errorf("payload: %w", err)
-	}
-	if dec.More() {
-		return nil, errors.New("payload: more than one JSON value")
-	}
-	if len(p.To) == 0 {
-		return nil, errors.New(`payload: "to" is required`)
-	}
-	if p.Text == "" && p.HTML == "" {
-		return nil, errors.New(`payload: "text" or "html" is required`)
+	p, err := decodePayload(d.Payload)
+	if err != nil {
+		return nil, err
 	}
 
 	msg := gomail.NewMsg()
@@ -437,6 +426,27 @@ func (c *Connector) build(d connectors.Delivery) (*message, error) {
 		msg.SetBodyString(gomail.TypeTextHTML, p.HTML)
 	}
 	return m, nil
+}
+
+// decodePayload decodes a row's payload and checks what every transport needs: a "to"
+// and a body. Its errors are the row's fault.
+func decodePayload(raw json.RawMessage) (Payload, error) {
+	var p Payload
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields() // a misspelt field ("body") would otherwise send an empty mail
+	if err := dec.Decode(&p); err != nil {
+		return Payload{}, fmt.Errorf("payload: %w", err)
+	}
+	if dec.More() {
+		return Payload{}, errors.New("payload: more than one JSON value")
+	}
+	if len(p.To) == 0 {
+		return Payload{}, errors.New(`payload: "to" is required`)
+	}
+	if p.Text == "" && p.HTML == "" {
+		return Payload{}, errors.New(`payload: "text" or "html" is required`)
+	}
+	return p, nil
 }
 
 // dial connects, greets, upgrades with STARTTLS per the policy and authenticates. The

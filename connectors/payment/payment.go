@@ -529,7 +529,6 @@ func retryable(err error, header http.Header) error {
 	return err
 }
 
-
 func statusText(code int) string {
 	if t := http.StatusText(code); t != "" {
 		return strconv.Itoa(code) + " " + t

@@ -400,7 +400,6 @@ func statusText(code int) string {
 	return strconv.Itoa(code)
 }
 
-
 // readExcerpt reads up to limit bytes of body and returns them as valid UTF-8 (invalid
 // bytes become U+FFFD while it fits, and a rune cut at the end is dropped), reporting
 // whether anything was left out.
