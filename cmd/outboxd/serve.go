@@ -184,6 +184,19 @@ func buildInstances(cfg *config.Config) (map[string]relay.Instance, error) {
 		instances[c.Instance()] = c.RelayInstance(conn)
 	}
 	for _, c := range cfg.Emails {
+		if c.Transport == config.EmailTransportResend {
+			conn, err := email.NewResend(email.ResendConfig{
+				APIKey:  c.APIKey.Reveal(),
+				APIBase: c.APIBase,
+				From:    c.From,
+				Timeout: c.APITimeout,
+			})
+			if err != nil {
+				return nil, fmt.Errorf("%s (%s*): %w", c.Instance(), c.EmailPrefix(), err)
+			}
+			instances[c.Instance()] = c.RelayInstance(conn)
+			continue
+		}
 		conn, err := email.New(email.Config{
 			Addr:     c.Addr,
 			Username: c.Username,

@@ -384,7 +384,7 @@ func TestLoadProblems(t *testing.T) {
 				`OUTBOX_CONNECTORS: "sms:ops": connector kind "sms" is not one of webhook, payment, email, slack`,
 				`OUTBOX_WEBHOOK_TIMEOUT is set but OUTBOX_WEBHOOK_URL is not: the default webhook instance needs a URL`,
 				`OUTBOX_WEBHOOK_CRM_URL is required for webhook:crm, which OUTBOX_CONNECTORS names`,
-				`OUTBOX_SMTP_OPS_ADDR is required for email:ops, which OUTBOX_CONNECTORS names`,
+				`OUTBOX_SMTP_OPS_ADDR is required for email:ops, which OUTBOX_CONNECTORS names (or OUTBOX_EMAIL_OPS_API_KEY, to send through Resend)`,
 				`OUTBOX_EMAIL_OPS_FROM is required for email:ops: it is the sender of every message`,
 			},
 		},

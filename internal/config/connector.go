@@ -15,7 +15,7 @@ import (
 )
 
 // section is a group of an instance's variables that share a prefix. Most kinds have
-// one; email has two (OUTBOX_SMTP_ and OUTBOX_EMAIL_).
+// one; email has three (OUTBOX_SMTP_, and two read with OUTBOX_EMAIL_).
 type section struct {
 	// prefix starts the default instance's variables; a named instance inserts its
 	// upper-cased name and an underscore after it.
@@ -36,6 +36,10 @@ type kind struct {
 	key string
 	// keyNoun says what key holds, for problems: "a URL".
 	keyNoun string
+	// altKey, when set, is a variable in section altSection whose presence also creates
+	// the default instance (email: OUTBOX_EMAIL_API_KEY, for the Resend transport).
+	altKey     string
+	altSection int
 }
 
 const (
@@ -46,7 +50,7 @@ const (
 )
 
 // kinds are the connector kinds this version builds. Each has a struct (or, for email,
-// two) parsed with the instance's prefix, a field in [Config] and a loader in [Load].
+// three) parsed with the instance's prefix, a field in [Config] and a loader in [Load].
 var kinds = []kind{
 	{
 		name:     kindWebhook,
@@ -63,8 +67,10 @@ var kinds = []kind{
 		sections: []section{
 			{prefix: "OUTBOX_SMTP_", typ: reflect.TypeFor[SMTP]()},
 			{prefix: "OUTBOX_EMAIL_", typ: reflect.TypeFor[EmailSettings]()},
+			{prefix: "OUTBOX_EMAIL_", typ: reflect.TypeFor[ResendAPI]()},
 		},
-		key: "ADDR", keyNoun: "an SMTP server address",
+		key: "ADDR", keyNoun: "an SMTP server address, or OUTBOX_EMAIL_API_KEY to send through Resend",
+		altKey: "API_KEY", altSection: 2,
 	},
 	{
 		name:     kindSlack,
@@ -109,6 +115,15 @@ func (k kind) instancePrefix(section int, name string) string {
 // keyVar is the variable that creates the default instance (name ""), or that a named
 // instance requires: OUTBOX_WEBHOOK_URL, OUTBOX_WEBHOOK_CRM_URL.
 func (k kind) keyVar(name string) string { return k.instancePrefix(0, name) + k.key }
+
+// createsDefault reports whether environment creates the kind's default instance: its
+// key variable, or its alternative key, is set.
+func (k kind) createsDefault(environment map[string]string) bool {
+	if environment[k.keyVar("")] != "" {
+		return true
+	}
+	return k.altKey != "" && environment[k.instancePrefix(k.altSection, "")+k.altKey] != ""
+}
 
 // instanceLabel is an instance's name in the outbox table's connector column:
 // "webhook" or "webhook:crm".
@@ -162,7 +177,7 @@ func loadInstances[T any](environment map[string]string, kindName string, names 
 ) []T {
 	k := kindNamed(kindName)
 	var out []T
-	if key := k.keyVar(""); environment[key] != "" {
+	if key := k.keyVar(""); k.createsDefault(environment) {
 		out = append(out, load(environment, k, "", p))
 	} else {
 		for _, s := range k.sections {

@@ -59,7 +59,8 @@ func TestLoadEmail(t *testing.T) {
 	require.Equal(t, []Email{
 		{
 			SMTP:          SMTP{Addr: "smtp.example.com:587", TLS: "opportunistic", Timeout: 20 * time.Second},
-			EmailSettings: EmailSettings{From: "Outbox <outbox@example.com>", OnAmbiguous: relay.AmbiguousRetry},
+			EmailSettings: EmailSettings{Transport: "smtp", From: "Outbox <outbox@example.com>", OnAmbiguous: relay.AmbiguousRetry},
+			ResendAPI:     ResendAPI{APIBase: "https://api.resend.com", APITimeout: 20 * time.Second},
 		},
 		{
 			Name: "support",
@@ -67,7 +68,8 @@ func TestLoadEmail(t *testing.T) {
 				Addr: "127.0.0.1:1025", Username: "support", Password: "pa ss word",
 				TLS: "none", Timeout: 3 * time.Second,
 			},
-			EmailSettings: EmailSettings{From: "support@example.com", Rate: 1.5, Concurrency: 2, OnAmbiguous: relay.AmbiguousHold},
+			EmailSettings: EmailSettings{Transport: "smtp", From: "support@example.com", Rate: 1.5, Concurrency: 2, OnAmbiguous: relay.AmbiguousHold},
+			ResendAPI:     ResendAPI{APIBase: "https://api.resend.com", APITimeout: 20 * time.Second},
 		},
 	}, cfg.Emails)
 	support := cfg.Emails[1]
@@ -140,7 +142,7 @@ func TestLoadKindProblems(t *testing.T) {
 			}),
 			want: []string{
 				`OUTBOX_PAYMENT_EU_API_KEY is required for payment:eu, which OUTBOX_CONNECTORS names`,
-				`OUTBOX_SMTP_SUPPORT_ADDR is required for email:support, which OUTBOX_CONNECTORS names`,
+				`OUTBOX_SMTP_SUPPORT_ADDR is required for email:support, which OUTBOX_CONNECTORS names (or OUTBOX_EMAIL_SUPPORT_API_KEY, to send through Resend)`,
 				`OUTBOX_EMAIL_SUPPORT_FROM is required for email:support: it is the sender of every message`,
 				`OUTBOX_SLACK_OPS_TOKEN is required for slack:ops, which OUTBOX_CONNECTORS names`,
 			},
@@ -160,8 +162,8 @@ func TestLoadKindProblems(t *testing.T) {
 			}),
 			want: []string{
 				`OUTBOX_PAYMENT_API_BASE is set but OUTBOX_PAYMENT_API_KEY is not: the default payment instance needs an API key`,
-				`OUTBOX_SMTP_PASSWORD is set but OUTBOX_SMTP_ADDR is not: the default email instance needs an SMTP server address`,
-				`OUTBOX_EMAIL_FROM is set but OUTBOX_SMTP_ADDR is not: the default email instance needs an SMTP server address`,
+				`OUTBOX_SMTP_PASSWORD is set but OUTBOX_SMTP_ADDR is not: the default email instance needs an SMTP server address, or OUTBOX_EMAIL_API_KEY to send through Resend`,
+				`OUTBOX_EMAIL_FROM is set but OUTBOX_SMTP_ADDR is not: the default email instance needs an SMTP server address, or OUTBOX_EMAIL_API_KEY to send through Resend`,
 				`OUTBOX_SLACK_HISTORY_LIMIT is set but OUTBOX_SLACK_TOKEN is not: the default slack instance needs a token`,
 			},
 		},
@@ -343,5 +345,137 @@ func TestKindSecretsRedacted(t *testing.T) {
 	require.Error(t, err)
 	for _, secret := range []string{"S3CRET", "T0KEN", "SMTPPASSW0RD"} {
 		require.False(t, strings.Contains(err.Error(), secret), "%q in %s", secret, err)
+	}
+}
+
+func TestLoadEmailResend(t *testing.T) {
+	t.Parallel()
+
+	cfg, err := Load(environ(with(db, map[string]string{
+		"OUTBOX_EMAIL_API_KEY":          "re_default",
+		"OUTBOX_EMAIL_FROM":             "Outbox <outbox@example.com>",
+		"OUTBOX_CONNECTORS":             "email:news,email:smtp2",
+		"OUTBOX_EMAIL_NEWS_TRANSPORT":   "Resend",
+		"OUTBOX_EMAIL_NEWS_API_KEY":     "re_news",
+		"OUTBOX_EMAIL_NEWS_API_BASE":    "http://127.0.0.1:9999",
+		"OUTBOX_EMAIL_NEWS_API_TIMEOUT": "5s",
+		"OUTBOX_EMAIL_NEWS_FROM":        "news@example.com",
+		"OUTBOX_SMTP_SMTP2_ADDR":        "mail:25",
+		"OUTBOX_EMAIL_SMTP2_FROM":       "b@example.com",
+	})))
+	require.NoError(t, err)
+	require.Equal(t, []string{"email", "email:news", "email:smtp2"}, cfg.Instances())
+	def, news, smtp2 := cfg.Emails[0], cfg.Emails[1], cfg.Emails[2]
+	require.Equal(t, EmailTransportResend, def.Transport)
+	require.Equal(t, ResendAPI{APIKey: "re_default", APIBase: "https://api.resend.com", APITimeout: 20 * time.Second}, def.ResendAPI)
+	require.Equal(t, EmailTransportResend, news.Transport)
+	require.Equal(t, ResendAPI{APIKey: "re_news", APIBase: "http://127.0.0.1:9999", APITimeout: 5 * time.Second}, news.ResendAPI)
+	require.Equal(t, 5*time.Second, news.timeout())
+	require.Equal(t, "OUTBOX_EMAIL_NEWS_API_TIMEOUT", news.timeoutVar())
+	require.Equal(t, EmailTransportSMTP, smtp2.Transport)
+	require.Equal(t, "OUTBOX_SMTP_SMTP2_TIMEOUT", smtp2.timeoutVar())
+
+	for _, out := range []string{fmt.Sprint(cfg), fmt.Sprintf("%+v %#v", cfg.Emails, cfg.Emails), fmt.Sprintf("%v %+v %#v", def.ResendAPI, def.ResendAPI, def.ResendAPI)} {
+		require.NotContains(t, out, "re_default")
+		require.NotContains(t, out, "re_news")
+	}
+	var text bytes.Buffer
+	slog.New(slog.NewTextHandler(&text, nil)).Info("starting", "config", cfg)
+	require.Contains(t, text.String(), "config.email.transport=resend")
+	require.Contains(t, text.String(), "config.email.api_key=xxxxx")
+	require.NotContains(t, text.String(), "re_default")
+}
+
+func TestLoadEmailTransportProblems(t *testing.T) {
+	t.Parallel()
+
+	tests := []struct {
+		name string
+		env  map[string]string
+		want []string
+	}{
+		{
+			name: "BothWithoutTransport",
+			env: with(db, map[string]string{
+				"OUTBOX_SMTP_ADDR": "smtp.example.com:587", "OUTBOX_EMAIL_API_KEY": "re_x", "OUTBOX_EMAIL_FROM": "a@example.com",
+			}),
+			want: []string{`OUTBOX_SMTP_ADDR and OUTBOX_EMAIL_API_KEY are both set: set OUTBOX_EMAIL_TRANSPORT to smtp or resend`},
+		},
+		{
+			name: "BothWithTransport",
+			env: with(db, map[string]string{
+				"OUTBOX_SMTP_ADDR": "smtp.example.com:587", "OUTBOX_EMAIL_API_KEY": "re_x", "OUTBOX_EMAIL_FROM": "a@example.com",
+				"OUTBOX_EMAIL_TRANSPORT": "resend",
+			}),
+			want: []string{`OUTBOX_SMTP_ADDR is set but email sends through resend, which does not use it`},
+		},
+		{
+			name: "ResendWithoutKey",
+			env: with(db, map[string]string{
+				"OUTBOX_SMTP_ADDR": "smtp.example.com:587", "OUTBOX_EMAIL_FROM": "a@example.com", "OUTBOX_EMAIL_TRANSPORT": "resend",
+			}),
+			want: []string{
+				`OUTBOX_EMAIL_API_KEY is required for email, which sends through resend`,
+				`OUTBOX_SMTP_ADDR is set but email sends through resend, which does not use it`,
+			},
+		},
+		{
+			name: "NamedSMTPWithoutAddr",
+			env: with(db, map[string]string{
+				"OUTBOX_CONNECTORS": "email:b", "OUTBOX_EMAIL_B_TRANSPORT": "smtp", "OUTBOX_EMAIL_B_FROM": "a@example.com",
+			}),
+			want: []string{`OUTBOX_SMTP_B_ADDR is required for email:b, which sends through smtp`},
+		},
+		{
+			name: "SMTPWithAPIVariables",
+			env: with(db, map[string]string{
+				"OUTBOX_SMTP_ADDR": "smtp.example.com:587", "OUTBOX_EMAIL_FROM": "a@example.com",
+				"OUTBOX_EMAIL_API_BASE": "http://127.0.0.1:1", "OUTBOX_EMAIL_API_TIMEOUT": "20s",
+			}),
+			want: []string{`OUTBOX_EMAIL_API_BASE is set but email sends through smtp, which does not use it`},
+		},
+		{
+			name: "BadValues",
+			env: with(db, map[string]string{
+				"OUTBOX_CONNECTORS":          "email:b",
+				"OUTBOX_EMAIL_API_KEY":       "re_ x",
+				"OUTBOX_EMAIL_API_BASE":      "ftp://api.resend.com",
+				"OUTBOX_EMAIL_API_TIMEOUT":   "0s",
+				"OUTBOX_EMAIL_FROM":          "a@example.com",
+				"OUTBOX_EMAIL_B_TRANSPORT":   "sendgrid",
+				"OUTBOX_EMAIL_B_FROM":        "b@example.com",
+				"OUTBOX_EMAIL_B_API_TIMEOUT": "1m",
+			}),
+			want: []string{
+				`OUTBOX_EMAIL_API_KEY must not contain spaces or newlines`,
+				`OUTBOX_EMAIL_API_BASE must be an absolute http or https URL, got "ftp://api.resend.com"`,
+				`OUTBOX_EMAIL_API_TIMEOUT must be positive, got 0s`,
+				`OUTBOX_EMAIL_B_TRANSPORT must be smtp or resend, got "sendgrid"`,
+			},
+		},
+		{
+			name: "UnlistedNamedResend",
+			env: with(db, map[string]string{
+				"OUTBOX_EMAIL_API_KEY": "re_x", "OUTBOX_EMAIL_FROM": "a@example.com",
+				"OUTBOX_EMAIL_NEWS_API_KEY": "re_y",
+			}),
+			want: []string{`OUTBOX_EMAIL_NEWS_API_KEY is set but email:news is not in OUTBOX_CONNECTORS`},
+		},
+		{
+			name: "ResendTimeoutOutlivesLease",
+			env: with(db, map[string]string{
+				"OUTBOX_EMAIL_API_KEY": "re_x", "OUTBOX_EMAIL_FROM": "a@example.com", "OUTBOX_EMAIL_API_TIMEOUT": "30s",
+			}),
+			want: []string{`OUTBOX_EMAIL_API_TIMEOUT (30s) must be shorter than OUTBOX_LEASE (30s), or a slow attempt outlives its lease and another relay sends the row again`},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := Load(environ(tt.env))
+			require.Nil(t, cfg)
+			require.Equal(t, tt.want, problemLines(t, err))
+			require.NotContains(t, err.Error(), "re_x")
+		})
 	}
 }
