@@ -1,5 +1,8 @@
-// Package email is the connector that sends a row as one email through an SMTP server,
-// with github.com/wneessen/go-mail.
+// Package email is the connector that sends a row as one email, over one of two
+// transports: an SMTP server, with github.com/wneessen/go-mail ([New]; guarantee
+// forwarded: the Message-ID derived from the key travels, but no SMTP server is known to
+// enforce it), or Resend's HTTP API ([NewResend]; guarantee enforced: Resend dedupes on
+// the Idempotency-Key header for 24 hours). Both take the same payload.
 //
 // # Payload
 //
