@@ -170,6 +170,13 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayO
 			if opts.DryRun {
 				return errRollback
 			}
+			if len(br.Replayed) > 0 {
+				// Wake idle relays at commit, as an insert would, instead of leaving the
+				// rows to their next poll.
+				if _, err := tx.Exec(ctx, `SELECT pg_notify('outbox', '')`); err != nil {
+					return err
+				}
+			}
 			return nil
 		})
 		if err != nil && !errors.Is(err, errRollback) {
