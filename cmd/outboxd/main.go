@@ -79,6 +79,13 @@ func newRootCmd(e *env) *cobra.Command {
 	root.AddCommand(newServeCmd(e))
 	root.AddCommand(newDemoCmd(e))
 	root.AddCommand(newBenchCmd(e))
+	root.AddCommand(newStatusCmd(e))
+	root.AddCommand(newListCmd(e))
+	root.AddCommand(newInspectCmd(e))
+	root.AddCommand(newReplayCmd(e))
+	root.AddCommand(newCancelCmd(e))
+	root.AddCommand(newPurgeCmd(e))
+	root.AddCommand(newEnqueueCmd(e))
 	for _, c := range root.Commands() {
 		if c.Args == nil {
 			c.Args = noArgs

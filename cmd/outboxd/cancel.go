@@ -1,0 +1,81 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outboxd/outboxd/internal/ops"
+)
+
+func newCancelCmd(e *env) *cobra.Command {
+	var (
+		db     dbFlag
+		reason string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "cancel KEY...",
+		Short: "Cancel intents so they are never sent",
+		Long: "cancel makes the intents with the given idempotency keys canceled: pending, held and " +
+			"awaiting-approval rows are never sent. Rows in flight, delivered or dead are refused and left as " +
+			"they are; already canceled rows are unchanged. Each canceled row gets an audit entry naming $USER " +
+			"and --reason.\n\n" +
+			"Every key is handled, then cancel exits 1 if any key had no row or was refused.",
+		Example: `  outboxd cancel order-42-confirmation --reason "order was refunded"
+  outboxd cancel key-1 key-2 key-3 --json`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("%s needs at least one idempotency key", cmd.CommandPath())
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, keys []string) error {
+			ctx := cmd.Context()
+			pool, err := db.open(ctx, e)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			res, err := ops.Cancel(ctx, pool, keys, actor(e), reason, time.Time{})
+			if err != nil {
+				return opsError(err)
+			}
+			if asJSON {
+				if err := writeJSON(e.stdout, res); err != nil {
+					return err
+				}
+			} else {
+				w := e.stdout
+				fmt.Fprintf(w, "canceled: %d\n", len(res.Canceled))
+				for _, k := range res.Canceled {
+					fmt.Fprintf(w, "  %s\n", k)
+				}
+				fmt.Fprintf(w, "unchanged: %d\n", len(res.Unchanged))
+				for _, k := range res.Unchanged {
+					fmt.Fprintf(w, "  %s (already canceled)\n", k)
+				}
+				fmt.Fprintf(w, "refused: %d\n", len(res.Refused))
+				for _, k := range sortedKeys(res.Refused) {
+					fmt.Fprintf(w, "  %s: %s\n", k, res.Refused[k])
+				}
+				if len(res.NotFound) > 0 {
+					fmt.Fprintf(w, "not found: %d\n", len(res.NotFound))
+					for _, k := range res.NotFound {
+						fmt.Fprintf(w, "  %s: no intent has this key\n", k)
+					}
+				}
+			}
+			if len(res.NotFound) > 0 || len(res.Refused) > 0 {
+				return fmt.Errorf("%d of the keys given were not canceled (%d not found, %d refused)",
+					len(res.NotFound)+len(res.Refused), len(res.NotFound), len(res.Refused))
+			}
+			return nil
+		},
+	}
+	db.register(cmd)
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit trail")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}

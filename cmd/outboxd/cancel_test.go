@@ -1,0 +1,37 @@
+package main
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.seedEveryState(t)
+
+	code, out, errOut := d.cli(t, "", "cancel", "k-pending", "k-awaiting", "--reason", "refunded")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "canceled: 2\n  k-pending\n  k-awaiting\n")
+	require.Equal(t, outbox.StatusCanceled, d.status(t, "k-pending"))
+	require.Equal(t, 2, d.count(t, `SELECT count(*) FROM outbox_audit WHERE action = 'cancel' AND actor = 'alice' AND reason = 'refunded'`))
+
+	// Unknown and refused keys: the others are still canceled, then exit 1.
+	code, out, errOut = d.cli(t, "", "cancel", "--json", "k-held", "k-delivered", "k-delivering", "k-canceled", "missing")
+	require.Equal(t, exitFailure, code)
+	var res ops.CancelResult
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.Equal(t, []string{"k-held"}, res.Canceled)
+	require.Equal(t, []string{"k-canceled"}, res.Unchanged)
+	require.Equal(t, []string{"missing"}, res.NotFound)
+	require.Contains(t, res.Refused["k-delivered"], "already delivered")
+	require.Contains(t, res.Refused["k-delivering"], "in flight")
+	require.Contains(t, errOut, "3 of the keys given were not canceled (1 not found, 2 refused)")
+	require.Equal(t, outbox.StatusCanceled, d.status(t, "k-held"))
+	require.Equal(t, outbox.StatusDelivered, d.status(t, "k-delivered"))
+}

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestEnqueue(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+
+	code, out, errOut := d.cli(t, "", "enqueue", "--connector", "webhook", "--key", "order-1",
+		"--payload", `{"order": 1}`, "--ordering-key", "customer-9")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `^enqueued order-1 \(id \d+, connector webhook, status pending, next attempt .+\)\n$`, out)
+
+	// The same request again, payload from stdin with other spacing: idempotent.
+	code, out, errOut = d.cli(t, `{ "order" : 1 }`, "enqueue", "--connector", "webhook", "--key", "order-1",
+		"--payload", "-", "--ordering-key", "customer-9", "--json")
+	require.Equal(t, exitOK, code, errOut)
+	var in struct {
+		Key      string `json:"key"`
+		Status   string `json:"status"`
+		Inserted bool   `json:"inserted"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &in), out)
+	require.Equal(t, "order-1", in.Key)
+	require.False(t, in.Inserted)
+	require.Equal(t, 1, d.count(t, `SELECT count(*) FROM outbox`))
+	code, out, _ = d.cli(t, "", "enqueue", "--connector", "webhook", "--key", "order-1",
+		"--payload", `{"order":1}`, "--ordering-key", "customer-9")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "already enqueued order-1")
+
+	// The same key with a different payload: a conflict.
+	file := filepath.Join(t.TempDir(), "p.json")
+	require.NoError(t, os.WriteFile(file, []byte(`{"order": 2}`), 0o600))
+	code, _, errOut = d.cli(t, "", "enqueue", "--connector", "webhook", "--key", "order-1", "--payload", "@"+file,
+		"--ordering-key", "customer-9")
+	require.Equal(t, exitFailure, code)
+	require.Contains(t, errOut, "idempotency key already used for a different request")
+
+	// From a file, scheduled.
+	code, out, errOut = d.cli(t, "", "enqueue", "--connector", "webhook", "--key", "order-2", "--payload", "@"+file,
+		"--not-before", "2099-01-01T00:00:00Z")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "next attempt 2099-01-01 00:00:00Z")
+
+	// Invalid messages: exit 1 with the reason, nothing written.
+	for _, args := range [][]string{
+		{"--connector", "webhook", "--key", "bad-json", "--payload", `{"order":`},
+		{"--connector", "carrier-pigeon", "--key", "bad-connector", "--payload", `{}`},
+		{"--connector", "slack", "--key", "bad-slack", "--payload", `{"text": 1}`},
+		{"--connector", "webhook", "--key", "no-file", "--payload", "@" + filepath.Join(t.TempDir(), "missing.json")},
+	} {
+		code, _, errOut = d.cli(t, "", append([]string{"enqueue"}, args...)...)
+		require.Equal(t, exitFailure, code, "%v: %s", args, errOut)
+	}
+	require.Equal(t, 2, d.count(t, `SELECT count(*) FROM outbox`))
+}

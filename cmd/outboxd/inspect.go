@@ -1,0 +1,169 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+
+	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+func newInspectCmd(e *env) *cobra.Command {
+	var (
+		db     dbFlag
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "inspect KEY",
+		Short: "Show one intent: row, payload, attempts, result and audit trail",
+		Long: "inspect prints everything known about the intent with idempotency key KEY: the row, its payload, " +
+			"every delivery attempt (when, which relay, how long, the outcome, the error, whether the receiver " +
+			"may have acted), the receiver's stored result, and the operator actions on it.",
+		Example: `  outboxd inspect order-42-confirmation
+  outboxd inspect order-42-confirmation --json | jq .attempts`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usagef("%s takes one idempotency key, got %d arguments", cmd.CommandPath(), len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			pool, err := db.open(ctx, e)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			// One snapshot for the row, its attempts and its audit trail.
+			var d ops.Detail
+			err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
+				func(tx pgx.Tx) error {
+					var err error
+					d, err = ops.Inspect(ctx, tx, args[0])
+					return err
+				})
+			if errors.Is(err, outbox.ErrNotFound) {
+				return fmt.Errorf("no intent has key %q", args[0])
+			}
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if d.Attempts == nil {
+					d.Attempts = []ops.Attempt{}
+				}
+				if d.Audit == nil {
+					d.Audit = []ops.AuditEntry{}
+				}
+				return writeJSON(e.stdout, d)
+			}
+			return writeDetail(e.stdout, d)
+		},
+	}
+	db.register(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func writeDetail(w io.Writer, d ops.Detail) error {
+	in := d.Intent
+	tw := newTable(w)
+	field := func(name, value string) { fmt.Fprintf(tw, "%s:\t%s\n", name, value) }
+	field("key", in.Key)
+	field("id", strconv.FormatInt(in.ID, 10))
+	field("connector", in.Connector)
+	field("status", in.Status)
+	field("attempts", strconv.Itoa(in.Attempts))
+	field("ambiguous", yesNo(d.Ambiguous, "yes: the receiver may have acted on the latest attempt"))
+	field("ordering key", cell(in.OrderingKey, 0))
+	field("created", stamp(in.CreatedAt))
+	field("updated", stamp(in.UpdatedAt))
+	field("first attempt", stamp(d.FirstAttemptAt))
+	field("next attempt", stamp(in.NextAttemptAt))
+	field("delivered", stamp(in.DeliveredAt))
+	if d.LeaseOwner != "" {
+		field("lease", fmt.Sprintf("%s until %s", d.LeaseOwner, stamp(d.LeaseExpiresAt)))
+	}
+	if in.CreatedBy != "" {
+		field("created by", in.CreatedBy)
+	}
+	for _, k := range sortedKeys(in.Headers) {
+		field("header "+k, in.Headers[k])
+	}
+	field("last error", cell(in.LastError, 0))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	fmt.Fprintln(w, "\npayload:")
+	writeIndentedJSON(w, in.Payload)
+
+	fmt.Fprintf(w, "\nattempts (%d):\n", len(d.Attempts))
+	if len(d.Attempts) > 0 {
+		tw = newTable(w)
+		fmt.Fprintln(tw, "  #\tSTARTED\tRELAY\tDURATION\tOUTCOME\tAMBIGUOUS\tERROR")
+		for _, a := range d.Attempts {
+			dur, outcome := age(a.Duration), a.Outcome
+			if a.FinishedAt.IsZero() {
+				dur = "-"
+				if outcome == "" {
+					outcome = "in flight"
+				}
+			}
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Attempt, stamp(a.StartedAt), cell(a.Relay, 0),
+				dur, cell(outcome, 0), yesNo(a.Ambiguous, "yes"), cell(a.Error, 0))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+
+	fmt.Fprintln(w, "\nresult:")
+	writeIndentedJSON(w, in.Result)
+
+	fmt.Fprintf(w, "\naudit (%d):\n", len(d.Audit))
+	if len(d.Audit) > 0 {
+		tw = newTable(w)
+		fmt.Fprintln(tw, "  AT\tACTION\tACTOR\tREASON\tDETAILS")
+		for _, a := range d.Audit {
+			details := strings.TrimSpace(string(a.Details))
+			if details == "" || details == "null" || details == "{}" {
+				details = "-"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", stamp(a.At), a.Action, cell(a.Actor, 0), cell(a.Reason, 0), details)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeIndentedJSON prints raw JSON indented under a heading; "  -" when empty.
+func writeIndentedJSON(w io.Writer, raw json.RawMessage) {
+	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
+		fmt.Fprintln(w, "  -")
+		return
+	}
+	var b bytes.Buffer
+	if err := json.Indent(&b, raw, "  ", "  "); err != nil {
+		fmt.Fprintf(w, "  %s\n", raw)
+		return
+	}
+	fmt.Fprintf(w, "  %s\n", b.String())
+}
+
+func yesNo(v bool, yes string) string {
+	if v {
+		return yes
+	}
+	return "no"
+}

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/ops"
+)
+
+func TestInspect(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	id := d.insert(t, fixture{Key: "order-42", Status: "dead", Attempts: 2, Ambiguous: true,
+		LastError: "receiver answered 503", Payload: `{"order": 42, "items": ["a", "b"]}`})
+	now := time.Now()
+	_, err := d.pool.Exec(t.Context(), `
+INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
+VALUES ($1, 1, 'relay-a', $2, $3, 'retry', true, 'timeout after 10s'),
+       ($1, 2, 'relay-b', $4, $5, 'dead', false, 'receiver answered 503')`,
+		id, now.Add(-time.Hour), now.Add(-time.Hour).Add(10*time.Second), now.Add(-30*time.Minute),
+		now.Add(-30*time.Minute).Add(250*time.Millisecond))
+	require.NoError(t, err)
+	_, err = d.pool.Exec(t.Context(), `
+INSERT INTO outbox_audit (outbox_id, action, actor, reason, at, details)
+VALUES ($1, 'replay', 'bob', 'receiver fixed', $2, '{"from_status": "dead"}')`, id, now.Add(-10*time.Minute))
+	require.NoError(t, err)
+
+	code, out, errOut := d.cli(t, "", "inspect", "order-42")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^key:\s+order-42$`, out)
+	require.Regexp(t, `(?m)^status:\s+dead$`, out)
+	require.Regexp(t, `(?m)^ambiguous:\s+yes`, out)
+	require.Regexp(t, `(?m)^last error:\s+receiver answered 503$`, out)
+	require.Contains(t, out, "payload:\n  {\n    \"items\": [\n")
+	require.Contains(t, out, "attempts (2):\n")
+	require.Regexp(t, `(?m)^  1\s+\S+ \S+\s+relay-a\s+10s\s+retry\s+yes\s+timeout after 10s$`, out)
+	require.Regexp(t, `(?m)^  2\s+\S+ \S+\s+relay-b\s+250ms\s+dead\s+no\s+receiver answered 503$`, out)
+	require.Contains(t, out, "result:\n  -\n")
+	require.Regexp(t, `(?m)^  \S+ \S+\s+replay\s+bob\s+receiver fixed\s+\{"from_status": "dead"\}$`, out)
+
+	// --json before or after the key.
+	for _, args := range [][]string{{"inspect", "order-42", "--json"}, {"inspect", "--json", "order-42"}} {
+		code, out, errOut = d.cli(t, "", args...)
+		require.Equal(t, exitOK, code, errOut)
+		var got ops.Detail
+		require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+		require.Equal(t, "order-42", got.Intent.Key)
+		require.True(t, got.Ambiguous)
+		require.Len(t, got.Attempts, 2)
+		require.Equal(t, "relay-b", got.Attempts[1].Relay)
+		require.Len(t, got.Audit, 1)
+		require.JSONEq(t, `{"order": 42, "items": ["a", "b"]}`, string(got.Intent.Payload))
+	}
+
+	code, out, errOut = d.cli(t, "", "inspect", "nope")
+	require.Equal(t, exitFailure, code)
+	require.Empty(t, out)
+	require.Contains(t, errOut, `no intent has key "nope"`)
+	require.NotContains(t, errOut, "usage")
+}

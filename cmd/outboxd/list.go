@@ -1,0 +1,84 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+func newListCmd(e *env) *cobra.Command {
+	var (
+		db     dbFlag
+		f      filterFlags
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List intents, newest first, with filters",
+		Long: "list prints the intents that match every filter given, newest first, a page at a time. When " +
+			"there are more, the last line says how to get the next page (\"next page: --after <cursor>\"); " +
+			"pass the same filters with it.",
+		Example: `  outboxd list --status dead --connector webhook:crm
+  outboxd list --status dead,held --older-than 1h --error-contains timeout
+  outboxd list --key-prefix order-42 --json | jq '.intents[].key'
+  outboxd list --status dead --after eyJjIjoi...   # the next page`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			filter, err := f.filter()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			pool, err := db.open(ctx, e)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			page, err := ops.List(ctx, pool, filter)
+			if err != nil {
+				return opsError(err)
+			}
+			if asJSON {
+				return writeJSON(e.stdout, listJSON{Intents: append([]outbox.Intent{}, page.Intents...), Next: page.Next})
+			}
+			return writeList(e.stdout, page)
+		},
+	}
+	db.register(cmd)
+	f.register(cmd, true, 50, "most rows to show (at most 1000)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON: {\"intents\": [...], \"next\": \"<cursor or empty>\"}")
+	return cmd
+}
+
+type listJSON struct {
+	Intents []outbox.Intent `json:"intents"`
+	Next    string          `json:"next"`
+}
+
+func writeList(w io.Writer, page ops.Page) error {
+	if len(page.Intents) == 0 {
+		fmt.Fprintln(w, "no intents match")
+		return nil
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "KEY\tCONNECTOR\tSTATUS\tATTEMPTS\tCREATED\tNEXT ATTEMPT\tLAST ERROR")
+	for _, in := range page.Intents {
+		next := "-"
+		if in.Status == outbox.StatusPending {
+			next = stamp(in.NextAttemptAt)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cell(in.Key, 60), in.Connector, in.Status,
+			strconv.Itoa(in.Attempts), stamp(in.CreatedAt), next, cell(in.LastError, 60))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if page.Next != "" {
+		fmt.Fprintf(w, "next page: --after %s\n", page.Next)
+	}
+	return nil
+}

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/outbox"
+)
+
+func TestList(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.seedEveryState(t)
+
+	code, out, errOut := d.cli(t, "", "list", "--status", "dead,held", "--connector", "webhook")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^KEY\s+CONNECTOR\s+STATUS\s+ATTEMPTS\s+CREATED\s+NEXT ATTEMPT\s+LAST ERROR$`, out)
+	require.Regexp(t, `(?m)^k-dead\s+webhook\s+dead\s+3\s+\S+ \S+\s+-\s+receiver answered 422 Unprocessable Entity$`, out)
+	require.Regexp(t, `(?m)^k-held\s+webhook\s+held\s+1\s`, out)
+	require.NotContains(t, out, "s-dead")
+	require.NotContains(t, out, "next page")
+
+	// Repeated --status, --error-contains, and JSON.
+	code, out, errOut = d.cli(t, "", "list", "--status", "dead", "--status", "held", "--error-contains", "CHANNEL", "--json")
+	require.Equal(t, exitOK, code, errOut)
+	var page struct {
+		Intents []outbox.Intent `json:"intents"`
+		Next    *string         `json:"next"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &page), out)
+	require.Len(t, page.Intents, 1)
+	require.Equal(t, "s-dead", page.Intents[0].Key)
+	require.NotNil(t, page.Next)
+	require.Empty(t, *page.Next)
+
+	// Nothing matches: an empty list, not null.
+	code, out, errOut = d.cli(t, "", "list", "--key-prefix", "nope", "--json")
+	require.Equal(t, exitOK, code, errOut)
+	require.JSONEq(t, `{"intents": [], "next": ""}`, out)
+	code, out, _ = d.cli(t, "", "list", "--key-prefix", "nope")
+	require.Equal(t, exitOK, code)
+	require.Equal(t, "no intents match\n", out)
+
+	// Age filters: only s-dead is older than a day.
+	code, out, errOut = d.cli(t, "", "list", "--older-than", "24h")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^s-dead\s`, out)
+	require.NotContains(t, out, "k-dead")
+	code, out, _ = d.cli(t, "", "list", "--newer-than", "90m", "--ordering-key", "none")
+	require.Equal(t, exitOK, code)
+	require.Equal(t, "no intents match\n", out)
+
+	// An unknown status or a bad cursor is a usage error.
+	code, _, errOut = d.cli(t, "", "list", "--status", "lost")
+	require.Equal(t, exitUsage, code, errOut)
+	require.Contains(t, errOut, `unknown status "lost"`)
+	code, _, _ = d.cli(t, "", "list", "--after", "garbage")
+	require.Equal(t, exitUsage, code)
+}
+
+func TestListPages(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	for i := range 5 {
+		d.insert(t, fixture{Key: fmt.Sprintf("p-%d", i), Age: time.Duration(10-i) * time.Minute})
+	}
+	code, out, errOut := d.cli(t, "", "list", "--limit", "2")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?s)p-4.*p-3`, out) // newest first
+	m := regexp.MustCompile(`(?m)^next page: --after (\S+)$`).FindStringSubmatch(out)
+	require.NotNil(t, m, out)
+
+	var seen []string
+	after := m[1]
+	for after != "" {
+		code, out, errOut = d.cli(t, "", "list", "--limit", "2", "--after", after, "--json")
+		require.Equal(t, exitOK, code, errOut)
+		var page struct {
+			Intents []outbox.Intent `json:"intents"`
+			Next    string          `json:"next"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(out), &page))
+		for _, in := range page.Intents {
+			seen = append(seen, in.Key)
+		}
+		after = page.Next
+	}
+	require.Equal(t, []string{"p-2", "p-1", "p-0"}, seen)
+}

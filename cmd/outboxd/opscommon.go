@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/internal/config"
+	"github.com/outboxd/outboxd/internal/ops"
+)
+
+// This file holds what the operator commands (status, list, inspect, replay, cancel,
+// purge, enqueue) share: the database flag, the pool, JSON and table output, the list
+// filters, the actor and the connector guarantees. The commands only parse and print;
+// every query is in internal/ops or the outbox package.
+
+// dbFlag is the --database-url flag every operator command has; it wins over
+// OUTBOX_DATABASE_URL.
+type dbFlag struct{ url string }
+
+func (f *dbFlag) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.url, "database-url", "",
+		"PostgreSQL DSN (default: $OUTBOX_DATABASE_URL); it may hold a password, so prefer the variable")
+}
+
+// resolve returns the DSN to use: the flag, else OUTBOX_DATABASE_URL. A missing DSN is a
+// usage error.
+func (f *dbFlag) resolve(e *env) (string, error) {
+	if f.url != "" {
+		return f.url, nil
+	}
+	db, err := config.LoadDatabase(e.environ)
+	if err != nil {
+		return "", usageError{fmt.Errorf("%w (or pass --database-url)", err)}
+	}
+	return db.URL, nil
+}
+
+// open returns a small pool on the database: the commands run a few statements each.
+func (f *dbFlag) open(ctx context.Context, e *env) (*pgxpool.Pool, error) {
+	dsn, err := f.resolve(e)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		// pgconn's message shows the DSN with its password redacted.
+		return nil, usageError{fmt.Errorf("database URL: %w", err)}
+	}
+	if cfg.MaxConns > 4 {
+		cfg.MaxConns = 4
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database pool: %w", err)
+	}
+	return pool, nil
+}
+
+// writeJSON prints v as indented JSON.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// newTable returns a tabwriter for aligned columns; Flush it when done.
+func newTable(w io.Writer) *tabwriter.Writer {
+	return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+}
+
+// cell makes s fit one table cell: one line, at most n runes, "-" when empty.
+func cell(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if s == "" {
+		return "-"
+	}
+	if n > 0 && utf8.RuneCountInString(s) > n {
+		r := []rune(s)
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+// age formats a duration for a person, to the second; "-" for zero.
+func age(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// stamp formats a time in UTC, to the second; "-" for zero.
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05Z")
+}
+
+// actor names who runs a command that changes rows, for the audit trail: $USER, or
+// "cli".
+func actor(e *env) string {
+	u := "cli"
+	for _, kv := range e.environ {
+		if v, ok := strings.CutPrefix(kv, "USER="); ok && strings.TrimSpace(v) != "" {
+			u = v // the last one wins, as in the process environment
+		}
+	}
+	return u
+}
+
+// opsError turns the library's refusals of a filter or options into usage errors.
+func opsError(err error) error {
+	if errors.Is(err, ops.ErrInvalidFilter) || errors.Is(err, ops.ErrInvalidOptions) {
+		return usageError{err}
+	}
+	return err
+}
+
+// filterFlags are the filters list and replay share.
+type filterFlags struct {
+	status        []string
+	connector     string
+	keyPrefix     string
+	olderThan     time.Duration
+	newerThan     time.Duration
+	errorContains string
+	orderingKey   string
+	limit         int
+	after         string
+}
+
+// register adds the filter flags; paging adds --after, and limitDefault is --limit's
+// default (0: no cap).
+func (f *filterFlags) register(cmd *cobra.Command, paging bool, limitDefault int, limitHelp string) {
+	fs := cmd.Flags()
+	fs.StringSliceVar(&f.status, "status", nil,
+		"keep rows in these statuses, repeated or comma-separated: "+strings.Join(ops.Statuses, ", "))
+	fs.StringVar(&f.connector, "connector", "", "keep rows of this connector instance (webhook, webhook:crm)")
+	fs.StringVar(&f.keyPrefix, "key-prefix", "", "keep rows whose idempotency key starts with this text")
+	fs.DurationVar(&f.olderThan, "older-than", 0, "keep rows created more than this long ago (e.g. 1h, 30m)")
+	fs.DurationVar(&f.newerThan, "newer-than", 0, "keep rows created less than this long ago")
+	fs.StringVar(&f.errorContains, "error-contains", "", "keep rows whose last error contains this text, ignoring case")
+	fs.StringVar(&f.orderingKey, "ordering-key", "", "keep rows with this ordering key")
+	fs.IntVar(&f.limit, "limit", limitDefault, limitHelp)
+	if paging {
+		fs.StringVar(&f.after, "after", "", "cursor of the page to show, from a previous \"next page\" line")
+	}
+}
+
+// set says whether any filter (not --limit or --after) was given.
+func (f *filterFlags) set(cmd *cobra.Command) bool {
+	for _, name := range []string{"status", "connector", "key-prefix", "older-than", "newer-than",
+		"error-contains", "ordering-key"} {
+		if cmd.Flags().Changed(name) {
+			return true
+		}
+	}
+	return false
+}
+
+// filter returns the ops.Filter; statuses are trimmed and lowercased, and a negative
+// duration or limit is a usage error here rather than in the library.
+func (f *filterFlags) filter() (ops.Filter, error) {
+	if f.olderThan < 0 {
+		return ops.Filter{}, usagef("--older-than: %s is negative", f.olderThan)
+	}
+	if f.newerThan < 0 {
+		return ops.Filter{}, usagef("--newer-than: %s is negative", f.newerThan)
+	}
+	if f.limit < 0 {
+		return ops.Filter{}, usagef("--limit: %d is negative", f.limit)
+	}
+	var statuses []string
+	for _, s := range f.status {
+		if s = strings.ToLower(strings.TrimSpace(s)); s != "" {
+			statuses = append(statuses, s)
+		}
+	}
+	return ops.Filter{
+		Status: statuses, Connector: f.connector, KeyPrefix: f.keyPrefix,
+		OlderThan: f.olderThan, NewerThan: f.newerThan, ErrorContains: f.errorContains,
+		OrderingKey: f.orderingKey, Limit: f.limit, After: f.after,
+	}, nil
+}
+
+// guarantees maps connector instances ("webhook", "webhook:crm") to their receiver's
+// guarantee, as far as the configuration in environ says. A configuration that does not
+// load (missing or invalid connector variables) gives an empty map: the guarantee is
+// then unknown, which no command fails for. dsn fills in OUTBOX_DATABASE_URL, which
+// config.Load requires, when it came from --database-url.
+func guarantees(environ []string, dsn string) map[string]connectors.Guarantee {
+	environ = append(environ[:len(environ):len(environ)], "OUTBOX_DATABASE_URL="+dsn)
+	cfg, err := config.Load(environ)
+	if err != nil {
+		return map[string]connectors.Guarantee{}
+	}
+	out := make(map[string]connectors.Guarantee)
+	for _, w := range cfg.Webhooks {
+		out[w.Instance()] = w.Guarantee
+	}
+	for _, p := range cfg.Payments {
+		out[p.Instance()] = connectors.Enforced // Stripe dedupes on Idempotency-Key
+	}
+	for _, s := range cfg.Slacks {
+		out[s.Instance()] = connectors.Reconciled // looks for the message before posting
+	}
+	for _, m := range cfg.Emails {
+		// SMTP: the Message-ID derives from the key, but nothing is known to dedupe on it.
+		// Resend dedupes on the Idempotency-Key header.
+		out[m.Instance()] = connectors.Forwarded
+		if m.Transport == config.EmailTransportResend {
+			out[m.Instance()] = connectors.Enforced
+		}
+	}
+	return out
+}
+
+// guaranteeCell shows a connector's guarantee, "-" when unknown.
+func guaranteeCell(g map[string]connectors.Guarantee, connector string) string {
+	if v, ok := g[connector]; ok && v != "" {
+		return string(v)
+	}
+	return "-"
+}
+
+// sortedKeys returns m's keys in order.
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// stdinTerminal says whether stdin is an interactive terminal; stdin that is not an
+// *os.File (tests, pipes wrapped in readers) is not.
+func stdinTerminal(r io.Reader) bool {
+	f, ok := r.(*os.File)
+	return ok && isTerminal(f)
+}
+
+// stderrTerminal says whether w is an interactive terminal, for progress output.
+func stderrTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && isTerminal(f)
+}

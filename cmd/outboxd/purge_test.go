@@ -1,0 +1,47 @@
+package main
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestPurge(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.seedEveryState(t) // every row is an hour old, s-dead two days
+	d.insert(t, fixture{Key: "old-delivered", Status: "delivered", Age: 30 * 24 * time.Hour})
+	d.insert(t, fixture{Key: "old-canceled", Status: "canceled", Age: 30 * 24 * time.Hour})
+	d.insert(t, fixture{Key: "old-pending", Status: "pending", Age: 30 * 24 * time.Hour})
+	d.insert(t, fixture{Key: "old-dead", Status: "dead", Age: 30 * 24 * time.Hour})
+	total := d.count(t, `SELECT count(*) FROM outbox`)
+
+	code, out, errOut := d.cli(t, "", "purge", "--older-than", "168h", "--dry-run")
+	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, "dry run: would delete 2 rows\n", out)
+	require.Equal(t, total, d.count(t, `SELECT count(*) FROM outbox`))
+
+	code, out, errOut = d.cli(t, "", "purge", "--older-than", "30m", "--payload-only", "--json")
+	require.Equal(t, exitOK, code, errOut)
+	var res struct {
+		Rows        int  `json:"rows"`
+		DryRun      bool `json:"dry_run"`
+		PayloadOnly bool `json:"payload_only"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.Equal(t, 4, res.Rows) // k-delivered, k-canceled, old-delivered, old-canceled
+	require.True(t, res.PayloadOnly)
+	require.Equal(t, total, d.count(t, `SELECT count(*) FROM outbox`))
+
+	code, out, errOut = d.cli(t, "", "purge", "--older-than", "30m")
+	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, "deleted 4 rows\n", out)
+	require.Equal(t, total-4, d.count(t, `SELECT count(*) FROM outbox`))
+	// Nothing but delivered and canceled rows went.
+	require.Zero(t, d.count(t, `SELECT count(*) FROM outbox WHERE status IN ('delivered', 'canceled')`))
+	require.Equal(t, total-4, d.count(t, `SELECT count(*) FROM outbox WHERE status NOT IN ('delivered', 'canceled')`))
+	require.Equal(t, 1, d.count(t, `SELECT count(*) FROM outbox WHERE idempotency_key = 'old-pending'`))
+	require.Equal(t, 1, d.count(t, `SELECT count(*) FROM outbox WHERE idempotency_key = 'old-dead'`))
+}

@@ -1,0 +1,298 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// replayConfirmAbove is how many rows replay changes without asking first.
+const replayConfirmAbove = 10
+
+// errUnconfirmed is a replay the operator did not confirm.
+var errUnconfirmed = errors.New("replay not confirmed; nothing was changed")
+
+func newReplayCmd(e *env) *cobra.Command {
+	var (
+		db     dbFlag
+		f      filterFlags
+		keys   []string
+		o      ops.ReplayOptions
+		yes    bool
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "replay",
+		Short: "Put dead, held or stuck intents back to pending, keeping their key",
+		Long: "replay puts the selected intents back to pending, so a relay attempts them again with the same " +
+			"idempotency key. Select rows with --key (repeatable) or with list's filters, not both.\n\n" +
+			"Pending rows are left unchanged; canceled, awaiting-approval and in-flight rows are refused, and so " +
+			"are delivered rows unless --redeliver, after which replay says what the connector's receiver " +
+			"guarantee means for a second send. --new-key re-executes each row as a new intent under a derived " +
+			"key instead. Changing more than 10 rows asks first (refused without a terminal) unless --yes; " +
+			"--dry-run shows what would happen and changes nothing. Each replayed row gets an audit entry " +
+			"naming $USER and --reason.\n\n" +
+			"Exits 1 when a key given with --key has no row or was refused; a filter's refusals are reported only.",
+		Example: `  # what would replaying yesterday's dead webhook rows do?
+  outboxd replay --status dead --connector webhook --newer-than 24h --dry-run
+
+  # do it, 100 rows a second, without asking
+  outboxd replay --status dead --connector webhook --newer-than 24h --rate 100 --yes --reason "receiver fixed"
+
+  # send one delivered intent again
+  outboxd replay --key order-42-confirmation --redeliver --reason "customer lost the email"`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			sel, err := replaySelection(cmd, &f, keys)
+			if err != nil {
+				return err
+			}
+			if o.Rate < 0 {
+				return usagef("--rate: %g is negative", o.Rate)
+			}
+			if o.BatchSize < 0 {
+				return usagef("--batch-size: %d is negative", o.BatchSize)
+			}
+			o.Actor = actor(e)
+			ctx := cmd.Context()
+			pool, err := db.open(ctx, e)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			dsn, _ := db.resolve(e)
+			return replay(ctx, e, pool, sel, o, replayRun{yes: yes, json: asJSON, dsn: dsn})
+		},
+	}
+	db.register(cmd)
+	fs := cmd.Flags()
+	fs.StringArrayVar(&keys, "key", nil, "idempotency key of a row to replay (repeatable)")
+	f.register(cmd, false, 0, "most rows to select with the filters (default: no cap)")
+	fs.StringVar(&o.Reason, "reason", "", "why, for the audit trail")
+	fs.BoolVar(&o.DryRun, "dry-run", false, "show what would happen and change nothing")
+	fs.BoolVarP(&yes, "yes", "y", false, "replay more than 10 rows without asking")
+	fs.BoolVar(&o.Redeliver, "redeliver", false, "also replay delivered rows, which sends them again")
+	fs.BoolVar(&o.NewKey, "new-key", false, "re-execute each row as a new intent under a derived key, leaving the row alone")
+	fs.Float64Var(&o.Rate, "rate", 0, "most rows replayed per second (default: no cap)")
+	fs.IntVar(&o.BatchSize, "batch-size", 0, "rows per transaction (default 500)")
+	fs.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// replaySelection builds the selection from --key or the filters.
+func replaySelection(cmd *cobra.Command, f *filterFlags, keys []string) (ops.Selection, error) {
+	byFilter := f.set(cmd)
+	switch {
+	case len(keys) > 0 && (byFilter || cmd.Flags().Changed("limit")):
+		return ops.Selection{}, usagef("select rows with --key or with filters, not both")
+	case len(keys) > 0:
+		return ops.Selection{Keys: keys}, nil
+	case !byFilter:
+		return ops.Selection{}, usagef("say which rows to replay: --key KEY, or filters such as --status dead")
+	}
+	filter, err := f.filter()
+	if err != nil {
+		return ops.Selection{}, err
+	}
+	return ops.Selection{Filter: &filter}, nil
+}
+
+type replayRun struct {
+	yes, json bool
+	dsn       string
+}
+
+func replay(ctx context.Context, e *env, pool *pgxpool.Pool, sel ops.Selection, o ops.ReplayOptions, run replayRun) error {
+	g := guarantees(e.environ, run.dsn)
+	// A dry run first: it says how many rows would change, which decides whether to ask,
+	// and with --dry-run it is the answer.
+	dry := o
+	dry.DryRun, dry.Rate, dry.ProgressFunc = true, 0, nil
+	plan, err := ops.Replay(ctx, pool, sel, dry)
+	if err != nil {
+		return opsError(err)
+	}
+	var notes []string
+	if o.Redeliver {
+		if notes, err = redeliveryNotes(ctx, pool, sel, g); err != nil {
+			return err
+		}
+	}
+	if o.DryRun {
+		return reportReplay(e, plan, notes, sel, run.json)
+	}
+	if len(plan.Replayed) > replayConfirmAbove && !run.yes {
+		if err := confirmReplay(e, len(plan.Replayed), notes); err != nil {
+			return err
+		}
+	}
+	// The real run takes exactly the rows the plan looked at, so what was confirmed is
+	// what changes; each row is decided again under its lock.
+	orig := sel
+	if sel.Filter != nil {
+		sel = ops.Selection{Keys: planKeys(plan)}
+		if len(sel.Keys) == 0 {
+			plan.DryRun = false
+			return reportReplay(e, plan, notes, orig, run.json)
+		}
+	}
+	if !run.json && stderrTerminal(e.stderr) {
+		bar := newProgressBar(e.stderr, "replaying")
+		o.ProgressFunc = bar.set
+		defer bar.done()
+	}
+	res, err := ops.Replay(ctx, pool, sel, o)
+	if err != nil {
+		// Earlier batches are committed; show them with the error.
+		_ = reportReplay(e, res, notes, orig, run.json)
+		return opsError(err)
+	}
+	return reportReplay(e, res, notes, orig, run.json)
+}
+
+// planKeys returns every key a dry run looked at, in a stable order.
+func planKeys(p ops.ReplayResult) []string {
+	keys := append(append([]string{}, p.Replayed...), p.Unchanged...)
+	return append(keys, sortedKeys(p.Refused)...)
+}
+
+// confirmReplay asks on the terminal before replaying n rows; without a terminal it
+// refuses.
+func confirmReplay(e *env, n int, notes []string) error {
+	if !stdinTerminal(e.stdin) {
+		return fmt.Errorf("replay would change %d rows (more than %d) and stdin is not a terminal to ask on; "+
+			"run it with --dry-run to see them, then pass --yes to confirm", n, replayConfirmAbove)
+	}
+	for _, n := range notes {
+		fmt.Fprintln(e.stderr, n)
+	}
+	fmt.Fprintf(e.stderr, "Replay %d rows? [y/N] ", n)
+	line, err := bufio.NewReader(e.stdin).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("read answer: %w", err)
+	}
+	switch strings.ToLower(strings.TrimSpace(line)) {
+	case "y", "yes":
+		return nil
+	}
+	if errors.Is(err, io.EOF) {
+		fmt.Fprintln(e.stderr)
+		return fmt.Errorf("%w (no answer; pass --yes to replay without asking)", errUnconfirmed)
+	}
+	return errUnconfirmed
+}
+
+// redeliveryNotes returns a GuaranteeNote per connector with delivered rows in the
+// selection: what sending them again means.
+func redeliveryNotes(ctx context.Context, pool *pgxpool.Pool, sel ops.Selection, g map[string]connectors.Guarantee) ([]string, error) {
+	seen := map[string]bool{}
+	if sel.Filter == nil {
+		for _, k := range sel.Keys {
+			in, err := outbox.Get(ctx, pool, k)
+			if errors.Is(err, outbox.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			if in.Status == outbox.StatusDelivered {
+				seen[in.Connector] = true
+			}
+		}
+	} else {
+		f := *sel.Filter
+		if len(f.Status) > 0 && !slices.Contains(f.Status, outbox.StatusDelivered) {
+			return nil, nil
+		}
+		f.Status, f.Limit, f.After = []string{outbox.StatusDelivered}, 1000, ""
+		for {
+			page, err := ops.List(ctx, pool, f)
+			if err != nil {
+				return nil, opsError(err)
+			}
+			for _, in := range page.Intents {
+				seen[in.Connector] = true
+			}
+			if page.Next == "" {
+				break
+			}
+			f.After = page.Next
+		}
+	}
+	var notes []string
+	for _, c := range sortedKeys(seen) {
+		gu, ok := g[c]
+		if !ok {
+			notes = append(notes, fmt.Sprintf("%s: guarantee unknown here (its OUTBOX_* variables are not set): "+
+				"assume the receiver may act twice", c))
+			continue
+		}
+		notes = append(notes, fmt.Sprintf("%s: %s", c, ops.GuaranteeNote(gu)))
+	}
+	return notes, nil
+}
+
+type replayJSON struct {
+	ops.ReplayResult
+	GuaranteeNotes []string `json:"guarantee_notes,omitempty"`
+}
+
+// reportReplay prints the result, and fails when a key named with --key was not
+// replayed (no row, or refused).
+func reportReplay(e *env, res ops.ReplayResult, notes []string, sel ops.Selection, asJSON bool) error {
+	if asJSON {
+		if err := writeJSON(e.stdout, replayJSON{ReplayResult: res, GuaranteeNotes: notes}); err != nil {
+			return err
+		}
+	} else {
+		w := e.stdout
+		verb := "replayed"
+		if res.DryRun {
+			fmt.Fprintln(w, "dry run: nothing was changed")
+			verb = "would replay"
+		}
+		fmt.Fprintf(w, "%s: %d\n", verb, len(res.Replayed))
+		for _, k := range res.Replayed {
+			if nk, ok := res.NewKeys[k]; ok {
+				fmt.Fprintf(w, "  %s -> %s\n", k, nk)
+			} else {
+				fmt.Fprintf(w, "  %s\n", k)
+			}
+		}
+		fmt.Fprintf(w, "unchanged: %d\n", len(res.Unchanged))
+		for _, k := range res.Unchanged {
+			fmt.Fprintf(w, "  %s (already pending)\n", k)
+		}
+		fmt.Fprintf(w, "refused: %d\n", len(res.Refused))
+		for _, k := range sortedKeys(res.Refused) {
+			fmt.Fprintf(w, "  %s: %s\n", k, res.Refused[k])
+		}
+		if len(res.NotFound) > 0 {
+			fmt.Fprintf(w, "not found: %d\n", len(res.NotFound))
+			for _, k := range res.NotFound {
+				fmt.Fprintf(w, "  %s: no intent has this key\n", k)
+			}
+		}
+		if len(notes) > 0 {
+			fmt.Fprintln(w, "redelivering sends delivered rows again:")
+			for _, n := range notes {
+				fmt.Fprintf(w, "  %s\n", n)
+			}
+		}
+	}
+	if sel.Filter == nil && (len(res.NotFound) > 0 || len(res.Refused) > 0) {
+		return fmt.Errorf("%d of the keys given were not replayed (%d not found, %d refused)",
+			len(res.NotFound)+len(res.Refused), len(res.NotFound), len(res.Refused))
+	}
+	return nil
+}

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/webhook"
+	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/outbox"
+	"github.com/outboxd/outboxd/relay"
+)
+
+func TestReplayByKey(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t, "OUTBOX_WEBHOOK_URL=http://127.0.0.1:1/hook", "OUTBOX_WEBHOOK_GUARANTEE=enforced")
+	d.seedEveryState(t)
+
+	// --dry-run changes nothing.
+	code, out, errOut := d.cli(t, "", "replay", "--key", "k-dead", "--key", "k-held", "--dry-run")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "dry run: nothing was changed\nwould replay: 2\n  k-dead\n  k-held\n")
+	require.Equal(t, outbox.StatusDead, d.status(t, "k-dead"))
+	require.Equal(t, outbox.StatusHeld, d.status(t, "k-held"))
+	require.Zero(t, d.count(t, `SELECT count(*) FROM outbox_audit`))
+
+	code, out, errOut = d.cli(t, "", "replay", "--key", "k-dead", "--key", "k-pending", "--reason", "fixed", "--json")
+	require.Equal(t, exitOK, code, errOut)
+	var res ops.ReplayResult
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.Equal(t, []string{"k-dead"}, res.Replayed)
+	require.Equal(t, []string{"k-pending"}, res.Unchanged)
+	require.False(t, res.DryRun)
+	require.Equal(t, outbox.StatusPending, d.status(t, "k-dead"))
+	require.Equal(t, 1, d.count(t, `SELECT count(*) FROM outbox_audit WHERE actor = 'alice' AND reason = 'fixed'`))
+
+	// Delivered rows are refused without --redeliver: exit 1, the others still done.
+	code, out, errOut = d.cli(t, "", "replay", "--key", "k-delivered", "--key", "k-held", "--key", "missing")
+	require.Equal(t, exitFailure, code)
+	require.Contains(t, out, "replayed: 1\n  k-held\n")
+	require.Contains(t, out, "refused: 1\n  k-delivered: already delivered")
+	require.Contains(t, out, "not found: 1\n  missing: no intent has this key\n")
+	require.Contains(t, errOut, "2 of the keys given were not replayed (1 not found, 1 refused)")
+	require.Equal(t, outbox.StatusDelivered, d.status(t, "k-delivered"))
+	require.Equal(t, outbox.StatusPending, d.status(t, "k-held"))
+
+	// With --redeliver it is replayed, and the guarantee is explained.
+	code, out, errOut = d.cli(t, "", "replay", "--key", "k-delivered", "--redeliver")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "replayed: 1\n  k-delivered\n")
+	require.Contains(t, out, "redelivering sends delivered rows again:\n  webhook: "+ops.GuaranteeNote(connectors.Enforced))
+	require.Equal(t, outbox.StatusPending, d.status(t, "k-delivered"))
+}
+
+func TestReplayByFilterAsksFirst(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	for i := range 12 {
+		d.insert(t, fixture{Key: fmt.Sprintf("dead-%02d", i), Status: outbox.StatusDead, LastError: "boom"})
+	}
+	d.insert(t, fixture{Key: "other-dead", Connector: "slack", Status: outbox.StatusDead})
+	d.insert(t, fixture{Key: "canceled", Status: outbox.StatusCanceled, LastError: "boom"})
+
+	// More than 10 rows, no terminal: refused, nothing changed.
+	code, out, errOut := d.cli(t, "y\n", "replay", "--connector", "webhook", "--status", "dead")
+	require.Equal(t, exitFailure, code)
+	require.Empty(t, out)
+	require.Contains(t, errOut, "replay would change 12 rows")
+	require.Contains(t, errOut, "pass --yes")
+	require.Equal(t, 12, d.count(t, `SELECT count(*) FROM outbox WHERE status = 'dead' AND connector = 'webhook'`))
+
+	// A dry run shows them, and changes nothing either.
+	code, out, errOut = d.cli(t, "", "replay", "--connector", "webhook", "--status", "dead", "--dry-run")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "would replay: 12\n")
+	require.Equal(t, 12, d.count(t, `SELECT count(*) FROM outbox WHERE status = 'dead' AND connector = 'webhook'`))
+
+	// A filter's refusals are reported, and do not fail the command.
+	code, out, errOut = d.cli(t, "", "replay", "--error-contains", "boom", "--yes", "--batch-size", "5")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "replayed: 12\n")
+	require.Contains(t, out, "refused: 1\n  canceled: canceled rows stay canceled")
+	require.Zero(t, d.count(t, `SELECT count(*) FROM outbox WHERE status = 'dead' AND connector = 'webhook'`))
+	require.Equal(t, outbox.StatusDead, d.status(t, "other-dead"))
+}
+
+// TestReplayThenRelayDeliversOnce replays dead rows, lets a relay deliver them to a
+// receiver that enforces keys, then redelivers them: each key has one effect.
+func TestReplayThenRelayDeliversOnce(t *testing.T) {
+	t.Parallel()
+	rcv, err := receiver.Start(receiver.Options{})
+	require.NoError(t, err)
+	t.Cleanup(rcv.Close)
+	d := newOpsDB(t, "OUTBOX_WEBHOOK_URL="+rcv.URL(), "OUTBOX_WEBHOOK_GUARANTEE=enforced")
+	keys := []string{"dead-a", "dead-b", "dead-c"}
+	for _, k := range keys {
+		d.insert(t, fixture{Key: k, Status: outbox.StatusDead, Attempts: 25, LastError: "receiver was down"})
+	}
+	d.insert(t, fixture{Key: "canceled", Status: outbox.StatusCanceled})
+
+	code, out, errOut := d.cli(t, "", "replay", "--status", "dead", "--reason", "receiver is back")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "replayed: 3\n")
+
+	deliverAll := func() {
+		t.Helper()
+		hook, err := webhook.New(webhook.Config{URL: rcv.URL(), Guarantee: connectors.Enforced, Timeout: 5 * time.Second})
+		require.NoError(t, err)
+		r, err := relay.New(d.pool, &relay.Config{PollInterval: 20 * time.Millisecond, ShutdownTimeout: 5 * time.Second},
+			map[string]relay.Instance{"webhook": {Connector: hook}})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		require.Eventually(t, func() bool {
+			return d.count(t, `SELECT count(*) FROM outbox WHERE idempotency_key = ANY($1) AND status = 'delivered'`, keys) == len(keys)
+		}, time.Minute, 20*time.Millisecond)
+		cancel()
+		require.NoError(t, <-done)
+	}
+	deliverAll()
+	for _, k := range keys {
+		require.Equal(t, 1, rcv.Effects(k), k)
+	}
+	require.Equal(t, outbox.StatusCanceled, d.status(t, "canceled"))
+
+	// Redelivering sends them again; the receiver answers from its record.
+	code, out, errOut = d.cli(t, "", "replay", "--status", "delivered", "--redeliver", "--yes")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "replayed: 3\n")
+	require.Contains(t, out, "webhook: enforced:")
+	deliverAll()
+	for _, k := range keys {
+		require.Equal(t, 1, rcv.Effects(k), k)
+		require.Equal(t, 2, rcv.Requests(k), k)
+	}
+	require.Empty(t, rcv.DuplicateKeys())
+	require.Equal(t, 3, strings.Count(out, "\n  dead-"))
+}

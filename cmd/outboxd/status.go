@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/internal/ops"
+)
+
+// statusWatchInterval is how often status --watch refreshes.
+const statusWatchInterval = 2 * time.Second
+
+// clearScreen moves the cursor home and clears the terminal (ANSI).
+const clearScreen = "\x1b[H\x1b[2J"
+
+func newStatusCmd(e *env) *cobra.Command {
+	var (
+		db     dbFlag
+		asJSON bool
+		watch  bool
+	)
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Summarise the outbox per connector, with a verdict",
+		Long: "status prints a one-line verdict (healthy, backlog growing, dead letters, rows stuck), then one " +
+			"row per connector instance: rows by status, the age of the oldest pending row, stuck, held and " +
+			"ambiguous rows, rows that went dead in the last hour and day, and the receiver's guarantee when " +
+			"the connector's OUTBOX_* variables are set (\"-\" otherwise).",
+		Example: `  outboxd status
+  outboxd status --json | jq .verdict
+  outboxd status --watch    # refresh every 2s until Ctrl-C`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if watch && asJSON {
+				return usagef("--watch and --json do not go together")
+			}
+			ctx := cmd.Context()
+			pool, err := db.open(ctx, e)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			dsn, _ := db.resolve(e)
+			g := guarantees(e.environ, dsn)
+			if !watch {
+				rep, err := ops.Status(ctx, pool, time.Time{})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(e.stdout, statusJSON(rep, g))
+				}
+				return writeStatus(e.stdout, rep, g)
+			}
+			ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return watchStatus(ctx, e.stdout, func(ctx context.Context) (ops.Report, error) {
+				return ops.Status(ctx, pool, time.Time{})
+			}, g)
+		},
+	}
+	db.register(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "refresh in place every 2s until interrupted")
+	return cmd
+}
+
+// watchStatus prints the status, clearing the screen first, every statusWatchInterval
+// until ctx ends, which is a normal end.
+func watchStatus(ctx context.Context, w io.Writer, read func(context.Context) (ops.Report, error),
+	g map[string]connectors.Guarantee) error {
+	ticker := time.NewTicker(statusWatchInterval)
+	defer ticker.Stop()
+	for {
+		rep, err := read(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		var b strings.Builder
+		b.WriteString(clearScreen)
+		if err := writeStatus(&b, rep, g); err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "\nrefreshing every %s at %s; Ctrl-C to stop\n", statusWatchInterval, rep.Now.Format("15:04:05"))
+		if _, err := io.WriteString(w, b.String()); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+	}
+}
+
+// statusConnectorJSON is a connector's status with its guarantee.
+type statusConnectorJSON struct {
+	ops.ConnectorStatus
+	// Guarantee is empty when the configuration does not say.
+	Guarantee string `json:"guarantee"`
+}
+
+type statusReportJSON struct {
+	Verdict    string                `json:"verdict"`
+	Now        time.Time             `json:"now"`
+	Connectors []statusConnectorJSON `json:"connectors"`
+}
+
+func statusJSON(rep ops.Report, g map[string]connectors.Guarantee) statusReportJSON {
+	out := statusReportJSON{Verdict: rep.Verdict, Now: rep.Now, Connectors: []statusConnectorJSON{}}
+	for _, c := range rep.Connectors {
+		out.Connectors = append(out.Connectors, statusConnectorJSON{ConnectorStatus: c, Guarantee: string(g[c.Connector])})
+	}
+	return out
+}
+
+// writeStatus prints the verdict line and the table, one row per connector.
+func writeStatus(w io.Writer, rep ops.Report, g map[string]connectors.Guarantee) error {
+	var attention []string
+	for _, c := range rep.Connectors {
+		if c.Verdict != ops.VerdictHealthy {
+			attention = append(attention, c.Connector+": "+c.Verdict)
+		}
+	}
+	switch {
+	case len(rep.Connectors) == 0:
+		fmt.Fprintf(w, "%s: the outbox is empty\n", rep.Verdict)
+	case len(attention) == 0:
+		fmt.Fprintf(w, "%s: %d connector(s), nothing needs attention\n", rep.Verdict, len(rep.Connectors))
+	default:
+		fmt.Fprintf(w, "%s: %s\n", rep.Verdict, strings.Join(attention, "; "))
+	}
+	if len(rep.Connectors) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw := newTable(w)
+	fmt.Fprintln(tw, "CONNECTOR\tGUARANTEE\tPENDING\tDELIVERING\tDELIVERED\tDEAD\tCANCELED\tAWAITING\tHELD\t"+
+		"OLDEST PENDING\tSTUCK\tAMBIGUOUS\tDEAD 1H\tDEAD 24H\tVERDICT")
+	n := strconv.Itoa
+	for _, c := range rep.Connectors {
+		k := c.Counts
+		fmt.Fprintln(tw, strings.Join([]string{
+			c.Connector, guaranteeCell(g, c.Connector),
+			n(k.Pending), n(k.Delivering), n(k.Delivered), n(k.Dead), n(k.Canceled), n(k.AwaitingApproval), n(k.Held),
+			age(c.OldestPendingAge), n(c.Stuck), n(c.Ambiguous), n(c.DeadLastHour), n(c.DeadLastDay), c.Verdict,
+		}, "\t"))
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/internal/ops"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
+
+// TestStatusGolden pins the table's layout on a fixed report.
+func TestStatusGolden(t *testing.T) {
+	t.Parallel()
+	rep := ops.Report{
+		Now:     time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC),
+		Verdict: ops.VerdictStuck,
+		Connectors: []ops.ConnectorStatus{
+			{
+				Connector: "email", Counts: ops.Counts{Pending: 2, Delivered: 1200},
+				OldestPendingAge: 1500 * time.Millisecond, Verdict: ops.VerdictHealthy,
+			},
+			{
+				Connector: "slack", Counts: ops.Counts{Delivered: 7, Dead: 1},
+				DeadLastHour: 0, DeadLastDay: 1, Verdict: ops.VerdictDead,
+			},
+			{
+				Connector: "webhook", Counts: ops.Counts{Pending: 31, Delivering: 4, Delivered: 98765, Dead: 3,
+					Canceled: 2, AwaitingApproval: 1, Held: 1},
+				OldestPendingAge: 3*time.Hour + 25*time.Minute + 9*time.Second, OldestDueWait: 2 * time.Minute,
+				Stuck: 2, Ambiguous: 3, DeadLastHour: 1, DeadLastDay: 3, Verdict: ops.VerdictStuck,
+			},
+		},
+	}
+	g := map[string]connectors.Guarantee{"webhook": connectors.Enforced, "email": connectors.Forwarded}
+	var b bytes.Buffer
+	require.NoError(t, writeStatus(&b, rep, g))
+	golden := filepath.Join("testdata", "status.golden")
+	if *update {
+		require.NoError(t, os.WriteFile(golden, b.Bytes(), 0o644))
+	}
+	want, err := os.ReadFile(golden)
+	require.NoError(t, err, "run go test -run TestStatusGolden -update to create it")
+	require.Equal(t, string(want), b.String())
+}
+
+func TestStatusCommand(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t, "OUTBOX_WEBHOOK_URL=http://127.0.0.1:1/hook", "OUTBOX_WEBHOOK_GUARANTEE=enforced")
+	d.seedEveryState(t)
+
+	code, out, errOut := d.cli(t, "", "status")
+	require.Equal(t, exitOK, code, errOut)
+	lines := strings.Split(out, "\n")
+	require.Equal(t, "rows stuck: webhook: rows stuck", lines[0])
+	require.Regexp(t, `(?m)^CONNECTOR\s+GUARANTEE\s+PENDING\s+DELIVERING\s+DELIVERED\s+DEAD\s+CANCELED\s+AWAITING\s+HELD\s+OLDEST PENDING\s+STUCK\s+AMBIGUOUS\s+DEAD 1H\s+DEAD 24H\s+VERDICT$`, out)
+	// webhook: 1 pending, 2 delivering, 1 delivered, 1 dead, 1 canceled, 1 awaiting, 1 held;
+	// oldest pending 2h; 1 stuck; 1 ambiguous; the dead row went dead a minute ago.
+	require.Regexp(t, `(?m)^webhook\s+enforced\s+1\s+2\s+1\s+1\s+1\s+1\s+1\s+2h0m\d+s\s+1\s+1\s+1\s+1\s+rows stuck$`, out)
+	// slack has no configuration here: its guarantee is unknown. Its dead row is old.
+	require.Regexp(t, `(?m)^slack\s+-\s+0\s+0\s+0\s+1\s+0\s+0\s+0\s+-\s+0\s+0\s+0\s+0\s+healthy$`, out)
+
+	// --database-url wins over the variable.
+	code, _, errOut = runCLI(t, []string{"OUTBOX_DATABASE_URL=postgres://nobody@127.0.0.1:1/none"},
+		strings.NewReader(""), "status", "--database-url", d.dsn)
+	require.Equal(t, exitOK, code, errOut)
+
+	code, out, errOut = d.cli(t, "", "status", "--json")
+	require.Equal(t, exitOK, code, errOut)
+	var rep struct {
+		Verdict    string `json:"verdict"`
+		Connectors []struct {
+			Connector string     `json:"connector"`
+			Guarantee string     `json:"guarantee"`
+			Counts    ops.Counts `json:"counts"`
+			Stuck     int        `json:"stuck"`
+			Verdict   string     `json:"verdict"`
+		} `json:"connectors"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	require.Equal(t, ops.VerdictStuck, rep.Verdict)
+	require.Len(t, rep.Connectors, 2)
+	require.Equal(t, "slack", rep.Connectors[0].Connector)
+	require.Empty(t, rep.Connectors[0].Guarantee)
+	w := rep.Connectors[1]
+	require.Equal(t, "webhook", w.Connector)
+	require.Equal(t, "enforced", w.Guarantee)
+	require.Equal(t, ops.Counts{Pending: 1, Delivering: 2, Delivered: 1, Dead: 1, Canceled: 1, AwaitingApproval: 1, Held: 1}, w.Counts)
+	require.Equal(t, 1, w.Stuck)
+}
+
+func TestStatusConfigMissingShowsDash(t *testing.T) {
+	t.Parallel()
+	// A named instance without its URL: the configuration does not load, status still works.
+	d := newOpsDB(t, "OUTBOX_CONNECTORS=webhook:crm")
+	d.insert(t, fixture{Key: "a", Status: "delivered"})
+	code, out, errOut := d.cli(t, "", "status")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^healthy: 1 connector\(s\), nothing needs attention$`, out)
+	require.Regexp(t, `(?m)^webhook\s+-\s+0\s+0\s+1\s`, out)
+}
+
+func TestStatusEmpty(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	code, out, errOut := d.cli(t, "", "status")
+	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, "healthy: the outbox is empty\n", out)
+}
+
+// cancelOnWrite cancels a context once something is written: the watch loop then ends
+// after its first screen.
+type cancelOnWrite struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	cancel context.CancelFunc
+}
+
+func (w *cancelOnWrite) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.cancel()
+	return w.buf.Write(p)
+}
+
+func TestStatusWatch(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.insert(t, fixture{Key: "a", Status: "dead", UpdatedAgo: time.Minute})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	out := &cancelOnWrite{cancel: cancel}
+	var errb bytes.Buffer
+	code := run(ctx, []string{"status", "--watch"}, d.environ, strings.NewReader(""), out, &errb)
+	require.Equal(t, exitOK, code, errb.String())
+	s := out.buf.String()
+	require.True(t, strings.HasPrefix(s, clearScreen), "%q", s)
+	require.Contains(t, s, "dead letters: webhook: dead letters\n")
+	require.Contains(t, s, "Ctrl-C to stop")
+
+	code, _, _ = d.cli(t, "", "status", "--watch", "--json")
+	require.Equal(t, exitUsage, code)
+}
