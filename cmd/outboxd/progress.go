@@ -1,45 +1,34 @@
 package main
 
 import (
-	"fmt"
 	"io"
-	"strings"
-	"sync"
+	"os"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
 )
 
-// progressBar draws "label [#####.....] done/total" on one terminal line. It is drawn
-// only when stderr is a terminal; the commands print their results on stdout.
-type progressBar struct {
-	mu    sync.Mutex
-	w     io.Writer
-	label string
-	drawn bool
-}
+// isTerminal says whether f is a terminal (not a pipe, a file or /dev/null).
+func isTerminal(f *os.File) bool { return term.IsTerminal(int(f.Fd())) }
 
-const progressWidth = 30
+// progressBar draws replay progress on one terminal line. It is drawn only when stderr
+// is a terminal; the commands print their results on stdout.
+type progressBar struct{ bar *progressbar.ProgressBar }
 
 func newProgressBar(w io.Writer, label string) *progressBar {
-	return &progressBar{w: w, label: label}
+	return &progressBar{bar: progressbar.NewOptions(-1,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(label),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetWidth(30),
+	)}
 }
 
 // set redraws the bar; it suits ops.ReplayOptions.ProgressFunc.
 func (p *progressBar) set(done, total int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	filled := progressWidth
-	if total > 0 {
-		filled = min(progressWidth, done*progressWidth/total)
-	}
-	fmt.Fprintf(p.w, "\r%s [%s%s] %d/%d", p.label, strings.Repeat("#", filled),
-		strings.Repeat(".", progressWidth-filled), done, total)
-	p.drawn = true
+	p.bar.ChangeMax(total)
+	_ = p.bar.Set(done)
 }
 
 // done ends the bar's line.
-func (p *progressBar) done() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.drawn {
-		fmt.Fprintln(p.w)
-	}
-}
+func (p *progressBar) done() { _ = p.bar.Finish() }
