@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -43,9 +44,15 @@ func newListCmd(e *env) *cobra.Command {
 				return opsError(err)
 			}
 			if asJSON {
-				return writeJSON(e.stdout, listJSON{Intents: append([]outbox.Intent{}, page.Intents...), Next: page.Next})
+				err = writeJSON(e.stdout, listJSON{Intents: append([]outbox.Intent{}, page.Intents...), Next: page.Next})
+			} else {
+				err = writeList(e.stdout, page)
 			}
-			return writeList(e.stdout, page)
+			if err == nil && len(page.Intents) == 0 && filter.After == "" {
+				// Like grep: nothing found is a failure a script can test for.
+				return errNoMatch
+			}
+			return err
 		},
 	}
 	db.register(cmd)
@@ -53,6 +60,9 @@ func newListCmd(e *env) *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON: {\"intents\": [...], \"next\": \"<cursor or empty>\"}")
 	return cmd
 }
+
+// errNoMatch is the failure of a filter that selects no rows (exit 1).
+var errNoMatch = errors.New("no intents match the filters; nothing was changed")
 
 type listJSON struct {
 	Intents []outbox.Intent `json:"intents"`

@@ -38,12 +38,13 @@ func TestList(t *testing.T) {
 	require.NotNil(t, page.Next)
 	require.Empty(t, *page.Next)
 
-	// Nothing matches: an empty list, not null.
+	// Nothing matches: an empty list, not null, and exit 1 with one line, like grep.
 	code, out, errOut = d.cli(t, "", "list", "--key-prefix", "nope", "--json")
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, exitFailure, code, errOut)
 	require.JSONEq(t, `{"intents": [], "next": ""}`, out)
+	require.Equal(t, "outboxd: no intents match the filters; nothing was changed\n", errOut)
 	code, out, _ = d.cli(t, "", "list", "--key-prefix", "nope")
-	require.Equal(t, exitOK, code)
+	require.Equal(t, exitFailure, code)
 	require.Equal(t, "no intents match\n", out)
 
 	// Age filters: only s-dead is older than a day.
@@ -52,7 +53,7 @@ func TestList(t *testing.T) {
 	require.Regexp(t, `(?m)^s-dead\s`, out)
 	require.NotContains(t, out, "k-dead")
 	code, out, _ = d.cli(t, "", "list", "--newer-than", "90m", "--ordering-key", "none")
-	require.Equal(t, exitOK, code)
+	require.Equal(t, exitFailure, code)
 	require.Equal(t, "no intents match\n", out)
 
 	// An unknown status or a bad cursor is a usage error.

@@ -122,6 +122,9 @@ func replay(ctx context.Context, e *env, pool *pgxpool.Pool, sel ops.Selection, 
 	if err != nil {
 		return opsError(err)
 	}
+	if sel.Filter != nil && len(planKeys(plan)) == 0 {
+		return errNoMatch
+	}
 	var notes []string
 	if o.Redeliver {
 		if notes, err = redeliveryNotes(ctx, pool, sel, g); err != nil {

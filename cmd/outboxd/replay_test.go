@@ -68,6 +68,11 @@ func TestReplayByFilterAsksFirst(t *testing.T) {
 	d.insert(t, fixture{Key: "other-dead", Connector: "slack", Status: outbox.StatusDead})
 	d.insert(t, fixture{Key: "canceled", Status: outbox.StatusCanceled, LastError: "boom"})
 
+	// Filters that match nothing: one line, exit 1, nothing changes.
+	code, _, errOut := d.cli(t, "", "replay", "--status", "dead", "--connector", "nope", "--yes")
+	require.Equal(t, exitFailure, code)
+	require.Equal(t, "outboxd: no intents match the filters; nothing was changed\n", errOut)
+
 	// More than 10 rows, no terminal: refused, nothing changed.
 	code, out, errOut := d.cli(t, "y\n", "replay", "--connector", "webhook", "--status", "dead")
 	require.Equal(t, exitFailure, code)
