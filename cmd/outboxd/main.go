@@ -86,6 +86,10 @@ func newRootCmd(e *env) *cobra.Command {
 	root.AddCommand(newCancelCmd(e))
 	root.AddCommand(newPurgeCmd(e))
 	root.AddCommand(newEnqueueCmd(e))
+	root.AddCommand(newMCPCmd(e))
+	root.AddCommand(newApproveCmd(e))
+	root.AddCommand(newRejectCmd(e))
+	root.AddCommand(newTokenCmd(e))
 	for _, c := range root.Commands() {
 		if c.Args == nil {
 			c.Args = noArgs

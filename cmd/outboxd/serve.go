@@ -22,8 +22,11 @@ import (
 	"github.com/outboxd/outboxd/connectors/payment"
 	"github.com/outboxd/outboxd/connectors/slack"
 	"github.com/outboxd/outboxd/connectors/webhook"
+	"github.com/outboxd/outboxd/internal/api"
 	"github.com/outboxd/outboxd/internal/config"
 	"github.com/outboxd/outboxd/internal/httpserver"
+	"github.com/outboxd/outboxd/internal/intent"
+	"github.com/outboxd/outboxd/internal/mcpserver"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -107,6 +110,15 @@ func serve(ctx context.Context, e *env) error {
 		ShutdownTimeout: cfg.Engine.ShutdownTimeout,
 		Logger:          logger.With("component", "http"),
 	})
+	if len(cfg.API.Tokens) > 0 {
+		svc := &intent.Service{Pool: pool, Policy: cfg.API.Policy()}
+		srv.Handle("/v1/", api.New(svc, &api.Config{
+			Rate:    cfg.API.Rate,
+			MaxBody: cfg.API.MaxBody,
+			Logger:  logger.With("component", "api"),
+		}))
+		srv.Handle("/mcp", mcpserver.Handler(svc, &mcpserver.Config{Logger: logger.With("component", "mcp"), Version: buildVersion()}))
+	}
 	// Listen before the relay starts, so a taken port fails before any row is claimed.
 	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", cfg.HTTPAddr)
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxd/outboxd/internal/intent"
 	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
@@ -81,7 +82,10 @@ func TestServeStopsGracefullyOnSIGTERM(t *testing.T) {
 			environ = append(environ, kv)
 		}
 	}
+	secret, hash, err := intent.NewToken()
+	require.NoError(t, err)
 	environ = append(environ,
+		`OUTBOX_API_TOKENS=[{"name":"agent","sha256":"`+hash+`","connectors":["webhook"]}]`,
 		serveChildEnv+"=1",
 		"OUTBOX_DATABASE_URL="+dsn,
 		"OUTBOX_WEBHOOK_URL="+rcv.URL(),
@@ -188,6 +192,23 @@ func TestServeStopsGracefullyOnSIGTERM(t *testing.T) {
 		return code == http.StatusOK && strings.Contains(body, "outboxd_deliveries_total")
 	})
 
+	// The intent API and MCP are served beside the relay.
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/intents", strings.NewReader(`{"connector":"webhook","payload":{"via":"api"}}`))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+secret)
+	req.Header.Set("Idempotency-Key", "via-api")
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	waitFor("the API's intent to be delivered", func() bool {
+		in, err := outbox.Get(t.Context(), pool, "via-api")
+		return err == nil && in.Status == outbox.StatusDelivered && in.CreatedBy == "agent"
+	})
+	code, _ := get("/mcp")
+	require.Equal(t, http.StatusUnauthorized, code, "/mcp wants a bearer token")
+	require.NotContains(t, stderr.String(), secret, "the token never reaches the logs")
+
 	require.NoError(t, child.Process.Signal(syscall.SIGTERM))
 	// Let the held request go only once the child has begun stopping, so the delivery
 	// finishes during the graceful shutdown rather than before it.
@@ -230,7 +251,8 @@ func TestServeStopsGracefullyOnSIGTERM(t *testing.T) {
 	for _, key := range keys {
 		require.Equal(t, 1, rcv.Effects(key), "effects for %q", key)
 	}
-	require.Equal(t, len(keys), rcv.TotalEffects())
+	require.Equal(t, 1, rcv.Effects("via-api"))
+	require.Equal(t, len(keys)+1, rcv.TotalEffects(), "the rows enqueued here and the one from the API")
 	require.Empty(t, rcv.DuplicateKeys())
 
 	logs := stderr.String()

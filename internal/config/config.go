@@ -18,6 +18,7 @@ type Config struct {
 	HTTPAddr string `env:"OUTBOX_HTTP_ADDR" envDefault:"127.0.0.1:8080" desc:"host:port of the HTTP server: intent API, /metrics, /healthz, /readyz"`
 	Log      Log
 	Engine   Engine
+	API      API
 	// Connectors is OUTBOX_CONNECTORS as given: the extra named instances, such as
 	// "webhook:crm". Their settings are in the per-kind fields below.
 	Connectors []string `env:"OUTBOX_CONNECTORS" desc:"extra named connector instances, comma-separated kind:name with kind webhook, payment, email or slack (e.g. webhook:crm,payment:eu); each reads the kind's variables with the name inserted (OUTBOX_WEBHOOK_CRM_URL, OUTBOX_PAYMENT_EU_API_KEY)"`
@@ -243,6 +244,7 @@ func (c *Config) validate(p *problems) {
 	}
 	c.Log.validate(p)
 	c.Engine.validate(p)
+	c.API.validate(p)
 }
 
 func (l *Log) validate(p *problems) {

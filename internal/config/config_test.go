@@ -1,6 +1,8 @@
 package config
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"log/slog"
 	"maps"
@@ -12,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/internal/intent"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -123,6 +126,11 @@ func TestLoadEveryVariable(t *testing.T) {
 		"OUTBOX_RETENTION":            "720h",
 		"OUTBOX_SHUTDOWN_TIMEOUT":     "1m30s",
 		"OUTBOX_RELAY_ID":             "relay-a",
+		"OUTBOX_API_TOKENS":           `[{"name":"agent","sha256":"` + testTokenHash + `","connectors":["webhook:*"]}]`,
+		"OUTBOX_APPROVAL_REQUIRED":    "payment, webhook:crm",
+		"OUTBOX_API_RATE":             "2.5",
+		"OUTBOX_API_MAX_BODY":         "4096",
+		"OUTBOX_MCP_TOKEN":            "obx_test",
 		"OUTBOX_CONNECTORS":           "webhook:crm",
 		"OUTBOX_WEBHOOK_URL":          "http://127.0.0.1:9999/in",
 		"OUTBOX_WEBHOOK_SECRET":       "whsec_c2VjcmV0LWRlZmF1bHQ=",
@@ -151,6 +159,14 @@ func TestLoadEveryVariable(t *testing.T) {
 			Retention:       720 * time.Hour,
 			ShutdownTimeout: 90 * time.Second,
 			RelayID:         "relay-a",
+		},
+		API: API{
+			TokensJSON:       `[{"name":"agent","sha256":"` + testTokenHash + `","connectors":["webhook:*"]}]`,
+			Tokens:           []intent.Token{{Name: "agent", SHA256: testTokenHash, Connectors: []string{"webhook:*"}}},
+			ApprovalRequired: []string{"payment", "webhook:crm"},
+			Rate:             2.5,
+			MaxBody:          4096,
+			MCPToken:         "obx_test",
 		},
 		Connectors: []string{"webhook:crm"},
 		Webhooks: []Webhook{
@@ -473,4 +489,46 @@ func TestProblems(t *testing.T) {
 
 	err := Problems(errors.Join(errors.New("a"), errors.Join(errors.New("b\nc"), errors.New("d"))))
 	require.Equal(t, "invalid configuration:\n- a\n- b c\n- d", err.Error())
+}
+
+// testTokenHash is the SHA-256 of "obx_test", the token the tests configure.
+var testTokenHash = func() string {
+	sum := sha256.Sum256([]byte("obx_test"))
+	return hex.EncodeToString(sum[:])
+}()
+
+func TestLoadAPIProblems(t *testing.T) {
+	t.Parallel()
+
+	_, err := Load(environ(map[string]string{
+		"OUTBOX_DATABASE_URL": "postgres://localhost/x",
+		"OUTBOX_API_TOKENS":   `[{"name":"a","sha256":"zz","connectors":[]},{"name":"a","sha256":"` + testTokenHash + `","connectors":["webhook"]}]`,
+		"OUTBOX_API_RATE":     "-1",
+		"OUTBOX_API_MAX_BODY": "0",
+	}))
+	var cerr *Error
+	require.ErrorAs(t, err, &cerr)
+	msg := err.Error()
+	require.Contains(t, msg, `OUTBOX_API_TOKENS: token "a": sha256 must be 64 hex digits`)
+	require.Contains(t, msg, `OUTBOX_API_TOKENS: token "a": connectors is empty`)
+	require.Contains(t, msg, `OUTBOX_API_TOKENS: token "a": name is used by another token`)
+	require.Contains(t, msg, "OUTBOX_API_RATE must be 0")
+	require.Contains(t, msg, "OUTBOX_API_MAX_BODY must be positive")
+	require.Len(t, cerr.Problems, 5)
+
+	_, err = LoadAPI(environ(map[string]string{
+		"OUTBOX_API_TOKENS": `[{"name":"a","sha256":"` + testTokenHash + `","connectors":["*"]}]`,
+		"OUTBOX_MCP_TOKEN":  "obx_wrong",
+	}))
+	require.ErrorContains(t, err, "OUTBOX_MCP_TOKEN matches none of OUTBOX_API_TOKENS")
+	require.NotContains(t, err.Error(), "obx_wrong")
+
+	api, err := LoadAPI(environ(map[string]string{
+		"OUTBOX_API_TOKENS": `[{"name":"a","sha256":"` + testTokenHash + `","connectors":["*"]}]`,
+		"OUTBOX_MCP_TOKEN":  "obx_test",
+	}))
+	require.NoError(t, err)
+	tok, err := api.Policy().Authenticate(api.MCPToken.Reveal())
+	require.NoError(t, err)
+	require.Equal(t, "a", tok.Name)
 }

@@ -20,6 +20,10 @@ type Filter struct {
 	Status []string `json:"status,omitempty"`
 	// Connector keeps rows of this connector instance ("webhook", "webhook:crm").
 	Connector string `json:"connector,omitempty"`
+	// Connectors, when not empty, keeps rows of these connector instances; an entry
+	// "kind:*" keeps every instance of the kind, the plain "kind" included. An API
+	// token's scope narrows a listing with it.
+	Connectors []string `json:"connectors,omitempty"`
 	// KeyPrefix keeps rows whose idempotency key starts with it (compared literally:
 	// '%' and '_' are not wildcards).
 	KeyPrefix string `json:"key_prefix,omitempty"`
@@ -79,7 +83,8 @@ func decodeCursor(s string) (*cursor, error) {
 // pagination on (created_at, id). Every condition is a parameter that, when empty,
 // disables itself, so the text never depends on user input:
 // $1 statuses, $2 connector, $3 key prefix, $4 created before, $5 created after,
-// $6 error substring, $7 ordering key, $8/$9 the cursor, $10 the page size.
+// $6 error substring, $7 ordering key, $8/$9 the cursor, $10 connector instances or
+// "kind:*" patterns, $11 the page size.
 // The key prefix uses starts_with, which has no wildcards to escape.
 const listSQL = `
 SELECT ` + outbox.IntentColumns + `
@@ -92,10 +97,12 @@ WHERE (cardinality($1::text[]) = 0 OR status = ANY($1::text[]))
   AND ($6::text = '' OR strpos(lower(last_error), lower($6::text)) > 0)
   AND ($7::text = '' OR ordering_key = $7::text)
   AND ($8::timestamptz IS NULL OR (created_at, id) < ($8::timestamptz, $9::bigint))
+  AND (cardinality($10::text[]) = 0 OR connector = ANY($10::text[])
+       OR split_part(connector, ':', 1) || ':*' = ANY($10::text[]))
 ORDER BY created_at DESC, id DESC
-LIMIT $10`
+LIMIT $11`
 
-// listArgs validates f and returns listSQL's arguments $1 to $9.
+// listArgs validates f and returns listSQL's arguments $1 to $10.
 func (f Filter) listArgs() ([]any, error) {
 	for _, s := range f.Status {
 		if !knownStatus(s) {
@@ -133,8 +140,12 @@ func (f Filter) listArgs() ([]any, error) {
 	if statuses == nil {
 		statuses = []string{}
 	}
+	connectors := f.Connectors
+	if connectors == nil {
+		connectors = []string{}
+	}
 	return []any{statuses, f.Connector, f.KeyPrefix, before, after, f.ErrorContains, f.OrderingKey,
-		cursorAt, cursorID}, nil
+		cursorAt, cursorID, connectors}, nil
 }
 
 // List returns one page of intents matching f, newest first (created_at, then id,

@@ -372,3 +372,70 @@ func TestGuaranteeNote(t *testing.T) {
 	require.Contains(t, ops.GuaranteeNote(connectors.Forwarded), "act twice")
 	require.Contains(t, ops.GuaranteeNote("other"), "act twice")
 }
+
+func TestApproveReject(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	insertRow(t, pool, row{Key: "a1", Status: outbox.StatusAwaitingApproval, NextAttemptIn: time.Hour})
+	insertRow(t, pool, row{Key: "a2", Status: outbox.StatusAwaitingApproval})
+	insertRow(t, pool, row{Key: "c1", Status: outbox.StatusCanceled})
+	insertRow(t, pool, row{Key: "d1", Status: outbox.StatusDelivered})
+
+	in, err := ops.Approve(t.Context(), pool, "a1", "alice", "checked", base)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusPending, in.Status)
+	s := state(t, pool, "a1")
+	require.Equal(t, outbox.StatusPending, s.Status)
+	require.True(t, s.NextAt.Equal(base.Add(time.Hour)), "a not_before in the future still holds")
+	require.Equal(t, [][3]string{{"approve", "alice", `{"from_status": "awaiting_approval"}`}}, auditRows(t, pool, "a1"))
+
+	// Twice is harmless and writes no second audit row.
+	in, err = ops.Approve(t.Context(), pool, "a1", "alice", "", base)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusPending, in.Status)
+	require.Len(t, auditRows(t, pool, "a1"), 1)
+	_, err = ops.Reject(t.Context(), pool, "a1", "alice", "", base)
+	require.ErrorIs(t, err, ops.ErrConflictState)
+
+	in, err = ops.Reject(t.Context(), pool, "a2", "bob", "no", base)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusCanceled, in.Status)
+	require.Equal(t, [][3]string{{"reject", "bob", `{"from_status": "awaiting_approval"}`}}, auditRows(t, pool, "a2"))
+	_, err = ops.Reject(t.Context(), pool, "a2", "bob", "", base)
+	require.NoError(t, err)
+	require.Len(t, auditRows(t, pool, "a2"), 1)
+	_, err = ops.Approve(t.Context(), pool, "a2", "bob", "", base)
+	require.ErrorIs(t, err, ops.ErrConflictState)
+	_, err = ops.Approve(t.Context(), pool, "c1", "bob", "", base)
+	require.ErrorIs(t, err, ops.ErrConflictState)
+
+	in, err = ops.Approve(t.Context(), pool, "d1", "bob", "", base)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDelivered, in.Status)
+
+	_, err = ops.Approve(t.Context(), pool, "missing", "bob", "", base)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	_, err = ops.Reject(t.Context(), pool, "a1", "", "", base)
+	require.ErrorIs(t, err, ops.ErrInvalidOptions)
+}
+
+func TestListConnectors(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	insertRow(t, pool, row{Key: "w", Connector: "webhook", Age: 3 * time.Minute})
+	insertRow(t, pool, row{Key: "wc", Connector: "webhook:crm", Age: 2 * time.Minute})
+	insertRow(t, pool, row{Key: "p", Connector: "payment", Age: time.Minute})
+	keys := func(f ops.Filter) []string {
+		page, err := ops.List(t.Context(), pool, f)
+		require.NoError(t, err)
+		var out []string
+		for _, in := range page.Intents {
+			out = append(out, in.Key)
+		}
+		return out
+	}
+	require.Equal(t, []string{"p", "wc", "w"}, keys(ops.Filter{}))
+	require.Equal(t, []string{"wc", "w"}, keys(ops.Filter{Connectors: []string{"webhook:*"}}))
+	require.Equal(t, []string{"p", "w"}, keys(ops.Filter{Connectors: []string{"webhook", "payment"}}))
+	require.Empty(t, keys(ops.Filter{Connectors: []string{"slack"}}))
+}

@@ -1,0 +1,386 @@
+// Package api is the intent HTTP API of `outboxd serve`: a thin JSON face over an
+// [intent.Service], which holds the policy.
+//
+// # Routes
+//
+//   - POST /v1/intents creates an intent. Authorization: Bearer <token> and
+//     Idempotency-Key: <key> (1 to 255 characters) are required; the body is
+//     {"connector", "payload", "ordering_key", "not_before"}. A new key answers 201, the
+//     same request again 200 with Idempotent-Replayed: true, a different request under a
+//     used key 422.
+//   - GET /v1/intents/{key} reads one intent (404 when unknown or outside the token's
+//     connectors).
+//   - GET /v1/intents?status=&connector=&limit=&after= lists the token's intents, newest
+//     first; status may repeat or be comma-separated, after is the previous page's next.
+//   - POST /v1/intents/{key}/approve, /reject and /cancel decide (admin tokens only),
+//     with an optional body {"reason": "..."}.
+//
+// Errors are JSON {"error": {"code": "...", "message": "..."}}. Each token is rate
+// limited on its own ([Config.Rate]); a limited request answers 429 with Retry-After.
+// Tokens never appear in logs: requests are logged with the token's name.
+package api
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/time/rate"
+
+	"github.com/outboxd/outboxd/internal/intent"
+	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// DefaultMaxBody is the default request body limit, 1 MiB.
+const DefaultMaxBody = 1 << 20
+
+// maxKeyLength is the longest Idempotency-Key, in characters, as outbox allows.
+const maxKeyLength = outbox.MaxKeyLength
+
+// Config configures a [Handler].
+type Config struct {
+	// Rate is how many requests per second each token may make, with a burst of
+	// max(1, Rate). Zero or less means no limit (OUTBOX_API_RATE=0).
+	Rate float64
+	// MaxBody is the largest request body, in bytes. Defaults to 1 MiB.
+	MaxBody int64
+	// Logger receives one debug line per request and the errors. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Handler serves the intent API. Mount it on "/v1/".
+type Handler struct {
+	svc     *intent.Service
+	cfg     Config
+	mux     *http.ServeMux
+	mu      sync.Mutex
+	limiter map[string]*rate.Limiter // by token name
+}
+
+// New returns a Handler for svc.
+func New(svc *intent.Service, cfg *Config) *Handler {
+	c := *cfg
+	c.MaxBody = cmp.Or(max(c.MaxBody, 0), DefaultMaxBody)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	h := &Handler{svc: svc, cfg: c, mux: http.NewServeMux(), limiter: map[string]*rate.Limiter{}}
+	h.mux.Handle("POST /v1/intents", h.auth(h.create))
+	h.mux.Handle("GET /v1/intents", h.auth(h.list))
+	h.mux.Handle("GET /v1/intents/{key}", h.auth(h.get))
+	h.mux.Handle("POST /v1/intents/{key}/approve", h.auth(h.decide(svc.Approve)))
+	h.mux.Handle("POST /v1/intents/{key}/reject", h.auth(h.decide(svc.Reject)))
+	h.mux.Handle("POST /v1/intents/{key}/cancel", h.auth(h.decide(svc.Cancel)))
+	h.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", "no such route: "+r.Method+" "+r.URL.Path)
+	})
+	return h
+}
+
+// ServeHTTP serves one request.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// handlerFunc is a route, called with the authenticated token.
+type handlerFunc func(w http.ResponseWriter, r *http.Request, tok *intent.Token) error
+
+// auth authenticates the bearer token, applies the token's rate limit, runs next and
+// answers its error. It logs the token's name, never the token.
+func (h *Handler) auth(next handlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w}
+		name := ""
+		defer func() {
+			h.cfg.Logger.DebugContext(r.Context(), "intent api request",
+				"method", r.Method, "path", r.URL.Path, "status", sw.status, "token", name)
+		}()
+		bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok {
+			bearer = ""
+		}
+		tok, err := h.svc.Policy.Authenticate(strings.TrimSpace(bearer))
+		if err != nil {
+			h.fail(sw, r, err)
+			return
+		}
+		name = tok.Name
+		if wait, ok := h.allow(tok.Name); !ok {
+			sw.Header().Set("Retry-After", strconv.Itoa(wait))
+			writeError(sw, http.StatusTooManyRequests, "rate_limited",
+				fmt.Sprintf("token %q is over its rate limit; retry after %d s", tok.Name, wait))
+			return
+		}
+		if err := next(sw, r, tok); err != nil {
+			h.fail(sw, r, err)
+		}
+	})
+}
+
+// allow takes one request from the token's rate limit, or says how many whole seconds
+// to wait.
+func (h *Handler) allow(name string) (retryAfter int, ok bool) {
+	if h.cfg.Rate <= 0 {
+		return 0, true
+	}
+	h.mu.Lock()
+	lim, found := h.limiter[name]
+	if !found {
+		lim = rate.NewLimiter(rate.Limit(h.cfg.Rate), max(1, int(h.cfg.Rate)))
+		h.limiter[name] = lim
+	}
+	h.mu.Unlock()
+	now := time.Now()
+	res := lim.ReserveN(now, 1)
+	if !res.OK() {
+		return 1, false
+	}
+	delay := res.DelayFrom(now)
+	if delay == 0 {
+		return 0, true
+	}
+	res.CancelAt(now) // a refused request does not use up the budget
+	return max(1, int(math.Ceil(delay.Seconds()))), false
+}
+
+// createBody is POST /v1/intents's body.
+type createBody = intent.CreateRequest
+
+// parseCreate decodes a create body: one JSON object, no unknown fields, nothing after.
+func parseCreate(body []byte) (intent.CreateRequest, error) {
+	var req createBody
+	if err := decodeStrict(body, &req); err != nil {
+		return intent.CreateRequest{}, err
+	}
+	if len(req.Payload) > 0 && bytes.Equal(bytes.TrimSpace(req.Payload), []byte("null")) {
+		req.Payload = nil
+	}
+	return req, nil
+}
+
+// errBadRequest marks a request the client must fix before sending again.
+var errBadRequest = errors.New("bad request")
+
+func decodeStrict(body []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: the body is not a valid JSON object of this request: %v", errBadRequest, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%w: unexpected data after the JSON object", errBadRequest)
+	}
+	return nil
+}
+
+// readBody reads the body up to the limit.
+func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBody))
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		return nil, errTooLarge{limit: tooBig.Limit}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading the body: %v", errBadRequest, err)
+	}
+	return b, nil
+}
+
+type errTooLarge struct{ limit int64 }
+
+func (e errTooLarge) Error() string {
+	return fmt.Sprintf("the body is over the limit of %d bytes (OUTBOX_API_MAX_BODY)", e.limit)
+}
+
+// idempotencyKey reads and checks the Idempotency-Key header.
+func idempotencyKey(r *http.Request) (string, error) {
+	key := r.Header.Get("Idempotency-Key")
+	switch n := utf8.RuneCountInString(key); {
+	case key == "":
+		return "", fmt.Errorf("%w: the Idempotency-Key header is required: derive it from the decision and reuse it on every retry", errBadRequest)
+	case n > maxKeyLength:
+		return "", fmt.Errorf("%w: the Idempotency-Key header is %d characters; the limit is %d", errBadRequest, n, maxKeyLength)
+	case !utf8.ValidString(key) || strings.ContainsRune(key, 0):
+		return "", fmt.Errorf("%w: the Idempotency-Key header must be valid UTF-8 without NUL", errBadRequest)
+	}
+	return key, nil
+}
+
+func (h *Handler) create(w http.ResponseWriter, r *http.Request, tok *intent.Token) error {
+	key, err := idempotencyKey(r)
+	if err != nil {
+		return err
+	}
+	body, err := h.readBody(w, r)
+	if err != nil {
+		return err
+	}
+	req, err := parseCreate(body)
+	if err != nil {
+		return err
+	}
+	in, err := h.svc.Create(r.Context(), tok, key, req)
+	if errors.Is(err, outbox.ErrKeyConflict) {
+		return keyConflict{key: key, err: err}
+	}
+	if err != nil {
+		return err
+	}
+	status := http.StatusCreated
+	if !in.Inserted {
+		status = http.StatusOK
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	writeJSON(w, status, in)
+	return nil
+}
+
+type keyConflict struct {
+	key string
+	err error
+}
+
+func (e keyConflict) Error() string {
+	return fmt.Sprintf("idempotency key %q was already used for a different request (connector, payload or ordering key); "+
+		"read the intent with GET /v1/intents/{key}, or use a new key for a new decision", e.key)
+}
+
+func (e keyConflict) Unwrap() error { return e.err }
+
+func (h *Handler) get(w http.ResponseWriter, r *http.Request, tok *intent.Token) error {
+	in, err := h.svc.Get(r.Context(), tok, r.PathValue("key"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, in)
+	return nil
+}
+
+func (h *Handler) list(w http.ResponseWriter, r *http.Request, tok *intent.Token) error {
+	q := r.URL.Query()
+	f := ops.Filter{Connector: q.Get("connector"), After: q.Get("after")}
+	for _, s := range q["status"] {
+		for part := range strings.SplitSeq(s, ",") {
+			if part = strings.TrimSpace(part); part != "" {
+				f.Status = append(f.Status, part)
+			}
+		}
+	}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 {
+			return fmt.Errorf("%w: limit must be a positive integer, got %q", errBadRequest, l)
+		}
+		f.Limit = n
+	}
+	page, err := h.svc.List(r.Context(), tok, f)
+	if err != nil {
+		return err
+	}
+	if page.Intents == nil {
+		page.Intents = []outbox.Intent{}
+	}
+	writeJSON(w, http.StatusOK, page)
+	return nil
+}
+
+// decideBody is the optional body of approve, reject and cancel.
+type decideBody struct {
+	Reason string `json:"reason"`
+}
+
+func (h *Handler) decide(do func(ctx context.Context, tok *intent.Token, key, reason string) (outbox.Intent, error)) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, tok *intent.Token) error {
+		body, err := h.readBody(w, r)
+		if err != nil {
+			return err
+		}
+		var b decideBody
+		if len(bytes.TrimSpace(body)) > 0 {
+			if err := decodeStrict(body, &b); err != nil {
+				return err
+			}
+		}
+		in, err := do(r.Context(), tok, r.PathValue("key"), b.Reason)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, in)
+		return nil
+	}
+}
+
+// fail answers err with its status and code; unexpected errors are logged and hidden.
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var tooBig errTooLarge
+	switch {
+	case errors.As(err, &tooBig):
+		writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", err.Error())
+	case errors.Is(err, errBadRequest):
+		writeError(w, http.StatusBadRequest, "bad_request", strings.TrimPrefix(err.Error(), errBadRequest.Error()+": "))
+	case errors.Is(err, intent.ErrUnauthorized):
+		w.Header().Set("WWW-Authenticate", `Bearer realm="outboxd"`)
+		writeError(w, http.StatusUnauthorized, "unauthorized", err.Error())
+	case errors.Is(err, intent.ErrForbidden):
+		writeError(w, http.StatusForbidden, "forbidden", err.Error())
+	case errors.Is(err, outbox.ErrNotFound):
+		writeError(w, http.StatusNotFound, "not_found", "no intent has key "+strconv.Quote(r.PathValue("key")))
+	case errors.Is(err, outbox.ErrKeyConflict):
+		writeError(w, http.StatusUnprocessableEntity, "key_conflict", err.Error())
+	case errors.Is(err, outbox.ErrInvalidMessage):
+		writeError(w, http.StatusUnprocessableEntity, "invalid_intent", err.Error())
+	case errors.Is(err, intent.ErrConflictState):
+		writeError(w, http.StatusConflict, "conflict_state", err.Error())
+	case errors.Is(err, ops.ErrInvalidFilter):
+		writeError(w, http.StatusBadRequest, "invalid_filter", err.Error())
+	default:
+		h.cfg.Logger.ErrorContext(r.Context(), "intent api", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusInternalServerError, "internal", "internal error; the server log has the details")
+	}
+}
+
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, errorBody{Error: errorDetail{Code: code, Message: msg}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v) // the client went away; nothing to do
+}
+
+// statusWriter remembers the status for the request log.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }

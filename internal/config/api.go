@@ -1,0 +1,67 @@
+package config
+
+import (
+	"strings"
+
+	"github.com/caarlos0/env/v11"
+
+	"github.com/outboxd/outboxd/internal/intent"
+)
+
+// API configures the intent HTTP API and the MCP server.
+type API struct {
+	// TokensJSON is OUTBOX_API_TOKENS as given; [Load] parses it into Tokens.
+	TokensJSON string `env:"OUTBOX_API_TOKENS" desc:"intent API tokens as JSON: [{\"name\":\"agent\",\"sha256\":\"<hex of token>\",\"connectors\":[\"webhook\",\"slack:*\"],\"admin\":false}]; empty turns the intent API off; outboxd token new makes entries"`
+	// Tokens are the parsed tokens; empty when the intent API is off.
+	Tokens []intent.Token `env:"-"`
+	// ApprovalRequired names the connectors whose API and MCP intents start
+	// awaiting_approval: instances, or a kind for all its instances.
+	ApprovalRequired []string `env:"OUTBOX_APPROVAL_REQUIRED" desc:"connectors whose API and MCP intents start awaiting_approval, comma-separated instances or kinds (e.g. payment,webhook:crm)"`
+	// Rate is each token's request rate limit, per second, with a burst of
+	// max(1, Rate). 0 turns it off.
+	Rate float64 `env:"OUTBOX_API_RATE" envDefault:"10" desc:"requests per second each API token may make (burst the same, at least 1); 0 for no limit"`
+	// MaxBody is the largest request body the intent API accepts, in bytes.
+	MaxBody int64 `env:"OUTBOX_API_MAX_BODY" envDefault:"1048576" desc:"largest intent API request body, in bytes"`
+	// MCPToken is the token whose identity `outboxd mcp` (stdio) acts under.
+	MCPToken Secret `env:"OUTBOX_MCP_TOKEN" desc:"the API token (secret) whose name and scope outboxd mcp acts under on stdio; one of OUTBOX_API_TOKENS"`
+}
+
+// Policy returns the tokens and approval rules as an [intent.Policy].
+func (a *API) Policy() *intent.Policy {
+	return &intent.Policy{Tokens: a.Tokens, ApprovalRequired: a.ApprovalRequired}
+}
+
+// LoadAPI reads [API] from environ (as os.Environ returns it), for commands such as
+// `outboxd mcp` that need the tokens but not the connectors.
+func LoadAPI(environ []string) (API, error) {
+	var p problems
+	a := parseEnv[API](env.ToMap(environ), "", &p)
+	a.validate(&p)
+	return a, p.err()
+}
+
+func (a *API) validate(p *problems) {
+	if p.ok("OUTBOX_API_TOKENS") {
+		tokens, err := intent.ParseTokens(a.TokensJSON)
+		if err != nil {
+			for _, e := range flatten(err) {
+				p.addf("", "OUTBOX_API_TOKENS: %s", e.Error())
+			}
+		}
+		a.Tokens = tokens
+	}
+	for i, c := range a.ApprovalRequired {
+		a.ApprovalRequired[i] = strings.TrimSpace(c)
+	}
+	if a.Rate < 0 {
+		p.addf("OUTBOX_API_RATE", "OUTBOX_API_RATE must be 0 (no limit) or positive, got %v", a.Rate)
+	}
+	if a.MaxBody <= 0 {
+		p.addf("OUTBOX_API_MAX_BODY", "OUTBOX_API_MAX_BODY must be positive, got %d", a.MaxBody)
+	}
+	if a.MCPToken != "" && p.ok("OUTBOX_API_TOKENS") {
+		if _, err := a.Policy().Authenticate(a.MCPToken.Reveal()); err != nil {
+			p.addf("OUTBOX_MCP_TOKEN", "OUTBOX_MCP_TOKEN matches none of OUTBOX_API_TOKENS")
+		}
+	}
+}

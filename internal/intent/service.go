@@ -1,0 +1,161 @@
+package intent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// ErrConflictState means a decision cannot apply to the intent's current status, such as
+// approving a rejected or canceled intent. It is [ops.ErrConflictState].
+var ErrConflictState = ops.ErrConflictState
+
+// CreateRequest is the body of a create: everything but the key, which travels apart
+// (the Idempotency-Key header, or an MCP tool argument).
+type CreateRequest struct {
+	// Connector is the connector instance, such as "webhook" or "webhook:crm".
+	Connector string `json:"connector"`
+	// Payload is what the connector needs, as JSON.
+	Payload json.RawMessage `json:"payload"`
+	// OrderingKey, when set, delivers intents sharing it one at a time in order.
+	OrderingKey string `json:"ordering_key,omitempty"`
+	// NotBefore delays the first attempt.
+	NotBefore *time.Time `json:"not_before,omitempty"`
+}
+
+// Service does what a token asks, within what [Policy] lets it.
+type Service struct {
+	// Pool is the database.
+	Pool *pgxpool.Pool
+	// Policy holds the tokens and the connectors that need approval.
+	Policy *Policy
+	// NowFunc is the clock of audit rows. Defaults to time.Now.
+	NowFunc func() time.Time
+}
+
+func (s *Service) now() time.Time {
+	if s.NowFunc != nil {
+		return s.NowFunc()
+	}
+	return time.Now()
+}
+
+// Create enqueues an intent under key for tok through [outbox.Enqueue], so validation
+// and idempotency are those of every other caller: the same request under a known key
+// returns the existing intent with Inserted false; a different one fails with an error
+// wrapping [outbox.ErrKeyConflict]; an invalid one with [outbox.ErrInvalidMessage]. A
+// connector the token may not use fails with [ErrForbidden]. Intents of connectors in
+// [Policy.ApprovalRequired] start awaiting_approval; created_by is the token's name.
+func (s *Service) Create(ctx context.Context, tok *Token, key string, req CreateRequest) (outbox.Intent, error) {
+	if !tok.Allows(req.Connector) {
+		return outbox.Intent{}, fmt.Errorf("%w: token %q may not use connector %q", ErrForbidden, tok.Name, req.Connector)
+	}
+	m := outbox.Message{
+		Key:             key,
+		Connector:       req.Connector,
+		OrderingKey:     req.OrderingKey,
+		RequireApproval: s.Policy.requiresApproval(req.Connector),
+		CreatedBy:       tok.Name,
+	}
+	if len(req.Payload) > 0 {
+		m.Payload = req.Payload
+	}
+	if req.NotBefore != nil {
+		m.NotBefore = *req.NotBefore
+	}
+	in, err := outbox.Enqueue(ctx, s.Pool, m)
+	if err != nil {
+		return outbox.Intent{}, fmt.Errorf("create: %w", err)
+	}
+	return in, nil
+}
+
+// Get returns the intent with key. An intent of a connector the token may not use is
+// reported as not found (an error wrapping [outbox.ErrNotFound]), so its existence does
+// not leak.
+func (s *Service) Get(ctx context.Context, tok *Token, key string) (outbox.Intent, error) {
+	in, err := outbox.Get(ctx, s.Pool, key)
+	if err != nil {
+		return outbox.Intent{}, err
+	}
+	if !tok.Allows(in.Connector) {
+		return outbox.Intent{}, fmt.Errorf("%w: no intent has key %q", outbox.ErrNotFound, key)
+	}
+	return in, nil
+}
+
+// List returns one page of intents as [ops.List] does, narrowed to the connectors the
+// token may use. Asking for a connector outside them fails with [ErrForbidden].
+func (s *Service) List(ctx context.Context, tok *Token, f ops.Filter) (ops.Page, error) {
+	if f.Connector != "" && !tok.Allows(f.Connector) {
+		return ops.Page{}, fmt.Errorf("%w: token %q may not use connector %q", ErrForbidden, tok.Name, f.Connector)
+	}
+	f.Connectors = nil
+	if !tok.all() {
+		f.Connectors = append([]string(nil), tok.Connectors...)
+	}
+	return ops.List(ctx, s.Pool, f)
+}
+
+// Approve moves an awaiting_approval intent to pending ([ops.Approve]); admin tokens
+// only ([ErrForbidden]). Approving twice returns the intent unchanged; approving a
+// rejected or canceled one fails with [ErrConflictState].
+func (s *Service) Approve(ctx context.Context, tok *Token, key, reason string) (outbox.Intent, error) {
+	if err := s.admin(ctx, tok, key); err != nil {
+		return outbox.Intent{}, err
+	}
+	return ops.Approve(ctx, s.Pool, key, actor(tok), reason, s.now())
+}
+
+// Reject cancels an awaiting_approval intent ([ops.Reject]); admin tokens only.
+// Rejecting twice returns the intent unchanged; rejecting one past approval fails with
+// [ErrConflictState].
+func (s *Service) Reject(ctx context.Context, tok *Token, key, reason string) (outbox.Intent, error) {
+	if err := s.admin(ctx, tok, key); err != nil {
+		return outbox.Intent{}, err
+	}
+	return ops.Reject(ctx, s.Pool, key, actor(tok), reason, s.now())
+}
+
+// Cancel cancels an intent with [ops.Cancel]'s rules; admin tokens only. Canceling
+// twice returns the intent unchanged; an intent Cancel refuses (in flight, delivered,
+// dead) fails with [ErrConflictState] and the reason.
+func (s *Service) Cancel(ctx context.Context, tok *Token, key, reason string) (outbox.Intent, error) {
+	if err := s.admin(ctx, tok, key); err != nil {
+		return outbox.Intent{}, err
+	}
+	res, err := ops.Cancel(ctx, s.Pool, []string{key}, actor(tok), reason, s.now())
+	if err != nil {
+		return outbox.Intent{}, err
+	}
+	if len(res.NotFound) > 0 {
+		return outbox.Intent{}, fmt.Errorf("%w: no intent has key %q", outbox.ErrNotFound, key)
+	}
+	if why, ok := res.Refused[key]; ok {
+		return outbox.Intent{}, fmt.Errorf("%w: intent %q cannot be canceled: %s", ErrConflictState, key, why)
+	}
+	return outbox.Get(ctx, s.Pool, key)
+}
+
+// admin checks that tok may decide about the intent with key: an admin token whose
+// connectors include the intent's. An intent it may not see is not found.
+func (s *Service) admin(ctx context.Context, tok *Token, key string) error {
+	if tok == nil || !tok.Admin {
+		name := ""
+		if tok != nil {
+			name = tok.Name
+		}
+		return fmt.Errorf("%w: token %q is not an admin token; only admins approve, reject and cancel", ErrForbidden, name)
+	}
+	_, err := s.Get(ctx, tok, key)
+	return err
+}
+
+// actor names a token in the audit trail.
+func actor(tok *Token) string { return "token:" + tok.Name }

@@ -1,0 +1,177 @@
+package intent
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Sentinel errors; test for them with errors.Is. Errors of the outbox package
+// (outbox.ErrNotFound, outbox.ErrKeyConflict, outbox.ErrInvalidMessage) pass through
+// wrapped.
+var (
+	// ErrUnauthorized means the bearer token is missing or matches no configured token.
+	ErrUnauthorized = errors.New("missing or unknown API token")
+
+	// ErrForbidden means the token may not do this: a connector outside its list, or a
+	// decision that needs an admin token.
+	ErrForbidden = errors.New("forbidden for this token")
+)
+
+// tokenPrefix starts every secret [NewToken] makes, so a leaked one is recognisable.
+const tokenPrefix = "obx_"
+
+// Token is one configured API token: an entry of OUTBOX_API_TOKENS.
+type Token struct {
+	// Name identifies the token in created_by and the audit trail. Unique.
+	Name string `json:"name"`
+	// SHA256 is the hex SHA-256 of the secret; the secret itself is never stored.
+	SHA256 string `json:"sha256"`
+	// Connectors are the connector instances the token may use: "webhook",
+	// "webhook:crm", "webhook:*" (every instance of the kind) or "*" (all).
+	Connectors []string `json:"connectors"`
+	// Admin lets the token approve, reject and cancel intents.
+	Admin bool `json:"admin"`
+}
+
+// Allows reports whether the token may use connector, an instance name such as
+// "webhook" or "webhook:crm".
+func (t *Token) Allows(connector string) bool {
+	if t == nil || connector == "" {
+		return false
+	}
+	kind, _, _ := strings.Cut(connector, ":")
+	for _, c := range t.Connectors {
+		if c == "*" || c == connector || c == kind+":*" {
+			return true
+		}
+	}
+	return false
+}
+
+// all reports whether the token may use every connector.
+func (t *Token) all() bool {
+	for _, c := range t.Connectors {
+		if c == "*" {
+			return true
+		}
+	}
+	return false
+}
+
+// Policy is who may do what: the configured tokens and the connectors whose API
+// intents need an approval.
+type Policy struct {
+	// Tokens are the configured tokens, as [ParseTokens] returns them.
+	Tokens []Token
+	// ApprovalRequired names connector instances ("payment:eu") whose intents start
+	// awaiting_approval; a plain kind ("payment") or "kind:*" covers all its instances.
+	ApprovalRequired []string
+}
+
+// requiresApproval reports whether intents for connector start awaiting_approval.
+func (p *Policy) requiresApproval(connector string) bool {
+	kind, _, _ := strings.Cut(connector, ":")
+	for _, a := range p.ApprovalRequired {
+		if a == connector || a == kind || a == kind+":*" || a == "*" {
+			return true
+		}
+	}
+	return false
+}
+
+// Authenticate returns the token whose hash is the SHA-256 of bearer, or an error
+// wrapping [ErrUnauthorized]. It compares against every token in constant time, so the
+// answer's timing does not tell how much of a hash matched.
+func (p *Policy) Authenticate(bearer string) (*Token, error) {
+	if bearer == "" {
+		return nil, fmt.Errorf("%w: send Authorization: Bearer <token>", ErrUnauthorized)
+	}
+	sum := sha256.Sum256([]byte(bearer))
+	got := []byte(hex.EncodeToString(sum[:]))
+	found := -1
+	for i := range p.Tokens {
+		if subtle.ConstantTimeCompare(got, []byte(p.Tokens[i].SHA256)) == 1 && found < 0 {
+			found = i
+		}
+	}
+	if found < 0 {
+		return nil, fmt.Errorf("%w: the bearer token matches no configured token", ErrUnauthorized)
+	}
+	return &p.Tokens[found], nil
+}
+
+// NewToken returns a fresh random secret ("obx_" and 32 random bytes in base64url) and
+// the hex SHA-256 to configure in OUTBOX_API_TOKENS.
+func NewToken() (secret string, sha256hex string, err error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", "", fmt.Errorf("new token: %w", err)
+	}
+	secret = tokenPrefix + base64.RawURLEncoding.EncodeToString(b)
+	sum := sha256.Sum256([]byte(secret))
+	return secret, hex.EncodeToString(sum[:]), nil
+}
+
+var (
+	hashPattern    = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	patternPattern = regexp.MustCompile(`^(\*|[a-z][a-z0-9_]*(:([a-z0-9_]+|\*))?)$`)
+)
+
+// ParseTokens reads OUTBOX_API_TOKENS: a JSON array of tokens. Empty text means no
+// tokens. Each token needs a unique name, a hex SHA-256 (normalised to lowercase) and at
+// least one well-formed connector; the error joins one error per problem.
+func ParseTokens(jsonText string) ([]Token, error) {
+	if strings.TrimSpace(jsonText) == "" {
+		return nil, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader([]byte(jsonText)))
+	dec.DisallowUnknownFields()
+	var tokens []Token
+	if err := dec.Decode(&tokens); err != nil {
+		return nil, fmt.Errorf("tokens are not a JSON array of {name, sha256, connectors, admin}: %w", err)
+	}
+	if dec.More() {
+		return nil, errors.New("tokens: unexpected data after the JSON array")
+	}
+	var errs []error
+	seen := make(map[string]bool, len(tokens))
+	for i := range tokens {
+		t := &tokens[i]
+		label := fmt.Sprintf("token %d", i)
+		if t.Name != "" {
+			label = fmt.Sprintf("token %q", t.Name)
+		}
+		switch {
+		case strings.TrimSpace(t.Name) == "":
+			errs = append(errs, fmt.Errorf("%s: name is empty", label))
+		case seen[t.Name]:
+			errs = append(errs, fmt.Errorf("%s: name is used by another token; names must be unique", label))
+		}
+		seen[t.Name] = true
+		t.SHA256 = strings.ToLower(t.SHA256)
+		if !hashPattern.MatchString(t.SHA256) {
+			errs = append(errs, fmt.Errorf("%s: sha256 must be 64 hex digits (the SHA-256 of the token; `outboxd token new` prints it)", label))
+		}
+		if len(t.Connectors) == 0 {
+			errs = append(errs, fmt.Errorf("%s: connectors is empty; name the instances it may use (webhook, webhook:crm, webhook:*, or *)", label))
+		}
+		for _, c := range t.Connectors {
+			if !patternPattern.MatchString(c) {
+				errs = append(errs, fmt.Errorf("%s: connector %q is malformed; use kind, kind:name, kind:* or *", label, c))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return tokens, nil
+}

@@ -1,0 +1,77 @@
+package intent_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/intent"
+)
+
+func TestAllows(t *testing.T) {
+	t.Parallel()
+	tok := &intent.Token{Connectors: []string{"webhook:*", "payment:eu"}}
+	for conn, want := range map[string]bool{
+		"webhook": true, "webhook:crm": true, "payment:eu": true,
+		"payment": false, "payment:us": false, "slack": false, "": false,
+	} {
+		require.Equal(t, want, tok.Allows(conn), conn)
+	}
+	all := &intent.Token{Connectors: []string{"*"}}
+	require.True(t, all.Allows("slack:ops"))
+	exact := &intent.Token{Connectors: []string{"webhook"}}
+	require.False(t, exact.Allows("webhook:crm"))
+}
+
+func TestParseTokens(t *testing.T) {
+	t.Parallel()
+	h := strings.Repeat("AB", 32)
+	toks, err := intent.ParseTokens(`[{"name":"a","sha256":"` + h + `","connectors":["webhook","slack:*","*"],"admin":true}]`)
+	require.NoError(t, err)
+	require.Equal(t, []intent.Token{{Name: "a", SHA256: strings.ToLower(h), Connectors: []string{"webhook", "slack:*", "*"}, Admin: true}}, toks)
+
+	toks, err = intent.ParseTokens("  ")
+	require.NoError(t, err)
+	require.Empty(t, toks)
+
+	_, err = intent.ParseTokens(`[{"name":"a","sha256":"x","connectors":["Bad!"]},{"name":"a","sha256":"` + h + `","connectors":[]},{"sha256":"` + h + `","connectors":["webhook"]}]`)
+	require.Error(t, err)
+	msg := err.Error()
+	for _, want := range []string{"sha256 must be 64 hex digits", `connector "Bad!" is malformed`, "names must be unique", "connectors is empty", "token 2: name is empty"} {
+		require.Contains(t, msg, want)
+	}
+	_, err = intent.ParseTokens(`[{"name":"a","sha256":"` + h + `","connectors":["webhook"],"admn":true}]`)
+	require.ErrorContains(t, err, "admn")
+	_, err = intent.ParseTokens(`{}`)
+	require.Error(t, err)
+}
+
+func TestAuthenticate(t *testing.T) {
+	t.Parallel()
+	secret, sum, err := intent.NewToken()
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(secret, "obx_"))
+	got := sha256.Sum256([]byte(secret))
+	require.Equal(t, hex.EncodeToString(got[:]), sum)
+	other, _, err := intent.NewToken()
+	require.NoError(t, err)
+	require.NotEqual(t, secret, other)
+
+	p := &intent.Policy{Tokens: []intent.Token{
+		{Name: "x", SHA256: strings.Repeat("0", 64), Connectors: []string{"*"}},
+		{Name: "me", SHA256: sum, Connectors: []string{"webhook"}},
+	}}
+	tok, err := p.Authenticate(secret)
+	require.NoError(t, err)
+	require.Equal(t, "me", tok.Name)
+	for _, bad := range []string{"", other, sum} {
+		_, err = p.Authenticate(bad)
+		require.ErrorIs(t, err, intent.ErrUnauthorized)
+		if bad != "" {
+			require.NotContains(t, err.Error(), bad)
+		}
+	}
+}

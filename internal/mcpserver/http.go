@@ -1,0 +1,87 @@
+package mcpserver
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/outboxd/outboxd/internal/intent"
+)
+
+// sessionIdle closes an HTTP session that has seen no request for this long, so
+// clients that vanish do not hold sessions forever.
+const sessionIdle = 30 * time.Minute
+
+// tokenExtra is the key of the [intent.Token] in [auth.TokenInfo.Extra].
+const tokenExtra = "outboxd_token"
+
+// ctxTokenKey carries the token from the authenticating middleware to the SDK's
+// bearer-token verifier.
+type ctxTokenKey struct{}
+
+// Handler returns the streamable-HTTP MCP endpoint (mount it at /mcp). Every request
+// needs Authorization: Bearer <token>, authenticated with svc.Policy; without a valid
+// one the answer is 401 with the JSON error shape of the intent API. Tool calls act as
+// the request's token, and a session stays bound to the token name that opened it
+// (another token using its session id gets 403).
+func Handler(svc *intent.Service, cfg *Config) http.Handler {
+	c := cfg.withDefaults()
+	s := New(svc, tokenFromRequest, &c)
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s },
+		&mcp.StreamableHTTPOptions{Logger: c.Logger.With("component", "mcp_http"), SessionTimeout: sessionIdle})
+	// The SDK's middleware is what puts a TokenInfo where tool calls can read it
+	// (RequestExtra.TokenInfo) and binds sessions to its UserID. Its verifier only
+	// picks up the token authenticated below, so the secret is hashed once.
+	verify := func(_ context.Context, _ string, r *http.Request) (*auth.TokenInfo, error) {
+		tok, ok := r.Context().Value(ctxTokenKey{}).(*intent.Token)
+		if !ok {
+			return nil, auth.ErrInvalidToken
+		}
+		return &auth.TokenInfo{UserID: tok.Name, Extra: map[string]any{tokenExtra: tok}}, nil
+	}
+	protected := auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(h)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tok, err := svc.Policy.Authenticate(bearer(r))
+		if err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="outboxd"`)
+			writeError(w, http.StatusUnauthorized, "unauthorized", err.Error())
+			return
+		}
+		protected.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxTokenKey{}, tok)))
+	})
+}
+
+// bearer returns the token of an "Authorization: Bearer <token>" header, or "". It
+// splits the header as the SDK's middleware does, so both accept the same headers.
+func bearer(r *http.Request) string {
+	fields := strings.Fields(r.Header.Get("Authorization"))
+	if len(fields) != 2 || !strings.EqualFold(fields[0], "bearer") {
+		return ""
+	}
+	return fields[1]
+}
+
+// tokenFromRequest is the [TokenFunc] of HTTP sessions: the token [Handler]
+// authenticated for the request.
+func tokenFromRequest(_ context.Context, req *mcp.CallToolRequest) (*intent.Token, error) {
+	if req != nil && req.Extra != nil && req.Extra.TokenInfo != nil {
+		if tok, ok := req.Extra.TokenInfo.Extra[tokenExtra].(*intent.Token); ok {
+			return tok, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: the request carried no authenticated token", intent.ErrUnauthorized)
+}
+
+// writeError writes the intent API's error shape: {"error": {"code", "message"}}.
+func writeError(w http.ResponseWriter, status int, code, message string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": message}})
+}

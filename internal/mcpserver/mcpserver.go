@@ -1,0 +1,361 @@
+package mcpserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/outboxd/outboxd/internal/intent"
+	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// Tool names.
+const (
+	ToolPropose = "propose_intent"
+	ToolGet     = "get_intent"
+	ToolList    = "list_intents"
+)
+
+// instructions is what the server tells a client about itself when it connects.
+const instructions = `outboxd delivers side effects (webhooks, emails, Slack messages, payments) exactly once per idempotency key. ` +
+	`Never perform such an effect yourself: propose it with propose_intent, then follow it with get_intent. ` +
+	`Derive the key from the decision (the same decision gives the same key; never include a time, an attempt number or a random value), ` +
+	`reuse that key on every retry, and read the status with get_intent instead of proposing again. ` +
+	`Some connectors wait for a person's approval (status awaiting_approval).`
+
+const proposeDescription = `Propose a side effect (a webhook, email, Slack message or payment) for the outbox relay to perform exactly once.
+Rules:
+- Derive the key from the decision, not from the moment: pass key_parts such as [run id, step, target] and the server derives the key (or pass key). The same decision must give the same key; never include a time, an attempt number or a random value.
+- Reuse the same key on every retry. Proposing the same decision again is harmless and returns the existing intent (replayed: true); a different decision under a used key is an error.
+- To learn what happened, call get_intent with the key instead of proposing again.
+- Risky connectors (such as payment) may wait for a person's approval: status awaiting_approval. Do not work around it.
+Give a short human-readable reason: it is logged and returned for the people who review the intent.`
+
+const getDescription = `Read one intent by its key: status (pending, delivering, delivered, dead, canceled, awaiting_approval, held), attempts, the last error and the receiver's stored result.
+Call this instead of proposing again when you need to know whether a side effect happened; delivered means done, and the result is the receiver's answer.`
+
+const listDescription = `List intents newest first, only of the connectors this token may use. Filter by status (one, or several separated by commas) and connector; page with limit and the next cursor from the previous page (after).`
+
+// Config configures the MCP server. A nil *Config means all defaults.
+type Config struct {
+	// Logger receives one line per proposed intent (with the agent's reason) and the
+	// internal errors the tools hide from the client. Defaults to discarding logs.
+	Logger *slog.Logger
+	// Version is the server version reported to clients. Defaults to "dev".
+	Version string
+}
+
+func (c *Config) withDefaults() Config {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if out.Version == "" {
+		out.Version = "dev"
+	}
+	return out
+}
+
+// TokenFunc returns the token a tool call acts as. An error fails the call as a tool
+// error.
+type TokenFunc func(ctx context.Context, req *mcp.CallToolRequest) (*intent.Token, error)
+
+// ProposeInput is the input of propose_intent; its JSON schema is the tool's input
+// schema.
+type ProposeInput struct {
+	Connector string   `json:"connector" jsonschema:"connector instance that performs the effect: webhook, email, slack, payment, or a named one such as webhook:crm"`
+	Key       string   `json:"key,omitempty" jsonschema:"idempotency key naming this decision (1-255 characters); give key or key_parts"`
+	KeyParts  []string `json:"key_parts,omitempty" jsonschema:"parts naming the decision, such as [run id, step, target], from which the server derives the key; never a time or an attempt number"`
+	// Payload is decoded again from the raw arguments, so numbers keep their exact
+	// text; the map type only gives the schema "object".
+	Payload     map[string]any `json:"payload" jsonschema:"what the connector needs, as a JSON object (webhook: any object; email: to, subject, text or html; slack: channel, text or blocks; payment: operation and params)"`
+	Reason      string         `json:"reason,omitempty" jsonschema:"why this effect is wanted, in a sentence a person reviewing it understands"`
+	OrderingKey string         `json:"ordering_key,omitempty" jsonschema:"intents sharing an ordering key are delivered one at a time, in the order proposed"`
+	NotBefore   *time.Time     `json:"not_before,omitempty" jsonschema:"do not perform it before this RFC 3339 time"`
+}
+
+// GetInput is the input of get_intent.
+type GetInput struct {
+	Key string `json:"key" jsonschema:"the intent's idempotency key, as propose_intent returned it"`
+}
+
+// ListInput is the input of list_intents.
+type ListInput struct {
+	Status    string `json:"status,omitempty" jsonschema:"keep intents in this status, or in any of several separated by commas"`
+	Connector string `json:"connector,omitempty" jsonschema:"keep intents of this connector instance"`
+	Limit     int    `json:"limit,omitempty" jsonschema:"page size; default 50, at most 1000"`
+	After     string `json:"after,omitempty" jsonschema:"the next cursor of the previous page"`
+}
+
+// Intent is an intent as the tools return it.
+type Intent struct {
+	Key           string     `json:"key"`
+	Connector     string     `json:"connector"`
+	Status        string     `json:"status"`
+	Attempts      int        `json:"attempts"`
+	LastError     string     `json:"last_error,omitempty"`
+	Result        any        `json:"result,omitempty" jsonschema:"the receiver's stored answer"`
+	Payload       any        `json:"payload,omitempty"`
+	OrderingKey   string     `json:"ordering_key,omitempty"`
+	CreatedBy     string     `json:"created_by,omitempty"`
+	NextAttemptAt time.Time  `json:"next_attempt_at"`
+	CreatedAt     time.Time  `json:"created_at"`
+	DeliveredAt   *time.Time `json:"delivered_at,omitempty"`
+}
+
+func fromIntent(in outbox.Intent) Intent {
+	out := Intent{
+		Key: in.Key, Connector: in.Connector, Status: in.Status, Attempts: in.Attempts,
+		LastError: in.LastError, OrderingKey: in.OrderingKey, CreatedBy: in.CreatedBy,
+		NextAttemptAt: in.NextAttemptAt, CreatedAt: in.CreatedAt,
+	}
+	// A nil json.RawMessage in an interface would encode as null despite omitempty.
+	if len(in.Result) > 0 {
+		out.Result = in.Result
+	}
+	if len(in.Payload) > 0 {
+		out.Payload = in.Payload
+	}
+	if !in.DeliveredAt.IsZero() {
+		d := in.DeliveredAt
+		out.DeliveredAt = &d
+	}
+	return out
+}
+
+// ProposeOutput is the output of propose_intent.
+type ProposeOutput struct {
+	Intent Intent `json:"intent"`
+	// Inserted is true when this call wrote the intent.
+	Inserted bool `json:"inserted"`
+	// Replayed is true when the key already held this same decision: nothing new was
+	// written.
+	Replayed bool   `json:"replayed"`
+	Reason   string `json:"reason,omitempty"`
+	// Message says in a sentence what happened and what to do next.
+	Message string `json:"message"`
+}
+
+// GetOutput is the output of get_intent.
+type GetOutput struct {
+	Intent  Intent `json:"intent"`
+	Message string `json:"message"`
+}
+
+// ListOutput is the output of list_intents.
+type ListOutput struct {
+	Intents []Intent `json:"intents"`
+	// Next is the cursor to pass as after for the next page; empty at the end.
+	Next string `json:"next,omitempty"`
+}
+
+// tools holds what the tool handlers share.
+type tools struct {
+	svc      *intent.Service
+	tokenFor TokenFunc
+	log      *slog.Logger
+}
+
+// New returns an MCP server with the tools propose_intent, get_intent and
+// list_intents over svc. Each call acts as the token tokenFor returns. Run it with
+// [ServeStdio], [Handler], or any transport of the SDK.
+func New(svc *intent.Service, tokenFor TokenFunc, cfg *Config) *mcp.Server {
+	if svc == nil || tokenFor == nil {
+		panic("mcpserver.New: svc and tokenFor are required")
+	}
+	c := cfg.withDefaults()
+	t := &tools{svc: svc, tokenFor: tokenFor, log: c.Logger.With("component", "mcp")}
+	s := mcp.NewServer(&mcp.Implementation{Name: "outboxd", Title: "outboxd intents", Version: c.Version},
+		&mcp.ServerOptions{Instructions: instructions})
+	mcp.AddTool(s, &mcp.Tool{
+		Name: ToolPropose, Title: "Propose an intent", Description: proposeDescription,
+		Annotations: &mcp.ToolAnnotations{IdempotentHint: true, DestructiveHint: ptr(false), OpenWorldHint: ptr(true)},
+	}, t.propose)
+	mcp.AddTool(s, &mcp.Tool{
+		Name: ToolGet, Title: "Read an intent", Description: getDescription,
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
+	}, t.get)
+	mcp.AddTool(s, &mcp.Tool{
+		Name: ToolList, Title: "List intents", Description: listDescription,
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
+	}, t.list)
+	return s
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// token returns the caller's token, or a tool error.
+func (t *tools) token(ctx context.Context, req *mcp.CallToolRequest) (*intent.Token, error) {
+	tok, err := t.tokenFor(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if tok == nil {
+		return nil, fmt.Errorf("%w: no token for this session", intent.ErrUnauthorized)
+	}
+	return tok, nil
+}
+
+func (t *tools) propose(ctx context.Context, req *mcp.CallToolRequest, in ProposeInput) (*mcp.CallToolResult, ProposeOutput, error) {
+	tok, err := t.token(ctx, req)
+	if err != nil {
+		return nil, ProposeOutput{}, err
+	}
+	key, err := proposalKey(in)
+	if err != nil {
+		return nil, ProposeOutput{}, err
+	}
+	payload, err := rawPayload(req)
+	if err != nil {
+		return nil, ProposeOutput{}, err
+	}
+	created, err := t.svc.Create(ctx, tok, key, intent.CreateRequest{
+		Connector: in.Connector, Payload: payload, OrderingKey: in.OrderingKey, NotBefore: in.NotBefore,
+	})
+	if err != nil {
+		return nil, ProposeOutput{}, t.toolError(ctx, ToolPropose, key, err)
+	}
+	t.log.InfoContext(ctx, "intent proposed", "key", created.Key, "connector", created.Connector,
+		"status", created.Status, "inserted", created.Inserted, "token", tok.Name, "reason", in.Reason)
+	out := ProposeOutput{
+		Intent:   fromIntent(created),
+		Inserted: created.Inserted,
+		Replayed: !created.Inserted,
+		Reason:   in.Reason,
+	}
+	verb := "Created"
+	if out.Replayed {
+		verb = "This decision was already proposed under this key; nothing new was written. Existing"
+	}
+	out.Message = fmt.Sprintf("%s intent %s, status %s. %s", verb, created.Key, created.Status, nextStep(created))
+	return nil, out, nil
+}
+
+func (t *tools) get(ctx context.Context, req *mcp.CallToolRequest, in GetInput) (*mcp.CallToolResult, GetOutput, error) {
+	tok, err := t.token(ctx, req)
+	if err != nil {
+		return nil, GetOutput{}, err
+	}
+	got, err := t.svc.Get(ctx, tok, in.Key)
+	if err != nil {
+		return nil, GetOutput{}, t.toolError(ctx, ToolGet, in.Key, err)
+	}
+	return nil, GetOutput{
+		Intent:  fromIntent(got),
+		Message: fmt.Sprintf("Intent %s is %s after %d attempt(s). %s", got.Key, got.Status, got.Attempts, nextStep(got)),
+	}, nil
+}
+
+func (t *tools) list(ctx context.Context, req *mcp.CallToolRequest, in ListInput) (*mcp.CallToolResult, ListOutput, error) {
+	tok, err := t.token(ctx, req)
+	if err != nil {
+		return nil, ListOutput{}, err
+	}
+	f := ops.Filter{Connector: in.Connector, Limit: in.Limit, After: in.After}
+	for s := range strings.SplitSeq(in.Status, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			f.Status = append(f.Status, s)
+		}
+	}
+	page, err := t.svc.List(ctx, tok, f)
+	if err != nil {
+		return nil, ListOutput{}, t.toolError(ctx, ToolList, "", err)
+	}
+	out := ListOutput{Intents: make([]Intent, 0, len(page.Intents)), Next: page.Next}
+	for _, in := range page.Intents {
+		out.Intents = append(out.Intents, fromIntent(in))
+	}
+	return nil, out, nil
+}
+
+// proposalKey returns the key of a proposal: key, or the key derived from key_parts.
+func proposalKey(in ProposeInput) (string, error) {
+	switch {
+	case in.Key != "" && len(in.KeyParts) > 0:
+		return "", errors.New("give either key or key_parts, not both: key_parts derive the key, so the same decision always gets the same one")
+	case in.Key != "":
+		return in.Key, nil
+	case len(in.KeyParts) > 0:
+		return outbox.Key(in.KeyParts...), nil
+	default:
+		return "", errors.New("a key is required: pass key_parts naming the decision (such as [run id, step, target]) or a key derived from them; never a time or an attempt number")
+	}
+}
+
+// rawPayload returns the payload argument as the client sent it. The SDK hands the
+// typed handler arguments that went through map[string]any, where integers past 2^53
+// lose digits; reading the raw arguments keeps the request exactly as sent, which the
+// key's idempotency check compares.
+func rawPayload(req *mcp.CallToolRequest) (json.RawMessage, error) {
+	var args struct {
+		Payload json.RawMessage `json:"payload"`
+	}
+	if req != nil && req.Params != nil {
+		if err := json.Unmarshal(req.Params.Arguments, &args); err != nil {
+			return nil, fmt.Errorf("arguments are not a JSON object: %w", err)
+		}
+	}
+	if len(args.Payload) == 0 {
+		return nil, errors.New("payload is required: a JSON object with what the connector needs")
+	}
+	return args.Payload, nil
+}
+
+// nextStep tells the agent what to do about an intent in its current status.
+func nextStep(in outbox.Intent) string {
+	switch in.Status {
+	case outbox.StatusAwaitingApproval:
+		return "It waits for a person's approval; check later with get_intent and do not propose it again."
+	case outbox.StatusPending, outbox.StatusDelivering:
+		return "The relay will perform it; follow it with get_intent using the same key, and do not propose it again."
+	case outbox.StatusDelivered:
+		return "It is done; result holds the receiver's answer."
+	case outbox.StatusDead:
+		return "The relay gave up (see last_error); an operator may replay it. Do not propose it again under a new key."
+	case outbox.StatusHeld:
+		return "An operator must decide whether it happened; do not propose it again."
+	case outbox.StatusCanceled:
+		return "It was canceled or rejected and will not happen."
+	default:
+		return ""
+	}
+}
+
+// toolError turns a service error into the text of a tool error: what went wrong and
+// what to do next. Errors the agent cannot act on are logged and hidden.
+func (t *tools) toolError(ctx context.Context, tool, key string, err error) error {
+	switch {
+	case errors.Is(err, intent.ErrUnauthorized):
+		return err
+	case errors.Is(err, intent.ErrForbidden):
+		return fmt.Errorf("%w; use a connector this token allows, or ask an operator to allow it", err)
+	case errors.Is(err, outbox.ErrKeyConflict):
+		return fmt.Errorf("key %q already names a different decision (%w). If this is the same decision, send exactly the same connector, payload and ordering_key; "+
+			"if it is a new decision, derive a new key from it. Read the existing intent with get_intent", key, err)
+	case errors.Is(err, outbox.ErrInvalidMessage):
+		return fmt.Errorf("%w; nothing was written, fix it and propose again with the same key", err)
+	case errors.Is(err, outbox.ErrNotFound):
+		return fmt.Errorf("%w (or it belongs to a connector this token may not use)", err)
+	case errors.Is(err, ops.ErrInvalidFilter):
+		return err
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%s: %w", tool, err)
+	default:
+		t.log.ErrorContext(ctx, "tool failed", "tool", tool, "key", key, "err", err)
+		if key != "" {
+			return fmt.Errorf("%s: internal error; calling again with the same key %q is safe", tool, key)
+		}
+		return fmt.Errorf("%s: internal error; try again", tool)
+	}
+}

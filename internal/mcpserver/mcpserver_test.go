@@ -1,0 +1,443 @@
+package mcpserver_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/intent"
+	"github.com/outboxd/outboxd/internal/mcpserver"
+	"github.com/outboxd/outboxd/internal/pgtest"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// Secrets of the test tokens.
+const (
+	agentSecret = "obx_agent-secret"
+	mailSecret  = "obx_mail-secret"
+)
+
+func hashOf(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:])
+}
+
+// testPolicy has an agent that may use webhooks, slack and payment (which needs
+// approval), and a mailer that may only send email.
+func testPolicy() *intent.Policy {
+	return &intent.Policy{
+		Tokens: []intent.Token{
+			{Name: "agent", SHA256: hashOf(agentSecret), Connectors: []string{"webhook:*", "slack", "payment"}},
+			{Name: "mailer", SHA256: hashOf(mailSecret), Connectors: []string{"email"}},
+		},
+		ApprovalRequired: []string{"payment"},
+	}
+}
+
+type testBundle struct {
+	pool *pgxpool.Pool
+	svc  *intent.Service
+}
+
+func setupService(t *testing.T) *testBundle {
+	t.Helper()
+	pool := pgtest.DB(t)
+	return &testBundle{pool: pool, svc: &intent.Service{Pool: pool, Policy: testPolicy()}}
+}
+
+// connect opens an MCP client session, over in-memory transports, to a server whose
+// calls act as the token named tokenName.
+func (b *testBundle) connect(t *testing.T, tokenName string) *mcp.ClientSession {
+	t.Helper()
+	var tok *intent.Token
+	for i := range b.svc.Policy.Tokens {
+		if b.svc.Policy.Tokens[i].Name == tokenName {
+			tok = &b.svc.Policy.Tokens[i]
+		}
+	}
+	require.NotNil(t, tok, tokenName)
+	server := mcpserver.New(b.svc, func(context.Context, *mcp.CallToolRequest) (*intent.Token, error) { return tok, nil }, nil)
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := server.Connect(t.Context(), st, nil)
+	require.NoError(t, err)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(t.Context(), ct, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = cs.Close()
+		_ = ss.Wait()
+	})
+	return cs
+}
+
+func (b *testBundle) count(t *testing.T, where string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.WithoutCancel(t.Context()), `SELECT count(*) FROM outbox WHERE `+where, args...).Scan(&n))
+	return n
+}
+
+// call calls a tool and returns its result; a protocol error fails the test.
+func call(t *testing.T, cs *mcp.ClientSession, tool string, args map[string]any) *mcp.CallToolResult {
+	t.Helper()
+	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: tool, Arguments: args})
+	require.NoError(t, err)
+	return res
+}
+
+// ok requires a successful tool result and decodes its structured content into v.
+func ok[T any](t *testing.T, res *mcp.CallToolResult) T {
+	t.Helper()
+	require.False(t, res.IsError, "tool error: %s", text(res))
+	b, err := json.Marshal(res.StructuredContent)
+	require.NoError(t, err)
+	var v T
+	require.NoError(t, json.Unmarshal(b, &v), string(b))
+	return v
+}
+
+// toolErr requires a tool error and returns its text.
+func toolErr(t *testing.T, res *mcp.CallToolResult) string {
+	t.Helper()
+	require.True(t, res.IsError, "want a tool error, got %s", text(res))
+	return text(res)
+}
+
+func text(res *mcp.CallToolResult) string {
+	var parts []string
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			parts = append(parts, tc.Text)
+		}
+	}
+	return strings.Join(parts, "\n")
+}
+
+func TestMCPTools(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ListToolsHasSchemas", func(t *testing.T) {
+		t.Parallel()
+		b := setupService(t)
+		cs := b.connect(t, "agent")
+		res, err := cs.ListTools(t.Context(), nil)
+		require.NoError(t, err)
+		byName := map[string]*mcp.Tool{}
+		for _, tool := range res.Tools {
+			byName[tool.Name] = tool
+		}
+		require.Len(t, byName, 3)
+		for name, props := range map[string][]string{
+			mcpserver.ToolPropose: {"connector", "key", "key_parts", "payload", "reason", "ordering_key", "not_before"},
+			mcpserver.ToolGet:     {"key"},
+			mcpserver.ToolList:    {"status", "connector", "limit", "after"},
+		} {
+			tool := byName[name]
+			require.NotNil(t, tool, name)
+			require.NotEmpty(t, tool.Description, name)
+			b, err := json.Marshal(tool.InputSchema)
+			require.NoError(t, err)
+			var schema struct {
+				Type       string                     `json:"type"`
+				Properties map[string]json.RawMessage `json:"properties"`
+				Required   []string                   `json:"required"`
+			}
+			require.NoError(t, json.Unmarshal(b, &schema))
+			require.Equal(t, "object", schema.Type, name)
+			for _, p := range props {
+				require.Contains(t, schema.Properties, p, name)
+			}
+			if name == mcpserver.ToolPropose {
+				require.ElementsMatch(t, []string{"connector", "payload"}, schema.Required)
+				require.Contains(t, string(schema.Properties["payload"]), `"object"`)
+			}
+		}
+		require.Contains(t, byName[mcpserver.ToolPropose].Description, "same key")
+	})
+
+	t.Run("ProposeIsIdempotent", func(t *testing.T) {
+		t.Parallel()
+		b := setupService(t)
+		cs := b.connect(t, "agent")
+		args := map[string]any{
+			"connector": "webhook", "key": "run-1/notify/crm",
+			"payload": map[string]any{"order": 42, "big": json.Number("12345678901234567890")},
+			"reason":  "the order shipped",
+		}
+		first := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, args))
+		require.True(t, first.Inserted)
+		require.False(t, first.Replayed)
+		require.Equal(t, "run-1/notify/crm", first.Intent.Key)
+		require.Equal(t, outbox.StatusPending, first.Intent.Status)
+		require.Equal(t, "agent", first.Intent.CreatedBy)
+		require.Equal(t, "the order shipped", first.Reason)
+		require.Contains(t, first.Message, "get_intent")
+		require.Equal(t, 1, b.count(t, `idempotency_key = $1 AND created_by = 'agent'`, "run-1/notify/crm"))
+		// The payload is stored as sent: a number past 2^53 keeps its digits.
+		require.Equal(t, 1, b.count(t, `payload->>'big' = '12345678901234567890'`))
+
+		// The same decision again: the same intent, nothing new written.
+		again := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, args))
+		require.False(t, again.Inserted)
+		require.True(t, again.Replayed)
+		require.Equal(t, first.Intent.Key, again.Intent.Key)
+		require.Equal(t, first.Intent.CreatedAt, again.Intent.CreatedAt)
+		require.Equal(t, 1, b.count(t, `true`))
+
+		// A different decision under the same key: a tool error naming the key.
+		args["payload"] = map[string]any{"order": 43}
+		msg := toolErr(t, call(t, cs, mcpserver.ToolPropose, args))
+		require.Contains(t, msg, `"run-1/notify/crm"`)
+		require.Contains(t, msg, "different decision")
+		require.Equal(t, 1, b.count(t, `true`))
+		require.Equal(t, 1, b.count(t, `payload->>'order' = '42'`))
+	})
+
+	t.Run("KeyParts", func(t *testing.T) {
+		t.Parallel()
+		b := setupService(t)
+		cs := b.connect(t, "agent")
+		parts := []string{"run-7", "post-summary", "#ops"}
+		out := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, map[string]any{
+			"connector": "slack", "key_parts": parts, "payload": map[string]any{"channel": "#ops", "text": "done"},
+		}))
+		require.Equal(t, outbox.Key(parts...), out.Intent.Key)
+		require.Equal(t, 1, b.count(t, `idempotency_key = $1`, outbox.Key(parts...)))
+
+		// Neither key nor parts, or both: refused, nothing written.
+		msg := toolErr(t, call(t, cs, mcpserver.ToolPropose, map[string]any{
+			"connector": "slack", "payload": map[string]any{"channel": "#ops", "text": "x"},
+		}))
+		require.Contains(t, msg, "key_parts")
+		msg = toolErr(t, call(t, cs, mcpserver.ToolPropose, map[string]any{
+			"connector": "slack", "key": "k", "key_parts": parts, "payload": map[string]any{"channel": "#ops", "text": "x"},
+		}))
+		require.Contains(t, msg, "not both")
+		require.Equal(t, 1, b.count(t, `true`))
+	})
+
+	t.Run("Refusals", func(t *testing.T) {
+		t.Parallel()
+		b := setupService(t)
+		cs := b.connect(t, "agent")
+		// A connector outside the token.
+		msg := toolErr(t, call(t, cs, mcpserver.ToolPropose, map[string]any{
+			"connector": "email", "key": "mail-1", "payload": map[string]any{"to": "a@example.com", "subject": "s", "text": "t"},
+		}))
+		require.Contains(t, msg, `"email"`)
+		require.Contains(t, msg, "forbidden")
+		// A payload invalid for its kind.
+		msg = toolErr(t, call(t, cs, mcpserver.ToolPropose, map[string]any{
+			"connector": "slack", "key": "slack-1", "payload": map[string]any{"text": 1},
+		}))
+		require.Contains(t, msg, "invalid")
+		// Arguments the schema refuses: no payload, an unknown field.
+		toolErr(t, call(t, cs, mcpserver.ToolPropose, map[string]any{"connector": "webhook", "key": "w-1"}))
+		toolErr(t, call(t, cs, mcpserver.ToolPropose, map[string]any{
+			"connector": "webhook", "key": "w-2", "payload": map[string]any{}, "amount": 5,
+		}))
+		require.Equal(t, 0, b.count(t, `true`))
+	})
+
+	t.Run("ApprovalRequired", func(t *testing.T) {
+		t.Parallel()
+		b := setupService(t)
+		cs := b.connect(t, "agent")
+		out := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, map[string]any{
+			"connector": "payment", "key_parts": []string{"invoice-9", "refund"},
+			"payload": map[string]any{"operation": "refund.create", "params": map[string]any{"payment_intent": "pi_1"}},
+			"reason":  "customer asked for a refund",
+		}))
+		require.Equal(t, outbox.StatusAwaitingApproval, out.Intent.Status)
+		require.Contains(t, out.Message, "approval")
+
+		got := ok[mcpserver.GetOutput](t, call(t, cs, mcpserver.ToolGet, map[string]any{"key": out.Intent.Key}))
+		require.Equal(t, outbox.StatusAwaitingApproval, got.Intent.Status)
+		require.Equal(t, 0, got.Intent.Attempts)
+	})
+
+	t.Run("GetIntent", func(t *testing.T) {
+		t.Parallel()
+		b := setupService(t)
+		_, err := b.pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, status, attempts, last_error, result)
+			VALUES ('done-1', 'webhook', '{"a":1}', 'delivered', 2, 'receiver answered 503', '{"status_code":200}'),
+			       ('mail-1', 'email', '{"to":"a@example.com","subject":"s","text":"t"}', 'pending', 0, NULL, NULL)`)
+		require.NoError(t, err)
+		cs := b.connect(t, "agent")
+		got := ok[mcpserver.GetOutput](t, call(t, cs, mcpserver.ToolGet, map[string]any{"key": "done-1"}))
+		require.Equal(t, outbox.StatusDelivered, got.Intent.Status)
+		require.Equal(t, 2, got.Intent.Attempts)
+		require.Equal(t, "receiver answered 503", got.Intent.LastError)
+		require.JSONEq(t, `{"status_code":200}`, mustJSON(t, got.Intent.Result))
+		require.Contains(t, got.Message, "delivered")
+
+		// Unknown, and outside the token's connectors: both not found.
+		require.Contains(t, toolErr(t, call(t, cs, mcpserver.ToolGet, map[string]any{"key": "nope"})), "not found")
+		require.Contains(t, toolErr(t, call(t, cs, mcpserver.ToolGet, map[string]any{"key": "mail-1"})), "not found")
+	})
+
+	t.Run("ListIntents", func(t *testing.T) {
+		t.Parallel()
+		b := setupService(t)
+		_, err := b.pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, status) VALUES
+			('w-1', 'webhook', '{}', 'pending'),
+			('w-2', 'webhook:crm', '{}', 'dead'),
+			('s-1', 'slack', '{"channel":"#a","text":"t"}', 'pending'),
+			('m-1', 'email', '{"to":"a@example.com","subject":"s","text":"t"}', 'pending')`)
+		require.NoError(t, err)
+		cs := b.connect(t, "agent")
+		keys := func(out mcpserver.ListOutput) []string {
+			var ks []string
+			for _, in := range out.Intents {
+				ks = append(ks, in.Key)
+			}
+			return ks
+		}
+		all := ok[mcpserver.ListOutput](t, call(t, cs, mcpserver.ToolList, map[string]any{}))
+		require.ElementsMatch(t, []string{"w-1", "w-2", "s-1"}, keys(all))
+
+		pending := ok[mcpserver.ListOutput](t, call(t, cs, mcpserver.ToolList, map[string]any{"status": "pending"}))
+		require.ElementsMatch(t, []string{"w-1", "s-1"}, keys(pending))
+		several := ok[mcpserver.ListOutput](t, call(t, cs, mcpserver.ToolList, map[string]any{"status": "pending, dead", "connector": "webhook:crm"}))
+		require.Equal(t, []string{"w-2"}, keys(several))
+
+		// Paging: two pages of two and one.
+		p1 := ok[mcpserver.ListOutput](t, call(t, cs, mcpserver.ToolList, map[string]any{"limit": 2}))
+		require.Len(t, p1.Intents, 2)
+		require.NotEmpty(t, p1.Next)
+		p2 := ok[mcpserver.ListOutput](t, call(t, cs, mcpserver.ToolList, map[string]any{"limit": 2, "after": p1.Next}))
+		require.ElementsMatch(t, []string{"w-1", "w-2", "s-1"}, append(keys(p1), keys(p2)...))
+
+		require.Contains(t, toolErr(t, call(t, cs, mcpserver.ToolList, map[string]any{"connector": "email"})), "forbidden")
+		require.Contains(t, toolErr(t, call(t, cs, mcpserver.ToolList, map[string]any{"status": "lost"})), "lost")
+
+		mailer := b.connect(t, "mailer")
+		mail := ok[mcpserver.ListOutput](t, call(t, mailer, mcpserver.ToolList, map[string]any{}))
+		require.Equal(t, []string{"m-1"}, keys(mail))
+	})
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return string(b)
+}
+
+func TestMCPStdio(t *testing.T) {
+	t.Parallel()
+	b := setupService(t)
+	tok, err := b.svc.Policy.Authenticate(agentSecret)
+	require.NoError(t, err)
+
+	// Two pipes stand in for the command's stdin and stdout.
+	clientToServer, serverIn := io.Pipe()
+	serverOut, serverToClient := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- mcpserver.ServeStdio(t.Context(), b.svc, tok, clientToServer, serverToClient, nil)
+		_ = serverToClient.Close()
+	}()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).
+		Connect(t.Context(), &mcp.IOTransport{Reader: serverOut, Writer: serverIn}, nil)
+	require.NoError(t, err)
+
+	out := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, map[string]any{
+		"connector": "webhook", "key_parts": []string{"run-3", "notify"}, "payload": map[string]any{"n": 1},
+	}))
+	require.Equal(t, "agent", out.Intent.CreatedBy)
+	got := ok[mcpserver.GetOutput](t, call(t, cs, mcpserver.ToolGet, map[string]any{"key": out.Intent.Key}))
+	require.Equal(t, outbox.StatusPending, got.Intent.Status)
+
+	// The client closing its end ends the session cleanly.
+	require.NoError(t, cs.Close())
+	require.NoError(t, <-done)
+}
+
+// bearerTransport adds an Authorization header to every request.
+type bearerTransport struct{ token string }
+
+func (bt bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+bt.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func TestMCPHTTP(t *testing.T) {
+	t.Parallel()
+	b := setupService(t)
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", mcpserver.Handler(b.svc, nil))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+
+	t.Run("NoBearer", func(t *testing.T) {
+		t.Parallel()
+		for _, header := range []string{"", "Bearer obx_wrong", "Basic abc"} {
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/mcp",
+				strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`))
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Accept", "application/json, text/event-stream")
+			if header != "" {
+				req.Header.Set("Authorization", header)
+			}
+			resp, err := srv.Client().Do(req)
+			require.NoError(t, err)
+			var body struct {
+				Error struct{ Code, Message string } `json:"error"`
+			}
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+			_ = resp.Body.Close()
+			require.Equal(t, http.StatusUnauthorized, resp.StatusCode, header)
+			require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+			require.Equal(t, "unauthorized", body.Error.Code)
+			require.NotEmpty(t, body.Error.Message)
+		}
+		// Without a token, the client cannot even connect.
+		_, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(t.Context(),
+			&mcp.StreamableClientTransport{Endpoint: srv.URL + "/mcp", MaxRetries: -1}, nil)
+		require.Error(t, err)
+	})
+
+	t.Run("ValidBearer", func(t *testing.T) {
+		t.Parallel()
+		connect := func(secret string) *mcp.ClientSession {
+			cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(t.Context(),
+				&mcp.StreamableClientTransport{
+					Endpoint:   srv.URL + "/mcp",
+					HTTPClient: &http.Client{Transport: bearerTransport{token: secret}},
+					MaxRetries: -1,
+				}, nil)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = cs.Close() })
+			return cs
+		}
+		agent := connect(agentSecret)
+		out := ok[mcpserver.ProposeOutput](t, call(t, agent, mcpserver.ToolPropose, map[string]any{
+			"connector": "webhook:crm", "key": "http-1", "payload": map[string]any{"n": 1},
+		}))
+		require.True(t, out.Inserted)
+		require.Equal(t, "agent", out.Intent.CreatedBy)
+		require.Equal(t, 1, b.count(t, `idempotency_key = 'http-1' AND created_by = 'agent'`))
+
+		// Each session acts as its own token.
+		mailer := connect(mailSecret)
+		require.Contains(t, toolErr(t, call(t, mailer, mcpserver.ToolGet, map[string]any{"key": "http-1"})), "not found")
+		require.Contains(t, toolErr(t, call(t, mailer, mcpserver.ToolPropose, map[string]any{
+			"connector": "webhook", "key": "http-2", "payload": map[string]any{},
+		})), "forbidden")
+		require.Equal(t, 0, b.count(t, `idempotency_key = 'http-2'`))
+	})
+}
