@@ -12,7 +12,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -211,4 +213,33 @@ func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 		return 0, false
 	}
 	return max(t.Sub(now), 0), true
+}
+
+// HTTPSendError classifies an HTTP request that got no answer, for connectors that call
+// an HTTP API. Once the request was written (wrote, from httptrace's WroteRequest) the
+// receiver may have acted, so the error is [Ambiguous]; mayHave says what the receiver may
+// have done ("the receiver may have acted"). errTimeout is the connector's timeout cause,
+// found in ctx when the attempt ran past timeout.
+func HTTPSendError(ctx context.Context, err error, wrote bool, target string, timeout time.Duration, errTimeout error, mayHave string) error {
+	// *url.Error repeats the method and URL, which the message already starts with.
+	cause := err
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		cause = ue.Err
+	}
+	timedOut := errors.Is(context.Cause(ctx), errTimeout)
+	if timedOut && !errors.Is(cause, errTimeout) {
+		cause = fmt.Errorf("%w: %w", errTimeout, cause)
+	}
+	switch {
+	case wrote && timedOut:
+		return Ambiguous(fmt.Errorf("POST %s: no answer within %s after the request was sent; %s: %w", target, timeout, mayHave, cause))
+	case wrote && ctx.Err() != nil:
+		return Ambiguous(fmt.Errorf("POST %s: attempt cancelled after the request was sent; %s: %w", target, mayHave, cause))
+	case wrote:
+		return Ambiguous(fmt.Errorf("POST %s: connection closed after the request was sent; %s: %w", target, mayHave, cause))
+	case timedOut:
+		return fmt.Errorf("POST %s: the request could not be sent within %s: %w", target, timeout, cause)
+	default:
+		return fmt.Errorf("POST %s: the request could not be sent: %w", target, cause)
+	}
 }

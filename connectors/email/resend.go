@@ -363,29 +363,7 @@ func (c *Resend) build(d connectors.Delivery) ([]byte, error) {
 
 // sendError classifies a request that got no answer.
 func (c *Resend) sendError(ctx context.Context, err error, wrote bool) error {
-	cause := err
-	if ue, ok := errors.AsType[*url.Error](err); ok {
-		cause = ue.Err // it repeats the method and URL
-	}
-	timedOut := errors.Is(context.Cause(ctx), ErrResendTimeout)
-	if timedOut && !errors.Is(cause, ErrResendTimeout) {
-		cause = fmt.Errorf("%w: %w", ErrResendTimeout, cause)
-	}
-	switch {
-	case wrote && timedOut:
-		return connectors.Ambiguous(fmt.Errorf("POST %s: no answer within %s after the request was sent; Resend may have sent the email: %w",
-			c.target, c.timeout, cause))
-	case wrote && ctx.Err() != nil:
-		return connectors.Ambiguous(fmt.Errorf("POST %s: attempt cancelled after the request was sent; Resend may have sent the email: %w",
-			c.target, cause))
-	case wrote:
-		return connectors.Ambiguous(fmt.Errorf("POST %s: connection closed after the request was sent; Resend may have sent the email: %w",
-			c.target, cause))
-	case timedOut:
-		return fmt.Errorf("POST %s: the request could not be sent within %s: %w", c.target, c.timeout, cause)
-	default:
-		return fmt.Errorf("POST %s: the request could not be sent: %w", c.target, cause)
-	}
+	return connectors.HTTPSendError(ctx, err, wrote, c.target, c.timeout, ErrResendTimeout, "Resend may have sent the email")
 }
 
 // Resend's error names that decide a classification.

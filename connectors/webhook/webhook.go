@@ -338,30 +338,7 @@ func sign(secret []byte, id, ts string, body []byte) string {
 
 // sendError classifies a request that got no answer.
 func (c *Connector) sendError(ctx context.Context, err error, wrote bool) error {
-	// *url.Error repeats the method and URL, which our message already starts with.
-	cause := err
-	if ue, ok := errors.AsType[*url.Error](err); ok {
-		cause = ue.Err
-	}
-	timedOut := errors.Is(context.Cause(ctx), ErrTimeout)
-	if timedOut && !errors.Is(cause, ErrTimeout) {
-		cause = fmt.Errorf("%w: %w", ErrTimeout, cause)
-	}
-	switch {
-	case wrote && timedOut:
-		return connectors.Ambiguous(fmt.Errorf("POST %s: no answer within %s after the request was sent; the receiver may have acted: %w",
-			c.target, c.timeout, cause))
-	case wrote && ctx.Err() != nil:
-		return connectors.Ambiguous(fmt.Errorf("POST %s: attempt cancelled after the request was sent; the receiver may have acted: %w",
-			c.target, cause))
-	case wrote:
-		return connectors.Ambiguous(fmt.Errorf("POST %s: connection closed after the request was sent; the receiver may have acted: %w",
-			c.target, cause))
-	case timedOut:
-		return fmt.Errorf("POST %s: the request could not be sent within %s: %w", c.target, c.timeout, cause)
-	default:
-		return fmt.Errorf("POST %s: the request could not be sent: %w", c.target, cause)
-	}
+	return connectors.HTTPSendError(ctx, err, wrote, c.target, c.timeout, ErrTimeout, "the receiver may have acted")
 }
 
 // classify turns an answer into nil or a classified error.
