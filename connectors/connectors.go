@@ -9,6 +9,7 @@
 package connectors
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Guarantee is what a connector's receiver promises about the idempotency key.
@@ -242,4 +244,40 @@ func HTTPSendError(ctx context.Context, err error, wrote bool, target string, ti
 	default:
 		return fmt.Errorf("POST %s: the request could not be sent: %w", target, cause)
 	}
+}
+
+// StatusText names an HTTP status for a person: "503 Service Unavailable".
+func StatusText(code int) string {
+	if t := http.StatusText(code); t != "" {
+		return strconv.Itoa(code) + " " + t
+	}
+	return strconv.Itoa(code)
+}
+
+// Excerpt squeezes the white space of s to single spaces and cuts it at limit bytes on a
+// character boundary, marking a cut with "…", so a receiver's answer fits in an error
+// message. Invalid UTF-8 becomes U+FFFD.
+func Excerpt(s string, limit int) string {
+	s = strings.ToValidUTF8(strings.Join(strings.Fields(s), " "), "\uFFFD")
+	if len(s) <= limit {
+		return s
+	}
+	cut := limit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+// MarshalResult encodes a connector's result for storage. It keeps <, > and & as they are
+// (results are read by people) and panics only on a value JSON cannot hold, which is a
+// programmer error in the connector.
+func MarshalResult(v any) json.RawMessage {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		panic("connectors: result cannot be encoded: " + err.Error())
+	}
+	return bytes.TrimRight(buf.Bytes(), "\n")
 }

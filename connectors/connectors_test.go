@@ -3,6 +3,7 @@ package connectors_test
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
@@ -42,4 +43,27 @@ func TestClassification(t *testing.T) {
 	set := connectors.Set{}
 	_, err := set.Get("webhook")
 	require.ErrorIs(t, err, connectors.ErrUnknownConnector)
+}
+
+func TestHelpers(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "503 Service Unavailable", connectors.StatusText(503))
+	require.Equal(t, "599", connectors.StatusText(599))
+
+	require.Equal(t, "a b c", connectors.Excerpt(" a\n\tb  c ", 10))
+	require.Equal(t, "héé…", connectors.Excerpt("hééé", 6), "cut on a character boundary")
+	require.Equal(t, "\uFFFD", connectors.Excerpt("\xff", 10))
+
+	require.Equal(t, `{"body":"<p>&</p>"}`, string(connectors.MarshalResult(map[string]string{"body": "<p>&</p>"})))
+	require.Panics(t, func() { connectors.MarshalResult(make(chan int)) })
+
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	d, ok := connectors.ParseRetryAfter("120", now)
+	require.True(t, ok)
+	require.Equal(t, 2*time.Minute, d)
+	d, ok = connectors.ParseRetryAfter(now.Add(time.Hour).Format(http.TimeFormat), now)
+	require.True(t, ok)
+	require.Equal(t, time.Hour, d)
+	_, ok = connectors.ParseRetryAfter("soon", now)
+	require.False(t, ok)
 }

@@ -348,7 +348,7 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 		return nil, err
 	}
 	_ = client.Quit() // the message is accepted; a failed goodbye changes nothing
-	return marshalResult(res), nil
+	return connectors.MarshalResult(res), nil
 }
 
 // build checks the payload and turns it into a message. Its errors are the row's fault.
@@ -591,14 +591,6 @@ func permanentReply(err error) bool {
 }
 
 func angle(addr string) string { return (&mail.Address{Address: addr}).String() }
-
-func marshalResult(r Result) json.RawMessage {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false) // keep the < and > of the Message-ID readable
-	_ = enc.Encode(r)        // cannot fail: strings only
-	return bytes.TrimRight(buf.Bytes(), "\n")
-}
 
 // validHeaderName reports whether name is a header field name (RFC 5322 section 3.6.8:
 // printable ASCII other than colon).

@@ -14,12 +14,10 @@ import (
 	"net/mail"
 	"net/textproto"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/outboxd/outboxd/connectors"
 )
@@ -290,13 +288,13 @@ func (c *Resend) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMe
 				c.target, resp.StatusCode, cmp.Or(readErr, errors.New("no email id in it")))
 		}
 		res.ID = ans.ID
-		return marshalResendResult(res), nil
+		return connectors.MarshalResult(res), nil
 	}
-	res.Name, res.Message = ans.Name, excerpt(ans.Message)
+	res.Name, res.Message = ans.Name, connectors.Excerpt(ans.Message, maxResendMessage)
 	if res.Name == "" && res.Message == "" {
-		res.Message = excerpt(string(raw))
+		res.Message = connectors.Excerpt(string(raw), maxResendMessage)
 	}
-	return marshalResendResult(res), c.classify(resp, res)
+	return connectors.MarshalResult(res), c.classify(resp, res)
 }
 
 // build checks the payload and returns the request body. Its errors are the row's fault.
@@ -375,7 +373,7 @@ const (
 // classify turns an answer that is not 2xx into a classified error.
 func (c *Resend) classify(resp *http.Response, res ResendResult) error {
 	code := resp.StatusCode
-	answered := fmt.Sprintf("POST %s: Resend answered %s", c.target, statusLine(code))
+	answered := fmt.Sprintf("POST %s: Resend answered %s", c.target, connectors.StatusText(code))
 	if res.Name != "" {
 		answered += ": " + res.Name
 	}
@@ -399,32 +397,4 @@ func (c *Resend) classify(resp *http.Response, res ResendResult) error {
 	default: // 3xx (not followed), other 4xx, codes outside the classes HTTP defines
 		return connectors.Permanent(errors.New(answered))
 	}
-}
-
-func statusLine(code int) string {
-	if t := http.StatusText(code); t != "" {
-		return strconv.Itoa(code) + " " + t
-	}
-	return strconv.Itoa(code)
-}
-
-// excerpt squeezes white space in s and bounds it, keeping valid UTF-8.
-func excerpt(s string) string {
-	s = strings.ToValidUTF8(strings.Join(strings.Fields(s), " "), "\uFFFD")
-	if len(s) <= maxResendMessage {
-		return s
-	}
-	cut := maxResendMessage
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
-}
-
-func marshalResendResult(r ResendResult) json.RawMessage {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(r) // cannot fail: strings and an int
-	return bytes.TrimRight(buf.Bytes(), "\n")
 }

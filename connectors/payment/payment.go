@@ -12,7 +12,6 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -418,7 +417,7 @@ func resultOf(what string, resp *stripe.APIResponse) (json.RawMessage, error) {
 		return nil, connectors.Ambiguous(fmt.Errorf("%s: Stripe answered %s without an object and id; it may have acted", what, resp.Status))
 	}
 	r.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
-	return marshal(r), nil
+	return connectors.MarshalResult(r), nil
 }
 
 // classify turns a failed call into a stored result (a decline) or a classified error.
@@ -439,7 +438,7 @@ func (c *Connector) classify(ctx context.Context, what string, ex *exchange, err
 	if status != 0 {
 		// An answer that is not a Stripe error object: a proxy's page, or a 2xx body
 		// stripe-go could not decode.
-		return nil, classifyStatus(what, status, header, errorExcerpt(err.Error()), status < 400)
+		return nil, classifyStatus(what, status, header, connectors.Excerpt(err.Error(), maxErrorExcerpt), status < 400)
 	}
 
 	// No answer at all.
@@ -472,7 +471,7 @@ func classifyStripe(what string, status int, header http.Header, se *stripe.Erro
 	if se.Code != "" {
 		msg = fmt.Sprintf("%s (%s)", msg, se.Code)
 	}
-	answered := fmt.Sprintf("%s: Stripe answered %s %s: %s", what, statusText(status), se.Type, msg)
+	answered := fmt.Sprintf("%s: Stripe answered %s %s: %s", what, connectors.StatusText(status), se.Type, msg)
 	switch {
 	case status == http.StatusConflict:
 		// A concurrent request with the same key is still running (Stripe sends this as
@@ -494,7 +493,7 @@ func classifyStripe(what string, status int, header http.Header, se *stripe.Erro
 		if se.PaymentIntent != nil {
 			d.PaymentIntent = se.PaymentIntent.ID
 		}
-		return marshal(d), nil
+		return connectors.MarshalResult(d), nil
 	case se.Type == stripe.ErrorTypeIdempotency:
 		// The key was used before with different parameters: no retry can fix that.
 		return nil, connectors.Permanent(errors.New(answered))
@@ -510,9 +509,9 @@ func classifyStripe(what string, status int, header http.Header, se *stripe.Erro
 func classifyStatus(what string, status int, header http.Header, detail string, success bool) error {
 	if success {
 		return connectors.Ambiguous(fmt.Errorf("%s: Stripe answered %s but the answer could not be read; it may have acted: %s",
-			what, statusText(status), detail))
+			what, connectors.StatusText(status), detail))
 	}
-	err := fmt.Errorf("%s: answered %s: %s", what, statusText(status), detail)
+	err := fmt.Errorf("%s: answered %s: %s", what, connectors.StatusText(status), detail)
 	switch {
 	case status == http.StatusRequestTimeout, status == http.StatusConflict, status == http.StatusTooEarly,
 		status == http.StatusTooManyRequests, status >= 500:
@@ -529,34 +528,7 @@ func retryable(err error, header http.Header) error {
 	return err
 }
 
-func statusText(code int) string {
-	if t := http.StatusText(code); t != "" {
-		return strconv.Itoa(code) + " " + t
-	}
-	return strconv.Itoa(code)
-}
-
 const maxErrorExcerpt = 200
-
-func errorExcerpt(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) <= maxErrorExcerpt {
-		return s
-	}
-	r := []rune(s)
-	if len(r) > maxErrorExcerpt {
-		r = r[:maxErrorExcerpt]
-	}
-	return string(r) + "…"
-}
-
-func marshal(v any) json.RawMessage {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false) // messages are for people; keep <, > and & readable
-	_ = enc.Encode(v)        // cannot fail: strings, bools and an *int64
-	return bytes.TrimRight(buf.Bytes(), "\n")
-}
 
 // exchange records what the transport saw of one attempt, for classification: whether
 // a connection was obtained, and the answer's status and headers when one came (a

@@ -308,7 +308,7 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 			return nil, err
 		}
 		if found {
-			return marshalResult(result{Channel: m.Channel, TS: ts, Reconciled: true}), nil
+			return connectors.MarshalResult(result{Channel: m.Channel, TS: ts, Reconciled: true}), nil
 		}
 	}
 
@@ -340,7 +340,7 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	if err != nil {
 		return nil, c.classify(ctx, "chat.postMessage "+m.Channel, err, wrote.Load())
 	}
-	return marshalResult(result{Channel: cmp.Or(channel, m.Channel), TS: ts}), nil
+	return connectors.MarshalResult(result{Channel: cmp.Or(channel, m.Channel), TS: ts}), nil
 }
 
 // find looks for the message an earlier attempt posted under key: in the conversation's
@@ -454,9 +454,4 @@ func scopes(se slackgo.SlackErrorResponse) string {
 		return ""
 	}
 	return fmt.Sprintf(" (needed %q, provided %q)", se.Needed, se.Provided)
-}
-
-func marshalResult(r result) json.RawMessage {
-	b, _ := json.Marshal(r) // cannot fail: strings and a bool
-	return b
 }

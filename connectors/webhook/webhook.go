@@ -321,7 +321,7 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	// A body cut short (a timeout while reading it, say) still leaves the status code,
 	// which is the receiver's answer; the excerpt is then marked truncated.
 	excerpt, truncated := readExcerpt(resp.Body, c.maxBody)
-	res := marshalResult(result{Status: resp.StatusCode, Body: excerpt, Truncated: truncated})
+	res := connectors.MarshalResult(result{Status: resp.StatusCode, Body: excerpt, Truncated: truncated})
 	return res, c.classify(resp, excerpt)
 }
 
@@ -347,8 +347,8 @@ func (c *Connector) classify(resp *http.Response, excerpt string) error {
 	if code >= 200 && code <= 299 {
 		return nil
 	}
-	answered := fmt.Sprintf("POST %s: receiver answered %s", c.target, statusText(code))
-	if q := errorExcerpt(excerpt); q != "" {
+	answered := fmt.Sprintf("POST %s: receiver answered %s", c.target, connectors.StatusText(code))
+	if q := connectors.Excerpt(excerpt, maxErrorExcerpt); q != "" {
 		answered += ": " + q
 	}
 	switch {
@@ -368,13 +368,6 @@ func (c *Connector) classify(resp *http.Response, excerpt string) error {
 	default: // other 4xx, and codes outside the classes HTTP defines
 		return connectors.Permanent(errors.New(answered))
 	}
-}
-
-func statusText(code int) string {
-	if t := http.StatusText(code); t != "" {
-		return strconv.Itoa(code) + " " + t
-	}
-	return strconv.Itoa(code)
 }
 
 // readExcerpt reads up to limit bytes of body and returns them as valid UTF-8 (invalid
@@ -406,26 +399,6 @@ func readExcerpt(body io.Reader, limit int) (string, bool) {
 		buf = buf[size:]
 	}
 	return b.String(), truncated
-}
-
-func errorExcerpt(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) <= maxErrorExcerpt {
-		return s
-	}
-	cut := maxErrorExcerpt
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
-}
-
-func marshalResult(r result) json.RawMessage {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false) // the excerpt is for people; keep <, > and & readable
-	_ = enc.Encode(r)        // cannot fail: an int, a valid UTF-8 string and a bool
-	return bytes.TrimRight(buf.Bytes(), "\n")
 }
 
 // validHeader reports whether name is an HTTP token and value has no control
