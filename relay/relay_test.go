@@ -777,3 +777,24 @@ func TestNoRetryAfterTheReceiverForgetsTheKey(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, time.Hour, r2.instances["webhook"].maxAge)
 }
+
+// Rows claimed but never started (the relay stopped in between) go back as they were.
+func TestReleaseUnstartedRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	for i := range 3 {
+		enqueue(t, b.pool, fmt.Sprint("unstarted-", i), "webhook", []int{i})
+	}
+	r, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	rows, err := r.claim(t.Context(), "webhook", 10)
+	require.NoError(t, err)
+	require.Len(t, rows, 3)
+	r.release(rows)
+
+	var n int
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE status = 'pending' AND attempts = 0
+		AND lease_owner IS NULL AND first_attempt_at IS NULL`).Scan(&n))
+	require.Equal(t, 3, n)
+	require.Zero(t, b.receiver.TotalEffects())
+}

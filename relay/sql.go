@@ -82,7 +82,8 @@ FROM r`
 const releaseSQL = `
 UPDATE outbox
 SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL,
-    attempts = attempts - 1, updated_at = $3
+    attempts = attempts - 1, updated_at = $3,
+    first_attempt_at = CASE WHEN attempts = 1 THEN NULL ELSE first_attempt_at END
 WHERE id = ANY($2) AND status = 'delivering' AND lease_owner = $1`
 
 // reclaimSQL puts back rows of this relay's connectors ($4) whose lease expired (their
