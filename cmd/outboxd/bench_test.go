@@ -16,7 +16,7 @@ import (
 func TestBenchSmoke(t *testing.T) {
 	t.Parallel()
 	if _, err := pgcluster.FindBinDir(); err != nil {
-		t.Skipf("bench needs the PostgreSQL server binaries: %v", err)
+		t.Fatalf("bench needs the PostgreSQL server binaries (apt-get install postgresql): %v", err)
 	}
 	small := []string{"bench", "--rows", "500", "--duration", "1s", "--rate", "200", "--concurrency", "16", "--batch-size", "100"}
 

@@ -22,7 +22,7 @@ func TestDemo(t *testing.T) {
 	setup := func(t *testing.T) *testBundle {
 		t.Helper()
 		if _, err := pgcluster.FindBinDir(); err != nil {
-			t.Skipf("the demo needs the PostgreSQL server binaries: %v", err)
+			t.Fatalf("the demo needs the PostgreSQL server binaries (apt-get install postgresql): %v", err)
 		}
 		return &testBundle{}
 	}
