@@ -118,7 +118,7 @@ func NewResend(cfg ResendConfig) (*Resend, error) {
 	case !validHeaderValue(cfg.APIKey):
 		errs = append(errs, errors.New("APIKey: has control characters"))
 	}
-	if base, err := parseBase(cfg.APIBase); err != nil {
+	if base, err := connectors.ParseAPIBase("APIBase", cfg.APIBase); err != nil {
 		errs = append(errs, err)
 	} else {
 		c.endpoint = strings.TrimRight(base.String(), "/") + "/emails"
@@ -150,23 +150,6 @@ func NewResend(cfg ResendConfig) (*Resend, error) {
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	c.client = client
 	return c, nil
-}
-
-func parseBase(raw string) (*url.URL, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		if ue, ok := errors.AsType[*url.Error](err); ok {
-			err = ue.Err
-		}
-		return nil, fmt.Errorf("APIBase: does not parse: %w", err)
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "" {
-		return nil, fmt.Errorf("APIBase: must be an absolute http or https URL, got %q", redactBase(raw))
-	}
-	if u.RawQuery != "" || u.Fragment != "" {
-		return nil, errors.New("APIBase: must not have a query or a fragment")
-	}
-	return u, nil
 }
 
 // redactBase shows a base URL without user info.

@@ -100,7 +100,7 @@ func New(cfg Config) (*Connector, error) {
 	} else if strings.TrimSpace(cfg.APIKey) != cfg.APIKey || strings.ContainsAny(cfg.APIKey, "\r\n\t ") {
 		errs = append(errs, errors.New("APIKey: contains whitespace"))
 	}
-	u, err := parseBase(cfg.APIBase)
+	u, err := connectors.ParseAPIBase("APIBase", cfg.APIBase)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -144,27 +144,6 @@ func (cfg Config) withDefaults() Config {
 	cfg.APIBase = cmp.Or(cfg.APIBase, DefaultAPIBase)
 	cfg.Timeout = cmp.Or(cfg.Timeout, defaultTimeout)
 	return cfg
-}
-
-func parseBase(raw string) (*url.URL, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		// url.Parse's error quotes the whole URL, password included; keep only the reason.
-		if ue, ok := errors.AsType[*url.Error](err); ok {
-			err = ue.Err
-		}
-		return nil, fmt.Errorf("APIBase: does not parse: %w", err)
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return nil, fmt.Errorf("APIBase: scheme must be http or https, not %q", u.Scheme)
-	}
-	if u.Host == "" || u.Hostname() == "" {
-		return nil, errors.New("APIBase: has no host")
-	}
-	if u.RawQuery != "" || u.Fragment != "" {
-		return nil, errors.New("APIBase: must not have a query or fragment")
-	}
-	return u, nil
 }
 
 // redactKey shows only what kind of key it is ("sk_test_…"), never the secret part.

@@ -158,24 +158,12 @@ func (cfg Config) withDefaults() Config {
 // parseBase checks the API root and returns it with exactly one trailing slash, which
 // slack-go expects (it appends method names such as "chat.postMessage").
 func parseBase(raw string) (string, error) {
-	u, err := url.Parse(raw)
+	u, err := connectors.ParseAPIBase("APIBase", raw)
 	if err != nil {
-		if ue, ok := errors.AsType[*url.Error](err); ok {
-			err = ue.Err
-		}
-		return "", fmt.Errorf("APIBase: does not parse: %w", err)
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return "", fmt.Errorf("APIBase: scheme must be http or https, not %q", u.Scheme)
-	}
-	if u.Hostname() == "" {
-		return "", errors.New("APIBase: has no host")
+		return "", err
 	}
 	if u.User != nil {
 		return "", errors.New("APIBase: must not carry credentials; the token authenticates")
-	}
-	if u.RawQuery != "" || u.Fragment != "" {
-		return "", errors.New("APIBase: must not have a query or fragment")
 	}
 	u.Path = strings.TrimRight(u.Path, "/") + "/"
 	u.RawPath = ""

@@ -174,21 +174,7 @@ func parseURL(raw string) (*url.URL, error) {
 	if raw == "" {
 		return nil, errors.New("URL: required")
 	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		// url.Parse's error quotes the whole URL, password included; keep only the reason.
-		if ue, ok := errors.AsType[*url.Error](err); ok {
-			err = ue.Err
-		}
-		return nil, fmt.Errorf("URL: does not parse: %w", err)
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return nil, fmt.Errorf("URL: scheme must be http or https, not %q", u.Scheme)
-	}
-	if u.Host == "" || u.Hostname() == "" {
-		return nil, errors.New("URL: has no host")
-	}
-	return u, nil
+	return connectors.ParseHTTPURL("URL", raw)
 }
 
 func parseSecret(s string) ([]byte, error) {

@@ -1,0 +1,41 @@
+package connectors
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+)
+
+// ParseHTTPURL checks a configured target: an absolute http or https URL with a host.
+// Errors start with field ("URL: has no host") and never quote the URL, which may carry
+// a password.
+func ParseHTTPURL(field, raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		// url.Parse's error quotes the whole URL, password included; keep only the reason.
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("%s: does not parse: %w", field, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("%s: scheme must be http or https, not %q", field, u.Scheme)
+	}
+	if u.Hostname() == "" {
+		return nil, fmt.Errorf("%s: has no host", field)
+	}
+	return u, nil
+}
+
+// ParseAPIBase is [ParseHTTPURL] for the root of an API, which takes no query or
+// fragment: request paths are appended to it.
+func ParseAPIBase(field, raw string) (*url.URL, error) {
+	u, err := ParseHTTPURL(field, raw)
+	if err != nil {
+		return nil, err
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("%s: must not have a query or fragment", field)
+	}
+	return u, nil
+}

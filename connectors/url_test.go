@@ -1,0 +1,31 @@
+package connectors_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+)
+
+func TestParseURLs(t *testing.T) {
+	t.Parallel()
+	u, err := connectors.ParseAPIBase("APIBase", "https://api.example.com/v1")
+	require.NoError(t, err)
+	require.Equal(t, "api.example.com", u.Host)
+
+	for raw, want := range map[string]string{
+		"ftp://x":               `APIBase: scheme must be http or https, not "ftp"`,
+		"api.example.com":       `APIBase: scheme must be http or https, not ""`,
+		"http:///path":          "APIBase: has no host",
+		"http://a b":            "APIBase: does not parse",
+		"https://x/?q=1":        "APIBase: must not have a query or fragment",
+		"http://u:s3cret@a b/x": "APIBase: does not parse",
+	} {
+		_, err := connectors.ParseAPIBase("APIBase", raw)
+		require.ErrorContains(t, err, want, raw)
+		require.NotContains(t, err.Error(), "s3cret", "errors never quote a password")
+	}
+	_, err = connectors.ParseHTTPURL("URL", "https://x/?q=1")
+	require.NoError(t, err, "a target URL may have a query")
+}
