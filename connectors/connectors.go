@@ -80,6 +80,21 @@ func KeyWindow(c Connector) time.Duration {
 	return 0
 }
 
+// Timeouter is implemented by connectors whose attempts have a time limit. The relay
+// claims rows ahead of its free workers only for those: knowing the limit, it can tell
+// whether a row that waited for a worker can still finish its attempt within its lease.
+type Timeouter interface {
+	Timeout() time.Duration
+}
+
+// Timeout returns c's time limit for one attempt, or 0 when c does not declare one.
+func Timeout(c Connector) time.Duration {
+	if t, ok := c.(Timeouter); ok {
+		return t.Timeout()
+	}
+	return 0
+}
+
 // Permanent marks err as a failure that retrying cannot fix: the row goes to dead.
 func Permanent(err error) error {
 	if err == nil {

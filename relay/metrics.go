@@ -11,6 +11,7 @@ type metrics struct {
 	commitToDelivery *prometheus.HistogramVec // by connector: created_at to delivered
 	claimBatch       prometheus.Histogram
 	leaseExpiries    prometheus.Counter
+	handedBack       prometheus.Counter
 	rows             *prometheus.GaugeVec // by connector, status
 	oldestPending    *prometheus.GaugeVec // by connector
 	unknownConnector *prometheus.GaugeVec // by connector
@@ -36,6 +37,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		leaseExpiries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outboxd_lease_expiries_total", Help: "Rows put back because their relay's lease expired mid-attempt.",
 		}),
+		handedBack: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outboxd_claims_handed_back_total", Help: "Rows claimed ahead that waited too long for a worker and were handed back unsent.",
+		}),
 		rows: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "outboxd_rows", Help: "Unfinished and dead rows by connector and status.",
 		}, []string{"connector", "status"}),
@@ -53,7 +57,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"operation"}),
 	}
 	for _, c := range []prometheus.Collector{m.deliveries, m.deliveryDuration, m.commitToDelivery, m.claimBatch,
-		m.leaseExpiries, m.rows, m.oldestPending, m.unknownConnector, m.notifyWorking, m.dbErrors} {
+		m.leaseExpiries, m.handedBack, m.rows, m.oldestPending, m.unknownConnector, m.notifyWorking, m.dbErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -36,9 +36,16 @@ type Relay struct {
 	hold      []string // forwarded instances whose ambiguous attempts are held
 
 	wake      chan struct{} // a NOTIFY arrived, or something else worth a claim
-	slotFreed chan struct{} // a delivery finished
+	slotFreed chan struct{} // a claimed row finished, or was handed back
 	results   chan outcome
-	inflight  atomic.Int64
+	// claimedRows counts rows claimed and not finished (waiting for a worker or in
+	// flight), at most maxClaimed; slots holds a token per delivery in flight, at most
+	// Config.Concurrency.
+	claimedRows atomic.Int64
+	maxClaimed  int
+	slots       chan struct{}
+	unstartedMu sync.Mutex
+	unstarted   []claimed // rows claimed ahead and not started when the relay stopped
 
 	listening atomic.Bool
 	skew      atomic.Int64 // database clock minus local clock, when NowFunc is the real clock
@@ -56,9 +63,12 @@ type instance struct {
 	guarantee connectors.Guarantee
 	keyWindow time.Duration // 0: the receiver's memory of keys is not limited (or unknown)
 	maxAge    time.Duration
-	limit     int
+	limit     int           // most deliveries in flight
+	ahead     int           // most rows claimed ahead of a free worker
+	startBy   time.Duration // a row claimed ahead that waited longer is handed back
 	limiter   *rate.Limiter // nil: no rate limit
-	inflight  atomic.Int64
+	claimed   atomic.Int64  // rows claimed and not finished
+	jobs      chan claimed  // claimed rows waiting for one of the instance's workers
 
 	// The instance's series, looked up once rather than on every delivery.
 	outcomes         map[string]prometheus.Counter
@@ -89,6 +99,8 @@ type claimed struct {
 	ambiguous bool
 	createdAt time.Time
 	firstAt   time.Time // when the first attempt started
+	claimedAt time.Time // the relay's clock at the claim; the lease runs from then
+	ordered   bool      // the row has an ordering key
 }
 
 // outcome is how one attempt ended, waiting to be recorded.
@@ -103,6 +115,7 @@ type outcome struct {
 	started   time.Time
 	finished  time.Time
 	record    string // the attempts-log outcome
+	ordered   bool   // the row has an ordering key
 }
 
 // New returns a relay over pool for the given connector instances, keyed by instance
@@ -130,6 +143,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		instances: make(map[string]*instance, len(instances)),
 		wake:      make(chan struct{}, 1),
 		slotFreed: make(chan struct{}, 1),
+		slots:     make(chan struct{}, cfg.Concurrency),
 		// Room for several batches of outcomes, so a delivery frees its slot at once even
 		// while a write is on its way.
 		results:   make(chan outcome, 4*cfg.Concurrency),
@@ -166,6 +180,9 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		if in.MaxAge == 0 && inst.keyWindow > 0 {
 			inst.maxAge = min(inst.maxAge, inst.keyWindow)
 		}
+		inst.ahead, inst.startBy = claimAhead(inst.limit, cfg.Lease, connectors.Timeout(in.Connector))
+		inst.jobs = make(chan claimed, inst.limit+inst.ahead)
+		r.maxClaimed += inst.ahead
 		if in.Rate > 0 {
 			inst.limiter = rate.NewLimiter(rate.Limit(in.Rate), max(1, int(in.Rate)))
 		}
@@ -177,7 +194,29 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 	}
 	slices.Sort(r.names)
 	slices.Sort(r.hold)
+	r.maxClaimed = cfg.Concurrency + min(r.maxClaimed, cfg.Concurrency)
 	return r, nil
+}
+
+// Claiming ahead. A claim is a round trip and a commit; when it waits for free workers,
+// they idle while it runs, and its batches stay small. So a relay claims up to one
+// round of an instance's deliveries ahead, and a worker that finishes takes the next row
+// at once. A row waits only while its workers are busy; one that waited more than
+// startBy is handed back instead of sent, so that its attempt still ends well inside
+// its lease. Only connectors that declare their time limit are claimed ahead.
+const (
+	minStartBy = 100 * time.Millisecond
+	maxStartBy = 5 * time.Second
+)
+
+// claimAhead returns how many rows of an instance with limit workers to claim ahead,
+// and how long such a row may wait for a worker, for a lease and an attempt time limit.
+func claimAhead(limit int, lease, timeout time.Duration) (ahead int, startBy time.Duration) {
+	spare := lease - timeout
+	if timeout <= 0 || spare < 2*minStartBy {
+		return 0, 0
+	}
+	return limit, min(spare/2, maxStartBy)
 }
 
 // ID is the relay's id, as written in leases and the attempts log.
@@ -240,22 +279,34 @@ func (r *Relay) Run(ctx context.Context) error {
 		recorder.Go(func() { r.record(recordCtx) })
 	}
 
-	var deliveries sync.WaitGroup
-	r.claimLoop(ctx, deliverCtx, &deliveries)
+	// Long-lived delivery workers, as many per instance as its limit: a claimed row
+	// starts as soon as a worker is free, and a worker's stack, grown by its first
+	// request, serves every later one.
+	var workers sync.WaitGroup
+	for _, inst := range r.instances {
+		for range inst.limit {
+			workers.Go(func() { r.work(ctx, deliverCtx, inst) })
+		}
+	}
+	r.claimLoop(ctx)
+	for _, inst := range r.instances {
+		close(inst.jobs)
+	}
 
 	// Stopping: let in-flight deliveries finish within the shutdown timeout.
 	done := make(chan struct{})
-	go func() { deliveries.Wait(); close(done) }()
+	go func() { workers.Wait(); close(done) }()
 	timer := time.NewTimer(r.cfg.ShutdownTimeout)
 	select {
 	case <-done:
 		timer.Stop()
 	case <-timer.C:
 		r.log.WarnContext(ctx, "shutdown timeout reached; cancelling deliveries still in flight",
-			"in_flight", r.inflight.Load(), "timeout", r.cfg.ShutdownTimeout)
+			"in_flight", len(r.slots), "timeout", r.cfg.ShutdownTimeout)
 		cancelDeliveries(errors.New("relay shutdown timeout reached"))
 		<-done
 	}
+	r.release(r.unstarted)
 	close(r.results)
 	// The recorder drains every outcome; give it a bounded time when the database is down.
 	recDone := make(chan struct{})
@@ -305,8 +356,8 @@ const (
 	fastPollRefresh  = fastPollWindow / 4
 )
 
-// claimLoop claims and starts deliveries until ctx is done.
-func (r *Relay) claimLoop(ctx, deliverCtx context.Context, deliveries *sync.WaitGroup) {
+// claimLoop claims rows and hands them to the delivery workers until ctx is done.
+func (r *Relay) claimLoop(ctx context.Context) {
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
 	var (
@@ -315,7 +366,7 @@ func (r *Relay) claimLoop(ctx, deliverCtx context.Context, deliveries *sync.Wait
 		lastRefresh time.Time
 	)
 	for ctx.Err() == nil {
-		claimed, more, retryIn, err := r.claimRound(ctx, deliverCtx, deliveries)
+		claimed, more, retryIn, err := r.claimRound(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -361,18 +412,18 @@ func (r *Relay) claimLoop(ctx, deliverCtx context.Context, deliveries *sync.Wait
 	}
 }
 
-// claimRound claims for every instance as much as its free slots and rate allow, and
-// returns how many rows it claimed. more is true when some claim came back full (there
-// may be more due rows); retryIn is when a rate-limited instance will next have a token.
-func (r *Relay) claimRound(ctx, deliverCtx context.Context, deliveries *sync.WaitGroup) (claimed int, more bool, retryIn time.Duration, err error) {
-	globalFree := r.cfg.Concurrency - int(r.inflight.Load())
-	// Under load, wait for a quarter of the slots before claiming, so claims stay batches.
-	if globalFree < max(1, r.cfg.Concurrency/4) {
+// claimRound claims for every instance as much as its room and rate allow, and returns
+// how many rows it claimed. more is true when some claim came back full (there may be
+// more due rows); retryIn is when a rate-limited instance will next have a token.
+func (r *Relay) claimRound(ctx context.Context) (claimed int, more bool, retryIn time.Duration, err error) {
+	room := r.maxClaimed - int(r.claimedRows.Load())
+	// Under load, wait for a quarter of the room before claiming, so claims stay batches.
+	if room < max(1, r.maxClaimed/4) {
 		return 0, false, 0, nil
 	}
 	for _, name := range r.names {
 		inst := r.instances[name]
-		limit := min(r.cfg.BatchSize, globalFree, inst.limit-int(inst.inflight.Load()))
+		limit := min(r.cfg.BatchSize, room, inst.limit+inst.ahead-int(inst.claimed.Load()))
 		if inst.limiter != nil {
 			now := time.Now()
 			tokens := int(inst.limiter.TokensAt(now))
@@ -402,12 +453,13 @@ func (r *Relay) claimRound(ctx, deliverCtx context.Context, deliveries *sync.Wai
 			r.release(rows)
 			return claimed, false, 0, nil
 		}
+		// Never blocks: an instance's claimed rows never exceed its channel's capacity.
+		r.claimedRows.Add(int64(len(rows)))
+		inst.claimed.Add(int64(len(rows)))
 		for _, row := range rows {
-			r.inflight.Add(1)
-			inst.inflight.Add(1)
-			deliveries.Go(func() { r.deliver(deliverCtx, inst, row) })
+			inst.jobs <- row
 		}
-		globalFree -= len(rows)
+		room -= len(rows)
 		if len(rows) == limit {
 			more = true
 		}
@@ -425,11 +477,13 @@ func (r *Relay) claim(ctx context.Context, name string, limit int) ([]claimed, e
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
 		var (
 			c       claimed
+			payload []byte // []byte takes jsonb's text as is; json.RawMessage would go through json.Unmarshal
 			headers []byte
 		)
-		if err := row.Scan(&c.id, &c.key, &c.connector, &c.payload, &headers, &c.attempt, &c.ambiguous, &c.createdAt, &c.firstAt); err != nil {
+		if err := row.Scan(&c.id, &c.key, &c.connector, &payload, &headers, &c.attempt, &c.ambiguous, &c.createdAt, &c.firstAt, &c.ordered); err != nil {
 			return c, err
 		}
+		c.payload, c.claimedAt = payload, now
 		// Most rows carry no headers ('{}'); decode only those that do.
 		if len(headers) > 2 {
 			if err := json.Unmarshal(headers, &c.headers); err != nil {
@@ -458,13 +512,47 @@ func (r *Relay) release(rows []claimed) {
 	r.log.InfoContext(ctx, "released rows not started", "rows", len(ids))
 }
 
+// work is one of inst's delivery workers: it takes the instance's claimed rows and
+// delivers each once a slot is free, until the relay stops (ctx is done) and the rows
+// run out. Rows it has not started by then are kept for release, and so is a row that
+// waited longer than inst.startBy.
+func (r *Relay) work(ctx, deliverCtx context.Context, inst *instance) {
+	for row := range inst.jobs {
+		started := false
+		if ctx.Err() == nil && (inst.startBy == 0 || r.now().Sub(row.claimedAt) <= inst.startBy) {
+			r.slots <- struct{}{}
+			if started = ctx.Err() == nil; started {
+				r.deliver(deliverCtx, inst, row)
+			}
+			<-r.slots
+		}
+		if !started {
+			r.handBack(ctx, inst, row)
+		}
+		inst.claimed.Add(-1)
+		r.claimedRows.Add(-1)
+		notify(r.slotFreed)
+	}
+}
+
+// handBack gives up a claimed row without an attempt: when the relay is stopping, it is
+// released with the others at the end of Run; otherwise (it waited too long for a
+// worker) it is released at once.
+func (r *Relay) handBack(ctx context.Context, inst *instance, row claimed) {
+	if ctx.Err() != nil {
+		r.unstartedMu.Lock()
+		r.unstarted = append(r.unstarted, row)
+		r.unstartedMu.Unlock()
+		return
+	}
+	r.metrics.handedBack.Inc()
+	r.log.WarnContext(ctx, "a claimed row waited too long for a free worker; handing it back",
+		"connector", inst.name, "id", row.id, "waited", r.now().Sub(row.claimedAt).Round(time.Millisecond), "limit", inst.startBy)
+	r.release([]claimed{row})
+}
+
 // deliver makes one attempt and queues its outcome.
 func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
-	defer func() {
-		inst.inflight.Add(-1)
-		r.inflight.Add(-1)
-		notify(r.slotFreed)
-	}()
 	started := r.now()
 	if inst.forgotten(row, started) {
 		// Not sent: the receiver no longer knows the key (see decide).
@@ -502,7 +590,7 @@ func (r *Relay) holdForgotten(inst *instance, row claimed, now time.Time) outcom
 	msg := fmt.Sprintf("attempt %d not sent: %s", row.attempt, forgottenReason(inst, row))
 	inst.observe(statusHeld, 0, 0)
 	return outcome{id: row.id, attempt: row.attempt, status: statusHeld, lastError: &msg,
-		started: now, finished: now, record: statusHeld}
+		started: now, finished: now, record: statusHeld, ordered: row.ordered}
 }
 
 // safeDeliver turns a connector's panic into a retryable error.
@@ -524,7 +612,7 @@ const (
 
 // decide turns an attempt's result into the row's next state.
 func (r *Relay) decide(inst *instance, row claimed, result json.RawMessage, err error, now time.Time) outcome {
-	o := outcome{id: row.id, attempt: row.attempt, finished: now}
+	o := outcome{id: row.id, attempt: row.attempt, finished: now, ordered: row.ordered}
 	if len(result) > 0 && json.Valid(result) {
 		o.result = result
 	}
@@ -571,27 +659,40 @@ func (r *Relay) decide(inst *instance, row claimed, result json.RawMessage, err 
 // recorders is how many goroutines write outcomes.
 const recorders = 2
 
-// record writes outcomes in batches: it takes what is queued (up to a batch), writes it
-// in one round trip, and repeats. Under load batches grow; when idle each outcome is
-// written at once. A failed write is retried with backoff, so an outcome is never
-// dropped while the relay runs.
+// Outcomes are written in batches of up to recordBatch. A recorder that has some waits
+// up to recordLinger for more, since every write is a commit, and a commit costs
+// PostgreSQL about as much as recording a hundred rows; it writes at once when the batch
+// is full or holds the outcome of a row with an ordering key (the key's next row waits
+// for it).
+const (
+	recordBatch  = 1000
+	recordLinger = 10 * time.Millisecond
+)
+
+// record writes outcomes in batches until r.results is closed and drained. A failed
+// write is retried with backoff, so an outcome is never dropped while the relay runs.
 func (r *Relay) record(ctx context.Context) {
-	const maxBatch = 1000
-	batch := make([]outcome, 0, maxBatch)
+	batch := make([]outcome, 0, recordBatch)
+	linger := time.NewTimer(recordLinger)
+	linger.Stop()
 	for o := range r.results {
 		batch = append(batch[:0], o)
-	drain:
-		for len(batch) < maxBatch {
+		urgent := o.ordered
+		linger.Reset(recordLinger)
+	gather:
+		for len(batch) < recordBatch && !urgent {
 			select {
 			case o, ok := <-r.results:
 				if !ok {
-					break drain
+					break gather
 				}
 				batch = append(batch, o)
-			default:
-				break drain
+				urgent = o.ordered
+			case <-linger.C:
+				break gather
 			}
 		}
+		linger.Stop()
 		r.writeOutcomes(ctx, batch)
 	}
 }

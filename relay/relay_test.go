@@ -84,6 +84,18 @@ func (b *testBundle) fastConfig() *Config {
 	}
 }
 
+// clockedConfig is fastConfig on an injected clock that starts a second after the
+// database's, so rows stamped now() by the database are due.
+func (b *testBundle) clockedConfig(t *testing.T) (*testClock, *Config) {
+	t.Helper()
+	var dbNow time.Time
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT now()`).Scan(&dbNow))
+	clock := &testClock{now: dbNow.Add(time.Second)}
+	cfg := b.fastConfig()
+	cfg.NowFunc = clock.Now
+	return clock, cfg
+}
+
 func testLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // start runs a relay until the test ends; the returned stop cancels it and checks that
@@ -285,11 +297,7 @@ func TestUnknownConnectorStaysPending(t *testing.T) {
 func TestRetrySchedulesWithInjectedClock(t *testing.T) {
 	t.Parallel()
 	b := setup(t, receiver.Options{})
-	var dbNow time.Time
-	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT now()`).Scan(&dbNow))
-	clock := &testClock{now: dbNow.Add(time.Second)}
-	cfg := b.fastConfig()
-	cfg.NowFunc = clock.Now
+	clock, cfg := b.clockedConfig(t)
 	cfg.BackoffBase = 10 * time.Second
 	cfg.BackoffMax = time.Hour
 	// The connector reads Retry-After dates against the same clock as the relay.
@@ -443,7 +451,7 @@ func TestThreeRelaysShareOneDatabase(t *testing.T) {
 }
 
 // One slow receiver never starves the others: its instance's concurrency limit keeps it
-// from holding the relay's slots.
+// from holding the relay's slots, and the rows claimed ahead for it are bounded too.
 func TestSlowInstanceDoesNotStarveOthers(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
@@ -470,12 +478,73 @@ func TestSlowInstanceDoesNotStarveOthers(t *testing.T) {
 
 	require.Eventually(t, func() bool { return b.receiver.TotalEffects() == 40 }, waitTimeout, 10*time.Millisecond,
 		"the fast instance delivers everything while the slow one is stuck")
+	require.Eventually(t, func() bool { return slow.TotalEffects() == 2 }, waitTimeout, 10*time.Millisecond,
+		"the slow receiver gets its limit of requests")
+	require.Equal(t, 2, slow.TotalEffects(), "and never more while they are stuck")
 	var delivering int
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE connector = 'webhook:slow' AND status = 'delivering'`).Scan(&delivering))
-	require.LessOrEqual(t, delivering, 2, "the slow instance holds at most its own limit")
+	require.LessOrEqual(t, delivering, 4, "the slow instance holds its limit in flight and at most as many claimed ahead")
 
 	closeOnce(release)
 	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 80 }, waitTimeout, 10*time.Millisecond)
+}
+
+func TestClaimAhead(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		limit          int
+		lease, timeout time.Duration
+		ahead          int
+		startBy        time.Duration
+	}{
+		{8, 30 * time.Second, 10 * time.Second, 8, 5 * time.Second}, // capped
+		{8, 6 * time.Second, 5 * time.Second, 8, 500 * time.Millisecond},
+		{8, 30 * time.Second, 29900 * time.Millisecond, 0, 0}, // no room to wait
+		{8, 30 * time.Second, 0, 0, 0},                        // time limit unknown
+	}
+	for _, tt := range tests {
+		ahead, startBy := claimAhead(tt.limit, tt.lease, tt.timeout)
+		require.Equal(t, tt.ahead, ahead, "%+v", tt)
+		require.Equal(t, tt.startBy, startBy, "%+v", tt)
+	}
+}
+
+// A row claimed ahead that waited for a worker longer than the instance allows is
+// handed back unsent, so its attempt never runs past its lease; it is delivered later,
+// with no attempt counted or logged for the wait.
+func TestRowClaimedAheadTooLongIsHandedBack(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	slow, err := receiver.Start(receiver.Options{OnEffect: func(e receiver.Effect) {
+		if e.Key == "ahead-0" {
+			<-release
+		}
+	}})
+	require.NoError(t, err)
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { closeOnce(release) })
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	cfg.Lease = 6 * time.Second // the hook's 5s time limit leaves a row 500ms to wait
+	r, _ := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: newHook(t, slow.URL()), Concurrency: 1}})
+	require.Equal(t, 500*time.Millisecond, r.instances["webhook"].startBy)
+
+	enqueue(t, b.pool, "ahead-0", "webhook", []int{0})
+	enqueue(t, b.pool, "ahead-1", "webhook", []int{1})
+	require.Eventually(t, func() bool {
+		return slow.TotalEffects() == 1 && countStatus(t, b.pool)["delivering"] == 2
+	}, waitTimeout, 10*time.Millisecond, "one row in flight, the other claimed ahead")
+
+	clock.Advance(time.Second)
+	closeOnce(release)
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 2 }, waitTimeout, 10*time.Millisecond)
+	require.Equal(t, 1, slow.Effects("ahead-1"))
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.handedBack), "ahead-1 was handed back once")
+	var attempts, logged int
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT o.attempts, (SELECT count(*) FROM outbox_attempts a WHERE a.outbox_id = o.id)
+		FROM outbox o WHERE idempotency_key = 'ahead-1'`).Scan(&attempts, &logged))
+	require.Equal(t, 1, attempts, "the wait was not counted as an attempt")
+	require.Equal(t, 1, logged)
 }
 
 var closeMu sync.Mutex
@@ -661,18 +730,21 @@ func TestRateLimitBoundsClaims(t *testing.T) {
 	r, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook, Rate: 5}})
 	require.NoError(t, err)
 
-	var deliveries sync.WaitGroup
 	ctx := t.Context()
-	claimed, more, retryIn, err := r.claimRound(ctx, ctx, &deliveries)
+	claimed, more, retryIn, err := r.claimRound(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 5, claimed)
 	require.True(t, more)
 	require.Zero(t, retryIn)
-	deliveries.Wait()
+	inst := r.instances["webhook"]
+	require.Len(t, inst.jobs, 5, "the claimed rows wait for the instance's workers")
+	for range claimed {
+		r.deliver(ctx, inst, <-inst.jobs)
+	}
 	require.Equal(t, 5, b.receiver.TotalEffects(), "one second's worth of requests")
 
 	// The bucket is empty now: the next round claims nothing and says when to look again.
-	_, _, retryIn, err = r.claimRound(ctx, ctx, &deliveries)
+	_, _, retryIn, err = r.claimRound(ctx)
 	require.NoError(t, err)
 	require.Positive(t, retryIn)
 	require.LessOrEqual(t, retryIn, 200*time.Millisecond)
@@ -746,11 +818,7 @@ func (w windowed) KeyWindow() time.Duration { return w.window }
 func TestNoRetryAfterTheReceiverForgetsTheKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t, receiver.Options{})
-	var dbNow time.Time
-	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT now()`).Scan(&dbNow))
-	clock := &testClock{now: dbNow.Add(time.Second)}
-	cfg := b.fastConfig()
-	cfg.NowFunc = clock.Now
+	clock, cfg := b.clockedConfig(t)
 	cfg.BackoffBase = 10 * time.Minute
 	cfg.BackoffMax = 10 * time.Minute
 	hook, err := webhook.New(webhook.Config{URL: b.receiver.URL(), Guarantee: connectors.Enforced, NowFunc: clock.Now})

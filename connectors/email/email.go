@@ -250,6 +250,9 @@ func (c *Connector) LogValue() slog.Value {
 // Idempotency-Key, but SMTP servers are not known to dedupe on either.
 func (c *Connector) Guarantee() connectors.Guarantee { return connectors.Forwarded }
 
+// Timeout is the time limit of one attempt (see [connectors.Timeouter]).
+func (c *Connector) Timeout() time.Duration { return c.timeout }
+
 // Payload is what a row's payload holds for this connector.
 type Payload struct {
 	To      Addresses         `json:"to"`

@@ -181,6 +181,9 @@ func (c *Resend) Guarantee() connectors.Guarantee { return connectors.Enforced }
 // KeyWindow reports [ResendKeyWindow]: Resend remembers a key for 24 hours.
 func (c *Resend) KeyWindow() time.Duration { return ResendKeyWindow }
 
+// Timeout is the time limit of one attempt (see [connectors.Timeouter]).
+func (c *Resend) Timeout() time.Duration { return c.timeout }
+
 // resendEmail is the body of POST /emails.
 type resendEmail struct {
 	From    string            `json:"from"`

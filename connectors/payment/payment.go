@@ -184,6 +184,9 @@ func (c *Connector) LogValue() slog.Value {
 // Guarantee reports [connectors.Enforced]: Stripe dedupes on the idempotency key.
 func (c *Connector) Guarantee() connectors.Guarantee { return connectors.Enforced }
 
+// Timeout is the time limit of one attempt (see [connectors.Timeouter]).
+func (c *Connector) Timeout() time.Duration { return c.timeout }
+
 // payload is what a row holds.
 type payload struct {
 	Operation string          `json:"operation"`

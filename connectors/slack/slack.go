@@ -208,6 +208,9 @@ func (c *Connector) LogValue() slog.Value {
 // finds an earlier attempt's message by the key in its metadata before posting again.
 func (c *Connector) Guarantee() connectors.Guarantee { return connectors.Reconciled }
 
+// Timeout is the time limit of one attempt (see [connectors.Timeouter]).
+func (c *Connector) Timeout() time.Duration { return c.timeout }
+
 // Payload is what a slack row's payload holds.
 type Payload struct {
 	// Channel is the conversation ID ("C…", "G…" or "D…"). Names and user IDs are

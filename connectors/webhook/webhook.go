@@ -40,8 +40,10 @@ type Config struct {
 	// [connectors.Enforced] only for a receiver that dedupes on it. Defaults to
 	// [connectors.Forwarded].
 	Guarantee connectors.Guarantee
-	// Client sends the requests; it is copied, and the copy never follows redirects.
-	// Defaults to a client on [DefaultTransport].
+	// Client's Transport sends the requests (http.DefaultTransport when it has none).
+	// The request goes straight to the transport: redirects are never followed, cookies
+	// are not kept, and Timeout (not the client's) bounds an attempt. Defaults to a
+	// client on [DefaultTransport].
 	Client *http.Client
 	// MaxResultBody is how many bytes of the receiver's answer the result keeps.
 	// Defaults to 1024.
@@ -88,7 +90,7 @@ type Connector struct {
 	secret    []byte
 	timeout   time.Duration
 	guarantee connectors.Guarantee
-	client    *http.Client
+	transport http.RoundTripper
 	maxBody   int
 	now       func() time.Time
 }
@@ -150,13 +152,12 @@ func New(cfg Config) (*Connector, error) {
 	}
 	c.url, c.target = u.String(), u.Redacted()
 
-	client := &http.Client{Transport: DefaultTransport()}
+	// The transport, not http.Client: a client's redirect and cookie handling are not
+	// wanted, and its per-request header copy costs more than the rest of an attempt.
+	c.transport = DefaultTransport()
 	if cfg.Client != nil {
-		copied := *cfg.Client
-		client = &copied
+		c.transport = cmp.Or[http.RoundTripper](cfg.Client.Transport, http.DefaultTransport)
 	}
-	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	c.client = client
 	return c, nil
 }
 
@@ -216,6 +217,9 @@ func (c *Connector) LogValue() slog.Value {
 
 // Guarantee reports what the receiver promises about Idempotency-Key, as configured.
 func (c *Connector) Guarantee() connectors.Guarantee { return c.guarantee }
+
+// Timeout is the time limit of one attempt (see [connectors.Timeouter]).
+func (c *Connector) Timeout() time.Duration { return c.timeout }
 
 // result is what Deliver returns for the relay to store.
 type result struct {
@@ -295,7 +299,7 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 		req.Header.Set("Webhook-Signature", sign(c.secret, d.Key, ts, d.Payload))
 	}
 
-	resp, err := c.client.Do(req)
+	resp, err := c.transport.RoundTrip(req)
 	if err != nil {
 		return nil, c.sendError(ctx, err, wrote.Load())
 	}

@@ -82,8 +82,7 @@ func TestNew_DefaultClient(t *testing.T) {
 	t.Parallel()
 	c, err := New(Config{URL: "http://127.0.0.1/"})
 	require.NoError(t, err)
-	require.Same(t, DefaultTransport(), c.client.Transport)
-	require.NotNil(t, c.client.CheckRedirect)
+	require.Same(t, DefaultTransport(), c.transport)
 	require.Equal(t, 10*time.Second, c.timeout)
 	require.Equal(t, 1024, c.maxBody)
 }
