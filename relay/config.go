@@ -40,7 +40,8 @@ type Config struct {
 	// Retention is how long delivered and canceled rows are kept. Defaults to 168h.
 	Retention time.Duration
 	// ShutdownTimeout is how long in-flight deliveries may finish once Run's context is
-	// done, before they are cancelled. Defaults to 30s.
+	// done, before they are cancelled; their outcomes then get as long again, and at
+	// least 5s, to be recorded. Defaults to 30s.
 	ShutdownTimeout time.Duration
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger

@@ -66,6 +66,7 @@ type instance struct {
 	limit     int           // most deliveries in flight
 	ahead     int           // most rows claimed ahead of a free worker
 	startBy   time.Duration // a row claimed ahead that waited longer is handed back
+	took      atomic.Int64  // recent attempts' average duration, in nanoseconds
 	limiter   *rate.Limiter // nil: no rate limit
 	claimed   atomic.Int64  // rows claimed and not finished
 	jobs      chan claimed  // claimed rows waiting for one of the instance's workers
@@ -194,29 +195,49 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 	}
 	slices.Sort(r.names)
 	slices.Sort(r.hold)
-	r.maxClaimed = cfg.Concurrency + min(r.maxClaimed, cfg.Concurrency)
+	r.maxClaimed = cfg.Concurrency + min(r.maxClaimed, aheadRounds*cfg.Concurrency)
 	return r, nil
 }
 
 // Claiming ahead. A claim is a round trip and a commit; when it waits for free workers,
-// they idle while it runs, and its batches stay small. So a relay claims up to one
-// round of an instance's deliveries ahead, and a worker that finishes takes the next row
-// at once. A row waits only while its workers are busy; one that waited more than
-// startBy is handed back instead of sent, so that its attempt still ends well inside
-// its lease. Only connectors that declare their time limit are claimed ahead.
+// they idle while it runs, and its batches stay small. So a relay claims up to
+// aheadRounds rounds of an instance's deliveries ahead, and a worker that finishes takes
+// the next row at once. A row waits only while the instance's workers are busy: the
+// rows claimed ahead are cut to what the workers can start within half of startBy at the
+// instance's recent pace, and one that still waited longer than startBy is handed back
+// instead of sent, so its attempt ends well inside its lease. Only connectors that
+// declare their time limit are claimed ahead.
 const (
-	minStartBy = 100 * time.Millisecond
-	maxStartBy = 5 * time.Second
+	aheadRounds = 3
+	minStartBy  = 100 * time.Millisecond
+	maxStartBy  = 5 * time.Second
 )
 
-// claimAhead returns how many rows of an instance with limit workers to claim ahead,
-// and how long such a row may wait for a worker, for a lease and an attempt time limit.
+// claimAhead returns how many rows of an instance with limit workers to claim ahead at
+// most, and how long such a row may wait for a worker, for a lease and an attempt's
+// time limit.
 func claimAhead(limit int, lease, timeout time.Duration) (ahead int, startBy time.Duration) {
 	spare := lease - timeout
 	if timeout <= 0 || spare < 2*minStartBy {
 		return 0, 0
 	}
-	return limit, min(spare/2, maxStartBy)
+	return aheadRounds * limit, min(spare/2, maxStartBy)
+}
+
+// room is how many more rows the instance may hold claimed: its workers, and the rows
+// they can start within half of startBy at the pace of its recent attempts.
+func (inst *instance) room() int {
+	ahead := inst.ahead
+	if took := time.Duration(inst.took.Load()); took > 0 && ahead > 0 {
+		ahead = min(ahead, int(int64(inst.limit)*int64(inst.startBy/2)/int64(took)))
+	}
+	return inst.limit + ahead - int(inst.claimed.Load())
+}
+
+// observeTook folds one attempt's duration into the instance's recent average.
+func (inst *instance) observeTook(d time.Duration) {
+	old := inst.took.Load()
+	inst.took.Store(old + (int64(d)-old)/8) // a lost update among racing workers does no harm
 }
 
 // ID is the relay's id, as written in leases and the attempts log.
@@ -313,7 +334,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	go func() { recorder.Wait(); close(recDone) }()
 	select {
 	case <-recDone:
-	case <-time.After(r.cfg.ShutdownTimeout):
+	case <-time.After(max(r.cfg.ShutdownTimeout, minRecordDrain)):
 		r.log.ErrorContext(ctx, "could not record every outcome before exit; those rows stay leased and are retried after their lease expires")
 		cancelRecords()
 		<-recDone
@@ -323,6 +344,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.log.InfoContext(ctx, "relay stopped")
 	return nil
 }
+
+// minRecordDrain is the least time a stopping relay gives its last outcomes to reach a
+// slow database: an outcome not recorded means a second attempt after the lease expires.
+const minRecordDrain = 5 * time.Second
 
 // start pings the database (the pool connects lazily), retrying briefly so that a relay
 // started alongside its database waits for it, and measures clock skew.
@@ -423,7 +448,7 @@ func (r *Relay) claimRound(ctx context.Context) (claimed int, more bool, retryIn
 	}
 	for _, name := range r.names {
 		inst := r.instances[name]
-		limit := min(r.cfg.BatchSize, room, inst.limit+inst.ahead-int(inst.claimed.Load()))
+		limit := min(r.cfg.BatchSize, room, inst.room())
 		if inst.limiter != nil {
 			now := time.Now()
 			tokens := int(inst.limiter.TokensAt(now))
@@ -570,6 +595,7 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 	o := r.decide(inst, row, result, err, finished)
 	o.started = started
 	inst.observe(o.record, finished.Sub(started), finished.Sub(row.createdAt))
+	inst.observeTook(finished.Sub(started))
 	r.results <- o
 }
 

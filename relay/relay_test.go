@@ -483,7 +483,7 @@ func TestSlowInstanceDoesNotStarveOthers(t *testing.T) {
 	require.Equal(t, 2, slow.TotalEffects(), "and never more while they are stuck")
 	var delivering int
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE connector = 'webhook:slow' AND status = 'delivering'`).Scan(&delivering))
-	require.LessOrEqual(t, delivering, 4, "the slow instance holds its limit in flight and at most as many claimed ahead")
+	require.LessOrEqual(t, delivering, 2*(1+aheadRounds), "the slow instance holds its limit in flight and a bounded number claimed ahead")
 
 	closeOnce(release)
 	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 80 }, waitTimeout, 10*time.Millisecond)
@@ -497,8 +497,8 @@ func TestClaimAhead(t *testing.T) {
 		ahead          int
 		startBy        time.Duration
 	}{
-		{8, 30 * time.Second, 10 * time.Second, 8, 5 * time.Second}, // capped
-		{8, 6 * time.Second, 5 * time.Second, 8, 500 * time.Millisecond},
+		{8, 30 * time.Second, 10 * time.Second, 24, 5 * time.Second}, // capped
+		{8, 6 * time.Second, 5 * time.Second, 24, 500 * time.Millisecond},
 		{8, 30 * time.Second, 29900 * time.Millisecond, 0, 0}, // no room to wait
 		{8, 30 * time.Second, 0, 0, 0},                        // time limit unknown
 	}
@@ -507,6 +507,26 @@ func TestClaimAhead(t *testing.T) {
 		require.Equal(t, tt.ahead, ahead, "%+v", tt)
 		require.Equal(t, tt.startBy, startBy, "%+v", tt)
 	}
+}
+
+// The rows claimed ahead shrink to what the workers can start within half of startBy
+// at the instance's recent pace.
+func TestRoomFollowsThePace(t *testing.T) {
+	t.Parallel()
+	inst := &instance{limit: 4, ahead: 12, startBy: 4 * time.Second}
+	require.Equal(t, 16, inst.room(), "no pace known yet: the whole ahead")
+	inst.took.Store(int64(time.Millisecond))
+	require.Equal(t, 16, inst.room(), "fast attempts: the whole ahead")
+	inst.took.Store(int64(time.Second))
+	require.Equal(t, 4+8, inst.room(), "1s attempts: two rounds start within 2s")
+	inst.took.Store(int64(10 * time.Second))
+	require.Equal(t, 4, inst.room(), "slow attempts: nothing ahead")
+	inst.claimed.Store(3)
+	require.Equal(t, 1, inst.room())
+	for range 100 {
+		inst.observeTook(time.Millisecond)
+	}
+	require.InDelta(t, float64(time.Millisecond), float64(inst.took.Load()), float64(time.Millisecond), "the average follows recent attempts")
 }
 
 // A row claimed ahead that waited for a worker longer than the instance allows is
@@ -635,7 +655,7 @@ func TestGracefulShutdown(t *testing.T) {
 
 		in, err := outbox.Get(t.Context(), b.pool, "stuck")
 		require.NoError(t, err)
-		require.Equal(t, outbox.StatusPending, in.Status, "back for a retry")
+		require.Equal(t, outbox.StatusPending, in.Status, "back for a retry (%s)", in.LastError)
 		require.Contains(t, in.LastError, "shutdown timeout")
 		att := attemptsOf(t, b.pool, "stuck")
 		require.Len(t, att, 1)
