@@ -294,12 +294,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	background.Go(func() { r.listen(bgCtx) })
 	background.Go(func() { r.maintain(bgCtx) })
 
-	// Two recorders: while one waits for its commit, the other gathers the next batch.
-	var recorder sync.WaitGroup
-	for range recorders {
-		recorder.Go(func() { r.record(recordCtx) })
-	}
-
 	// Long-lived delivery workers, as many per instance as its limit: a claimed row
 	// starts as soon as a worker is free, and a worker's stack, grown by its first
 	// request, serves every later one.
@@ -309,10 +303,17 @@ func (r *Relay) Run(ctx context.Context) error {
 			workers.Go(func() { r.work(ctx, deliverCtx, inst) })
 		}
 	}
-	r.claimLoop(ctx)
+	left := r.claimLoop(ctx)
 	for _, inst := range r.instances {
 		close(inst.jobs)
 	}
+	// From now on the recorder writes the outcomes: those the loop left, and those of
+	// the deliveries still in flight.
+	var recorder sync.WaitGroup
+	recorder.Go(func() {
+		r.writeOutcomes(recordCtx, left)
+		r.record(recordCtx)
+	})
 
 	// Stopping: let in-flight deliveries finish within the shutdown timeout.
 	done := make(chan struct{})
@@ -381,29 +382,47 @@ const (
 	fastPollRefresh  = fastPollWindow / 4
 )
 
-// claimLoop claims rows and hands them to the delivery workers until ctx is done.
-func (r *Relay) claimLoop(ctx context.Context) {
+// claimLoop claims rows for the delivery workers and records their outcomes until ctx
+// is done, in rounds. A round writes the outcomes gathered since the last one and claims
+// for every instance with room, in one round trip and one transaction (a pgx batch): one
+// connection doing both in turn costs PostgreSQL far less than claims and records
+// competing in separate transactions, and half the commits. Outcomes wait up to
+// recordLinger for a round, which a claim brings sooner under load. It returns the
+// outcomes it has not written.
+func (r *Relay) claimLoop(ctx context.Context) []outcome {
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
+	linger := time.NewTimer(recordLinger)
+	linger.Stop()
 	var (
 		failures    int
 		fastUntil   time.Time // this relay polls fast until then (monotonic clock)
 		lastRefresh time.Time
+		outs        []outcome // outcomes not written yet
+		urgent      bool      // one of outs is of a row with an ordering key
+		lingering   bool      // linger runs for the oldest of outs
+		lingered    bool      // and has fired
 	)
 	for ctx.Err() == nil {
-		claimed, more, retryIn, err := r.claimRound(ctx)
+		outs, urgent = r.gather(outs, urgent)
+		record := len(outs) > 0 && (urgent || lingered || len(outs) >= recordBatch)
+		claimed, wrote, more, retryIn, err := r.claimRound(ctx, outs, record)
 		if err != nil {
 			if ctx.Err() != nil {
-				return
+				return outs
 			}
 			failures++
 			r.metrics.dbErrors.WithLabelValues("claim").Inc()
 			wait := backoff(failures, 100*time.Millisecond, 5*time.Second)
-			r.log.WarnContext(ctx, "claim failed; retrying", "err", err, "retry_in", wait)
+			r.log.WarnContext(ctx, "claiming and recording failed; retrying", "err", err, "retry_in", wait, "outcomes", len(outs))
 			sleep(ctx, wait)
 			continue
 		}
 		failures = 0
+		if wrote {
+			outs, urgent, lingering, lingered = outs[:0], false, false, false
+			linger.Stop()
+		}
 		if claimed > 0 && time.Since(lastRefresh) >= fastPollRefresh {
 			if _, err := r.pool.Exec(ctx, pollFastSQL, fastPollWindow); err == nil {
 				lastRefresh = time.Now()
@@ -415,6 +434,10 @@ func (r *Relay) claimLoop(ctx context.Context) {
 		}
 		if time.Now().Before(fastUntil) && (retryIn == 0 || retryIn > fastPollInterval) {
 			retryIn = fastPollInterval
+		}
+		if len(outs) > 0 && !lingering {
+			linger.Reset(recordLinger)
+			lingering = true
 		}
 		var (
 			timer   *time.Timer
@@ -430,93 +453,183 @@ func (r *Relay) claimLoop(ctx context.Context) {
 		case <-r.slotFreed:
 		case <-poll.C:
 		case <-timerCh:
+		case o := <-r.results:
+			outs = append(outs, o)
+			urgent = urgent || o.ordered
+		case <-linger.C:
+			lingered = true
 		}
 		if timer != nil {
 			timer.Stop()
 		}
 	}
+	return outs
 }
 
-// claimRound claims for every instance as much as its room and rate allow, and returns
-// how many rows it claimed. more is true when some claim came back full (there may be
-// more due rows); retryIn is when a rate-limited instance will next have a token.
-func (r *Relay) claimRound(ctx context.Context) (claimed int, more bool, retryIn time.Duration, err error) {
+// gather adds the outcomes waiting in r.results to outs, up to recordBatch, without
+// blocking.
+func (r *Relay) gather(outs []outcome, urgent bool) ([]outcome, bool) {
+	for len(outs) < recordBatch {
+		select {
+		case o, ok := <-r.results:
+			if !ok { // closed: the relay is stopping and every outcome is in
+				return outs, urgent
+			}
+			outs = append(outs, o)
+			urgent = urgent || o.ordered
+		default:
+			return outs, urgent
+		}
+	}
+	return outs, urgent
+}
+
+// roundTimeout bounds one round of claims and outcomes.
+const roundTimeout = 30 * time.Second
+
+// claimPlan is how many rows one claim asks of an instance.
+type claimPlan struct {
+	inst  *instance
+	limit int
+}
+
+// claimRound claims for every instance as much as its room and rate allow, in one
+// transaction that also writes outs when there are claims to make or record is true,
+// and returns how many rows it claimed and whether it wrote outs. more is true when
+// some claim came back full (there may be more due rows); retryIn is when a
+// rate-limited instance will next have a token.
+func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (claimed int, wrote, more bool, retryIn time.Duration, err error) {
+	var plans []claimPlan
 	room := r.maxClaimed - int(r.claimedRows.Load())
 	// Under load, wait for a quarter of the room before claiming, so claims stay batches.
-	if room < max(1, r.maxClaimed/4) {
-		return 0, false, 0, nil
-	}
-	for _, name := range r.names {
-		inst := r.instances[name]
-		limit := min(r.cfg.BatchSize, room, inst.room())
-		if inst.limiter != nil {
-			now := time.Now()
-			tokens := int(inst.limiter.TokensAt(now))
-			if tokens < 1 {
-				wait := time.Duration(float64(time.Second) * (1 - inst.limiter.TokensAt(now)) / float64(inst.limiter.Limit()))
-				if retryIn == 0 || wait < retryIn {
-					retryIn = max(wait, time.Millisecond)
+	if room >= max(1, r.maxClaimed/4) {
+		for _, name := range r.names {
+			inst := r.instances[name]
+			limit := min(r.cfg.BatchSize, room, inst.room())
+			if inst.limiter != nil {
+				now := time.Now()
+				tokens := int(inst.limiter.TokensAt(now))
+				if tokens < 1 {
+					wait := time.Duration(float64(time.Second) * (1 - inst.limiter.TokensAt(now)) / float64(inst.limiter.Limit()))
+					if retryIn == 0 || wait < retryIn {
+						retryIn = max(wait, time.Millisecond)
+					}
+					continue
 				}
-				continue
+				limit = min(limit, tokens)
 			}
-			limit = min(limit, tokens)
+			if limit > 0 {
+				plans = append(plans, claimPlan{inst, limit})
+			}
 		}
-		if limit <= 0 {
-			continue
-		}
-		rows, err := r.claim(ctx, name, limit)
-		if err != nil {
-			return claimed, false, 0, fmt.Errorf("claim %s: %w", name, err)
-		}
+		share(plans, room)
+		plans = slices.DeleteFunc(plans, func(p claimPlan) bool { return p.limit <= 0 })
+	}
+	if len(plans) == 0 && !record {
+		return 0, false, false, retryIn, nil
+	}
+	// A stop does not interrupt a round in flight: its outcome (written or not) would
+	// be unknown, and the recorder would write the outcomes twice.
+	roundCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), roundTimeout)
+	got, err := r.claimAndRecord(roundCtx, plans, outs)
+	cancel()
+	if err != nil {
+		return 0, false, false, 0, err
+	}
+	wrote = true
+	if ctx.Err() != nil {
+		// Stopping between the claim and the start: hand the rows back.
+		r.release(slices.Concat(got...))
+		return 0, wrote, false, 0, nil
+	}
+	for i, p := range plans {
+		rows := got[i]
 		claimed += len(rows)
-		if inst.limiter != nil && len(rows) > 0 {
-			inst.limiter.AllowN(time.Now(), len(rows))
+		if p.inst.limiter != nil && len(rows) > 0 {
+			p.inst.limiter.AllowN(time.Now(), len(rows))
 		}
 		r.metrics.claimBatch.Observe(float64(len(rows)))
-		if ctx.Err() != nil {
-			// Stopping between the claim and the start: hand the rows back.
-			r.release(rows)
-			return claimed, false, 0, nil
-		}
 		// Never blocks: an instance's claimed rows never exceed its channel's capacity.
 		r.claimedRows.Add(int64(len(rows)))
-		inst.claimed.Add(int64(len(rows)))
+		p.inst.claimed.Add(int64(len(rows)))
 		for _, row := range rows {
-			inst.jobs <- row
+			p.inst.jobs <- row
 		}
-		room -= len(rows)
-		if len(rows) == limit {
+		if len(rows) == p.limit {
 			more = true
 		}
 	}
-	return claimed, more, retryIn, nil
+	return claimed, wrote, more, retryIn, nil
 }
 
-// claim runs claimSQL for one instance.
-func (r *Relay) claim(ctx context.Context, name string, limit int) ([]claimed, error) {
-	now := r.now()
-	rows, err := r.pool.Query(ctx, claimSQL, name, now, limit, r.cfg.ID, now.Add(r.cfg.Lease))
-	if err != nil {
-		return nil, err
+// share cuts the plans' limits so that together they ask for at most room rows: each
+// instance gets an equal share, and what one does not need goes to the others.
+func share(plans []claimPlan, room int) {
+	order := make([]int, len(plans))
+	for i := range order {
+		order[i] = i
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
-		var (
-			c       claimed
-			payload []byte // []byte takes jsonb's text as is; json.RawMessage would go through json.Unmarshal
-			headers []byte
-		)
-		if err := row.Scan(&c.id, &c.key, &c.connector, &payload, &headers, &c.attempt, &c.ambiguous, &c.createdAt, &c.firstAt, &c.ordered); err != nil {
-			return c, err
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(plans[a].limit, plans[b].limit) })
+	for n, i := range order {
+		plans[i].limit = min(plans[i].limit, room/(len(order)-n))
+		room -= plans[i].limit
+	}
+}
+
+// claimAndRecord writes outs and runs claimSQL for each plan in one transaction and one
+// round trip, and returns each plan's rows. The rows are returned only once the
+// transaction has committed: a row is never sent on a claim that did not.
+func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []outcome) ([][]claimed, error) {
+	now := r.now()
+	b := &pgx.Batch{}
+	if len(outs) > 0 {
+		b.Queue(recordSQL, r.recordArgs(outs)...)
+	}
+	for _, p := range plans {
+		b.Queue(claimSQL, p.inst.name, now, p.limit, r.cfg.ID, now.Add(r.cfg.Lease))
+	}
+	br := r.pool.SendBatch(ctx, b)
+	if len(outs) > 0 {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, fmt.Errorf("record %d outcomes: %w", len(outs), err)
 		}
-		c.payload, c.claimedAt = payload, now
-		// Most rows carry no headers ('{}'); decode only those that do.
-		if len(headers) > 2 {
-			if err := json.Unmarshal(headers, &c.headers); err != nil {
-				return c, fmt.Errorf("row %d headers: %w", c.id, err)
-			}
+	}
+	got := make([][]claimed, len(plans))
+	for i, p := range plans {
+		rows, err := br.Query()
+		if err == nil {
+			got[i], err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) { return scanClaimed(row, now) })
 		}
-		return c, nil
-	})
+		if err != nil {
+			_ = br.Close()
+			return nil, fmt.Errorf("claim %s: %w", p.inst.name, err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("commit claims and outcomes: %w", err)
+	}
+	return got, nil
+}
+
+// scanClaimed reads one row of claimSQL, claimed at now.
+func scanClaimed(row pgx.CollectableRow, now time.Time) (claimed, error) {
+	var (
+		c       claimed
+		payload []byte // []byte takes jsonb's text as is; json.RawMessage would go through json.Unmarshal
+		headers []byte
+	)
+	if err := row.Scan(&c.id, &c.key, &c.connector, &payload, &headers, &c.attempt, &c.ambiguous, &c.createdAt, &c.firstAt, &c.ordered); err != nil {
+		return c, err
+	}
+	c.payload, c.claimedAt = payload, now
+	// Most rows carry no headers ('{}'); decode only those that do.
+	if len(headers) > 2 {
+		if err := json.Unmarshal(headers, &c.headers); err != nil {
+			return c, fmt.Errorf("row %d headers: %w", c.id, err)
+		}
+	}
+	return c, nil
 }
 
 // release hands back rows claimed but not started. If it fails, their leases expire.
@@ -682,48 +795,48 @@ func (r *Relay) decide(inst *instance, row claimed, result json.RawMessage, err 
 	return o
 }
 
-// recorders is how many goroutines write outcomes.
-const recorders = 2
-
-// Outcomes are written in batches of up to recordBatch. A recorder that has some waits
-// up to recordLinger for more, since every write is a commit, and a commit costs
-// PostgreSQL about as much as recording a hundred rows; it writes at once when the batch
-// is full or holds the outcome of a row with an ordering key (the key's next row waits
-// for it).
+// Outcomes are written in batches of up to recordBatch, since every write is a commit
+// and a commit costs PostgreSQL about as much as recording a hundred rows. An outcome
+// waits up to recordLinger for others, and less when a claim comes first; an outcome
+// of a row with an ordering key does not wait (the key's next row waits for it).
 const (
 	recordBatch  = 1000
 	recordLinger = 10 * time.Millisecond
 )
 
-// record writes outcomes in batches until r.results is closed and drained. A failed
-// write is retried with backoff, so an outcome is never dropped while the relay runs.
+// record writes the outcomes of a stopping relay in batches until r.results is closed
+// and drained.
 func (r *Relay) record(ctx context.Context) {
 	batch := make([]outcome, 0, recordBatch)
-	linger := time.NewTimer(recordLinger)
-	linger.Stop()
 	for o := range r.results {
-		batch = append(batch[:0], o)
-		urgent := o.ordered
-		linger.Reset(recordLinger)
-	gather:
-		for len(batch) < recordBatch && !urgent {
-			select {
-			case o, ok := <-r.results:
-				if !ok {
-					break gather
-				}
-				batch = append(batch, o)
-				urgent = o.ordered
-			case <-linger.C:
-				break gather
-			}
-		}
-		linger.Stop()
+		batch, _ = r.gather(append(batch[:0], o), false)
 		r.writeOutcomes(ctx, batch)
 	}
 }
 
+// writeOutcomes writes batch, retrying with backoff until ctx is done, so an outcome is
+// never dropped while there is time.
 func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
+	if len(batch) == 0 {
+		return
+	}
+	args := r.recordArgs(batch)
+	b := retry.WithCappedDuration(5*time.Second, retry.NewExponential(50*time.Millisecond))
+	err := retry.Do(ctx, b, func(ctx context.Context) error {
+		if _, err := r.pool.Exec(ctx, recordSQL, args...); err != nil {
+			r.metrics.dbErrors.WithLabelValues("record").Inc()
+			r.log.WarnContext(ctx, "recording outcomes failed; retrying", "err", err, "rows", len(batch))
+			return retry.RetryableError(err)
+		}
+		return nil
+	})
+	if err != nil {
+		r.log.ErrorContext(ctx, "outcomes not recorded; the rows are retried when their lease expires", "err", err, "rows", len(batch))
+	}
+}
+
+// recordArgs are recordSQL's arguments for batch.
+func (r *Relay) recordArgs(batch []outcome) []any {
 	n := len(batch)
 	var (
 		ids                   = make([]int64, n)
@@ -740,20 +853,7 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 		nexts[i], errs[i], results[i], ambiguous[i] = o.nextAt, o.lastError, o.result, o.ambiguous
 		startedAt[i], finishedAt[i] = o.started, o.finished
 	}
-	b := retry.WithCappedDuration(5*time.Second, retry.NewExponential(50*time.Millisecond))
-	err := retry.Do(ctx, b, func(ctx context.Context) error {
-		_, err := r.pool.Exec(ctx, recordSQL, r.cfg.ID, ids, attempts, statuses, nexts, errs, results,
-			ambiguous, startedAt, finishedAt, records)
-		if err != nil {
-			r.metrics.dbErrors.WithLabelValues("record").Inc()
-			r.log.WarnContext(ctx, "recording outcomes failed; retrying", "err", err, "rows", n)
-			return retry.RetryableError(err)
-		}
-		return nil
-	})
-	if err != nil {
-		r.log.ErrorContext(ctx, "outcomes not recorded; the rows are retried when their lease expires", "err", err, "rows", n)
-	}
+	return []any{r.cfg.ID, ids, attempts, statuses, nexts, errs, results, ambiguous, startedAt, finishedAt, records}
 }
 
 // sleep waits for d or until ctx is done.
