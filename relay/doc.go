@@ -23,10 +23,17 @@
 //
 // One statement claims a batch: SELECT ... FOR UPDATE SKIP LOCKED picks due rows of a
 // connector and the UPDATE leases them, so relays sharing a database never take the same
-// row. The claim takes no more rows than there are free delivery slots (Config.Concurrency,
-// and each instance's Concurrency) and, for a rate-limited instance, no more than its rate
-// allows now; so claimed rows start at once, and one slow or strict receiver never holds
-// slots the others could use.
+// row. The relay works in rounds: each round writes the outcomes gathered since the last
+// one and claims for every instance with room, in one transaction and one round trip.
+//
+// Deliveries in flight never exceed Config.Concurrency, nor an instance's Concurrency,
+// so one slow or strict receiver never holds slots the others could use; a rate-limited
+// instance is claimed no faster than its rate. So that workers do not idle while a claim
+// is on its way, a relay claims up to three rounds of an instance's deliveries ahead,
+// fewer when its recent attempts are slow: a row waits only while the instance's workers
+// are busy, and one that waited too long to still finish well inside its lease is handed
+// back unsent (outboxd_claims_handed_back_total). Only connectors that declare their time
+// limit (connectors.Timeouter) are claimed ahead.
 //
 // The relay wakes on the NOTIFY that schema.sql's insert trigger sends, on a dedicated
 // LISTEN connection that is re-established after it drops, and otherwise every
@@ -48,8 +55,9 @@
 //
 // # Outcomes
 //
-// Outcomes are recorded in batches, one round trip for many rows, together with one
-// outbox_attempts row per attempt. A connector classifies a failure (see package
+// Outcomes are recorded in batches, one statement for many rows, together with one
+// outbox_attempts row per attempt; an outcome waits at most a few milliseconds for the
+// next round, and that of a row with an ordering key none. A connector classifies a failure (see package
 // connectors): permanent goes to dead at once; anything else is retried at
 // now + backoff (exponential from Config.BackoffBase, ±20% jitter, capped at
 // Config.BackoffMax), or at the receiver's Retry-After when it gave one, until
