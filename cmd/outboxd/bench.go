@@ -467,10 +467,12 @@ func benchPayload(n int) json.RawMessage {
 	return json.RawMessage(short + strings.Repeat("x", max(0, n-len(short)-len(tail))) + tail)
 }
 
-// benchRaw POSTs payload n times to url from workers goroutines sharing one keep-alive
-// client, each request with its own Idempotency-Key, and returns the time it took.
+// benchRaw POSTs payload n times to url from workers goroutines sharing the webhook
+// connector's keep-alive transport, each request with its own Idempotency-Key, and
+// returns the time it took. Like the connector, it hands requests straight to the
+// transport, so the relay is compared with the same HTTP path at its cheapest.
 func benchRaw(ctx context.Context, url string, payload []byte, n, workers int, keyPrefix string) (time.Duration, error) {
-	client := &http.Client{Transport: webhook.DefaultTransport()}
+	transport := webhook.DefaultTransport()
 	var (
 		next     atomic.Int64
 		firstErr error
@@ -498,7 +500,7 @@ func benchRaw(ctx context.Context, url string, payload []byte, n, workers int, k
 				req.Header.Set("Content-Type", "application/json")
 				req.Header.Set("Idempotency-Key", keyPrefix+strconv.FormatInt(i, 10))
 				req.Header.Set("User-Agent", "outboxd")
-				resp, err := client.Do(req)
+				resp, err := transport.RoundTrip(req)
 				if err != nil {
 					fail(err)
 					return
