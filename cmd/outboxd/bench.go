@@ -199,6 +199,8 @@ type benchReport struct {
 		Workers           int     `json:"workers"`
 		Seconds           float64 `json:"seconds"`
 		RequestsPerSecond float64 `json:"requests_per_second"`
+		// CPU this process used per request, client and receiver together (0: not measured).
+		ProcessCPUMicros float64 `json:"process_cpu_us_per_request,omitempty"`
 	} `json:"raw"`
 	Throughput struct {
 		Rows                int     `json:"rows"`
@@ -210,6 +212,11 @@ type benchReport struct {
 		Claims              int     `json:"claims"`
 		RowsPerClaim        float64 `json:"rows_per_claim"`
 		RelayToRaw          float64 `json:"relay_to_raw"`
+		// CPU per delivery from the relay's start until it stopped with every outcome
+		// recorded: this process (relay, HTTP client and receiver), and the throwaway
+		// PostgreSQL's processes (0: not measured, as with OUTBOX_DATABASE_URL).
+		ProcessCPUMicros  float64 `json:"process_cpu_us_per_delivery,omitempty"`
+		PostgresCPUMicros float64 `json:"postgres_cpu_us_per_delivery,omitempty"`
 	} `json:"throughput"`
 	Latency struct {
 		OfferedRate  float64 `json:"offered_rate"`
@@ -296,7 +303,9 @@ func bench(ctx context.Context, e *env, o benchOptions) error {
 	// Phase 1: raw POSTs.
 	progress("phase 1: %d raw keep-alive POSTs to %s from %d workers", o.rows, rcv.URL(), o.concurrency)
 	rawCtx, cancelRaw := context.WithTimeoutCause(ctx, benchPhaseTimeout, errors.New("the raw phase took too long"))
+	cpu0, cpuOK := processCPU()
 	rawElapsed, err := benchRaw(rawCtx, rcv.URL(), payload, o.rows, o.concurrency, "bench-"+runID+"-raw-")
+	cpu1, _ := processCPU()
 	cancelRaw()
 	if err != nil {
 		return fmt.Errorf("raw phase: %w", err)
@@ -304,10 +313,13 @@ func bench(ctx context.Context, e *env, o benchOptions) error {
 	rep.Raw.Requests, rep.Raw.Workers = o.rows, o.concurrency
 	rep.Raw.Seconds = rawElapsed.Seconds()
 	rep.Raw.RequestsPerSecond = float64(o.rows) / rawElapsed.Seconds()
+	if cpuOK {
+		rep.Raw.ProcessCPUMicros = micros(cpu1-cpu0) / float64(o.rows)
+	}
 	progress("phase 1: %.0f req/s", rep.Raw.RequestsPerSecond)
 
 	// Phase 2: throughput.
-	if err := benchThroughput(ctx, o, rep, tput, dbs.tputInstance, rcv, hook, relayCfg(), payload, runID, progress); err != nil {
+	if err := benchThroughput(ctx, o, rep, tput, dbs.tputInstance, dbs.postgresPID(), rcv, hook, relayCfg(), payload, runID, progress); err != nil {
 		return fmt.Errorf("throughput phase: %w", err)
 	}
 	tput.Close()
@@ -402,6 +414,14 @@ func benchDatabases(ctx context.Context, e *env, runID string, progress func(str
 	}
 	progress("PostgreSQL ready on 127.0.0.1:%d after %s", cluster.Port(), time.Since(started).Round(10*time.Millisecond))
 	return d, nil
+}
+
+// postgresPID is the throwaway cluster's postmaster, or 0 with OUTBOX_DATABASE_URL.
+func (d *benchDBs) postgresPID() int {
+	if d.cluster == nil {
+		return 0
+	}
+	return d.cluster.PID()
 }
 
 func (d *benchDBs) close(stderr io.Writer) {
@@ -523,7 +543,7 @@ func benchRaw(ctx context.Context, url string, payload []byte, n, workers int, k
 }
 
 // benchThroughput is phase 2: pre-insert the rows, then time a relay delivering them.
-func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool *pgxpool.Pool, instance string,
+func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool *pgxpool.Pool, instance string, pgPID int,
 	rcv *receiver.Receiver, hook connectors.Connector, cfg *relay.Config, payload json.RawMessage, runID string,
 	progress func(string, ...any),
 ) error {
@@ -562,6 +582,8 @@ func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool
 
 	progress("phase 2: relay delivering %d rows (concurrency %d, batch size %d)", o.rows, o.concurrency, o.batchSize)
 	base := rcv.TotalEffects()
+	self0, selfOK := processCPU()
+	pg0, pgOK := treeCPU(pgPID)
 	start := time.Now()
 	rr := startRelay(ctx, r)
 	defer func() { _ = rr.stop() }()
@@ -581,6 +603,14 @@ func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool
 		return fmt.Errorf("relay: %w", err)
 	}
 	recorded := time.Since(start)
+	self1, _ := processCPU()
+	pg1, _ := treeCPU(pgPID)
+	if selfOK {
+		rep.Throughput.ProcessCPUMicros = micros(self1-self0) / float64(o.rows)
+	}
+	if pgOK {
+		rep.Throughput.PostgresCPUMicros = micros(pg1-pg0) / float64(o.rows)
+	}
 
 	rep.Throughput.Rows = o.rows
 	rep.Throughput.Seconds = elapsed.Seconds()
@@ -834,6 +864,8 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
 // printBenchReport writes rep for a person.
 func printBenchReport(w io.Writer, rep *benchReport) {
 	c, pg := rep.Config, rep.Postgres
@@ -851,7 +883,16 @@ func printBenchReport(w io.Writer, rep *benchReport) {
 		"                                                all outcomes recorded and relay stopped at %.2fs;\n"+
 		"                                                %d attempts; %d claims, %.1f rows per claim)\n",
 		t.DeliveriesPerSecond, t.Rows, t.Seconds, t.RecordedSeconds, t.Attempts, t.Claims, t.RowsPerClaim)
-	fmt.Fprintf(w, "relay / raw:            %8.2f\n\n", t.RelayToRaw)
+	fmt.Fprintf(w, "relay / raw:            %8.2f\n", t.RelayToRaw)
+	if rep.Raw.ProcessCPUMicros > 0 && t.ProcessCPUMicros > 0 {
+		fmt.Fprintf(w, "CPU per request:        %8.0f µs in this process for a raw POST (client and receiver)\n", rep.Raw.ProcessCPUMicros)
+		fmt.Fprintf(w, "CPU per delivery:       %8.0f µs in this process (relay, client and receiver)", t.ProcessCPUMicros)
+		if t.PostgresCPUMicros > 0 {
+			fmt.Fprintf(w, " + %.0f µs in PostgreSQL", t.PostgresCPUMicros)
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintln(w)
 
 	l := rep.Latency
 	fmt.Fprintf(w, "commit-to-delivery latency at %g rows/s offered (achieved %.1f rows/s, %d producers, single-row transactions):\n",

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -52,6 +53,11 @@ func TestBenchSmoke(t *testing.T) {
 		require.Equal(t, "on", rep.Postgres.Fsync)
 		require.Equal(t, "on", rep.Postgres.SynchronousCommit)
 		require.Len(t, rep.Targets, 4)
+		if runtime.GOOS == "linux" {
+			require.Positive(t, rep.Raw.ProcessCPUMicros)
+			require.Positive(t, rep.Throughput.ProcessCPUMicros)
+			require.GreaterOrEqual(t, rep.Throughput.PostgresCPUMicros, 0.0)
+		}
 	})
 }
 

@@ -151,6 +151,17 @@ func (c *Cluster) URL(dbname string) string {
 // across [Cluster.Restart].
 func (c *Cluster) Port() int { return c.port }
 
+// PID returns the process id of the server's postmaster, whose children are its
+// backends and background workers, or 0 while it is stopped.
+func (c *Cluster) PID() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.proc == nil {
+		return 0
+	}
+	return c.proc.cmd.Process.Pid
+}
+
 // Restart stops the server with a fast shutdown (which disconnects every client) and
 // starts it again on the same port and data directory, returning once it accepts
 // connections. Committed data survives.
