@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -11,6 +12,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -753,7 +755,7 @@ const (
 func (r *Relay) decide(inst *instance, row claimed, result json.RawMessage, err error, now time.Time) outcome {
 	o := outcome{id: row.id, attempt: row.attempt, finished: now, ordered: row.ordered}
 	if len(result) > 0 && json.Valid(result) {
-		o.result = result
+		o.result = storableJSON(result)
 	}
 	if err == nil {
 		o.status, o.record = statusDelivered, statusDelivered
@@ -787,12 +789,33 @@ func (r *Relay) decide(inst *instance, row claimed, result json.RawMessage, err 
 			msg += fmt.Sprintf(" (retrying at %s)", next.UTC().Format(time.RFC3339))
 		}
 	}
+	msg = storableText(msg)
 	o.lastError = &msg
 	o.record = o.status
 	if o.status == statusPending {
 		o.record = "retry"
 	}
 	return o
+}
+
+// storableText replaces NUL, which PostgreSQL's text cannot hold, with U+FFFD: a
+// receiver's answer quoted in an error must never make its outcome unrecordable.
+func storableText(s string) string {
+	if strings.IndexByte(s, 0) < 0 {
+		return s
+	}
+	return strings.ReplaceAll(s, "\x00", "\uFFFD")
+}
+
+// storableJSON replaces the escape \u0000, which jsonb rejects, with \ufffd. (Valid
+// JSON holds no raw NUL.) An escaped backslash before "u0000" is changed too; the result
+// is an excerpt for people, so that is harmless.
+func storableJSON(b []byte) []byte {
+	nul := []byte(`\u0000`)
+	if !bytes.Contains(b, nul) {
+		return b
+	}
+	return bytes.ReplaceAll(b, nul, []byte(`\ufffd`))
 }
 
 // Outcomes are written in batches of up to recordBatch, since every write is a commit

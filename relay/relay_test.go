@@ -7,9 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -598,6 +600,38 @@ func TestRowClaimedAheadTooLongIsHandedBack(t *testing.T) {
 		FROM outbox o WHERE idempotency_key = 'ahead-1'`).Scan(&attempts, &logged))
 	require.Equal(t, 1, attempts, "the wait was not counted as an attempt")
 	require.Equal(t, 1, logged)
+}
+
+// A receiver's answer holding NUL, which PostgreSQL's text and jsonb cannot store, is
+// still recorded (with U+FFFD in its place): one unstorable answer must never stop the
+// relay from recording outcomes and claiming rows.
+func TestAnswersWithNULAreRecorded(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if calls.Add(1) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("busy\x00now"))
+			return
+		}
+		_, _ = w.Write([]byte("ok\x00done"))
+	}))
+	t.Cleanup(srv.Close)
+	b := setup(t, receiver.Options{})
+	start(t, b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: newHook(t, srv.URL)}})
+	enqueue(t, b.pool, "nul-answer", "webhook", []int{1})
+
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 1 }, waitTimeout, 10*time.Millisecond)
+	in, err := outbox.Get(t.Context(), b.pool, "nul-answer")
+	require.NoError(t, err)
+	require.Contains(t, string(in.Result), "ok\uFFFDdone")
+	att := attemptsOf(t, b.pool, "nul-answer")
+	require.Len(t, att, 2)
+	require.Contains(t, att[0].Error, "busy\uFFFDnow")
+
+	// The relay still claims and records after it.
+	enqueue(t, b.pool, "after-nul", "webhook", []int{2})
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 2 }, waitTimeout, 10*time.Millisecond)
 }
 
 var closeMu sync.Mutex
