@@ -627,11 +627,28 @@ func scanClaimed(row pgx.CollectableRow, now time.Time) (claimed, error) {
 	c.payload, c.claimedAt = payload, now
 	// Most rows carry no headers ('{}'); decode only those that do.
 	if len(headers) > 2 {
-		if err := json.Unmarshal(headers, &c.headers); err != nil {
-			return c, fmt.Errorf("row %d headers: %w", c.id, err)
-		}
+		c.headers = decodeHeaders(headers)
 	}
 	return c, nil
+}
+
+// decodeHeaders reads the headers column (a JSON object, by the table's constraint).
+// A value that is not a string, which plain SQL can write, is passed on as its JSON
+// text, so that one odd row never stops a claim; the connector decides what is valid.
+func decodeHeaders(b []byte) map[string]string {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return nil
+	}
+	out := make(map[string]string, len(raw))
+	for name, v := range raw {
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil {
+			s = string(v)
+		}
+		out[name] = s
+	}
+	return out
 }
 
 // release hands back rows claimed but not started. If it fails, their leases expire.

@@ -634,6 +634,30 @@ func TestAnswersWithNULAreRecorded(t *testing.T) {
 	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 2 }, waitTimeout, 10*time.Millisecond)
 }
 
+func TestDecodeHeaders(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, map[string]string{"traceparent": "00-abc-01", "x-n": "5", "x-obj": `{"a":1}`},
+		decodeHeaders([]byte(`{"traceparent": "00-abc-01", "x-n": 5, "x-obj": {"a":1}}`)))
+}
+
+// A row whose headers plain SQL wrote with a value that is not a string is still
+// claimed and delivered, and so are the rows after it.
+func TestOddHeadersDoNotStopClaims(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, headers)
+		VALUES ('odd-headers', 'webhook', '{}', '{"x-count": 5}'), ('plain', 'webhook', '{}', '{}')`)
+	require.NoError(t, err)
+	start(t, b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+	require.Eventually(t, func() bool { return b.receiver.TotalEffects() == 2 }, waitTimeout, 10*time.Millisecond)
+	eff := b.receiver.EffectLog()
+	for _, e := range eff {
+		if e.Key == "odd-headers" {
+			require.Equal(t, "5", e.Headers.Get("X-Count"))
+		}
+	}
+}
+
 var closeMu sync.Mutex
 
 func closeOnce(ch chan struct{}) {
