@@ -594,7 +594,9 @@ func TestRowClaimedAheadTooLongIsHandedBack(t *testing.T) {
 	closeOnce(release)
 	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 2 }, waitTimeout, 10*time.Millisecond)
 	require.Equal(t, 1, slow.Effects("ahead-1"))
-	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.handedBack), "ahead-1 was handed back once")
+	// At least once: a round that read the clock before it moved may take the row again
+	// with its old time, and then it is rightly handed back again.
+	require.GreaterOrEqual(t, testutil.ToFloat64(r.metrics.handedBack), 1.0, "ahead-1 was handed back")
 	var attempts, logged int
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT o.attempts, (SELECT count(*) FROM outbox_attempts a WHERE a.outbox_id = o.id)
 		FROM outbox o WHERE idempotency_key = 'ahead-1'`).Scan(&attempts, &logged))
