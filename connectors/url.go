@@ -39,3 +39,13 @@ func ParseAPIBase(field, raw string) (*url.URL, error) {
 	}
 	return u, nil
 }
+
+// RedactURL shows raw without its password, for logs and errors, or "(invalid URL)"
+// when it does not parse.
+func RedactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(invalid URL)"
+	}
+	return u.Redacted()
+}

@@ -95,7 +95,6 @@ func (inst *instance) observe(outcome string, took, sinceCreated time.Duration) 
 type claimed struct {
 	id        int64
 	key       string
-	connector string
 	payload   json.RawMessage
 	headers   map[string]string
 	attempt   int
@@ -538,7 +537,7 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 	if err != nil {
 		return 0, false, false, 0, err
 	}
-	wrote = true
+	wrote = len(outs) > 0
 	if ctx.Err() != nil {
 		// Stopping between the claim and the start: hand the rows back.
 		r.release(slices.Concat(got...))
@@ -621,7 +620,7 @@ func scanClaimed(row pgx.CollectableRow, now time.Time) (claimed, error) {
 		payload []byte // []byte takes jsonb's text as is; json.RawMessage would go through json.Unmarshal
 		headers []byte
 	)
-	if err := row.Scan(&c.id, &c.key, &c.connector, &payload, &headers, &c.attempt, &c.ambiguous, &c.createdAt, &c.firstAt, &c.ordered); err != nil {
+	if err := row.Scan(&c.id, &c.key, &payload, &headers, &c.attempt, &c.ambiguous, &c.createdAt, &c.firstAt, &c.ordered); err != nil {
 		return c, err
 	}
 	c.payload, c.claimedAt = payload, now

@@ -42,7 +42,7 @@ SET status = 'delivering', lease_owner = $4, lease_expires_at = $5,
     attempts = o.attempts + 1, updated_at = $2, first_attempt_at = coalesce(o.first_attempt_at, $2)
 FROM due
 WHERE o.id = due.id
-RETURNING o.id, o.idempotency_key, o.connector, o.payload, o.headers, o.attempts, o.ambiguous, o.created_at,
+RETURNING o.id, o.idempotency_key, o.payload, o.headers, o.attempts, o.ambiguous, o.created_at,
           o.first_attempt_at, o.ordering_key IS NOT NULL`
 
 // recordSQL writes many outcomes in one round trip: it updates each row still leased to

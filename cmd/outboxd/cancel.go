@@ -52,26 +52,9 @@ func newCancelCmd(e *env) *cobra.Command {
 				for _, k := range res.Canceled {
 					fmt.Fprintf(w, "  %s\n", k)
 				}
-				fmt.Fprintf(w, "unchanged: %d\n", len(res.Unchanged))
-				for _, k := range res.Unchanged {
-					fmt.Fprintf(w, "  %s (already canceled)\n", k)
-				}
-				fmt.Fprintf(w, "refused: %d\n", len(res.Refused))
-				for _, k := range sortedKeys(res.Refused) {
-					fmt.Fprintf(w, "  %s: %s\n", k, res.Refused[k])
-				}
-				if len(res.NotFound) > 0 {
-					fmt.Fprintf(w, "not found: %d\n", len(res.NotFound))
-					for _, k := range res.NotFound {
-						fmt.Fprintf(w, "  %s: no intent has this key\n", k)
-					}
-				}
+				writeLeftAlone(w, res.Unchanged, "already canceled", res.Refused, res.NotFound)
 			}
-			if len(res.NotFound) > 0 || len(res.Refused) > 0 {
-				return fmt.Errorf("%d of the keys given were not canceled (%d not found, %d refused)",
-					len(res.NotFound)+len(res.Refused), len(res.NotFound), len(res.Refused))
-			}
-			return nil
+			return keysLeftError("canceled", res.NotFound, res.Refused)
 		},
 	}
 	db.register(cmd)

@@ -263,3 +263,32 @@ func stderrTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	return ok && isTerminal(f)
 }
+
+// writeLeftAlone prints the keys a cancel or replay did not change: those already as
+// wanted (with why, in parentheses), those it refused, and those no intent has.
+func writeLeftAlone(w io.Writer, unchanged []string, why string, refused map[string]string, notFound []string) {
+	fmt.Fprintf(w, "unchanged: %d\n", len(unchanged))
+	for _, k := range unchanged {
+		fmt.Fprintf(w, "  %s (%s)\n", k, why)
+	}
+	fmt.Fprintf(w, "refused: %d\n", len(refused))
+	for _, k := range sortedKeys(refused) {
+		fmt.Fprintf(w, "  %s: %s\n", k, refused[k])
+	}
+	if len(notFound) > 0 {
+		fmt.Fprintf(w, "not found: %d\n", len(notFound))
+		for _, k := range notFound {
+			fmt.Fprintf(w, "  %s: no intent has this key\n", k)
+		}
+	}
+}
+
+// keysLeftError is the error of a cancel or replay (verb: "canceled", "replayed") that
+// did not find or was refused some of the keys given, or nil.
+func keysLeftError(verb string, notFound []string, refused map[string]string) error {
+	if len(notFound) == 0 && len(refused) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d of the keys given were not %s (%d not found, %d refused)",
+		len(notFound)+len(refused), verb, len(notFound), len(refused))
+}

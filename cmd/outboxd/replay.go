@@ -272,20 +272,7 @@ func reportReplay(e *env, res ops.ReplayResult, notes []string, sel ops.Selectio
 				fmt.Fprintf(w, "  %s\n", k)
 			}
 		}
-		fmt.Fprintf(w, "unchanged: %d\n", len(res.Unchanged))
-		for _, k := range res.Unchanged {
-			fmt.Fprintf(w, "  %s (already pending)\n", k)
-		}
-		fmt.Fprintf(w, "refused: %d\n", len(res.Refused))
-		for _, k := range sortedKeys(res.Refused) {
-			fmt.Fprintf(w, "  %s: %s\n", k, res.Refused[k])
-		}
-		if len(res.NotFound) > 0 {
-			fmt.Fprintf(w, "not found: %d\n", len(res.NotFound))
-			for _, k := range res.NotFound {
-				fmt.Fprintf(w, "  %s: no intent has this key\n", k)
-			}
-		}
+		writeLeftAlone(w, res.Unchanged, "already pending", res.Refused, res.NotFound)
 		if len(notes) > 0 {
 			fmt.Fprintln(w, "redelivering sends delivered rows again:")
 			for _, n := range notes {
@@ -293,9 +280,8 @@ func reportReplay(e *env, res ops.ReplayResult, notes []string, sel ops.Selectio
 			}
 		}
 	}
-	if sel.Filter == nil && (len(res.NotFound) > 0 || len(res.Refused) > 0) {
-		return fmt.Errorf("%d of the keys given were not replayed (%d not found, %d refused)",
-			len(res.NotFound)+len(res.Refused), len(res.NotFound), len(res.Refused))
+	if sel.Filter != nil {
+		return nil
 	}
-	return nil
+	return keysLeftError("replayed", res.NotFound, res.Refused)
 }

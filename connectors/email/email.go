@@ -399,15 +399,9 @@ func (c *Connector) build(d connectors.Delivery) (*message, error) {
 	}
 
 	for name, value := range p.Headers {
-		canon := textproto.CanonicalMIMEHeaderKey(name)
-		if reservedHeaders[canon] {
-			return nil, fmt.Errorf("payload: header %q is set by the connector and cannot be overridden", name)
-		}
-		if !validHeaderName(name) {
-			return nil, fmt.Errorf("payload: header %q is not a valid header name", name)
-		}
-		if !validHeaderValue(value) {
-			return nil, fmt.Errorf("payload: header %q has control characters in its value", name)
+		canon, err := checkHeader(name, value)
+		if err != nil {
+			return nil, err
 		}
 		msg.SetGenHeader(gomail.Header(canon), value)
 	}
@@ -618,4 +612,19 @@ func validHeaderValue(v string) bool {
 		}
 	}
 	return true
+}
+
+// checkHeader checks one of a payload's extra headers and returns its canonical name.
+func checkHeader(name, value string) (string, error) {
+	canon := textproto.CanonicalMIMEHeaderKey(name)
+	if reservedHeaders[canon] {
+		return "", fmt.Errorf("payload: header %q is set by the connector and cannot be overridden", name)
+	}
+	if !validHeaderName(name) {
+		return "", fmt.Errorf("payload: header %q is not a valid header name", name)
+	}
+	if !validHeaderValue(value) {
+		return "", fmt.Errorf("payload: header %q has control characters in its value", name)
+	}
+	return canon, nil
 }

@@ -12,8 +12,6 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/mail"
-	"net/textproto"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,7 +58,7 @@ type ResendConfig struct {
 // %+v cannot leak it.
 func (cfg ResendConfig) String() string {
 	return fmt.Sprintf("email.ResendConfig{APIKey:%s APIBase:%q From:%q Timeout:%s}",
-		redacted(cfg.APIKey), redactBase(cfg.APIBase), cfg.From, cfg.Timeout)
+		redacted(cfg.APIKey), connectors.RedactURL(cfg.APIBase), cfg.From, cfg.Timeout)
 }
 
 // GoString is String, for %#v.
@@ -70,7 +68,7 @@ func (cfg ResendConfig) GoString() string { return cfg.String() }
 func (cfg ResendConfig) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("api_key", redacted(cfg.APIKey)),
-		slog.String("api_base", redactBase(cfg.APIBase)),
+		slog.String("api_base", connectors.RedactURL(cfg.APIBase)),
 		slog.String("from", cfg.From),
 		slog.Duration("timeout", cfg.Timeout),
 	)
@@ -150,15 +148,6 @@ func NewResend(cfg ResendConfig) (*Resend, error) {
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	c.client = client
 	return c, nil
-}
-
-// redactBase shows a base URL without user info.
-func redactBase(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(invalid URL)"
-	}
-	return u.Redacted()
 }
 
 // String names the connector by its endpoint and sender, and never shows the key.
@@ -318,15 +307,9 @@ func (c *Resend) build(d connectors.Delivery) ([]byte, error) {
 	}
 	e.Headers = make(map[string]string, len(p.Headers)+1)
 	for name, value := range p.Headers {
-		canon := textproto.CanonicalMIMEHeaderKey(name)
-		if reservedHeaders[canon] {
-			return nil, fmt.Errorf("payload: header %q is set by the connector and cannot be overridden", name)
-		}
-		if !validHeaderName(name) {
-			return nil, fmt.Errorf("payload: header %q is not a valid header name", name)
-		}
-		if !validHeaderValue(value) {
-			return nil, fmt.Errorf("payload: header %q has control characters in its value", name)
+		canon, err := checkHeader(name, value)
+		if err != nil {
+			return nil, err
 		}
 		e.Headers[canon] = value
 	}

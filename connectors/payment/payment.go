@@ -41,7 +41,7 @@ type Config struct {
 // String describes cfg without the API key.
 func (cfg Config) String() string {
 	return fmt.Sprintf("payment.Config{APIKey: %s, APIBase: %s, Timeout: %s}",
-		redactKey(cfg.APIKey), redactURL(cfg.APIBase), cfg.Timeout)
+		redactKey(cfg.APIKey), connectors.RedactURL(cfg.APIBase), cfg.Timeout)
 }
 
 // GoString keeps the API key out of %#v too.
@@ -51,7 +51,7 @@ func (cfg Config) GoString() string { return cfg.String() }
 func (cfg Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("api_key", redactKey(cfg.APIKey)),
-		slog.String("api_base", redactURL(cfg.APIBase)),
+		slog.String("api_base", connectors.RedactURL(cfg.APIBase)),
 		slog.Duration("timeout", cfg.Timeout),
 	)
 }
@@ -157,15 +157,6 @@ func redactKey(key string) string {
 		}
 	}
 	return "REDACTED"
-}
-
-// redactURL shows raw without its password, or not at all when it does not parse.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(invalid URL)"
-	}
-	return u.Redacted()
 }
 
 // String names the connector by its API base, and never shows the API key.

@@ -47,7 +47,7 @@ type Config struct {
 // String describes cfg without its token, so fmt never prints it.
 func (cfg Config) String() string {
 	return fmt.Sprintf("slack.Config{Token:%s APIBase:%s Timeout:%s HistoryLimit:%d}",
-		redactToken(cfg.Token), redactURL(cfg.APIBase), cfg.Timeout, cfg.HistoryLimit)
+		redactToken(cfg.Token), connectors.RedactURL(cfg.APIBase), cfg.Timeout, cfg.HistoryLimit)
 }
 
 // GoString keeps the token out of %#v too.
@@ -57,7 +57,7 @@ func (cfg Config) GoString() string { return cfg.String() }
 func (cfg Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("token", redactToken(cfg.Token)),
-		slog.String("api_base", redactURL(cfg.APIBase)),
+		slog.String("api_base", connectors.RedactURL(cfg.APIBase)),
 		slog.Duration("timeout", cfg.Timeout),
 		slog.Int("history_limit", cfg.HistoryLimit),
 	)
@@ -168,15 +168,6 @@ func parseBase(raw string) (string, error) {
 	u.Path = strings.TrimRight(u.Path, "/") + "/"
 	u.RawPath = ""
 	return u.String(), nil
-}
-
-// redactURL shows raw without a password, or not at all when it does not parse.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(invalid URL)"
-	}
-	return u.Redacted()
 }
 
 // redactToken shows only a token's type prefix ("xoxb-REDACTED"), or nothing.

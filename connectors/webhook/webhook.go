@@ -60,7 +60,7 @@ func (c Config) LogValue() slog.Value {
 		secret = "REDACTED"
 	}
 	return slog.GroupValue(
-		slog.String("url", redactURL(c.URL)),
+		slog.String("url", connectors.RedactURL(c.URL)),
 		slog.String("secret", secret),
 		slog.Duration("timeout", c.Timeout),
 		slog.String("guarantee", string(c.Guarantee)),
@@ -192,15 +192,6 @@ func parseSecret(s string) ([]byte, error) {
 		return nil, errors.New(`Secret: nothing after "whsec_"`)
 	}
 	return key, nil
-}
-
-// redactURL shows raw without its password, or not at all when it does not parse.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(invalid URL)"
-	}
-	return u.Redacted()
 }
 
 // String names the connector by its URL (without a password), and never shows the secret.
@@ -345,7 +336,7 @@ func (c *Connector) classify(resp *http.Response, excerpt string) error {
 	case code >= 300 && code <= 399:
 		where := ""
 		if loc := resp.Header.Get("Location"); loc != "" {
-			where = " to " + redactURL(loc)
+			where = " to " + connectors.RedactURL(loc)
 		}
 		return connectors.Permanent(fmt.Errorf("%s (a redirect%s, not followed); configure the final URL instead", answered, where))
 	case code == http.StatusRequestTimeout, code == http.StatusConflict, code == http.StatusTooEarly,

@@ -81,14 +81,8 @@ func cancelBatch(ctx context.Context, tx pgx.Tx, b []target, actor, reason strin
 	for _, t := range b {
 		r, ok := locked[t.id]
 		if !ok {
-			gone, err := skipped(ctx, tx, t.id)
-			if err != nil {
+			if err := skipped(ctx, tx, t, &br.NotFound, br.Refused); err != nil {
 				return err
-			}
-			if gone {
-				br.NotFound = append(br.NotFound, t.key)
-			} else {
-				br.Refused[t.key] = reasonLocked
 			}
 			continue
 		}

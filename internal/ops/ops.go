@@ -153,14 +153,19 @@ func resolveKeys(ctx context.Context, db outbox.DB, keys []string) (found []targ
 // existsSQL says whether the row $1 still exists; it takes no lock.
 const existsSQL = `SELECT EXISTS (SELECT 1 FROM outbox WHERE id = $1)`
 
-// skipped classifies a row lockRows did not return: deleted meanwhile (retention or
-// purge), or held by another transaction.
-func skipped(ctx context.Context, tx pgx.Tx, id int64) (gone bool, err error) {
+// skipped files a row lockRows did not return: under notFound when it was deleted
+// meanwhile (retention or purge), under refused when another transaction holds it.
+func skipped(ctx context.Context, tx pgx.Tx, t target, notFound *[]string, refused map[string]string) error {
 	var exists bool
-	if err := tx.QueryRow(ctx, existsSQL, id).Scan(&exists); err != nil {
-		return false, fmt.Errorf("look up row %d: %w", id, err)
+	if err := tx.QueryRow(ctx, existsSQL, t.id).Scan(&exists); err != nil {
+		return fmt.Errorf("look up row %d: %w", t.id, err)
 	}
-	return !exists, nil
+	if exists {
+		refused[t.key] = reasonLocked
+	} else {
+		*notFound = append(*notFound, t.key)
+	}
+	return nil
 }
 
 // auditSQL records one operator action per row: $1 ids, $2 details (jsonb, parallel to

@@ -225,14 +225,8 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 	for _, t := range b {
 		r, ok := locked[t.id]
 		if !ok {
-			gone, err := skipped(ctx, tx, t.id)
-			if err != nil {
+			if err := skipped(ctx, tx, t, &br.NotFound, br.Refused); err != nil {
 				return err
-			}
-			if gone {
-				br.NotFound = append(br.NotFound, t.key)
-			} else {
-				br.Refused[t.key] = reasonLocked
 			}
 			continue
 		}
