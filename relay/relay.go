@@ -16,8 +16,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sethvargo/go-retry"
@@ -408,6 +410,13 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 		outs, urgent = r.gather(outs, urgent)
 		record := len(outs) > 0 && (urgent || lingered || len(outs) >= recordBatch)
 		claimed, wrote, more, retryIn, err := r.claimRound(ctx, outs, record)
+		if oe := (*outcomesError)(nil); errors.As(err, &oe) && refused(err) {
+			// Not the database's fault: write the outcomes one by one instead, and go on.
+			r.log.WarnContext(ctx, "the database refused a batch of outcomes; writing them one at a time", "err", err, "outcomes", len(outs))
+			outs = r.salvage(ctx, outs)
+			urgent = urgent && len(outs) > 0
+			continue
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return outs
@@ -593,7 +602,7 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 	if len(outs) > 0 {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			return nil, fmt.Errorf("record %d outcomes: %w", len(outs), err)
+			return nil, &outcomesError{fmt.Errorf("record %d outcomes: %w", len(outs), err)}
 		}
 	}
 	got := make([][]claimed, len(plans))
@@ -814,24 +823,91 @@ func (r *Relay) decide(inst *instance, row claimed, result json.RawMessage, err 
 	return o
 }
 
-// storableText replaces NUL, which PostgreSQL's text cannot hold, with U+FFFD: a
-// receiver's answer quoted in an error must never make its outcome unrecordable.
+// storableText replaces what PostgreSQL's text cannot hold, NUL and bytes that are not
+// UTF-8, with U+FFFD: a receiver's answer quoted in an error must never make its outcome
+// unrecordable.
 func storableText(s string) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
 	if strings.IndexByte(s, 0) < 0 {
 		return s
 	}
 	return strings.ReplaceAll(s, "\x00", "\uFFFD")
 }
 
-// storableJSON replaces the escape \u0000, which jsonb rejects, with \ufffd. (Valid
-// JSON holds no raw NUL.) An escaped backslash before "u0000" is changed too; the result
-// is an excerpt for people, so that is harmless.
+// storableJSON makes valid JSON storable as jsonb: bytes that are not UTF-8 become
+// U+FFFD, and so does the escape \u0000, which jsonb rejects. (Valid JSON holds no raw
+// NUL.) An escaped backslash before "u0000" is changed too; the result is an excerpt for
+// people, so that is harmless.
 func storableJSON(b []byte) []byte {
+	if !utf8.Valid(b) {
+		b = bytes.ToValidUTF8(b, []byte("\uFFFD"))
+	}
 	nul := []byte(`\u0000`)
 	if !bytes.Contains(b, nul) {
 		return b
 	}
 	return bytes.ReplaceAll(b, nul, []byte(`\ufffd`))
+}
+
+// outcomesError is a round's failure to write its outcomes, as opposed to its claims.
+type outcomesError struct{ err error }
+
+func (e *outcomesError) Error() string { return e.err.Error() }
+func (e *outcomesError) Unwrap() error { return e.err }
+
+// refused reports whether PostgreSQL rejected a statement for the data it was given (a
+// data exception, a constraint, a limit), which no retry of the same data can mend.
+func refused(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23", "54":
+		return true
+	}
+	return false
+}
+
+// salvage writes outs one at a time after PostgreSQL refused a batch of them for their
+// data. Each outcome it accepts is recorded as it is; one it refuses is recorded without
+// the receiver's answer, with the reason added to its error. So an answer nobody foresaw
+// never stops a relay from recording outcomes and claiming rows. An outcome refused even
+// so is given up: its row stays leased and is retried, as ambiguous, when the lease
+// expires. salvage returns the outcomes it could not write for another reason (the
+// database went away), to be retried with the others.
+func (r *Relay) salvage(ctx context.Context, outs []outcome) []outcome {
+	for i, o := range outs {
+		_, err := r.pool.Exec(ctx, recordSQL, r.recordArgs([]outcome{o})...)
+		if err != nil && refused(err) {
+			r.log.ErrorContext(ctx, "the database refused an outcome; recording it without the receiver's answer",
+				"id", o.id, "attempt", o.attempt, "err", err)
+			_, err = r.pool.Exec(ctx, recordSQL, r.recordArgs([]outcome{withoutAnswer(o, err)})...)
+			if err != nil && refused(err) {
+				r.metrics.dbErrors.WithLabelValues("record").Inc()
+				r.log.ErrorContext(ctx, "the database refused an outcome even without the receiver's answer; the row is retried when its lease expires",
+					"id", o.id, "attempt", o.attempt, "err", err)
+				continue
+			}
+		}
+		if err != nil {
+			return outs[i:]
+		}
+	}
+	return nil
+}
+
+// withoutAnswer is o without the receiver's answer, which the database refused with
+// err, and with the reason in its error.
+func withoutAnswer(o outcome, err error) outcome {
+	msg := storableText(fmt.Sprintf("the receiver's answer could not be stored, so it was dropped: %v", err))
+	if o.lastError != nil {
+		msg = *o.lastError + "; " + msg
+	}
+	o.result, o.lastError = nil, &msg
+	return o
 }
 
 // Outcomes are written in batches of up to recordBatch, since every write is a commit
@@ -863,6 +939,13 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 	b := retry.WithCappedDuration(5*time.Second, retry.NewExponential(50*time.Millisecond))
 	err := retry.Do(ctx, b, func(ctx context.Context) error {
 		if _, err := r.pool.Exec(ctx, recordSQL, args...); err != nil {
+			if refused(err) {
+				r.log.WarnContext(ctx, "the database refused a batch of outcomes; writing them one at a time", "err", err, "outcomes", len(batch))
+				if batch = r.salvage(ctx, batch); len(batch) == 0 {
+					return nil
+				}
+				args = r.recordArgs(batch)
+			}
 			r.metrics.dbErrors.WithLabelValues("record").Inc()
 			r.log.WarnContext(ctx, "recording outcomes failed; retrying", "err", err, "rows", len(batch))
 			return retry.RetryableError(err)

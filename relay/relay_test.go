@@ -637,6 +637,89 @@ func TestAnswersWithNULAreRecorded(t *testing.T) {
 	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 2 }, waitTimeout, 10*time.Millisecond)
 }
 
+// oddAnswers is the webhook connector, except that for the keys in answers it returns
+// that answer in place of the receiver's.
+type oddAnswers struct {
+	*webhook.Connector
+	answers map[string]string
+}
+
+func (o oddAnswers) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
+	res, err := o.Connector.Deliver(ctx, d)
+	if a, ok := o.answers[d.Key]; ok {
+		return json.RawMessage(a), err
+	}
+	return res, err
+}
+
+// An answer PostgreSQL refuses (valid JSON to Go, but jsonb cannot hold the number) is
+// dropped and the reason stored instead; the outcomes recorded with it in one batch,
+// and the rows claimed after it, are not held up. An answer that is not UTF-8 is stored
+// with U+FFFD.
+func TestRefusedAnswerDoesNotStopTheRelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	hook := oddAnswers{b.hook, map[string]string{
+		"huge-number": `{"n": 1e1000000}`,
+		"not-utf8":    "{\"s\": \"caf\xe9\"}",
+	}}
+	for i := range 20 {
+		enqueue(t, b.pool, fmt.Sprint("before-", i), "webhook", []int{i})
+	}
+	enqueue(t, b.pool, "huge-number", "webhook", []int{1})
+	enqueue(t, b.pool, "not-utf8", "webhook", []int{2})
+	start(t, b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: hook}})
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 22 }, waitTimeout, 10*time.Millisecond)
+
+	in, err := outbox.Get(t.Context(), b.pool, "huge-number")
+	require.NoError(t, err)
+	require.Empty(t, in.Result)
+	require.Contains(t, in.LastError, "the receiver's answer could not be stored")
+	require.Contains(t, in.LastError, "numeric")
+	att := attemptsOf(t, b.pool, "huge-number")
+	require.Len(t, att, 1, "one attempt, recorded once")
+	require.Equal(t, "delivered", att[0].Outcome)
+
+	in, err = outbox.Get(t.Context(), b.pool, "not-utf8")
+	require.NoError(t, err)
+	require.JSONEq(t, `{"s": "caf\uFFFD"}`, string(in.Result))
+
+	// The relay goes on claiming and recording.
+	enqueue(t, b.pool, "after", "webhook", []int{3})
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 23 }, waitTimeout, 10*time.Millisecond)
+	require.Equal(t, 23, b.receiver.TotalEffects())
+}
+
+// A stopping relay's recorder, too, writes a batch the database refuses one outcome at
+// a time, so the good ones are not lost with the odd one.
+func TestRecorderSalvagesRefusedBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	for i := range 3 {
+		enqueue(t, b.pool, fmt.Sprint("salvage-", i), "webhook", []int{i})
+	}
+	r, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	inst := r.instances["webhook"]
+	got, err := r.claimAndRecord(t.Context(), []claimPlan{{inst, 10}}, nil)
+	require.NoError(t, err)
+	require.Len(t, got[0], 3)
+	var outs []outcome
+	for i, row := range got[0] {
+		answer := json.RawMessage(`{"ok": true}`)
+		if i == 1 {
+			answer = json.RawMessage(`{"n": -1e1000000}`)
+		}
+		outs = append(outs, r.decide(inst, row, answer, nil, time.Now()))
+	}
+	r.writeOutcomes(t.Context(), outs)
+	require.Equal(t, 3, countStatus(t, b.pool)[outbox.StatusDelivered])
+	var dropped int
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox
+		WHERE result IS NULL AND last_error LIKE '%could not be stored%'`).Scan(&dropped))
+	require.Equal(t, 1, dropped)
+}
+
 func TestDecodeHeaders(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, map[string]string{"traceparent": "00-abc-01", "x-n": "5", "x-obj": `{"a":1}`},
