@@ -184,14 +184,18 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		if in.MaxAge == 0 && inst.keyWindow > 0 {
 			inst.maxAge = min(inst.maxAge, inst.keyWindow)
 		}
-		inst.ahead, inst.startBy = claimAhead(inst.limit, cfg.Lease, connectors.Timeout(in.Connector))
+		held := policy == AmbiguousHold && inst.guarantee == connectors.Forwarded
+		if held {
+			r.hold = append(r.hold, name)
+		} else {
+			// Not for held instances: should the relay die, the rows it claimed ahead come
+			// back ambiguous when their lease expires, and held ones would each need a person.
+			inst.ahead, inst.startBy = claimAhead(inst.limit, cfg.Lease, connectors.Timeout(in.Connector))
+		}
 		inst.jobs = make(chan claimed, inst.limit+inst.ahead)
 		r.maxClaimed += inst.ahead
 		if in.Rate > 0 {
 			inst.limiter = rate.NewLimiter(rate.Limit(in.Rate), max(1, int(in.Rate)))
-		}
-		if policy == AmbiguousHold && inst.guarantee == connectors.Forwarded {
-			r.hold = append(r.hold, name)
 		}
 		r.instances[name] = inst
 		r.names = append(r.names, name)
@@ -209,9 +213,12 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 // rows claimed ahead are cut to what the workers can start within half of startBy at the
 // instance's recent pace, and one that still waited longer than startBy is handed back
 // instead of sent, so its attempt ends well inside its lease. Only connectors that
-// declare their time limit are claimed ahead.
+// declare their time limit are claimed ahead, and not those whose ambiguous attempts are
+// held. Ten rounds: on two cores the bench delivered 12-17% more than with three (claims
+// of about 480 rows instead of 240, and workers that no longer run dry while a round is
+// on its way).
 const (
-	aheadRounds = 3
+	aheadRounds = 10
 	minStartBy  = 100 * time.Millisecond
 	maxStartBy  = 5 * time.Second
 )

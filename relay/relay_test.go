@@ -506,8 +506,8 @@ func TestClaimAhead(t *testing.T) {
 		ahead          int
 		startBy        time.Duration
 	}{
-		{8, 30 * time.Second, 10 * time.Second, 24, 5 * time.Second}, // capped
-		{8, 6 * time.Second, 5 * time.Second, 24, 500 * time.Millisecond},
+		{8, 30 * time.Second, 10 * time.Second, 8 * aheadRounds, 5 * time.Second}, // capped
+		{8, 6 * time.Second, 5 * time.Second, 8 * aheadRounds, 500 * time.Millisecond},
 		{8, 30 * time.Second, 29900 * time.Millisecond, 0, 0}, // no room to wait
 		{8, 30 * time.Second, 0, 0, 0},                        // time limit unknown
 	}
@@ -767,13 +767,15 @@ func TestExpiredLeaseIsReclaimedAsAmbiguous(t *testing.T) {
 
 	forwarded, err := webhook.New(webhook.Config{URL: b.receiver.URL(), Guarantee: connectors.Forwarded})
 	require.NoError(t, err)
-	start(t, b.pool, b.fastConfig(), map[string]Instance{
+	r, _ := start(t, b.pool, b.fastConfig(), map[string]Instance{
 		"webhook":      {Connector: b.hook},
 		"webhook:hold": {Connector: forwarded, OnAmbiguous: AmbiguousHold},
 	})
 
 	in := waitStatus(t, b.pool, "orphan", outbox.StatusDelivered)
 	require.Equal(t, 2, in.Attempts)
+	require.Zero(t, r.instances["webhook:hold"].ahead, "a held instance claims only for free workers")
+	require.Positive(t, r.instances["webhook"].ahead)
 	att := attemptsOf(t, b.pool, "orphan")
 	require.Len(t, att, 2)
 	require.Equal(t, attemptRow{Attempt: 1, Outcome: "lease_expired", Ambiguous: true, Error: "lease expired before the outcome was recorded", RelayID: "ghost"}, att[0])
