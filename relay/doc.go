@@ -86,7 +86,7 @@
 // memory until they can be written, and rows whose outcome never lands are retried after
 // their lease expires. A receiver's answer is made storable before it is written (NUL
 // and bytes that are not UTF-8 become U+FFFD); should PostgreSQL still refuse a batch of
-// outcomes for their data, they are written one at a time, and one it refuses is
-// recorded without the answer, the reason added to last_error, so that one odd answer
-// never stops a relay.
+// outcomes for their data, the batch is written in halves, split again down to the
+// outcome refused alone, which is recorded without the answer, the reason added to
+// last_error: one odd answer never stops a relay.
 package relay

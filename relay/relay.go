@@ -418,9 +418,9 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 		record := len(outs) > 0 && (urgent || lingered || len(outs) >= recordBatch)
 		claimed, wrote, more, retryIn, err := r.claimRound(ctx, outs, record)
 		if oe := (*outcomesError)(nil); errors.As(err, &oe) && refused(err) {
-			// Not the database's fault: write the outcomes one by one instead, and go on.
-			r.log.WarnContext(ctx, "the database refused a batch of outcomes; writing them one at a time", "err", err, "outcomes", len(outs))
-			outs = r.salvage(ctx, outs)
+			// Not the database's fault: write the batch in parts instead, and go on.
+			r.log.WarnContext(ctx, "the database refused a batch of outcomes; writing it in parts", "err", err, "outcomes", len(outs))
+			outs = r.salvage(ctx, outs, err)
 			urgent = urgent && len(outs) > 0
 			continue
 		}
@@ -878,29 +878,44 @@ func refused(err error) bool {
 	return false
 }
 
-// salvage writes outs one at a time after PostgreSQL refused a batch of them for their
-// data. Each outcome it accepts is recorded as it is; one it refuses is recorded without
-// the receiver's answer, with the reason added to its error. So an answer nobody foresaw
-// never stops a relay from recording outcomes and claiming rows. An outcome refused even
-// so is given up: its row stays leased and is retried, as ambiguous, when the lease
-// expires. salvage returns the outcomes it could not write for another reason (the
-// database went away), to be retried with the others.
-func (r *Relay) salvage(ctx context.Context, outs []outcome) []outcome {
-	for i, o := range outs {
-		_, err := r.pool.Exec(ctx, recordSQL, r.recordArgs([]outcome{o})...)
-		if err != nil && refused(err) {
-			r.log.ErrorContext(ctx, "the database refused an outcome; recording it without the receiver's answer",
+// salvage writes outs after PostgreSQL refused them as one batch for their data
+// (refusal): it writes each half as a batch of its own, and splits a refused half
+// again, down to the outcome refused alone, which it records without the receiver's
+// answer, the reason added to its error. So an answer nobody foresaw never stops a relay
+// from recording outcomes and claiming rows, and the others are written in a few
+// statements. An outcome refused even without its answer is given up: its row stays
+// leased and is retried, as ambiguous, when the lease expires. salvage returns the
+// outcomes it could not write for another reason (the database went away), to be
+// retried with the others.
+func (r *Relay) salvage(ctx context.Context, outs []outcome, refusal error) []outcome {
+	if len(outs) == 1 {
+		o := outs[0]
+		r.log.ErrorContext(ctx, "the database refused an outcome; recording it without the receiver's answer",
+			"id", o.id, "attempt", o.attempt, "err", refusal)
+		_, err := r.pool.Exec(ctx, recordSQL, r.recordArgs([]outcome{withoutAnswer(o, refusal)})...)
+		switch {
+		case err == nil:
+			return nil
+		case refused(err):
+			r.metrics.dbErrors.WithLabelValues("record").Inc()
+			r.log.ErrorContext(ctx, "the database refused an outcome even without the receiver's answer; the row is retried when its lease expires",
 				"id", o.id, "attempt", o.attempt, "err", err)
-			_, err = r.pool.Exec(ctx, recordSQL, r.recordArgs([]outcome{withoutAnswer(o, err)})...)
-			if err != nil && refused(err) {
-				r.metrics.dbErrors.WithLabelValues("record").Inc()
-				r.log.ErrorContext(ctx, "the database refused an outcome even without the receiver's answer; the row is retried when its lease expires",
-					"id", o.id, "attempt", o.attempt, "err", err)
-				continue
+			return nil
+		default:
+			return outs
+		}
+	}
+	parts := [][]outcome{outs[:len(outs)/2], outs[len(outs)/2:]}
+	for i, part := range parts {
+		_, err := r.pool.Exec(ctx, recordSQL, r.recordArgs(part)...)
+		if err != nil && refused(err) {
+			if left := r.salvage(ctx, part, err); len(left) > 0 {
+				return slices.Concat(left, slices.Concat(parts[i+1:]...))
 			}
+			continue
 		}
 		if err != nil {
-			return outs[i:]
+			return slices.Concat(parts[i:]...)
 		}
 	}
 	return nil
@@ -947,8 +962,8 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 	err := retry.Do(ctx, b, func(ctx context.Context) error {
 		if _, err := r.pool.Exec(ctx, recordSQL, args...); err != nil {
 			if refused(err) {
-				r.log.WarnContext(ctx, "the database refused a batch of outcomes; writing them one at a time", "err", err, "outcomes", len(batch))
-				if batch = r.salvage(ctx, batch); len(batch) == 0 {
+				r.log.WarnContext(ctx, "the database refused a batch of outcomes; writing it in parts", "err", err, "outcomes", len(batch))
+				if batch = r.salvage(ctx, batch, err); len(batch) == 0 {
 					return nil
 				}
 				args = r.recordArgs(batch)

@@ -690,12 +690,12 @@ func TestRefusedAnswerDoesNotStopTheRelay(t *testing.T) {
 	require.Equal(t, 23, b.receiver.TotalEffects())
 }
 
-// A stopping relay's recorder, too, writes a batch the database refuses one outcome at
-// a time, so the good ones are not lost with the odd one.
+// A stopping relay's recorder, too, writes a batch the database refuses in parts, so
+// the good outcomes are not lost with the odd ones.
 func TestRecorderSalvagesRefusedBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t, receiver.Options{})
-	for i := range 3 {
+	for i := range 9 {
 		enqueue(t, b.pool, fmt.Sprint("salvage-", i), "webhook", []int{i})
 	}
 	r, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
@@ -703,21 +703,26 @@ func TestRecorderSalvagesRefusedBatch(t *testing.T) {
 	inst := r.instances["webhook"]
 	got, err := r.claimAndRecord(t.Context(), []claimPlan{{inst, 10}}, nil)
 	require.NoError(t, err)
-	require.Len(t, got[0], 3)
+	require.Len(t, got[0], 9)
 	var outs []outcome
 	for i, row := range got[0] {
 		answer := json.RawMessage(`{"ok": true}`)
-		if i == 1 {
+		if i == 2 || i == 7 {
 			answer = json.RawMessage(`{"n": -1e1000000}`)
 		}
 		outs = append(outs, r.decide(inst, row, answer, nil, time.Now()))
 	}
 	r.writeOutcomes(t.Context(), outs)
-	require.Equal(t, 3, countStatus(t, b.pool)[outbox.StatusDelivered])
-	var dropped int
-	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox
-		WHERE result IS NULL AND last_error LIKE '%could not be stored%'`).Scan(&dropped))
-	require.Equal(t, 1, dropped)
+	require.Equal(t, 9, countStatus(t, b.pool)[outbox.StatusDelivered])
+	var dropped, kept, logged int
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT
+		count(*) FILTER (WHERE result IS NULL AND last_error LIKE '%could not be stored%'),
+		count(*) FILTER (WHERE result = '{"ok": true}' AND last_error IS NULL),
+		(SELECT count(*) FROM outbox_attempts)
+		FROM outbox`).Scan(&dropped, &kept, &logged))
+	require.Equal(t, 2, dropped)
+	require.Equal(t, 7, kept)
+	require.Equal(t, 9, logged, "each attempt logged once")
 }
 
 func TestDecodeHeaders(t *testing.T) {
