@@ -29,11 +29,17 @@
 // Deliveries in flight never exceed Config.Concurrency, nor an instance's Concurrency,
 // so one slow or strict receiver never holds slots the others could use; a rate-limited
 // instance is claimed no faster than its rate. So that workers do not idle while a claim
-// is on its way, a relay claims up to three rounds of an instance's deliveries ahead,
+// is on its way, a relay claims up to ten rounds of an instance's deliveries ahead,
 // fewer when its recent attempts are slow: a row waits only while the instance's workers
 // are busy, and one that waited too long to still finish well inside its lease is handed
 // back unsent (outboxd_claims_handed_back_total). Only connectors that declare their time
-// limit (connectors.Timeouter) are claimed ahead.
+// limit (connectors.Timeouter) are claimed ahead, and not those whose ambiguous attempts
+// are held.
+//
+// A claim starts its index scan a few seconds before the earliest row the instance's
+// last claim took, not at the head of the index, where the entries of rows delivered
+// since the last vacuum pile up; it starts at the head at least once every
+// Config.PollInterval, and whenever a row may have turned due further back.
 //
 // The relay wakes on the NOTIFY that schema.sql's insert trigger sends, on a dedicated
 // LISTEN connection that is re-established after it drops, and otherwise every

@@ -55,6 +55,9 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 			}
 			continue
 		}
+		// What woke us may lie behind where claims start: an approved or replayed row
+		// keeps its next_attempt_at.
+		r.rescan.Store(true)
 		notify(r.wake)
 	}
 }

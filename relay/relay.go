@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sethvargo/go-retry"
@@ -50,6 +51,9 @@ type Relay struct {
 	slots       chan struct{}
 	unstartedMu sync.Mutex
 	unstarted   []claimed // rows claimed ahead and not started when the relay stopped
+	// rescan is set when rows went back to pending behind where claims start (this
+	// relay released them), so that the next claims start at the head of the index.
+	rescan atomic.Bool
 
 	listening atomic.Bool
 	skew      atomic.Int64 // database clock minus local clock, when NowFunc is the real clock
@@ -74,6 +78,10 @@ type instance struct {
 	limiter   *rate.Limiter // nil: no rate limit
 	claimed   atomic.Int64  // rows claimed and not finished
 	jobs      chan claimed  // claimed rows waiting for one of the instance's workers
+	// Where the instance's claims start in outbox_pending_due (zero: at its head), and
+	// when a claim last started at the head; only the claim loop uses them.
+	scanFrom   time.Time
+	fullScanAt time.Time
 
 	// The instance's series, looked up once rather than on every delivery.
 	outcomes         map[string]prometheus.Counter
@@ -105,6 +113,7 @@ type claimed struct {
 	firstAt   time.Time // when the first attempt started
 	claimedAt time.Time // the relay's clock at the claim; the lease runs from then
 	ordered   bool      // the row has an ordering key
+	dueAt     time.Time // its next_attempt_at
 }
 
 // outcome is how one attempt ended, waiting to be recorded.
@@ -508,6 +517,7 @@ const roundTimeout = 30 * time.Second
 type claimPlan struct {
 	inst  *instance
 	limit int
+	from  time.Time // where the scan starts (zero: at the head of the index)
 }
 
 // claimRound claims for every instance as much as its room and rate allow, in one
@@ -536,7 +546,7 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 				limit = min(limit, tokens)
 			}
 			if limit > 0 {
-				plans = append(plans, claimPlan{inst, limit})
+				plans = append(plans, claimPlan{inst: inst, limit: limit})
 			}
 		}
 		share(plans, room)
@@ -545,12 +555,24 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 	if len(plans) == 0 && !record {
 		return 0, false, false, retryIn, nil
 	}
+	// Where each claim starts: at the head of the index when rows may have gone back to
+	// pending behind where it would start (this relay released rows, or writes the
+	// outcome of a row with an ordering key, whose next row becomes due now), and now and
+	// then anyway; else where the instance's last claim found rows (see scanStart).
+	rescan := len(plans) > 0 && r.rescan.Swap(false)
+	unblocks := slices.ContainsFunc(outs, func(o outcome) bool { return o.ordered })
+	for i := range plans {
+		plans[i].from = plans[i].inst.scanStart(time.Now(), rescan || unblocks, r.cfg.PollInterval)
+	}
 	// A stop does not interrupt a round in flight: its outcome (written or not) would
 	// be unknown, and the recorder would write the outcomes twice.
 	roundCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), roundTimeout)
 	got, err := r.claimAndRecord(roundCtx, plans, outs)
 	cancel()
 	if err != nil {
+		if rescan {
+			r.rescan.Store(true)
+		}
 		return 0, false, false, 0, err
 	}
 	wrote = len(outs) > 0
@@ -566,6 +588,7 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 			p.inst.limiter.AllowN(time.Now(), len(rows))
 		}
 		r.metrics.claimBatch.Observe(float64(len(rows)))
+		p.inst.scanFound(rows)
 		// Never blocks: an instance's claimed rows never exceed its channel's capacity.
 		r.claimedRows.Add(int64(len(rows)))
 		p.inst.claimed.Add(int64(len(rows)))
@@ -577,6 +600,45 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 		}
 	}
 	return claimed, wrote, more, retryIn, nil
+}
+
+// Where claims start. The entries of outbox_pending_due for rows already claimed stay in
+// the index, dead, until VACUUM removes them, and autovacuum comes seldom to a table that
+// keeps its delivered rows: a claim that started at the index's head would walk more of
+// them with every row delivered (a million take it from a tenth of a millisecond to
+// five). So an instance's claim starts scanMargin before the earliest row its last claim
+// took. A row can turn pending behind that point: its transaction ran longer than
+// scanMargin, a relay released it, an operator approved or replayed it, or it waited for
+// an earlier row of its ordering key. The claims start at the head of the index after
+// this relay releases rows, after a NOTIFY (approvals and replays send one), in a round
+// that writes the outcome of a row with an ordering key, and at least once every poll
+// interval.
+const scanMargin = 5 * time.Second
+
+// scanStart returns where the instance's next claim starts (zero: at the index's head),
+// at the head when full is true or when the last claim from the head was a poll
+// interval ago or more.
+func (inst *instance) scanStart(now time.Time, full bool, every time.Duration) time.Time {
+	if full || inst.scanFrom.IsZero() || now.Sub(inst.fullScanAt) >= every {
+		inst.fullScanAt = now
+		return time.Time{}
+	}
+	return inst.scanFrom
+}
+
+// scanFound moves where the instance's claims start to scanMargin before the earliest
+// row of rows, the rows a claim took.
+func (inst *instance) scanFound(rows []claimed) {
+	if len(rows) == 0 {
+		return
+	}
+	first := rows[0].dueAt
+	for _, row := range rows[1:] {
+		if row.dueAt.Before(first) {
+			first = row.dueAt
+		}
+	}
+	inst.scanFrom = first.Add(-scanMargin)
 }
 
 // share cuts the plans' limits so that together they ask for at most room rows: each
@@ -603,7 +665,11 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 		b.Queue(recordSQL, r.recordArgs(outs)...)
 	}
 	for _, p := range plans {
-		b.Queue(claimSQL, p.inst.name, now, p.limit, r.cfg.ID, now.Add(r.cfg.Lease))
+		from := pgtype.Timestamptz{Time: p.from, Valid: true}
+		if p.from.IsZero() {
+			from = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+		}
+		b.Queue(claimSQL, p.inst.name, now, p.limit, r.cfg.ID, now.Add(r.cfg.Lease), from)
 	}
 	br := r.pool.SendBatch(ctx, b)
 	if len(outs) > 0 {
@@ -636,7 +702,7 @@ func scanClaimed(row pgx.CollectableRow, now time.Time) (claimed, error) {
 		payload []byte // []byte takes jsonb's text as is; json.RawMessage would go through json.Unmarshal
 		headers []byte
 	)
-	if err := row.Scan(&c.id, &c.key, &payload, &headers, &c.attempt, &c.ambiguous, &c.createdAt, &c.firstAt, &c.ordered); err != nil {
+	if err := row.Scan(&c.id, &c.key, &payload, &headers, &c.attempt, &c.ambiguous, &c.createdAt, &c.firstAt, &c.ordered, &c.dueAt); err != nil {
 		return c, err
 	}
 	c.payload, c.claimedAt = payload, now
@@ -681,6 +747,7 @@ func (r *Relay) release(rows []claimed) {
 		r.log.WarnContext(ctx, "could not release unstarted rows; they are retried when their lease expires", "err", err, "rows", len(ids))
 		return
 	}
+	r.rescan.Store(true) // they may lie behind where claims start
 	r.log.InfoContext(ctx, "released rows not started", "rows", len(ids))
 }
 

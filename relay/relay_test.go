@@ -10,12 +10,15 @@ import (
 	"net/http/httptest"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -534,7 +537,7 @@ func TestShareRoom(t *testing.T) {
 	for _, tt := range tests {
 		plans := []claimPlan{}
 		for i, l := range tt.limits {
-			plans = append(plans, claimPlan{[]*instance{a, b, c}[i], l})
+			plans = append(plans, claimPlan{inst: []*instance{a, b, c}[i], limit: l})
 		}
 		share(plans, tt.room)
 		var got []int
@@ -701,7 +704,7 @@ func TestRecorderSalvagesRefusedBatch(t *testing.T) {
 	r, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
 	require.NoError(t, err)
 	inst := r.instances["webhook"]
-	got, err := r.claimAndRecord(t.Context(), []claimPlan{{inst, 10}}, nil)
+	got, err := r.claimAndRecord(t.Context(), []claimPlan{{inst: inst, limit: 10}}, nil)
 	require.NoError(t, err)
 	require.Len(t, got[0], 9)
 	var outs []outcome
@@ -906,7 +909,7 @@ func TestClaimPlan(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(t.Context(), `ANALYZE outbox`)
 	require.NoError(t, err)
-	rows, err := pool.Query(t.Context(), `EXPLAIN (COSTS OFF) `+claimSQL, "webhook", time.Now(), 100, "r", time.Now())
+	rows, err := pool.Query(t.Context(), `EXPLAIN (COSTS OFF) `+claimSQL, "webhook", time.Now(), 100, "r", time.Now(), time.Now().Add(-time.Hour))
 	require.NoError(t, err)
 	var plan []string
 	for rows.Next() {
@@ -918,6 +921,99 @@ func TestClaimPlan(t *testing.T) {
 	joined := strings.Join(plan, "\n")
 	require.Contains(t, joined, "outbox_pending_due", joined)
 	require.Contains(t, joined, "LockRows", joined)
+	require.Regexp(t, `Index Cond: .*\(next_attempt_at >= `, joined, "the scan starts at $6")
+}
+
+// A claim that starts where the last one found rows does not walk the index entries of
+// rows delivered since the last vacuum, which one that starts at the head does.
+func TestClaimStartsPastDeliveredRows(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	_, err := pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, next_attempt_at)
+		SELECT 'old-' || g, 'webhook', '{}', now() - interval '1 hour' FROM generate_series(1, 5000) g`)
+	require.NoError(t, err)
+	_, err = pool.Exec(t.Context(), `UPDATE outbox SET status = 'delivered', attempts = 1`)
+	require.NoError(t, err)
+	_, err = pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload)
+		SELECT 'new-' || g, 'webhook', '{}' FROM generate_series(1, 10) g`)
+	require.NoError(t, err)
+
+	// The index scan's buffers for a claim of one row starting at from, rolled back.
+	indexBuffers := func(from pgtype.Timestamptz) int {
+		tx, err := pool.Begin(t.Context())
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(t.Context()) }()
+		rows, err := tx.Query(t.Context(), `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) `+claimSQL,
+			"webhook", time.Now().Add(time.Minute), 1, "r", time.Now().Add(time.Hour), from)
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		for i, line := range lines {
+			if strings.Contains(line, "Index Scan using outbox_pending_due") {
+				for _, l := range lines[i+1:] {
+					if _, after, ok := strings.Cut(l, "Buffers: shared hit="); ok {
+						n, err := strconv.Atoi(strings.Fields(after)[0])
+						require.NoError(t, err)
+						return n
+					}
+				}
+			}
+		}
+		require.Fail(t, "no buffers for the index scan", strings.Join(lines, "\n"))
+		return 0
+	}
+	head := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	indexBuffers(head) // the first scan marks the dead entries as such
+	fromHead := indexBuffers(head)
+	var newest time.Time
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT min(next_attempt_at) FROM outbox WHERE status = 'pending'`).Scan(&newest))
+	fromCursor := indexBuffers(pgtype.Timestamptz{Time: newest.Add(-scanMargin), Valid: true})
+	require.Greater(t, fromHead, 15, "from the head, the claim walks the delivered rows' entries")
+	require.Less(t, fromCursor, 6, "from where the last claim found rows, it does not (from the head: %d)", fromHead)
+}
+
+func TestScanStart(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now()
+	inst := &instance{}
+	require.True(t, inst.scanStart(t0, false, time.Second).IsZero(), "no claim found rows yet: from the head")
+
+	due := t0.Add(-time.Minute)
+	inst.scanFound([]claimed{{dueAt: due.Add(time.Second)}, {dueAt: due}, {dueAt: due.Add(2 * time.Second)}})
+	require.Equal(t, due.Add(-scanMargin), inst.scanFrom, "scanMargin before the earliest row found")
+	inst.scanFound(nil)
+	require.Equal(t, due.Add(-scanMargin), inst.scanFrom, "a claim that found nothing leaves it")
+
+	require.Equal(t, inst.scanFrom, inst.scanStart(t0.Add(500*time.Millisecond), false, time.Second))
+	require.True(t, inst.scanStart(t0.Add(600*time.Millisecond), true, time.Second).IsZero(), "asked to: from the head")
+	require.Equal(t, inst.scanFrom, inst.scanStart(t0.Add(1500*time.Millisecond), false, time.Second))
+	require.True(t, inst.scanStart(t0.Add(1600*time.Millisecond), false, time.Second).IsZero(), "a poll interval after the last: from the head")
+}
+
+// A row that turns due behind where claims start (here written with an old
+// next_attempt_at, as a long transaction or an operator might) is still delivered, and
+// so are ordered rows there, in order.
+func TestRowBehindWhereClaimsStartIsDelivered(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	start(t, b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+	enqueue(t, b.pool, "first", "webhook", []int{1})
+	waitStatus(t, b.pool, "first", outbox.StatusDelivered)
+
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, ordering_key, next_attempt_at)
+		VALUES ('behind', 'webhook', '{}', NULL, now() - interval '1 hour'),
+		       ('behind-1', 'webhook', '{}', 'k', now() - interval '1 hour'),
+		       ('behind-2', 'webhook', '{}', 'k', now() - interval '1 hour'),
+		       ('behind-3', 'webhook', '{}', 'k', now() - interval '1 hour')`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 5 }, waitTimeout, 10*time.Millisecond)
+	var order []string
+	for _, e := range b.receiver.EffectLog() {
+		if strings.HasPrefix(e.Key, "behind-") {
+			order = append(order, e.Key)
+		}
+	}
+	require.Equal(t, []string{"behind-1", "behind-2", "behind-3"}, order)
 }
 
 // A rate-limited instance is claimed no faster than its rate allows, so a receiver's limit
@@ -1056,7 +1152,7 @@ func TestReleaseUnstartedRows(t *testing.T) {
 	}
 	r, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
 	require.NoError(t, err)
-	got, err := r.claimAndRecord(t.Context(), []claimPlan{{r.instances["webhook"], 10}}, nil)
+	got, err := r.claimAndRecord(t.Context(), []claimPlan{{inst: r.instances["webhook"], limit: 10}}, nil)
 	require.NoError(t, err)
 	require.Len(t, got[0], 3)
 	r.release(got[0])
