@@ -51,8 +51,9 @@ type Relay struct {
 	slots       chan struct{}
 	unstartedMu sync.Mutex
 	unstarted   []claimed // rows claimed ahead and not started when the relay stopped
-	// rescan is set when rows went back to pending behind where claims start (this
-	// relay released them), so that the next claims start at the head of the index.
+	// rescan is set when rows may have turned due behind where claims start (this relay
+	// released rows, or a NOTIFY came), so that the next claims start at the head of the
+	// index.
 	rescan atomic.Bool
 
 	listening atomic.Bool
@@ -627,13 +628,17 @@ func (inst *instance) scanStart(now time.Time, full bool, every time.Duration) t
 }
 
 // scanFound moves where the instance's claims start to scanMargin before the earliest
-// row of rows, the rows a claim took.
+// row of rows, the rows a claim took; to the head when one was due since -infinity.
 func (inst *instance) scanFound(rows []claimed) {
 	if len(rows) == 0 {
 		return
 	}
 	first := rows[0].dueAt
-	for _, row := range rows[1:] {
+	for _, row := range rows {
+		if row.dueAt.IsZero() {
+			inst.scanFrom = time.Time{}
+			return
+		}
 		if row.dueAt.Before(first) {
 			first = row.dueAt
 		}
@@ -698,19 +703,29 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 // scanClaimed reads one row of claimSQL, claimed at now.
 func scanClaimed(row pgx.CollectableRow, now time.Time) (claimed, error) {
 	var (
-		c       claimed
-		payload []byte // []byte takes jsonb's text as is; json.RawMessage would go through json.Unmarshal
-		headers []byte
+		c              claimed
+		payload        []byte // []byte takes jsonb's text as is; json.RawMessage would go through json.Unmarshal
+		headers        []byte
+		createdAt, due pgtype.Timestamptz // plain SQL may write ±infinity, which time.Time cannot hold
 	)
-	if err := row.Scan(&c.id, &c.key, &payload, &headers, &c.attempt, &c.ambiguous, &c.createdAt, &c.firstAt, &c.ordered, &c.dueAt); err != nil {
+	if err := row.Scan(&c.id, &c.key, &payload, &headers, &c.attempt, &c.ambiguous, &createdAt, &c.firstAt, &c.ordered, &due); err != nil {
 		return c, err
 	}
 	c.payload, c.claimedAt = payload, now
+	c.createdAt, c.dueAt = finiteOr(createdAt, now), finiteOr(due, time.Time{})
 	// Most rows carry no headers ('{}'); decode only those that do.
 	if len(headers) > 2 {
 		c.headers = decodeHeaders(headers)
 	}
 	return c, nil
+}
+
+// finiteOr is t's time, or otherwise when t is ±infinity.
+func finiteOr(t pgtype.Timestamptz, otherwise time.Time) time.Time {
+	if t.InfinityModifier != pgtype.Finite {
+		return otherwise
+	}
+	return t.Time
 }
 
 // decodeHeaders reads the headers column (a JSON object, by the table's constraint).

@@ -988,6 +988,25 @@ func TestScanStart(t *testing.T) {
 	require.True(t, inst.scanStart(t0.Add(600*time.Millisecond), true, time.Second).IsZero(), "asked to: from the head")
 	require.Equal(t, inst.scanFrom, inst.scanStart(t0.Add(1500*time.Millisecond), false, time.Second))
 	require.True(t, inst.scanStart(t0.Add(1600*time.Millisecond), false, time.Second).IsZero(), "a poll interval after the last: from the head")
+
+	inst.scanFound([]claimed{{dueAt: due}, {}})
+	require.True(t, inst.scanFrom.IsZero(), "a row due since -infinity: from the head")
+}
+
+// Rows that plain SQL wrote with timestamps at ±infinity are claimed and delivered like
+// any other, and the relay goes on claiming after them.
+func TestInfiniteTimestampsDoNotStopClaims(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, next_attempt_at, created_at)
+		VALUES ('due-forever', 'webhook', '{}', '-infinity', now()),
+		       ('born-never', 'webhook', '{}', now(), '-infinity'),
+		       ('born-later', 'webhook', '{}', now(), 'infinity')`)
+	require.NoError(t, err)
+	start(t, b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 3 }, waitTimeout, 10*time.Millisecond)
+	enqueue(t, b.pool, "after", "webhook", []int{1})
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 4 }, waitTimeout, 10*time.Millisecond)
 }
 
 // A row that turns due behind where claims start (here written with an old
