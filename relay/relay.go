@@ -703,16 +703,17 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 // scanClaimed reads one row of claimSQL, claimed at now.
 func scanClaimed(row pgx.CollectableRow, now time.Time) (claimed, error) {
 	var (
-		c              claimed
-		payload        []byte // []byte takes jsonb's text as is; json.RawMessage would go through json.Unmarshal
-		headers        []byte
-		createdAt, due pgtype.Timestamptz // plain SQL may write ±infinity, which time.Time cannot hold
+		c       claimed
+		payload []byte // []byte takes jsonb's text as is; json.RawMessage would go through json.Unmarshal
+		headers []byte
+		// Plain SQL may write ±infinity, which time.Time cannot hold.
+		createdAt, firstAt, due pgtype.Timestamptz
 	)
-	if err := row.Scan(&c.id, &c.key, &payload, &headers, &c.attempt, &c.ambiguous, &createdAt, &c.firstAt, &c.ordered, &due); err != nil {
+	if err := row.Scan(&c.id, &c.key, &payload, &headers, &c.attempt, &c.ambiguous, &createdAt, &firstAt, &c.ordered, &due); err != nil {
 		return c, err
 	}
 	c.payload, c.claimedAt = payload, now
-	c.createdAt, c.dueAt = finiteOr(createdAt, now), finiteOr(due, time.Time{})
+	c.createdAt, c.firstAt, c.dueAt = finiteOr(createdAt, now), finiteOr(firstAt, now), finiteOr(due, time.Time{})
 	// Most rows carry no headers ('{}'); decode only those that do.
 	if len(headers) > 2 {
 		c.headers = decodeHeaders(headers)

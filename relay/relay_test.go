@@ -1003,10 +1003,13 @@ func TestInfiniteTimestampsDoNotStopClaims(t *testing.T) {
 		       ('born-never', 'webhook', '{}', now(), '-infinity'),
 		       ('born-later', 'webhook', '{}', now(), 'infinity')`)
 	require.NoError(t, err)
+	_, err = b.pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, first_attempt_at, attempts)
+		VALUES ('tried-never', 'webhook', '{}', '-infinity', 1)`)
+	require.NoError(t, err)
 	start(t, b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
-	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 3 }, waitTimeout, 10*time.Millisecond)
-	enqueue(t, b.pool, "after", "webhook", []int{1})
 	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 4 }, waitTimeout, 10*time.Millisecond)
+	enqueue(t, b.pool, "after", "webhook", []int{1})
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 5 }, waitTimeout, 10*time.Millisecond)
 }
 
 // A row that turns due behind where claims start (here written with an old
