@@ -971,12 +971,15 @@ func refused(err error) bool {
 // outcomes it could not write for another reason (the database went away), to be
 // retried with the others.
 func (r *Relay) salvage(ctx context.Context, outs []outcome, refusal error) []outcome {
+	write := func(batch []outcome) error {
+		_, err := r.pool.Exec(ctx, recordSQL, r.recordArgs(batch)...)
+		return err
+	}
 	if len(outs) == 1 {
 		o := outs[0]
 		r.log.ErrorContext(ctx, "the database refused an outcome; recording it without the receiver's answer",
 			"id", o.id, "attempt", o.attempt, "err", refusal)
-		_, err := r.pool.Exec(ctx, recordSQL, r.recordArgs([]outcome{withoutAnswer(o, refusal)})...)
-		switch {
+		switch err := write([]outcome{withoutAnswer(o, refusal)}); {
 		case err == nil:
 			return nil
 		case refused(err):
@@ -990,7 +993,7 @@ func (r *Relay) salvage(ctx context.Context, outs []outcome, refusal error) []ou
 	}
 	parts := [][]outcome{outs[:len(outs)/2], outs[len(outs)/2:]}
 	for i, part := range parts {
-		_, err := r.pool.Exec(ctx, recordSQL, r.recordArgs(part)...)
+		err := write(part)
 		if err != nil && refused(err) {
 			if left := r.salvage(ctx, part, err); len(left) > 0 {
 				return slices.Concat(left, slices.Concat(parts[i+1:]...))
