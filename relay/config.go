@@ -22,6 +22,13 @@ type Config struct {
 	// Concurrency is the most deliveries in flight at once, over all connectors.
 	// Defaults to 128.
 	Concurrency int
+	// MaxClaimedBytes bounds the payload bytes of the rows this relay holds claimed,
+	// waiting for a worker or in flight, so that large payloads cannot exhaust its memory:
+	// a claim stops when its rows' payloads, as PostgreSQL stores them (large ones
+	// compressed), reach what is left, and none is made while less than a quarter is
+	// left. A claim always takes at least one row, so a payload larger than the bound
+	// is still delivered, alone. Defaults to 128 MiB.
+	MaxClaimedBytes int64
 	// Lease is how long a claimed row stays with this relay before another may take it.
 	// Defaults to 30s.
 	Lease time.Duration
@@ -72,6 +79,9 @@ type Instance struct {
 	MaxAge time.Duration
 }
 
+// DefaultMaxClaimedBytes is [Config.MaxClaimedBytes]'s default: 128 MiB.
+const DefaultMaxClaimedBytes = 128 << 20
+
 // Policies for [Instance.OnAmbiguous].
 const (
 	AmbiguousRetry = "retry"
@@ -84,6 +94,7 @@ func (c *Config) withDefaults() *Config {
 	out.ID = cmp.Or(c.ID, fmt.Sprintf("%s-%d-%s", cmp.Or(host, "relay"), os.Getpid(), randomSuffix()))
 	out.BatchSize = cmp.Or(c.BatchSize, 500)
 	out.Concurrency = cmp.Or(c.Concurrency, 128)
+	out.MaxClaimedBytes = cmp.Or(c.MaxClaimedBytes, DefaultMaxClaimedBytes)
 	out.Lease = cmp.Or(c.Lease, 30*time.Second)
 	out.PollInterval = cmp.Or(c.PollInterval, time.Second)
 	out.MaxAttempts = cmp.Or(c.MaxAttempts, 25)
@@ -113,6 +124,7 @@ func (c *Config) validate() error {
 	positive("BatchSize", int64(c.BatchSize))
 	positive("Concurrency", int64(c.Concurrency))
 	positive("MaxAttempts", int64(c.MaxAttempts))
+	positive("MaxClaimedBytes", c.MaxClaimedBytes)
 	for name, d := range map[string]time.Duration{
 		"Lease": c.Lease, "PollInterval": c.PollInterval, "MaxAge": c.MaxAge, "BackoffBase": c.BackoffBase,
 		"BackoffMax": c.BackoffMax, "Retention": c.Retention, "ShutdownTimeout": c.ShutdownTimeout,

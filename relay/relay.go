@@ -48,9 +48,11 @@ type Relay struct {
 	// Config.Concurrency.
 	claimedRows atomic.Int64
 	maxClaimed  int
-	slots       chan struct{}
-	unstartedMu sync.Mutex
-	unstarted   []claimed // rows claimed ahead and not started when the relay stopped
+	// claimedBytes is the payload bytes of those rows, bounded by Config.MaxClaimedBytes.
+	claimedBytes atomic.Int64
+	slots        chan struct{}
+	unstartedMu  sync.Mutex
+	unstarted    []claimed // rows claimed ahead and not started when the relay stopped
 	// rescan is set when rows may have turned due behind where claims start (this relay
 	// released rows, or a NOTIFY came), so that the next claims start at the head of the
 	// index.
@@ -518,6 +520,7 @@ const roundTimeout = 30 * time.Second
 type claimPlan struct {
 	inst  *instance
 	limit int
+	bytes int64     // most payload bytes (see claimSQL)
 	from  time.Time // where the scan starts (zero: at the head of the index)
 }
 
@@ -528,9 +531,14 @@ type claimPlan struct {
 // rate-limited instance will next have a token.
 func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (claimed int, wrote, more bool, retryIn time.Duration, err error) {
 	var plans []claimPlan
-	room := r.maxClaimed - int(r.claimedRows.Load())
+	held := r.claimedRows.Load()
+	room := r.maxClaimed - int(held)
+	bytesLeft := r.cfg.MaxClaimedBytes - r.claimedBytes.Load()
+	if held == 0 {
+		bytesLeft = max(bytesLeft, 1) // at least one row, however large
+	}
 	// Under load, wait for a quarter of the room before claiming, so claims stay batches.
-	if room >= max(1, r.maxClaimed/4) {
+	if room >= max(1, r.maxClaimed/4) && (held == 0 || bytesLeft >= r.cfg.MaxClaimedBytes/4) {
 		for _, name := range r.names {
 			inst := r.instances[name]
 			limit := min(r.cfg.BatchSize, room, inst.room())
@@ -567,6 +575,9 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 	}
 	// A stop does not interrupt a round in flight: its outcome (written or not) would
 	// be unknown, and the recorder would write the outcomes twice.
+	for i := range plans {
+		plans[i].bytes = max(1, bytesLeft/int64(len(plans)))
+	}
 	roundCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), roundTimeout)
 	got, err := r.claimAndRecord(roundCtx, plans, outs)
 	cancel()
@@ -594,6 +605,7 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 		r.claimedRows.Add(int64(len(rows)))
 		p.inst.claimed.Add(int64(len(rows)))
 		for _, row := range rows {
+			r.claimedBytes.Add(int64(len(row.payload)))
 			p.inst.jobs <- row
 		}
 		if len(rows) == p.limit {
@@ -674,7 +686,7 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 		if p.from.IsZero() {
 			from = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 		}
-		b.Queue(claimSQL, p.inst.name, now, p.limit, r.cfg.ID, now.Add(r.cfg.Lease), from)
+		b.Queue(claimSQL, p.inst.name, now, p.limit, r.cfg.ID, now.Add(r.cfg.Lease), from, p.bytes)
 	}
 	br := r.pool.SendBatch(ctx, b)
 	if len(outs) > 0 {
@@ -784,10 +796,17 @@ func (r *Relay) work(ctx, deliverCtx context.Context, inst *instance) {
 		if !started {
 			r.handBack(ctx, inst, row)
 		}
-		inst.claimed.Add(-1)
-		r.claimedRows.Add(-1)
-		notify(r.slotFreed)
+		r.done(inst, row)
 	}
+}
+
+// done counts off a claimed row that a worker is done with, sent or handed back, and
+// lets the claim loop fill its place.
+func (r *Relay) done(inst *instance, row claimed) {
+	inst.claimed.Add(-1)
+	r.claimedRows.Add(-1)
+	r.claimedBytes.Add(-int64(len(row.payload)))
+	notify(r.slotFreed)
 }
 
 // handBack gives up a claimed row without an attempt: when the relay is stopping, it is

@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -704,7 +706,7 @@ func TestRecorderSalvagesRefusedBatch(t *testing.T) {
 	r, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
 	require.NoError(t, err)
 	inst := r.instances["webhook"]
-	got, err := r.claimAndRecord(t.Context(), []claimPlan{{inst: inst, limit: 10}}, nil)
+	got, err := r.claimAndRecord(t.Context(), []claimPlan{{inst: inst, limit: 10, bytes: 1 << 20}}, nil)
 	require.NoError(t, err)
 	require.Len(t, got[0], 9)
 	var outs []outcome
@@ -909,7 +911,7 @@ func TestClaimPlan(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(t.Context(), `ANALYZE outbox`)
 	require.NoError(t, err)
-	rows, err := pool.Query(t.Context(), `EXPLAIN (COSTS OFF) `+claimSQL, "webhook", time.Now(), 100, "r", time.Now(), time.Now().Add(-time.Hour))
+	rows, err := pool.Query(t.Context(), `EXPLAIN (COSTS OFF) `+claimSQL, "webhook", time.Now(), 100, "r", time.Now(), time.Now().Add(-time.Hour), int64(1<<20))
 	require.NoError(t, err)
 	var plan []string
 	for rows.Next() {
@@ -944,7 +946,7 @@ func TestClaimStartsPastDeliveredRows(t *testing.T) {
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(t.Context()) }()
 		rows, err := tx.Query(t.Context(), `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) `+claimSQL,
-			"webhook", time.Now().Add(time.Minute), 1, "r", time.Now().Add(time.Hour), from)
+			"webhook", time.Now().Add(time.Minute), 1, "r", time.Now().Add(time.Hour), from, int64(1<<20))
 		require.NoError(t, err)
 		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		require.NoError(t, err)
@@ -1174,7 +1176,7 @@ func TestReleaseUnstartedRows(t *testing.T) {
 	}
 	r, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
 	require.NoError(t, err)
-	got, err := r.claimAndRecord(t.Context(), []claimPlan{{inst: r.instances["webhook"], limit: 10}}, nil)
+	got, err := r.claimAndRecord(t.Context(), []claimPlan{{inst: r.instances["webhook"], limit: 10, bytes: 1 << 20}}, nil)
 	require.NoError(t, err)
 	require.Len(t, got[0], 3)
 	r.release(got[0])
@@ -1184,4 +1186,88 @@ func TestReleaseUnstartedRows(t *testing.T) {
 		AND lease_owner IS NULL AND first_attempt_at IS NULL`).Scan(&n))
 	require.Equal(t, 3, n)
 	require.Zero(t, b.receiver.TotalEffects())
+}
+
+// randomText returns n characters that do not compress, so PostgreSQL stores them at
+// full size.
+func randomText(t *testing.T, n int) string {
+	t.Helper()
+	b := make([]byte, n*3/4+3)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	return base64.StdEncoding.EncodeToString(b)[:n]
+}
+
+// The rows a relay holds claimed stay within MaxClaimedBytes of payload: a claim stops
+// at what is left, none is made while less than a quarter is left, and a payload larger
+// than the bound is still claimed, alone.
+func TestClaimedBytesAreBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	_, cfg := b.clockedConfig(t)
+	cfg.MaxClaimedBytes = 100_000
+	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	inst := r.instances["webhook"]
+	require.Positive(t, inst.ahead, "the instance claims ahead, so only the bytes bound the claims")
+
+	var msgs []outbox.Message
+	for i := range 10 {
+		msgs = append(msgs, outbox.Message{Key: fmt.Sprintf("big-%d", i), Connector: "webhook",
+			Payload: map[string]string{"data": randomText(t, 30_000)}})
+	}
+	_, err = outbox.EnqueueBatch(t.Context(), b.pool, msgs)
+	require.NoError(t, err)
+	round := func() int {
+		t.Helper()
+		n, _, _, _, err := r.claimRound(t.Context(), nil, false)
+		require.NoError(t, err)
+		return n
+	}
+	finish := func(n int) {
+		for range n {
+			r.done(inst, <-inst.jobs)
+		}
+	}
+
+	require.Equal(t, 4, round(), "30 kB rows while those before add up to less than 100 kB")
+	require.InDelta(t, 4*30_000, r.claimedBytes.Load(), 4*100)
+	require.Zero(t, round(), "nothing left")
+	finish(2)
+	require.Equal(t, 2, round(), "40 kB left: the second row starts below it")
+	finish(1)
+	require.Zero(t, round(), "10 kB left, less than a quarter: no claim")
+	finish(3)
+	require.Equal(t, 4, round(), "all left again")
+	require.Equal(t, 10, countStatus(t, b.pool)["delivering"])
+	finish(4)
+	require.Zero(t, r.claimedBytes.Load())
+	require.Zero(t, round(), "every row is claimed")
+
+	enqueue(t, b.pool, "huge", "webhook", map[string]string{"data": randomText(t, 300_000)})
+	enqueue(t, b.pool, "after-huge", "webhook", []int{1})
+	require.Equal(t, 1, round(), "a payload larger than the bound, alone")
+	require.Zero(t, round())
+	finish(1)
+	require.Equal(t, 1, round(), "then the next")
+}
+
+// With a bound that holds few rows, every row is still delivered, once: a worker that
+// finishes makes room for the next claim.
+func TestLargePayloadsAreDeliveredWithinTheBound(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	cfg := b.fastConfig()
+	cfg.MaxClaimedBytes = 100_000
+	start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	var msgs []outbox.Message
+	for i := range 30 {
+		msgs = append(msgs, outbox.Message{Key: fmt.Sprintf("large-%d", i), Connector: "webhook",
+			Payload: map[string]string{"data": randomText(t, 30_000)}})
+	}
+	_, err := outbox.EnqueueBatch(t.Context(), b.pool, msgs)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 30 }, waitTimeout, 10*time.Millisecond)
+	require.Equal(t, 30, b.receiver.TotalEffects())
+	require.Empty(t, b.receiver.DuplicateKeys())
 }

@@ -11,6 +11,10 @@ package relay
 // still in the index, and a claim that walked them all every time would grow slower with
 // every row delivered (see Relay.claimRound).
 //
+// The claim stops at $7 bytes of payload, as PostgreSQL stores them: it takes rows in
+// order while the ones before them add up to less (so always the first), and leaves the
+// others locked until it commits (see Config.MaxClaimedBytes).
+//
 // EXPLAIN (10,000 pending rows, PostgreSQL 15):
 //
 //	Update on outbox o
@@ -24,12 +28,17 @@ package relay
 //	                        ->  Index Only Scan using outbox_ordering_unfinished on outbox p
 //	                              Index Cond: ((ordering_key = o_1.ordering_key) AND (id < o_1.id))
 //	  ->  Nested Loop
-//	        ->  CTE Scan on due
+//	        ->  Subquery Scan on fits
+//	              Filter: (fits.before < $7)
+//	              ->  WindowAgg
+//	                    ->  Sort
+//	                          Sort Key: due.next_attempt_at, due.id
+//	                          ->  CTE Scan on due
 //	        ->  Index Scan using outbox_pkey on outbox o
-//	              Index Cond: (id = due.id)
+//	              Index Cond: (id = fits.id)
 const claimSQL = `
 WITH due AS (
-    SELECT o.id
+    SELECT o.id, o.next_attempt_at, pg_column_size(o.payload) AS size
     FROM outbox o
     WHERE o.status = 'pending'
       AND o.connector = $1
@@ -42,12 +51,15 @@ WITH due AS (
     ORDER BY o.next_attempt_at, o.id
     LIMIT $3
     FOR UPDATE SKIP LOCKED
+), fits AS (
+    SELECT id, sum(size) OVER (ORDER BY next_attempt_at, id ROWS UNBOUNDED PRECEDING) - size AS before
+    FROM due
 )
 UPDATE outbox o
 SET status = 'delivering', lease_owner = $4, lease_expires_at = $5,
     attempts = o.attempts + 1, updated_at = $2, first_attempt_at = coalesce(o.first_attempt_at, $2)
-FROM due
-WHERE o.id = due.id
+FROM fits
+WHERE o.id = fits.id AND fits.before < $7
 RETURNING o.id, o.idempotency_key, o.payload, o.headers, o.attempts, o.ambiguous, o.created_at,
           o.first_attempt_at, o.ordering_key IS NOT NULL, o.next_attempt_at`
 

@@ -57,6 +57,8 @@ type Engine struct {
 	BatchSize int `env:"OUTBOX_BATCH_SIZE" envDefault:"500" desc:"most rows one claim takes"`
 	// Concurrency is the most deliveries in flight at once, over all connectors.
 	Concurrency int `env:"OUTBOX_CONCURRENCY" envDefault:"128" desc:"most deliveries in flight at once, over all connector instances"`
+	// MaxClaimedBytes bounds the payload bytes of the rows the relay holds claimed.
+	MaxClaimedBytes int64 `env:"OUTBOX_MAX_CLAIMED_BYTES" envDefault:"134217728" desc:"most payload bytes of the rows the relay holds claimed, waiting for a worker or in flight (128 MiB); a claim always takes at least one row"`
 	// Lease is how long a claimed row stays with this relay before another may take it.
 	Lease time.Duration `env:"OUTBOX_LEASE" envDefault:"30s" desc:"how long a claimed row stays with one relay before another may take it; longer than every connector timeout"`
 	// PollInterval is how often the relay looks for due rows when no NOTIFY arrives.
@@ -124,6 +126,7 @@ func (c *Config) Relay() *relay.Config {
 		ID:              e.RelayID,
 		BatchSize:       e.BatchSize,
 		Concurrency:     e.Concurrency,
+		MaxClaimedBytes: e.MaxClaimedBytes,
 		Lease:           e.Lease,
 		PollInterval:    e.PollInterval,
 		MaxAttempts:     e.MaxAttempts,
@@ -226,6 +229,7 @@ func (e Engine) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.Int("batch_size", e.BatchSize),
 		slog.Int("concurrency", e.Concurrency),
+		slog.Int64("max_claimed_bytes", e.MaxClaimedBytes),
 		slog.String("lease", e.Lease.String()),
 		slog.String("poll_interval", e.PollInterval.String()),
 		slog.Int("max_attempts", e.MaxAttempts),
@@ -261,11 +265,12 @@ func (l *Log) validate(p *problems) {
 func (e *Engine) validate(p *problems) {
 	for _, v := range []struct {
 		name  string
-		value int
+		value int64
 	}{
-		{"OUTBOX_BATCH_SIZE", e.BatchSize},
-		{"OUTBOX_CONCURRENCY", e.Concurrency},
-		{"OUTBOX_MAX_ATTEMPTS", e.MaxAttempts},
+		{"OUTBOX_BATCH_SIZE", int64(e.BatchSize)},
+		{"OUTBOX_CONCURRENCY", int64(e.Concurrency)},
+		{"OUTBOX_MAX_ATTEMPTS", int64(e.MaxAttempts)},
+		{"OUTBOX_MAX_CLAIMED_BYTES", e.MaxClaimedBytes},
 	} {
 		if v.value <= 0 {
 			p.addf(v.name, "%s must be positive, got %d", v.name, v.value)

@@ -63,6 +63,7 @@ func TestLoadDefaults(t *testing.T) {
 	require.Equal(t, Engine{
 		BatchSize:       500,
 		Concurrency:     128,
+		MaxClaimedBytes: 128 << 20,
 		Lease:           30 * time.Second,
 		PollInterval:    time.Second,
 		MaxAttempts:     25,
@@ -117,6 +118,7 @@ func TestLoadEveryVariable(t *testing.T) {
 		"OUTBOX_LOG_LEVEL":            "debug",
 		"OUTBOX_BATCH_SIZE":           "50",
 		"OUTBOX_CONCURRENCY":          "16",
+		"OUTBOX_MAX_CLAIMED_BYTES":    "1048576",
 		"OUTBOX_LEASE":                "2m",
 		"OUTBOX_POLL_INTERVAL":        "250ms",
 		"OUTBOX_MAX_ATTEMPTS":         "7",
@@ -150,6 +152,7 @@ func TestLoadEveryVariable(t *testing.T) {
 		Engine: Engine{
 			BatchSize:       50,
 			Concurrency:     16,
+			MaxClaimedBytes: 1 << 20,
 			Lease:           2 * time.Minute,
 			PollInterval:    250 * time.Millisecond,
 			MaxAttempts:     7,
@@ -262,15 +265,17 @@ func TestLoadProblems(t *testing.T) {
 		{
 			name: "Numbers",
 			env: with(minimal, map[string]string{
-				"OUTBOX_BATCH_SIZE":   "lots",
-				"OUTBOX_CONCURRENCY":  "0",
-				"OUTBOX_MAX_ATTEMPTS": "-1",
-				"OUTBOX_WEBHOOK_RATE": "fast",
+				"OUTBOX_BATCH_SIZE":        "lots",
+				"OUTBOX_CONCURRENCY":       "0",
+				"OUTBOX_MAX_ATTEMPTS":      "-1",
+				"OUTBOX_WEBHOOK_RATE":      "fast",
+				"OUTBOX_MAX_CLAIMED_BYTES": "0",
 			}),
 			want: []string{
 				`OUTBOX_BATCH_SIZE must be a whole number, got "lots"`,
 				`OUTBOX_CONCURRENCY must be positive, got 0`,
 				`OUTBOX_MAX_ATTEMPTS must be positive, got -1`,
+				`OUTBOX_MAX_CLAIMED_BYTES must be positive, got 0`,
 				`OUTBOX_WEBHOOK_RATE must be a number, got "fast"`,
 			},
 		},
@@ -471,6 +476,7 @@ func TestConfigRelay(t *testing.T) {
 		ID:              "r1",
 		BatchSize:       500,
 		Concurrency:     128,
+		MaxClaimedBytes: 128 << 20,
 		Lease:           30 * time.Second,
 		PollInterval:    time.Second,
 		MaxAttempts:     25,

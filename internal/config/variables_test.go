@@ -21,7 +21,7 @@ func TestVariables(t *testing.T) {
 	}
 	for _, name := range []string{
 		"OUTBOX_DATABASE_URL", "OUTBOX_HTTP_ADDR", "OUTBOX_LOG_FORMAT", "OUTBOX_LOG_LEVEL",
-		"OUTBOX_BATCH_SIZE", "OUTBOX_CONCURRENCY", "OUTBOX_LEASE", "OUTBOX_POLL_INTERVAL",
+		"OUTBOX_BATCH_SIZE", "OUTBOX_CONCURRENCY", "OUTBOX_MAX_CLAIMED_BYTES", "OUTBOX_LEASE", "OUTBOX_POLL_INTERVAL",
 		"OUTBOX_MAX_ATTEMPTS", "OUTBOX_MAX_AGE", "OUTBOX_BACKOFF_BASE", "OUTBOX_BACKOFF_MAX",
 		"OUTBOX_RETENTION", "OUTBOX_SHUTDOWN_TIMEOUT", "OUTBOX_RELAY_ID", "OUTBOX_CONNECTORS",
 		"OUTBOX_API_TOKENS", "OUTBOX_APPROVAL_REQUIRED", "OUTBOX_API_RATE", "OUTBOX_API_MAX_BODY", "OUTBOX_MCP_TOKEN",
@@ -37,7 +37,7 @@ func TestVariables(t *testing.T) {
 	} {
 		require.True(t, seen[name], "%s is not listed", name)
 	}
-	require.Len(t, vars, 52)
+	require.Len(t, vars, 53)
 	// No payment guarantee or ambiguity policy: payment is always enforced.
 	require.False(t, seen["OUTBOX_PAYMENT_GUARANTEE"])
 	require.False(t, seen["OUTBOX_PAYMENT_ON_AMBIGUOUS"])
