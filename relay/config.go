@@ -25,9 +25,11 @@ type Config struct {
 	// MaxClaimedBytes bounds the payload bytes of the rows this relay holds claimed,
 	// waiting for a worker or in flight, so that large payloads cannot exhaust its memory:
 	// a claim stops when its rows' payloads, as PostgreSQL stores them (large ones
-	// compressed), reach what is left, and none is made while less than a quarter is
-	// left. A claim always takes at least one row, so a payload larger than the bound
-	// is still delivered, alone. Defaults to 128 MiB.
+	// compressed), reach what is left. While less than a quarter is left, only connector
+	// instances that hold no rows claim, so one instance's large payloads never stop the
+	// others. A claim always takes at least one row, so a payload larger than the bound
+	// is still delivered. The bound may thus be passed by one row per instance. Defaults
+	// to 128 MiB.
 	MaxClaimedBytes int64
 	// Lease is how long a claimed row stays with this relay before another may take it.
 	// Defaults to 30s.

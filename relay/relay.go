@@ -531,16 +531,19 @@ type claimPlan struct {
 // rate-limited instance will next have a token.
 func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (claimed int, wrote, more bool, retryIn time.Duration, err error) {
 	var plans []claimPlan
-	held := r.claimedRows.Load()
-	room := r.maxClaimed - int(held)
+	room := r.maxClaimed - int(r.claimedRows.Load())
+	// The payload bytes left to claim (see Config.MaxClaimedBytes). With less than a
+	// quarter left, only instances that hold no rows claim, so that one instance's large
+	// payloads never stop the others; a claim takes at least one row, however large.
 	bytesLeft := r.cfg.MaxClaimedBytes - r.claimedBytes.Load()
-	if held == 0 {
-		bytesLeft = max(bytesLeft, 1) // at least one row, however large
-	}
+	bytesTight := bytesLeft < r.cfg.MaxClaimedBytes/4
 	// Under load, wait for a quarter of the room before claiming, so claims stay batches.
-	if room >= max(1, r.maxClaimed/4) && (held == 0 || bytesLeft >= r.cfg.MaxClaimedBytes/4) {
+	if room >= max(1, r.maxClaimed/4) {
 		for _, name := range r.names {
 			inst := r.instances[name]
+			if bytesTight && inst.claimed.Load() > 0 {
+				continue
+			}
 			limit := min(r.cfg.BatchSize, room, inst.room())
 			if inst.limiter != nil {
 				now := time.Now()

@@ -1252,6 +1252,33 @@ func TestClaimedBytesAreBounded(t *testing.T) {
 	require.Equal(t, 1, round(), "then the next")
 }
 
+// One instance's large payloads do not stop another instance's claims: while the
+// bytes are spent, an instance that holds no rows still claims one.
+func TestLargePayloadsDoNotStopOtherInstances(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	_, cfg := b.clockedConfig(t)
+	cfg.MaxClaimedBytes = 100_000
+	r, err := New(b.pool, cfg, map[string]Instance{"webhook:big": {Connector: b.hook}, "webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	round := func() int {
+		t.Helper()
+		n, _, _, _, err := r.claimRound(t.Context(), nil, false)
+		require.NoError(t, err)
+		return n
+	}
+	enqueue(t, b.pool, "big", "webhook:big", map[string]string{"data": randomText(t, 300_000)})
+	require.Equal(t, 1, round())
+	enqueue(t, b.pool, "small-1", "webhook", []int{1})
+	enqueue(t, b.pool, "small-2", "webhook", []int{2})
+	require.Equal(t, 1, round(), "the other instance holds nothing: it claims a row")
+	require.Zero(t, round(), "and then waits for it, as the bytes are spent")
+	small := r.instances["webhook"]
+	r.done(small, <-small.jobs)
+	require.Equal(t, 1, round())
+	require.Equal(t, "big", (<-r.instances["webhook:big"].jobs).key)
+}
+
 // With a bound that holds few rows, every row is still delivered, once: a worker that
 // finishes makes room for the next claim.
 func TestLargePayloadsAreDeliveredWithinTheBound(t *testing.T) {
