@@ -1198,6 +1198,15 @@ func randomText(t *testing.T, n int) string {
 	return base64.StdEncoding.EncodeToString(b)[:n]
 }
 
+// claimOnce runs one claim round of r, with no outcomes to write, and returns how many
+// rows it claimed.
+func claimOnce(t *testing.T, r *Relay) int {
+	t.Helper()
+	n, _, _, _, err := r.claimRound(t.Context(), nil, false)
+	require.NoError(t, err)
+	return n
+}
+
 // The rows a relay holds claimed stay within MaxClaimedBytes of payload: a claim stops
 // at what is left, none is made while less than a quarter is left, and a payload larger
 // than the bound is still claimed, alone.
@@ -1218,12 +1227,7 @@ func TestClaimedBytesAreBounded(t *testing.T) {
 	}
 	_, err = outbox.EnqueueBatch(t.Context(), b.pool, msgs)
 	require.NoError(t, err)
-	round := func() int {
-		t.Helper()
-		n, _, _, _, err := r.claimRound(t.Context(), nil, false)
-		require.NoError(t, err)
-		return n
-	}
+	round := func() int { return claimOnce(t, r) }
 	finish := func(n int) {
 		for range n {
 			r.done(inst, <-inst.jobs)
@@ -1261,12 +1265,7 @@ func TestLargePayloadsDoNotStopOtherInstances(t *testing.T) {
 	cfg.MaxClaimedBytes = 100_000
 	r, err := New(b.pool, cfg, map[string]Instance{"webhook:big": {Connector: b.hook}, "webhook": {Connector: b.hook}})
 	require.NoError(t, err)
-	round := func() int {
-		t.Helper()
-		n, _, _, _, err := r.claimRound(t.Context(), nil, false)
-		require.NoError(t, err)
-		return n
-	}
+	round := func() int { return claimOnce(t, r) }
 	enqueue(t, b.pool, "big", "webhook:big", map[string]string{"data": randomText(t, 300_000)})
 	require.Equal(t, 1, round())
 	enqueue(t, b.pool, "small-1", "webhook", []int{1})
