@@ -576,11 +576,11 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 	for i := range plans {
 		plans[i].from = plans[i].inst.scanStart(time.Now(), rescan || unblocks, r.cfg.PollInterval)
 	}
-	// A stop does not interrupt a round in flight: its outcome (written or not) would
-	// be unknown, and the recorder would write the outcomes twice.
 	for i := range plans {
 		plans[i].bytes = max(1, bytesLeft/int64(len(plans)))
 	}
+	// A stop does not interrupt a round in flight: its outcome (written or not) would
+	// be unknown, and the recorder would write the outcomes twice.
 	roundCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), roundTimeout)
 	got, err := r.claimAndRecord(roundCtx, plans, outs)
 	cancel()
