@@ -36,6 +36,12 @@
 // limit (connectors.Timeouter) are claimed ahead, and not those whose ambiguous attempts
 // are held.
 //
+// Config.MaxClaimedBytes bounds the payload bytes of the rows a relay holds claimed
+// (outboxd_claimed_payload_bytes), so that large payloads cannot exhaust its memory. A
+// claim stops at what is left but always takes one row; while less than a quarter is
+// left, only instances that hold no rows claim, so one instance's large payloads never
+// stop the others.
+//
 // A claim starts its index scan a few seconds before the earliest row the instance's
 // last claim took, not at the head of the index, where the entries of rows delivered
 // since the last vacuum pile up; it starts at the head at least once every

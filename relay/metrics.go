@@ -17,9 +17,12 @@ type metrics struct {
 	unknownConnector *prometheus.GaugeVec // by connector
 	notifyWorking    prometheus.Gauge
 	dbErrors         *prometheus.CounterVec // by operation
+	claimedBytes     prometheus.GaugeFunc
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// newMetrics registers the relay's series on reg; claimedBytes reads the payload bytes
+// of the rows the relay holds claimed.
+func newMetrics(reg prometheus.Registerer, claimedBytes func() float64) (*metrics, error) {
 	latency := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 	m := &metrics{
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -55,9 +58,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		dbErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_database_errors_total", Help: "Database operations that failed and were retried, by operation.",
 		}, []string{"operation"}),
+		claimedBytes: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "outboxd_claimed_payload_bytes", Help: "Payload bytes of the rows this relay holds claimed, waiting for a worker or in flight (bounded by OUTBOX_MAX_CLAIMED_BYTES).",
+		}, claimedBytes),
 	}
 	for _, c := range []prometheus.Collector{m.deliveries, m.deliveryDuration, m.commitToDelivery, m.claimBatch,
-		m.leaseExpiries, m.handedBack, m.rows, m.oldestPending, m.unknownConnector, m.notifyWorking, m.dbErrors} {
+		m.leaseExpiries, m.handedBack, m.rows, m.oldestPending, m.unknownConnector, m.notifyWorking, m.dbErrors, m.claimedBytes} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

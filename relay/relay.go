@@ -147,15 +147,10 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		return nil, fmt.Errorf("relay config: %w", err)
 	}
 	cfg = cfg.withDefaults()
-	m, err := newMetrics(cfg.Registerer)
-	if err != nil {
-		return nil, fmt.Errorf("relay metrics: %w", err)
-	}
 	r := &Relay{
 		pool:      pool,
 		cfg:       cfg,
 		log:       cfg.Logger.With("component", "relay", "relay_id", cfg.ID),
-		metrics:   m,
 		instances: make(map[string]*instance, len(instances)),
 		wake:      make(chan struct{}, 1),
 		slotFreed: make(chan struct{}, 1),
@@ -168,6 +163,11 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 
 		probeTimeout: defaultProbeTimeout,
 	}
+	m, err := newMetrics(cfg.Registerer, func() float64 { return float64(r.claimedBytes.Load()) })
+	if err != nil {
+		return nil, fmt.Errorf("relay metrics: %w", err)
+	}
+	r.metrics = m
 	for name, in := range instances {
 		if in.Connector == nil {
 			return nil, fmt.Errorf("relay: connector instance %q has no Connector", name)

@@ -1236,6 +1236,7 @@ func TestClaimedBytesAreBounded(t *testing.T) {
 
 	require.Equal(t, 4, round(), "30 kB rows while those before add up to less than 100 kB")
 	require.InDelta(t, 4*30_000, r.claimedBytes.Load(), 4*100)
+	require.Equal(t, float64(r.claimedBytes.Load()), testutil.ToFloat64(r.metrics.claimedBytes), "the gauge shows them")
 	require.Zero(t, round(), "nothing left")
 	finish(2)
 	require.Equal(t, 2, round(), "40 kB left: the second row starts below it")
