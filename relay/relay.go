@@ -575,9 +575,7 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 	unblocks := slices.ContainsFunc(outs, func(o outcome) bool { return o.ordered })
 	for i := range plans {
 		plans[i].from = plans[i].inst.scanStart(time.Now(), rescan || unblocks, r.cfg.PollInterval)
-	}
-	for i := range plans {
-		plans[i].bytes = max(1, bytesLeft/int64(len(plans)))
+		plans[i].bytes = max(1, bytesLeft/int64(len(plans))) // the bytes left, shared evenly
 	}
 	// A stop does not interrupt a round in flight: its outcome (written or not) would
 	// be unknown, and the recorder would write the outcomes twice.
