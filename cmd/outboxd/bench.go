@@ -193,6 +193,8 @@ type benchReport struct {
 		GOMAXPROCS int    `json:"gomaxprocs"`
 		Platform   string `json:"platform"`
 		Go         string `json:"go"`
+		// GC is the garbage collector's GOGC and GOMEMLIMIT, as serve sets them.
+		GC string `json:"gc"`
 	} `json:"machine"`
 	Raw struct {
 		Requests          int     `json:"requests"`
@@ -260,6 +262,9 @@ func bench(ctx context.Context, e *env, o benchOptions) error {
 	rep.Config.BatchSize, rep.Config.Rate, rep.Config.Duration = o.batchSize, o.rate, o.duration.String()
 	rep.Machine.CPUs, rep.Machine.GOMAXPROCS = runtime.NumCPU(), runtime.GOMAXPROCS(0)
 	rep.Machine.Platform, rep.Machine.Go = runtime.GOOS+"/"+runtime.GOARCH, runtime.Version()
+	// The bench measures what serve does, so its process sets the collector as serve's
+	// does for the default bound on claimed payloads.
+	rep.Machine.GC = e.tuneGC(relay.DefaultMaxClaimedBytes)
 
 	runID := randomHex(4)
 	dbs, err := benchDatabases(ctx, e, runID, progress)
@@ -874,7 +879,7 @@ func printBenchReport(w io.Writer, rep *benchReport) {
 		c.Rows, c.PayloadBytes, c.Concurrency, c.BatchSize, c.Rate, c.Duration)
 	fmt.Fprintf(w, "  postgres:   %s, fsync=%s, synchronous_commit=%s, full_page_writes=%s (%s)\n",
 		pg.Version, pg.Fsync, pg.SynchronousCommit, pg.FullPageWrites, pg.Source)
-	fmt.Fprintf(w, "  machine:    %d CPUs, GOMAXPROCS=%d, %s, %s\n\n", rep.Machine.CPUs, rep.Machine.GOMAXPROCS, rep.Machine.Platform, rep.Machine.Go)
+	fmt.Fprintf(w, "  machine:    %d CPUs, GOMAXPROCS=%d, %s, %s, %s\n\n", rep.Machine.CPUs, rep.Machine.GOMAXPROCS, rep.Machine.Platform, rep.Machine.Go, rep.Machine.GC)
 
 	fmt.Fprintf(w, "raw keep-alive POSTs:   %8.0f req/s         (%d requests, %d workers, %.2fs)\n",
 		rep.Raw.RequestsPerSecond, rep.Raw.Requests, rep.Raw.Workers, rep.Raw.Seconds)

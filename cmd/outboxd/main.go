@@ -17,7 +17,15 @@ import (
 var version = ""
 
 func main() {
-	os.Exit(run(context.Background(), os.Args[1:], os.Environ(), os.Stdin, os.Stdout, os.Stderr))
+	os.Exit(runProcess(os.Args[1:]))
+}
+
+// runProcess runs one command line as the whole process: with its environment and
+// standard streams, and free to change process-wide settings (see env.tuneGC).
+func runProcess(args []string) int {
+	return runEnv(context.Background(), args, &env{
+		environ: os.Environ(), stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, ownsProcess: true,
+	})
 }
 
 // Exit codes.
@@ -42,24 +50,30 @@ type env struct {
 	stdin   io.Reader
 	stdout  io.Writer
 	stderr  io.Writer
+	// ownsProcess is set when the command is the whole process (runProcess), not one of
+	// several run side by side in a test.
+	ownsProcess bool
 }
 
 // run executes one command line and returns the exit code.
 func run(ctx context.Context, args, environ []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	e := &env{environ: environ, stdin: stdin, stdout: stdout, stderr: stderr}
+	return runEnv(ctx, args, &env{environ: environ, stdin: stdin, stdout: stdout, stderr: stderr})
+}
+
+func runEnv(ctx context.Context, args []string, e *env) int {
 	root := newRootCmd(e)
 	root.SetArgs(args)
-	root.SetIn(stdin)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
+	root.SetIn(e.stdin)
+	root.SetOut(e.stdout)
+	root.SetErr(e.stderr)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintln(stderr, "outboxd:", err)
+	fmt.Fprintln(e.stderr, "outboxd:", err)
 	var ue usageError
 	if errors.As(err, &ue) {
-		fmt.Fprintln(stderr, "Run 'outboxd --help' for usage.")
+		fmt.Fprintln(e.stderr, "Run 'outboxd --help' for usage.")
 		return exitUsage
 	}
 	return exitFailure

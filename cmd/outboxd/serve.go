@@ -125,7 +125,8 @@ func serve(ctx context.Context, e *env) error {
 		return fmt.Errorf("listen on OUTBOX_HTTP_ADDR: %w", err)
 	}
 
-	logger.InfoContext(ctx, "outboxd starting", "version", buildVersion(), "config", cfg)
+	gc := e.tuneGC(cfg.Engine.MaxClaimedBytes)
+	logger.InfoContext(ctx, "outboxd starting", "version", buildVersion(), "gc", gc, "config", cfg)
 	// Either part failing ends the other: a relay that cannot start takes the HTTP
 	// server down with it, and a failed listener stops the relay.
 	g, gctx := errgroup.WithContext(ctx)

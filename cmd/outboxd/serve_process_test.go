@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -34,7 +34,7 @@ const processWait = 60 * time.Second
 
 func TestMain(m *testing.M) {
 	if os.Getenv(serveChildEnv) == "1" {
-		os.Exit(run(context.Background(), []string{"serve"}, os.Environ(), os.Stdin, os.Stdout, os.Stderr))
+		os.Exit(runProcess([]string{"serve"}))
 	}
 	pgtest.Main(m)
 }
@@ -75,10 +75,11 @@ func TestServeStopsGracefullyOnSIGTERM(t *testing.T) {
 	t.Cleanup(pool.Close)
 
 	// The child inherits the environment but none of the caller's OUTBOX_ variables,
-	// which would change its configuration.
+	// which would change its configuration, nor GOGC or GOMEMLIMIT, so that it sets the
+	// garbage collector itself.
 	environ := make([]string, 0, len(os.Environ())+8)
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "OUTBOX_") {
+		if !strings.HasPrefix(kv, "OUTBOX_") && !strings.HasPrefix(kv, "GOGC=") && !strings.HasPrefix(kv, "GOMEMLIMIT=") {
 			environ = append(environ, kv)
 		}
 	}
@@ -146,6 +147,12 @@ func TestServeStopsGracefullyOnSIGTERM(t *testing.T) {
 		base = "http://" + addr
 		return addr != ""
 	})
+	// A relay process sets the collector as planGC says (the default bound on claimed
+	// payloads: 128 MiB).
+	started, ok := findLog(stderr.String(), "outboxd starting")
+	require.True(t, ok, "the child logs its start")
+	p := planGC(func(string) string { return "" }, 128<<20, memlimit.ApplyFallback(memlimit.FromCgroup, memlimit.FromSystem))
+	require.Equal(t, formatGC(uint64(p.percent), uint64(p.limit)), started["gc"])
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
 	get := func(path string) (int, string) {
 		resp, err := client.Get(base + path)
