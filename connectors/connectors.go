@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 )
@@ -288,11 +289,25 @@ func Excerpt(s string, limit int) string {
 // (results are read by people) and panics only on a value JSON cannot hold, which is a
 // programmer error in the connector.
 func MarshalResult(v any) json.RawMessage {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
+	e := resultEncoders.Get().(*resultEncoder)
+	defer resultEncoders.Put(e)
+	e.buf.Reset()
+	if err := e.enc.Encode(v); err != nil {
 		panic("connectors: result cannot be encoded: " + err.Error())
 	}
-	return bytes.TrimRight(buf.Bytes(), "\n")
+	return bytes.Clone(bytes.TrimRight(e.buf.Bytes(), "\n"))
 }
+
+// resultEncoder is MarshalResult's encoder and buffer, kept between calls: a relay
+// encodes a result for every attempt.
+type resultEncoder struct {
+	buf bytes.Buffer
+	enc *json.Encoder
+}
+
+var resultEncoders = sync.Pool{New: func() any {
+	e := &resultEncoder{}
+	e.enc = json.NewEncoder(&e.buf)
+	e.enc.SetEscapeHTML(false)
+	return e
+}}

@@ -56,6 +56,11 @@ func TestHelpers(t *testing.T) {
 
 	require.Equal(t, `{"body":"<p>&</p>"}`, string(connectors.MarshalResult(map[string]string{"body": "<p>&</p>"})))
 	require.Panics(t, func() { connectors.MarshalResult(make(chan int)) })
+	// Encoders are reused between calls; a result never shares their buffer.
+	first := connectors.MarshalResult(map[string]int{"status": 200})
+	_ = connectors.MarshalResult(map[string]string{"body": "a longer answer that would overwrite it"})
+	require.Equal(t, `{"status":200}`, string(first))
+	require.Equal(t, `{"status":201}`, string(connectors.MarshalResult(map[string]int{"status": 201})), "encodes again after a panic")
 
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	d, ok := connectors.ParseRetryAfter("120", now)

@@ -700,7 +700,8 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 	for i, p := range plans {
 		rows, err := br.Query()
 		if err == nil {
-			got[i], err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) { return scanClaimed(row, now) })
+			got[i], err = pgx.AppendRows(make([]claimed, 0, p.limit), rows,
+				func(row pgx.CollectableRow) (claimed, error) { return scanClaimed(row, now) })
 		}
 		if err != nil {
 			_ = br.Close()

@@ -351,11 +351,18 @@ func (c *Connector) classify(resp *http.Response, excerpt string) error {
 	}
 }
 
+// excerptBufs keep readExcerpt's buffers between attempts.
+var excerptBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
 // readExcerpt reads up to limit bytes of body and returns them as valid UTF-8 (invalid
 // bytes become U+FFFD while it fits, and a rune cut at the end is dropped), reporting
 // whether anything was left out.
 func readExcerpt(body io.Reader, limit int) (string, bool) {
-	buf, err := io.ReadAll(io.LimitReader(body, int64(limit)+1))
+	read := excerptBufs.Get().(*bytes.Buffer)
+	defer excerptBufs.Put(read)
+	read.Reset()
+	_, err := read.ReadFrom(io.LimitReader(body, int64(limit)+1))
+	buf := read.Bytes()
 	truncated := err != nil || len(buf) > limit
 	buf = buf[:min(len(buf), limit)]
 	if utf8.Valid(buf) {
