@@ -60,6 +60,7 @@ func run(ctx context.Context, args, environ []string, stdin io.Reader, stdout, s
 	return runEnv(ctx, args, &env{environ: environ, stdin: stdin, stdout: stdout, stderr: stderr})
 }
 
+// runEnv executes one command line in e and returns the exit code.
 func runEnv(ctx context.Context, args []string, e *env) int {
 	root := newRootCmd(e)
 	root.SetArgs(args)
