@@ -18,11 +18,19 @@ type metrics struct {
 	notifyWorking    prometheus.Gauge
 	dbErrors         *prometheus.CounterVec // by operation
 	claimedBytes     prometheus.GaugeFunc
+	claimedRows      prometheus.GaugeFunc
+	inFlight         prometheus.GaugeFunc
 }
 
-// newMetrics registers the relay's series on reg; claimedBytes reads the payload bytes
-// of the rows the relay holds claimed.
-func newMetrics(reg prometheus.Registerer, claimedBytes func() float64) (*metrics, error) {
+// holdings read what a relay holds at the moment, for its gauges.
+type holdings struct {
+	claimedBytes func() float64 // payload bytes of the rows it holds claimed
+	claimedRows  func() float64 // rows it holds claimed, waiting for a worker or in flight
+	inFlight     func() float64 // deliveries in flight
+}
+
+// newMetrics registers the relay's series on reg.
+func newMetrics(reg prometheus.Registerer, h holdings) (*metrics, error) {
 	latency := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 	m := &metrics{
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -60,10 +68,16 @@ func newMetrics(reg prometheus.Registerer, claimedBytes func() float64) (*metric
 		}, []string{"operation"}),
 		claimedBytes: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "outboxd_claimed_payload_bytes", Help: "Payload bytes of the rows this relay holds claimed, waiting for a worker or in flight (bounded by OUTBOX_MAX_CLAIMED_BYTES).",
-		}, claimedBytes),
+		}, h.claimedBytes),
+		claimedRows: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "outboxd_claimed_rows", Help: "Rows this relay holds claimed, waiting for a worker or in flight.",
+		}, h.claimedRows),
+		inFlight: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "outboxd_deliveries_in_flight", Help: "Deliveries in flight, at most OUTBOX_CONCURRENCY. Below it while rows are pending and outboxd_claimed_rows is low, the workers wait for claims: the database, not the receivers, limits the rate.",
+		}, h.inFlight),
 	}
 	for _, c := range []prometheus.Collector{m.deliveries, m.deliveryDuration, m.commitToDelivery, m.claimBatch,
-		m.leaseExpiries, m.handedBack, m.rows, m.oldestPending, m.unknownConnector, m.notifyWorking, m.dbErrors, m.claimedBytes} {
+		m.leaseExpiries, m.handedBack, m.rows, m.oldestPending, m.unknownConnector, m.notifyWorking, m.dbErrors, m.claimedBytes, m.claimedRows, m.inFlight} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

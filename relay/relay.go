@@ -163,7 +163,11 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 
 		probeTimeout: defaultProbeTimeout,
 	}
-	m, err := newMetrics(cfg.Registerer, func() float64 { return float64(r.claimedBytes.Load()) })
+	m, err := newMetrics(cfg.Registerer, holdings{
+		claimedBytes: func() float64 { return float64(r.claimedBytes.Load()) },
+		claimedRows:  func() float64 { return float64(r.claimedRows.Load()) },
+		inFlight:     func() float64 { return float64(len(r.slots)) },
+	})
 	if err != nil {
 		return nil, fmt.Errorf("relay metrics: %w", err)
 	}

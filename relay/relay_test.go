@@ -595,6 +595,8 @@ func TestRowClaimedAheadTooLongIsHandedBack(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return slow.TotalEffects() == 1 && countStatus(t, b.pool)["delivering"] == 2
 	}, waitTimeout, 10*time.Millisecond, "one row in flight, the other claimed ahead")
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.inFlight), "the gauges show the delivery in flight")
+	require.Equal(t, 2.0, testutil.ToFloat64(r.metrics.claimedRows), "and both rows held")
 
 	clock.Advance(time.Second)
 	closeOnce(release)
