@@ -1,4 +1,4 @@
--- outboxd schema, version 2.
+-- outboxd schema, version 3.
 --
 -- This file is the whole current schema. It is idempotent: it applies cleanly to an empty
 -- database and again to one that already has it, so `outboxd migrate` can always apply it.
@@ -74,8 +74,15 @@ CREATE TABLE IF NOT EXISTS outbox (
 
 -- Room on every page for the new versions a row's claim and outcome write: an update
 -- that fits on the row's page costs no search for space and no growth of the table.
--- It applies to pages written from now on.
-ALTER TABLE outbox SET (fillfactor = 70);
+-- A claim takes rows in insertion order, so it updates every row of a page in one
+-- transaction, and the pending versions cannot be pruned until it commits: the page must
+-- hold a second version of every row, hence half of it is left free. The outcome's
+-- versions then take the place of the pending ones, pruned by then. Version 2 had 70,
+-- which left room for fewer than half of a page's claims; the rest went to new pages at
+-- the end of the table. On 50,000 rows of 500 bytes, 50 costs PostgreSQL about 6–12 µs
+-- less CPU per delivered row than 70, and up to 3 µs more per row inserted (twice as
+-- many pages); see BenchmarkClaimAndRecord. It applies to pages written from now on.
+ALTER TABLE outbox SET (fillfactor = 50);
 
 -- The claim query's index: pending rows of a connector in the order they become due.
 CREATE INDEX IF NOT EXISTS outbox_pending_due
@@ -190,4 +197,4 @@ CREATE TABLE IF NOT EXISTS outbox_audit (
 CREATE INDEX IF NOT EXISTS outbox_audit_outbox_id
     ON outbox_audit (outbox_id, id);
 
-INSERT INTO outbox_schema_migrations (version) VALUES (2) ON CONFLICT (version) DO NOTHING;
+INSERT INTO outbox_schema_migrations (version) VALUES (3) ON CONFLICT (version) DO NOTHING;

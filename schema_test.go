@@ -2,6 +2,7 @@ package outboxd_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -55,44 +56,52 @@ func TestMigrateEmptyThenAgain(t *testing.T) {
 	require.Equal(t, 1, n)
 }
 
-// A database at version 1 moves to the current version with its rows: the attempts'
-// foreign key gives way to the delete trigger, and new outbox pages leave room for
-// updates.
-func TestMigrateFromVersion1(t *testing.T) {
+// A database at an older version moves to the current one with its rows: the attempts'
+// foreign key of version 1 gives way to the delete trigger, and new outbox pages leave
+// half their room for updates.
+func TestMigrateFromOlderVersions(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	conn := emptySchemaConn(t, pgtest.DB(t))
-	v1, err := os.ReadFile("testdata/schema_v1.sql")
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, string(v1))
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, `
-		INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('old', 'webhook', '{}'), ('other', 'webhook', '{}');
-		INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, outcome)
-		SELECT id, 1, 'r', now(), 'retry' FROM outbox`)
-	require.NoError(t, err)
+	for _, version := range []int{1, 2} {
+		t.Run(fmt.Sprintf("version %d", version), func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			conn := emptySchemaConn(t, pgtest.DB(t))
+			old, err := os.ReadFile(fmt.Sprintf("testdata/schema_v%d.sql", version))
+			require.NoError(t, err)
+			_, err = conn.Exec(ctx, string(old))
+			require.NoError(t, err)
+			_, err = conn.Exec(ctx, `
+				INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('old', 'webhook', '{}'), ('other', 'webhook', '{}');
+				INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, outcome)
+				SELECT id, 1, 'r', now(), 'retry' FROM outbox`)
+			require.NoError(t, err)
 
-	from, err := outboxd.Migrate(ctx, conn)
-	require.NoError(t, err)
-	require.Equal(t, 1, from)
+			from, err := outboxd.Migrate(ctx, conn)
+			require.NoError(t, err)
+			require.Equal(t, version, from)
+			var now int
+			require.NoError(t, conn.QueryRow(ctx, `SELECT max(version) FROM outbox_schema_migrations`).Scan(&now))
+			require.Equal(t, outboxd.SchemaVersion, now)
 
-	var fks int
-	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM pg_constraint
-		WHERE conrelid = 'outbox_attempts'::regclass AND contype = 'f'`).Scan(&fks))
-	require.Zero(t, fks, "no foreign key checks on recording attempts")
-	var options []string
-	require.NoError(t, conn.QueryRow(ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = 'outbox'::regclass`).Scan(&options))
-	require.Contains(t, options, "fillfactor=70")
+			var fks int
+			require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM pg_constraint
+				WHERE conrelid = 'outbox_attempts'::regclass AND contype = 'f'`).Scan(&fks))
+			require.Zero(t, fks, "no foreign key checks on recording attempts")
+			var options []string
+			require.NoError(t, conn.QueryRow(ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = 'outbox'::regclass`).Scan(&options))
+			require.Equal(t, []string{"fillfactor=50"}, options)
 
-	// Deleting a row still deletes its attempts, and only its own.
-	_, err = conn.Exec(ctx, `DELETE FROM outbox WHERE idempotency_key = 'old'`)
-	require.NoError(t, err)
-	var left []string
-	require.NoError(t, conn.QueryRow(ctx, `SELECT array_agg(o.idempotency_key) FROM outbox_attempts a JOIN outbox o ON o.id = a.outbox_id`).Scan(&left))
-	require.Equal(t, []string{"other"}, left)
-	var orphans int
-	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM outbox_attempts a WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = a.outbox_id)`).Scan(&orphans))
-	require.Zero(t, orphans)
+			// Deleting a row still deletes its attempts, and only its own.
+			_, err = conn.Exec(ctx, `DELETE FROM outbox WHERE idempotency_key = 'old'`)
+			require.NoError(t, err)
+			var left []string
+			require.NoError(t, conn.QueryRow(ctx, `SELECT array_agg(o.idempotency_key) FROM outbox_attempts a JOIN outbox o ON o.id = a.outbox_id`).Scan(&left))
+			require.Equal(t, []string{"other"}, left)
+			var orphans int
+			require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM outbox_attempts a WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = a.outbox_id)`).Scan(&orphans))
+			require.Zero(t, orphans)
+		})
+	}
 }
 
 func TestMigrateConcurrently(t *testing.T) {

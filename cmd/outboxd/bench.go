@@ -32,6 +32,7 @@ import (
 	"github.com/outboxd/outboxd/connectors/webhook"
 	"github.com/outboxd/outboxd/internal/config"
 	"github.com/outboxd/outboxd/internal/pgcluster"
+	"github.com/outboxd/outboxd/internal/proccpu"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
@@ -308,9 +309,9 @@ func bench(ctx context.Context, e *env, o benchOptions) error {
 	// Phase 1: raw POSTs.
 	progress("phase 1: %d raw keep-alive POSTs to %s from %d workers", o.rows, rcv.URL(), o.concurrency)
 	rawCtx, cancelRaw := context.WithTimeoutCause(ctx, benchPhaseTimeout, errors.New("the raw phase took too long"))
-	cpu0, cpuOK := processCPU()
+	cpu0, cpuOK := proccpu.Self()
 	rawElapsed, err := benchRaw(rawCtx, rcv.URL(), payload, o.rows, o.concurrency, "bench-"+runID+"-raw-")
-	cpu1, _ := processCPU()
+	cpu1, _ := proccpu.Self()
 	cancelRaw()
 	if err != nil {
 		return fmt.Errorf("raw phase: %w", err)
@@ -587,8 +588,8 @@ func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool
 
 	progress("phase 2: relay delivering %d rows (concurrency %d, batch size %d)", o.rows, o.concurrency, o.batchSize)
 	base := rcv.TotalEffects()
-	self0, selfOK := processCPU()
-	pg0, pgOK := treeCPU(pgPID)
+	self0, selfOK := proccpu.Self()
+	pg0, pgOK := proccpu.Tree(pgPID)
 	start := time.Now()
 	rr := startRelay(ctx, r)
 	defer func() { _ = rr.stop() }()
@@ -608,8 +609,8 @@ func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool
 		return fmt.Errorf("relay: %w", err)
 	}
 	recorded := time.Since(start)
-	self1, _ := processCPU()
-	pg1, _ := treeCPU(pgPID)
+	self1, _ := proccpu.Self()
+	pg1, _ := proccpu.Tree(pgPID)
 	if selfOK {
 		rep.Throughput.ProcessCPUMicros = micros(self1-self0) / float64(o.rows)
 	}

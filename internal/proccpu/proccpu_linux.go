@@ -1,4 +1,4 @@
-package main
+package proccpu
 
 import (
 	"bytes"
@@ -12,8 +12,8 @@ import (
 // userHZ is the unit of the CPU times in /proc/<pid>/stat: 100 per second on Linux.
 const userHZ = 100
 
-// processCPU returns the CPU time (user and system) this process has used so far.
-func processCPU() (time.Duration, bool) {
+// Self returns the CPU time (user and system) this process has used so far.
+func Self() (time.Duration, bool) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0, false
@@ -21,11 +21,11 @@ func processCPU() (time.Duration, bool) {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
 }
 
-// treeCPU returns the CPU time used so far by process pid and its children that are
+// Tree returns the CPU time used so far by process pid and its children that are
 // still running: for a postmaster, the server's backends and background processes. A
 // child that has exited since an earlier call no longer counts, so the pool's
 // connections, which live through a bench phase, should do the work being measured.
-func treeCPU(pid int) (time.Duration, bool) {
+func Tree(pid int) (time.Duration, bool) {
 	if pid <= 0 {
 		return 0, false
 	}

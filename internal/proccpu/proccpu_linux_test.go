@@ -1,4 +1,4 @@
-package main
+package proccpu
 
 import (
 	"os"
@@ -11,19 +11,19 @@ import (
 // The CPU a process tree used is read from /proc: this process's own, after it burned
 // some, counts in both measures.
 func TestCPUMeasures(t *testing.T) {
-	self0, ok := processCPU()
+	self0, ok := Self()
 	require.True(t, ok)
-	tree0, found := treeCPU(os.Getpid())
+	tree0, found := Tree(os.Getpid())
 	require.True(t, found)
 	burn := 0
-	for self, _ := processCPU(); self-self0 < 100*time.Millisecond; self, _ = processCPU() {
+	for self, _ := Self(); self-self0 < 100*time.Millisecond; self, _ = Self() {
 		for i := range 100000 {
 			burn += i
 		}
 	}
-	tree1, found := treeCPU(os.Getpid())
+	tree1, found := Tree(os.Getpid())
 	require.True(t, found)
 	require.GreaterOrEqual(t, tree1-tree0, 50*time.Millisecond, "burned %d", burn)
-	_, found = treeCPU(0)
+	_, found = Tree(0)
 	require.False(t, found)
 }
