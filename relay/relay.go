@@ -704,7 +704,10 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 	for i, p := range plans {
 		rows, err := br.Query()
 		if err == nil {
-			got[i], err = pgx.AppendRows(make([]claimed, 0, p.limit), rows,
+			// Not sized for the limit: an idle relay polling every few milliseconds
+			// claims a row or none, and zeroing room for a full batch every round
+			// cost it more CPU than anything else it does.
+			got[i], err = pgx.AppendRows(make([]claimed, 0, min(p.limit, 16)), rows,
 				func(row pgx.CollectableRow) (claimed, error) { return scanClaimed(row, now) })
 		}
 		if err != nil {
