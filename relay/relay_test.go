@@ -75,7 +75,7 @@ func setup(t *testing.T, opts receiver.Options) *testBundle {
 	}
 }
 
-func newHook(t *testing.T, url string) *webhook.Connector {
+func newHook(t testing.TB, url string) *webhook.Connector {
 	t.Helper()
 	hook, err := webhook.New(webhook.Config{URL: url, Guarantee: connectors.Enforced, Timeout: 5 * time.Second})
 	require.NoError(t, err)
