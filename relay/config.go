@@ -17,7 +17,7 @@ import (
 type Config struct {
 	// ID names this relay in leases and the attempts log. Defaults to host-pid-random.
 	ID string
-	// BatchSize is the most rows one claim takes. Defaults to 500.
+	// BatchSize is the most rows one claim takes. Defaults to 1000.
 	BatchSize int
 	// Concurrency is the most deliveries in flight at once, over all connectors.
 	// Defaults to 128.
@@ -94,7 +94,7 @@ func (c *Config) withDefaults() *Config {
 	host, _ := os.Hostname()
 	out := *c
 	out.ID = cmp.Or(c.ID, fmt.Sprintf("%s-%d-%s", cmp.Or(host, "relay"), os.Getpid(), randomSuffix()))
-	out.BatchSize = cmp.Or(c.BatchSize, 500)
+	out.BatchSize = cmp.Or(c.BatchSize, 1000)
 	out.Concurrency = cmp.Or(c.Concurrency, 128)
 	out.MaxClaimedBytes = cmp.Or(c.MaxClaimedBytes, DefaultMaxClaimedBytes)
 	out.Lease = cmp.Or(c.Lease, 30*time.Second)

@@ -29,7 +29,7 @@
 // Deliveries in flight never exceed Config.Concurrency, nor an instance's Concurrency,
 // so one slow or strict receiver never holds slots the others could use; a rate-limited
 // instance is claimed no faster than its rate. So that workers do not idle while a claim
-// is on its way, a relay claims up to ten rounds of an instance's deliveries ahead,
+// is on its way, a relay claims up to twenty rounds of an instance's deliveries ahead,
 // fewer when its recent attempts are slow: a row waits only while the instance's workers
 // are busy, and one that waited too long to still finish well inside its lease is handed
 // back unsent (outboxd_claims_handed_back_total). Only connectors that declare their time

@@ -129,7 +129,7 @@ func newBenchCmd(e *env) *cobra.Command {
 	f.IntVar(&o.rows, "rows", 50000, "rows delivered in the throughput phase (and raw POSTs in the raw phase)")
 	f.IntVar(&o.payloadBytes, "payload-bytes", 500, "size of each webhook payload, in bytes of JSON")
 	f.IntVar(&o.concurrency, "concurrency", 128, "deliveries in flight (the relay's Concurrency), and raw POST workers")
-	f.IntVar(&o.batchSize, "batch-size", 500, "most rows one claim takes (the relay's BatchSize)")
+	f.IntVar(&o.batchSize, "batch-size", 1000, "most rows one claim takes (the relay's BatchSize)")
 	f.Float64Var(&o.rate, "rate", 1000, "rows/s offered in the latency phase, each in its own transaction")
 	f.DurationVar(&o.duration, "duration", 10*time.Second, "how long the latency phase offers its load")
 	f.BoolVar(&o.json, "json", false, "print the report as JSON")

@@ -54,7 +54,7 @@ type Log struct {
 // Engine is the relay's tuning; [Config.Relay] turns it into a [relay.Config].
 type Engine struct {
 	// BatchSize is the most rows one claim takes.
-	BatchSize int `env:"OUTBOX_BATCH_SIZE" envDefault:"500" desc:"most rows one claim takes"`
+	BatchSize int `env:"OUTBOX_BATCH_SIZE" envDefault:"1000" desc:"most rows one claim takes"`
 	// Concurrency is the most deliveries in flight at once, over all connectors.
 	Concurrency int `env:"OUTBOX_CONCURRENCY" envDefault:"128" desc:"most deliveries in flight at once, over all connector instances"`
 	// MaxClaimedBytes bounds the payload bytes of the rows the relay holds claimed.

@@ -61,7 +61,7 @@ func TestLoadDefaults(t *testing.T) {
 	require.Equal(t, "127.0.0.1:8080", cfg.HTTPAddr)
 	require.Equal(t, Log{Format: "text", Level: "info"}, cfg.Log)
 	require.Equal(t, Engine{
-		BatchSize:       500,
+		BatchSize:       1000,
 		Concurrency:     128,
 		MaxClaimedBytes: 128 << 20,
 		Lease:           30 * time.Second,
@@ -474,7 +474,7 @@ func TestConfigRelay(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &relay.Config{
 		ID:              "r1",
-		BatchSize:       500,
+		BatchSize:       1000,
 		Concurrency:     128,
 		MaxClaimedBytes: 128 << 20,
 		Lease:           30 * time.Second,
