@@ -114,7 +114,9 @@ func newBenchCmd(e *env) *cobra.Command {
 			"Every row must end delivered, with exactly one effect.\n" +
 			"  3. latency: a fresh relay, and --rate rows/s offered for --duration, each row in its own " +
 			"transaction (BEGIN, outbox.Enqueue, COMMIT); commit-to-delivery is the time from COMMIT " +
-			"returning to the request's arrival at the receiver.\n\n" +
+			"returning to the request's arrival at the receiver. In the throwaway cluster it also reports the " +
+			"CPU the phase cost per row, in this process and in PostgreSQL (the producers' connections apart), " +
+			"and how busy that kept the machine.\n\n" +
 			"Progress goes to stderr, the report to stdout (JSON with --json). With OUTBOX_DATABASE_URL the " +
 			"rows stay in that database, under connector instances of their own (webhook:bench_<run id>_*).",
 		Example: `  # the issue's benchmark: 50,000 rows of ~500 bytes, then 1,000 rows/s for 10s
@@ -234,6 +236,19 @@ type benchReport struct {
 		MaxMs        float64 `json:"max_ms"`
 		CommitP50Ms  float64 `json:"commit_p50_ms"`
 		CommitP99Ms  float64 `json:"commit_p99_ms"`
+		// CPU per row from the first producer's start until the last delivery, the
+		// producers' transactions, the relay and the receiver together: this process,
+		// and the throwaway PostgreSQL's processes; and what both used as a share of
+		// the machine's CPUs (0: not measured, as with OUTBOX_DATABASE_URL).
+		ProcessCPUMicros  float64 `json:"process_cpu_us_per_row,omitempty"`
+		PostgresCPUMicros float64 `json:"postgres_cpu_us_per_row,omitempty"`
+		CPUBusy           float64 `json:"cpu_busy,omitempty"`
+		// The part of PostgresCPUMicros spent by the producers' own connections:
+		// their INSERTs and durable COMMITs, which are the application's, not the relay's.
+		ProducersPostgresCPUMicros float64 `json:"producers_postgres_cpu_us_per_row,omitempty"`
+		// The relay's claim statements, empty polls included, and the rows they took.
+		Claims       int     `json:"claims"`
+		RowsPerClaim float64 `json:"rows_per_claim"`
 	} `json:"latency"`
 	Targets []benchTarget `json:"targets"`
 }
@@ -333,7 +348,7 @@ func bench(ctx context.Context, e *env, o benchOptions) error {
 	tput.Close()
 
 	// Phase 3: latency, on a fresh database (or a fresh connector instance).
-	if err := benchLatency(ctx, o, rep, dbs, lat, hook, relayCfg(), payload, progress); err != nil {
+	if err := benchLatency(ctx, o, rep, dbs, lat, dbs.postgresPID(), hook, relayCfg(), payload, progress); err != nil {
 		return fmt.Errorf("latency phase: %w", err)
 	}
 
@@ -775,7 +790,7 @@ func (l *latencyRecorder) onEffect(eff receiver.Effect) {
 }
 
 // benchLatency is phase 3: a fresh relay, and single-row transactions at a steady rate.
-func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *benchDBs, lat *latencyRecorder,
+func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *benchDBs, lat *latencyRecorder, pgPID int,
 	hook connectors.Connector, cfg *relay.Config, payload json.RawMessage, progress func(string, ...any),
 ) error {
 	ctx, cancel := context.WithTimeoutCause(ctx, benchPhaseTimeout+o.duration, errors.New("the latency phase took too long"))
@@ -808,6 +823,14 @@ func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *be
 	if err := app.Ping(ctx); err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
+	// The producers' backends, to tell their CPU from the relay's; only in the bench's
+	// own cluster, whose processes run on this machine.
+	var producerPIDs []int
+	if pgPID > 0 {
+		if producerPIDs, err = backendPIDs(ctx, app, producers); err != nil {
+			return fmt.Errorf("connect: %w", err)
+		}
+	}
 
 	r, err := relay.New(pool, cfg, map[string]relay.Instance{dbs.latInstance: {Connector: hook}})
 	if err != nil {
@@ -830,6 +853,9 @@ func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *be
 	)
 	pctx, stopProducers := context.WithCancel(ctx)
 	defer stopProducers()
+	self0, selfOK := proccpu.Self()
+	pg0, pgOK := proccpu.Tree(pgPID)
+	app0 := backendsCPU(producerPIDs)
 	start := time.Now()
 	for range producers {
 		wg.Go(func() {
@@ -878,9 +904,22 @@ func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *be
 		case <-poll.C:
 		}
 	}
+	loaded := time.Since(start)
+	self1, _ := proccpu.Self()
+	pg1, _ := proccpu.Tree(pgPID)
+	app1 := backendsCPU(producerPIDs)
+	if selfOK {
+		rep.Latency.ProcessCPUMicros = micros(self1-self0) / float64(n)
+		if pgOK {
+			rep.Latency.PostgresCPUMicros = micros(pg1-pg0) / float64(n)
+			rep.Latency.ProducersPostgresCPUMicros = micros(app1-app0) / float64(n)
+			rep.Latency.CPUBusy = float64(self1-self0+pg1-pg0) / (float64(loaded) * float64(runtime.NumCPU()))
+		}
+	}
 	if err := rr.stop(); err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
+	rep.Latency.Claims, rep.Latency.RowsPerClaim = claimStats(cfg.Registerer)
 
 	latencies := make([]time.Duration, n)
 	commitGaps := make([]time.Duration, n)
@@ -902,6 +941,37 @@ func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *be
 	rep.Latency.CommitP99Ms = ms(percentile(commitGaps, 0.99))
 	progress("phase 3: p50 %.2f ms, p99 %.2f ms", rep.Latency.P50Ms, rep.Latency.P99Ms)
 	return nil
+}
+
+// backendPIDs holds all n connections of pool at once and returns the process ids of
+// their PostgreSQL backends.
+func backendPIDs(ctx context.Context, pool *pgxpool.Pool, n int) ([]int, error) {
+	pids := make([]int, 0, n)
+	for range n {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Release()
+		var pid int
+		if err := c.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			return nil, err
+		}
+		pids = append(pids, pid)
+	}
+	return pids, nil
+}
+
+// backendsCPU returns the CPU time the backends pids have used so far (0 where it
+// cannot be read).
+func backendsCPU(pids []int) time.Duration {
+	var sum time.Duration
+	for _, pid := range pids {
+		if d, ok := proccpu.Tree(pid); ok {
+			sum += d
+		}
+	}
+	return sum
 }
 
 // claimStats reads from the relay's metrics how many claim statements it ran and how
@@ -974,6 +1044,15 @@ func printBenchReport(w io.Writer, rep *benchReport) {
 	fmt.Fprintf(w, "  p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms   (%d samples)\n",
 		l.P50Ms, l.P90Ms, l.P99Ms, l.MaxMs, l.Samples)
 	fmt.Fprintf(w, "  each transaction, from its scheduled start to COMMIT returning: p50 %.2f ms, p99 %.2f ms\n", l.CommitP50Ms, l.CommitP99Ms)
+	fmt.Fprintf(w, "  the relay: %d claims (empty polls included), %.1f rows per claim\n", l.Claims, l.RowsPerClaim)
+	if l.ProcessCPUMicros > 0 {
+		fmt.Fprintf(w, "  CPU per row, producers, relay and receiver together: %.0f µs in this process", l.ProcessCPUMicros)
+		if l.CPUBusy > 0 {
+			fmt.Fprintf(w, " + %.0f µs in PostgreSQL, of which %.0f µs\n  in the producers' connections (their INSERTs and durable COMMITs); the %d CPUs were %.0f%% busy with them",
+				l.PostgresCPUMicros, l.ProducersPostgresCPUMicros, rep.Machine.CPUs, 100*l.CPUBusy)
+		}
+		fmt.Fprintln(w)
+	}
 	if l.AchievedRate < benchRateReached*l.OfferedRate {
 		fmt.Fprintf(w, "  the producers fell behind: single-row transactions could not commit at %g rows/s on this machine\n", l.OfferedRate)
 	}

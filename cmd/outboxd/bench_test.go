@@ -34,6 +34,9 @@ func TestBenchSmoke(t *testing.T) {
 		require.Contains(t, out, "(200 samples)")
 		require.Contains(t, out, "fsync=on, synchronous_commit=on")
 		require.Contains(t, out, "rows=500 payload=500B concurrency=16 batch=100")
+		if runtime.GOOS == "linux" {
+			require.Regexp(t, `CPU per row, producers, relay and receiver together: \d+ µs in this process \+ \d+ µs in PostgreSQL, of which \d+ µs\n  in the producers' connections \(their INSERTs and durable COMMITs\); the \d+ CPUs were \d+% busy`, out)
+		}
 		require.Contains(t, stderr.String(), "bench: phase 3:")
 	})
 
@@ -50,6 +53,8 @@ func TestBenchSmoke(t *testing.T) {
 		require.Positive(t, rep.Raw.RequestsPerSecond)
 		require.Equal(t, 200, rep.Latency.Samples)
 		require.LessOrEqual(t, rep.Latency.P50Ms, rep.Latency.P99Ms)
+		require.Positive(t, rep.Latency.Claims)
+		require.Positive(t, rep.Latency.RowsPerClaim)
 		require.Equal(t, "on", rep.Postgres.Fsync)
 		require.Equal(t, "on", rep.Postgres.SynchronousCommit)
 		require.Len(t, rep.Targets, 4)
@@ -57,6 +62,10 @@ func TestBenchSmoke(t *testing.T) {
 			require.Positive(t, rep.Raw.ProcessCPUMicros)
 			require.Positive(t, rep.Throughput.ProcessCPUMicros)
 			require.GreaterOrEqual(t, rep.Throughput.PostgresCPUMicros, 0.0)
+			require.Positive(t, rep.Latency.ProcessCPUMicros)
+			require.Positive(t, rep.Latency.CPUBusy, "the bench's own cluster: PostgreSQL's CPU is measured")
+			require.Positive(t, rep.Latency.ProducersPostgresCPUMicros)
+			require.Less(t, rep.Latency.ProducersPostgresCPUMicros, rep.Latency.PostgresCPUMicros)
 		}
 	})
 }
