@@ -535,8 +535,9 @@ type claimPlan struct {
 }
 
 // claimRound claims for every instance as much as its room and rate allow, in one
-// transaction that also writes outs when there are claims to make or record is true,
-// and returns how many rows it claimed and whether it wrote outs. more is true when
+// transaction that also writes outs when record is true, or when there are claims to
+// make and at least recordWithClaim outs, and returns how many rows it claimed and
+// whether it wrote outs. more is true when
 // some claim came back full (there may be more due rows); retryIn is when a
 // rate-limited instance will next have a token.
 func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (claimed int, wrote, more bool, retryIn time.Duration, err error) {
@@ -590,6 +591,9 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 	// A stop does not interrupt a round in flight: its outcome (written or not) would
 	// be unknown, and the recorder would write the outcomes twice.
 	roundCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), roundTimeout)
+	if !record && len(outs) < recordWithClaim {
+		outs = nil // they linger (see recordWithClaim)
+	}
 	got, err := r.claimAndRecord(roundCtx, plans, outs)
 	cancel()
 	if err != nil {
@@ -1054,11 +1058,22 @@ func withoutAnswer(o outcome, err error) outcome {
 
 // Outcomes are written in batches of up to recordBatch, since every write is a commit
 // and a commit costs PostgreSQL about as much as recording a hundred rows. An outcome
-// waits up to recordLinger for others, and less when a claim comes first; an outcome
-// of a row with an ordering key does not wait (the key's next row waits for it).
+// waits up to recordLinger for others, and less when a claim comes first with at least
+// recordWithClaim of them; an outcome of a row with an ordering key does not wait (the
+// key's next row waits for it).
+//
+// Fewer outcomes than recordWithClaim do not ride with a claim. At light load each
+// round claims a few rows while a few outcomes wait; written in every claim's
+// transaction, they made each claim slower, and a slower claim gathers more rows and
+// more outcomes for the next, until the bench's latency phase (1,000 rows/s) ran rounds
+// of 5-9 rows taking 5-13 ms instead of rounds of 2 rows taking 2-3 ms, and missed its
+// latency target in about half the runs. Lingering, they are written once every
+// recordLinger. Under load a round gathers hundreds, and one transaction for both
+// still halves the commits.
 const (
-	recordBatch  = 1000
-	recordLinger = 10 * time.Millisecond
+	recordBatch     = 1000
+	recordLinger    = 10 * time.Millisecond
+	recordWithClaim = 100
 )
 
 // record writes the outcomes of a stopping relay in batches until r.results is closed

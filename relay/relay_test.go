@@ -1209,6 +1209,67 @@ func claimOnce(t *testing.T, r *Relay) int {
 	return n
 }
 
+// A claim's round carries the outcomes waiting only when there are many of them
+// (recordWithClaim); a few wait until they must be written (record: their linger ran
+// out, or one is of a row with an ordering key), so that claims at light load stay
+// quick.
+func TestFewOutcomesDoNotRideWithClaims(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	inst := r.instances["webhook"]
+	insert := func(prefix string, n int) {
+		msgs := make([]outbox.Message, n)
+		for i := range msgs {
+			msgs[i] = outbox.Message{Key: fmt.Sprintf("%s-%d", prefix, i), Connector: "webhook", Payload: []int{i}}
+		}
+		_, err := outbox.EnqueueBatch(t.Context(), b.pool, msgs)
+		require.NoError(t, err)
+		clock.Advance(time.Minute) // they are due
+	}
+	// outcomes takes n claimed rows from the workers' queue and answers them delivered.
+	outcomes := func(n int) []outcome {
+		outs := make([]outcome, n)
+		for i := range outs {
+			row := <-inst.jobs
+			r.done(inst, row)
+			outs[i] = r.decide(inst, row, json.RawMessage(`{"status":200}`), nil, r.now())
+			outs[i].started = row.claimedAt
+		}
+		return outs
+	}
+	round := func(outs []outcome, record bool) (int, bool) {
+		t.Helper()
+		claimed, wrote, _, _, err := r.claimRound(t.Context(), outs, record)
+		require.NoError(t, err)
+		return claimed, wrote
+	}
+
+	insert("few", 3)
+	require.Equal(t, 3, claimOnce(t, r))
+	few := outcomes(3)
+	insert("next", 2)
+	claimed, wrote := round(few, false)
+	require.Equal(t, 2, claimed)
+	require.False(t, wrote, "three outcomes do not ride with a claim")
+	require.Equal(t, map[string]int{"delivering": 5}, countStatus(t, b.pool))
+	claimed, wrote = round(few, true)
+	require.Zero(t, claimed)
+	require.True(t, wrote, "written once they must be")
+	require.Equal(t, map[string]int{"delivering": 2, "delivered": 3}, countStatus(t, b.pool))
+
+	insert("many", recordWithClaim)
+	require.Equal(t, recordWithClaim, claimOnce(t, r))
+	many := outcomes(2 + recordWithClaim)
+	insert("last", 1)
+	claimed, wrote = round(many, false)
+	require.Equal(t, 1, claimed)
+	require.True(t, wrote, "many outcomes ride with the claim")
+	require.Equal(t, map[string]int{"delivering": 1, "delivered": 5 + recordWithClaim}, countStatus(t, b.pool))
+}
+
 // The rows a relay holds claimed stay within MaxClaimedBytes of payload: a claim stops
 // at what is left, none is made while less than a quarter is left, and a payload larger
 // than the bound is still claimed, alone.
