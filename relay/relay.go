@@ -1066,7 +1066,7 @@ func withoutAnswer(o outcome, err error) outcome {
 // round claims a few rows while a few outcomes wait; written in every claim's
 // transaction, they made each claim slower, and a slower claim gathers more rows and
 // more outcomes for the next, until the bench's latency phase (1,000 rows/s) ran rounds
-// of 5-9 rows taking 5-13 ms instead of rounds of 2 rows taking 2-3 ms, and missed its
+// of 4-9 rows taking 5-13 ms (median) instead of 1-2 rows taking 2-3 ms, and missed its
 // latency target in about half the runs. Lingering, they are written once every
 // recordLinger. Under load a round gathers hundreds, and one transaction for both
 // still halves the commits.
