@@ -437,6 +437,15 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 	)
 	for ctx.Err() == nil {
 		outs, urgent = r.gather(outs, urgent)
+		if len(outs) > 0 && !lingering {
+			linger.Reset(recordLinger)
+			lingering = true
+		}
+		select { // rounds that follow each other do not wait below, so look here too
+		case <-linger.C:
+			lingered = true
+		default:
+		}
 		record := len(outs) > 0 && (urgent || lingered || len(outs) >= recordBatch)
 		claimed, wrote, more, retryIn, err := r.claimRound(ctx, outs, record)
 		if oe := (*outcomesError)(nil); errors.As(err, &oe) && refused(err) {
@@ -473,10 +482,6 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 		}
 		if time.Now().Before(fastUntil) && (retryIn == 0 || retryIn > fastPollInterval) {
 			retryIn = fastPollInterval
-		}
-		if len(outs) > 0 && !lingering {
-			linger.Reset(recordLinger)
-			lingering = true
 		}
 		var (
 			timer   *time.Timer
@@ -537,9 +542,8 @@ type claimPlan struct {
 // claimRound claims for every instance as much as its room and rate allow, in one
 // transaction that also writes outs when record is true, or when there are claims to
 // make and at least recordWithClaim outs, and returns how many rows it claimed and
-// whether it wrote outs. more is true when
-// some claim came back full (there may be more due rows); retryIn is when a
-// rate-limited instance will next have a token.
+// whether it wrote outs. more is true when some claim came back full (there may be
+// more due rows); retryIn is when a rate-limited instance will next have a token.
 func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (claimed int, wrote, more bool, retryIn time.Duration, err error) {
 	var plans []claimPlan
 	room := r.maxClaimed - int(r.claimedRows.Load())
@@ -590,10 +594,10 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 	}
 	// A stop does not interrupt a round in flight: its outcome (written or not) would
 	// be unknown, and the recorder would write the outcomes twice.
-	roundCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), roundTimeout)
 	if !record && len(outs) < recordWithClaim {
 		outs = nil // they linger (see recordWithClaim)
 	}
+	roundCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), roundTimeout)
 	got, err := r.claimAndRecord(roundCtx, plans, outs)
 	cancel()
 	if err != nil {
