@@ -671,8 +671,7 @@ func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool
 
 	progress("phase 2: relay delivering %d rows (concurrency %d, batch size %d)", o.rows, o.concurrency, o.batchSize)
 	base := rcv.TotalEffects()
-	self0, selfOK := proccpu.Self()
-	pg0, pgOK := proccpu.Tree(pgPID)
+	cpu0 := cpuNow(pgPID)
 	start := time.Now()
 	rr := startRelay(ctx, r)
 	defer func() { _ = rr.stop() }()
@@ -692,13 +691,12 @@ func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool
 		return fmt.Errorf("relay: %w", err)
 	}
 	recorded := time.Since(start)
-	self1, _ := proccpu.Self()
-	pg1, _ := proccpu.Tree(pgPID)
-	if selfOK {
-		rep.Throughput.ProcessCPUMicros = micros(self1-self0) / float64(o.rows)
+	cpu := cpuNow(pgPID).since(cpu0)
+	if cpu.selfOK {
+		rep.Throughput.ProcessCPUMicros = micros(cpu.self) / float64(o.rows)
 	}
-	if pgOK {
-		rep.Throughput.PostgresCPUMicros = micros(pg1-pg0) / float64(o.rows)
+	if cpu.pgOK {
+		rep.Throughput.PostgresCPUMicros = micros(cpu.pg) / float64(o.rows)
 	}
 
 	rep.Throughput.Rows = o.rows
@@ -853,9 +851,7 @@ func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *be
 	)
 	pctx, stopProducers := context.WithCancel(ctx)
 	defer stopProducers()
-	self0, selfOK := proccpu.Self()
-	pg0, pgOK := proccpu.Tree(pgPID)
-	app0 := backendsCPU(producerPIDs)
+	cpu0, app0 := cpuNow(pgPID), backendsCPU(producerPIDs)
 	start := time.Now()
 	for range producers {
 		wg.Go(func() {
@@ -905,15 +901,13 @@ func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *be
 		}
 	}
 	loaded := time.Since(start)
-	self1, _ := proccpu.Self()
-	pg1, _ := proccpu.Tree(pgPID)
-	app1 := backendsCPU(producerPIDs)
-	if selfOK {
-		rep.Latency.ProcessCPUMicros = micros(self1-self0) / float64(n)
-		if pgOK {
-			rep.Latency.PostgresCPUMicros = micros(pg1-pg0) / float64(n)
-			rep.Latency.ProducersPostgresCPUMicros = micros(app1-app0) / float64(n)
-			rep.Latency.CPUBusy = float64(self1-self0+pg1-pg0) / (float64(loaded) * float64(runtime.NumCPU()))
+	cpu, producersCPU := cpuNow(pgPID).since(cpu0), backendsCPU(producerPIDs)-app0
+	if cpu.selfOK {
+		rep.Latency.ProcessCPUMicros = micros(cpu.self) / float64(n)
+		if cpu.pgOK {
+			rep.Latency.PostgresCPUMicros = micros(cpu.pg) / float64(n)
+			rep.Latency.ProducersPostgresCPUMicros = micros(producersCPU) / float64(n)
+			rep.Latency.CPUBusy = float64(cpu.self+cpu.pg) / (float64(loaded) * float64(runtime.NumCPU()))
 		}
 	}
 	if err := rr.stop(); err != nil {
@@ -941,6 +935,28 @@ func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *be
 	rep.Latency.CommitP99Ms = ms(percentile(commitGaps, 0.99))
 	progress("phase 3: p50 %.2f ms, p99 %.2f ms", rep.Latency.P50Ms, rep.Latency.P99Ms)
 	return nil
+}
+
+// cpuUse is CPU time used by this process and by the throwaway PostgreSQL's processes
+// (the postmaster pgPID and its children), each with whether it could be measured.
+type cpuUse struct {
+	self, pg     time.Duration
+	selfOK, pgOK bool
+}
+
+// cpuNow returns the CPU used so far (none measured for PostgreSQL when pgPID is 0,
+// as with OUTBOX_DATABASE_URL).
+func cpuNow(pgPID int) cpuUse {
+	var u cpuUse
+	u.self, u.selfOK = proccpu.Self()
+	u.pg, u.pgOK = proccpu.Tree(pgPID)
+	return u
+}
+
+// since returns the CPU used between start and u.
+func (u cpuUse) since(start cpuUse) cpuUse {
+	return cpuUse{self: u.self - start.self, pg: u.pg - start.pg,
+		selfOK: u.selfOK && start.selfOK, pgOK: u.pgOK && start.pgOK}
 }
 
 // backendPIDs holds all n connections of pool at once and returns the process ids of
