@@ -928,6 +928,52 @@ func TestClaimPlan(t *testing.T) {
 	require.Regexp(t, `Index Cond: .*\(next_attempt_at >= `, joined, "the scan starts at $6")
 }
 
+// The gauges count the unfinished and dead rows by connector and status, and read only
+// those: delivered rows, however many, are not scanned.
+func TestStats(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	_, err := pool.Exec(t.Context(), `
+		INSERT INTO outbox (idempotency_key, connector, payload, status, created_at, lease_owner, lease_expires_at)
+		VALUES ('p1', 'webhook', '{}', 'pending', $1::timestamptz - interval '90 seconds', NULL, NULL),
+		       ('p2', 'webhook', '{}', 'pending', $1::timestamptz - interval '30 seconds', NULL, NULL),
+		       ('f1', 'webhook', '{}', 'delivering', $1, 'r', $1::timestamptz + interval '1 minute'),
+		       ('d1', 'webhook', '{}', 'dead', $1, NULL, NULL),
+		       ('d2', 'webhook', '{}', 'dead', $1, NULL, NULL),
+		       ('h1', 'webhook', '{}', 'held', $1, NULL, NULL),
+		       ('a1', 'webhook', '{}', 'awaiting_approval', $1, NULL, NULL),
+		       ('c1', 'webhook', '{}', 'canceled', $1, NULL, NULL),
+		       ('crm', 'webhook:crm', '{}', 'pending', $1::timestamptz - interval '1 hour', NULL, NULL)`, t0)
+	require.NoError(t, err)
+	_, err = pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, status, delivered_at)
+		SELECT 'done-' || g, 'webhook', '{}', 'delivered', now() FROM generate_series(1, 20000) g`)
+	require.NoError(t, err)
+	_, err = pool.Exec(t.Context(), `ANALYZE outbox`)
+	require.NoError(t, err)
+
+	r, err := New(pool, &Config{NowFunc: func() time.Time { return t0 }}, map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	r.refreshStats(t.Context())
+	for status, want := range map[string]float64{"pending": 2, "delivering": 1, "dead": 2, "held": 1, "awaiting_approval": 1} {
+		require.Equal(t, want, testutil.ToFloat64(r.metrics.rows.WithLabelValues("webhook", status)), status)
+	}
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.rows.WithLabelValues("webhook:crm", "pending")))
+	require.Equal(t, 90.0, testutil.ToFloat64(r.metrics.oldestPending.WithLabelValues("webhook")))
+	require.Equal(t, 3600.0, testutil.ToFloat64(r.metrics.oldestPending.WithLabelValues("webhook:crm")))
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.unknownConnector.WithLabelValues("webhook:crm")))
+
+	rows, err := pool.Query(t.Context(), `EXPLAIN (COSTS OFF) `+statsSQL, t0)
+	require.NoError(t, err)
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	joined := strings.Join(plan, "\n")
+	require.NotContains(t, joined, "Seq Scan", joined)
+	for _, index := range []string{"outbox_pending_due", "outbox_delivering_lease", "outbox_needs_attention"} {
+		require.Contains(t, joined, index, joined)
+	}
+}
+
 // A claim that starts where the last one found rows does not walk the index entries of
 // rows delivered since the last vacuum, which one that starts at the head does.
 func TestClaimStartsPastDeliveredRows(t *testing.T) {
