@@ -116,7 +116,8 @@ func newBenchCmd(e *env) *cobra.Command {
 			"transaction (BEGIN, outbox.Enqueue, COMMIT); commit-to-delivery is the time from COMMIT " +
 			"returning to the request's arrival at the receiver. In the throwaway cluster it also reports the " +
 			"CPU the phase cost per row, in this process and in PostgreSQL (the producers' connections apart), " +
-			"and how busy that kept the machine.\n\n" +
+			"how busy that kept the machine, and how long PostgreSQL's WAL flushes took, for which every " +
+			"durable COMMIT waits.\n\n" +
 			"Progress goes to stderr, the report to stdout (JSON with --json). With OUTBOX_DATABASE_URL the " +
 			"rows stay in that database, under connector instances of their own (webhook:bench_<run id>_*).",
 		Example: `  # the issue's benchmark: 50,000 rows of ~500 bytes, then 1,000 rows/s for 10s
@@ -249,6 +250,12 @@ type benchReport struct {
 		// The relay's claim statements, empty polls included, and the rows they took.
 		Claims       int     `json:"claims"`
 		RowsPerClaim float64 `json:"rows_per_claim"`
+		// The WAL flushes (fdatasync) the throwaway PostgreSQL made during the phase, as
+		// its pg_stat_wal counted them, and their mean duration: every durable COMMIT,
+		// the producers' and the relay's claims alike, waits for one (0: not measured,
+		// as with OUTBOX_DATABASE_URL).
+		WALFlushes int64   `json:"wal_flushes,omitempty"`
+		WALFlushMs float64 `json:"wal_flush_ms,omitempty"`
 	} `json:"latency"`
 	Targets []benchTarget `json:"targets"`
 }
@@ -411,8 +418,9 @@ func benchDatabases(ctx context.Context, e *env, runID string, progress func(str
 	started := time.Now()
 	cluster, err := pgcluster.Start(ctx, pgcluster.Options{
 		// Durable commits, as production pays for them: the issue forbids weakening them.
+		// The WAL flushes are timed, so that the latency phase can say what they cost.
 		Fsync:         true,
-		ExtraSettings: map[string]string{"synchronous_commit": "on"},
+		ExtraSettings: map[string]string{"synchronous_commit": "on", "track_wal_io_timing": "on"},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start PostgreSQL: %w", err)
@@ -851,6 +859,12 @@ func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *be
 	)
 	pctx, stopProducers := context.WithCancel(ctx)
 	defer stopProducers()
+	var wal0 walFlushes
+	if pgPID > 0 {
+		if wal0, err = readWALFlushes(ctx, pool); err != nil {
+			return err
+		}
+	}
 	cpu0, app0 := cpuNow(pgPID), backendsCPU(producerPIDs)
 	start := time.Now()
 	for range producers {
@@ -914,6 +928,18 @@ func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *be
 		return fmt.Errorf("relay: %w", err)
 	}
 	rep.Latency.Claims, rep.Latency.RowsPerClaim = claimStats(cfg.Registerer)
+	if pgPID > 0 {
+		// Backends report their counts at most once a second, so the last moments
+		// may be missing from both the count and the time; the mean stays fair.
+		wal, err := readWALFlushes(ctx, pool)
+		if err != nil {
+			return err
+		}
+		if n := wal.count - wal0.count; n > 0 {
+			rep.Latency.WALFlushes = n
+			rep.Latency.WALFlushMs = (wal.ms - wal0.ms) / float64(n)
+		}
+	}
 
 	latencies := make([]time.Duration, n)
 	commitGaps := make([]time.Duration, n)
@@ -935,6 +961,21 @@ func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *be
 	rep.Latency.CommitP99Ms = ms(percentile(commitGaps, 0.99))
 	progress("phase 3: p50 %.2f ms, p99 %.2f ms", rep.Latency.P50Ms, rep.Latency.P99Ms)
 	return nil
+}
+
+// walFlushes is what pg_stat_wal counts of the WAL's flushes: how many, and the
+// milliseconds they took (when track_wal_io_timing is on).
+type walFlushes struct {
+	count int64
+	ms    float64
+}
+
+func readWALFlushes(ctx context.Context, pool *pgxpool.Pool) (walFlushes, error) {
+	var w walFlushes
+	if err := pool.QueryRow(ctx, `SELECT wal_sync, wal_sync_time FROM pg_stat_wal`).Scan(&w.count, &w.ms); err != nil {
+		return w, fmt.Errorf("read pg_stat_wal: %w", err)
+	}
+	return w, nil
 }
 
 // cpuUse is CPU time used by this process and by the throwaway PostgreSQL's processes
@@ -1068,6 +1109,10 @@ func printBenchReport(w io.Writer, rep *benchReport) {
 				l.PostgresCPUMicros, l.ProducersPostgresCPUMicros, rep.Machine.CPUs, 100*l.CPUBusy)
 		}
 		fmt.Fprintln(w)
+	}
+	if l.WALFlushes > 0 {
+		fmt.Fprintf(w, "  PostgreSQL flushed its WAL %d times, %.2f ms per flush on average (pg_stat_wal); every durable COMMIT waits for one\n",
+			l.WALFlushes, l.WALFlushMs)
 	}
 	if l.AchievedRate < benchRateReached*l.OfferedRate {
 		fmt.Fprintf(w, "  the producers fell behind: single-row transactions could not commit at %g rows/s on this machine\n", l.OfferedRate)

@@ -36,6 +36,7 @@ func TestBenchSmoke(t *testing.T) {
 		require.Contains(t, out, "rows=500 payload=500B concurrency=16 batch=100")
 		if runtime.GOOS == "linux" {
 			require.Regexp(t, `CPU per row, producers, relay and receiver together: \d+ µs in this process \+ \d+ µs in PostgreSQL, of which \d+ µs\n  in the producers' connections \(their INSERTs and durable COMMITs\); the \d+ CPUs were \d+% busy`, out)
+			require.Regexp(t, `PostgreSQL flushed its WAL \d+ times, \d+\.\d\d ms per flush on average \(pg_stat_wal\)`, out)
 		}
 		require.Contains(t, stderr.String(), "bench: phase 3:")
 	})
@@ -67,6 +68,10 @@ func TestBenchSmoke(t *testing.T) {
 			require.Positive(t, rep.Latency.ProducersPostgresCPUMicros)
 			require.Less(t, rep.Latency.ProducersPostgresCPUMicros, rep.Latency.PostgresCPUMicros)
 		}
+		// 200 durable single-row transactions and the relay's claims: PostgreSQL flushed
+		// its WAL for them, and timed the flushes.
+		require.Positive(t, rep.Latency.WALFlushes)
+		require.Positive(t, rep.Latency.WALFlushMs)
 	})
 }
 
