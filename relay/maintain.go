@@ -57,7 +57,7 @@ func (r *Relay) reclaim(ctx context.Context) {
 }
 
 // knownStatuses are the statuses the rows gauge reports, reset on every refresh.
-var knownStatuses = []string{"pending", "delivering", "held", "dead", "awaiting_approval"}
+var knownStatuses = []string{"pending", "held", "dead", "awaiting_approval"}
 
 // refreshStats updates the row gauges and warns about rows for unknown connectors.
 func (r *Relay) refreshStats(ctx context.Context) {

@@ -52,7 +52,7 @@ func newMetrics(reg prometheus.Registerer, h holdings) (*metrics, error) {
 			Name: "outboxd_claims_handed_back_total", Help: "Rows claimed ahead that waited too long for a worker and were handed back unsent.",
 		}),
 		rows: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "outboxd_rows", Help: "Unfinished and dead rows by connector and status.",
+			Name: "outboxd_rows", Help: "Rows waiting by connector and status: pending, held, awaiting_approval and dead (rows being delivered: outboxd_claimed_rows of each relay).",
 		}, []string{"connector", "status"}),
 		oldestPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "outboxd_oldest_pending_age_seconds", Help: "Age of the oldest pending row by connector.",
