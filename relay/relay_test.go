@@ -904,6 +904,16 @@ func TestNewValidates(t *testing.T) {
 	require.ErrorContains(t, err, "OnAmbiguous")
 }
 
+// explain returns PostgreSQL's plan for query with args, without costs, as one text.
+func explain(t *testing.T, pool *pgxpool.Pool, query string, args ...any) string {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), `EXPLAIN (COSTS OFF) `+query, args...)
+	require.NoError(t, err)
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return strings.Join(plan, "\n")
+}
+
 // TestClaimPlan keeps the EXPLAIN beside claimSQL honest: the claim uses the partial index.
 func TestClaimPlan(t *testing.T) {
 	t.Parallel()
@@ -913,16 +923,7 @@ func TestClaimPlan(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(t.Context(), `ANALYZE outbox`)
 	require.NoError(t, err)
-	rows, err := pool.Query(t.Context(), `EXPLAIN (COSTS OFF) `+claimSQL, "webhook", time.Now(), 100, "r", time.Now(), time.Now().Add(-time.Hour), int64(1<<20))
-	require.NoError(t, err)
-	var plan []string
-	for rows.Next() {
-		var line string
-		require.NoError(t, rows.Scan(&line))
-		plan = append(plan, line)
-	}
-	require.NoError(t, rows.Err())
-	joined := strings.Join(plan, "\n")
+	joined := explain(t, pool, claimSQL, "webhook", time.Now(), 100, "r", time.Now(), time.Now().Add(-time.Hour), int64(1<<20))
 	require.Contains(t, joined, "outbox_pending_due", joined)
 	require.Contains(t, joined, "LockRows", joined)
 	require.Regexp(t, `Index Cond: .*\(next_attempt_at >= `, joined, "the scan starts at $6")
@@ -973,11 +974,7 @@ func TestStats(t *testing.T) {
 	require.Equal(t, 3600.0, testutil.ToFloat64(r.metrics.oldestPending.WithLabelValues("webhook:crm")))
 	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.unknownConnector.WithLabelValues("webhook:crm")))
 
-	rows, err := pool.Query(t.Context(), `EXPLAIN (COSTS OFF) `+statsSQL, t0)
-	require.NoError(t, err)
-	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	joined := strings.Join(plan, "\n")
+	joined := explain(t, pool, statsSQL, t0)
 	require.NotContains(t, joined, "Seq Scan", joined)
 	require.NotContains(t, joined, "outbox_delivering_lease", joined)
 	for _, index := range []string{"outbox_pending_due", "outbox_needs_attention"} {
