@@ -929,8 +929,10 @@ func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *be
 	}
 	rep.Latency.Claims, rep.Latency.RowsPerClaim = claimStats(cfg.Registerer)
 	if pgPID > 0 {
-		// Backends report their counts at most once a second, so the last moments
-		// may be missing from both the count and the time; the mean stays fair.
+		// Read once the relay has stopped, later than the CPU: backends report their
+		// counts at most once a second, so the phase's last moments may still be missing
+		// from both the count and the time, and the stop's last writes add a few
+		// flushes; the mean stays fair.
 		wal, err := readWALFlushes(ctx, pool)
 		if err != nil {
 			return err
