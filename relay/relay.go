@@ -807,6 +807,13 @@ func (r *Relay) release(rows []claimed) {
 // run out. Rows it has not started by then are kept for release, and so is a row that
 // waited longer than inst.startBy.
 func (r *Relay) work(ctx, deliverCtx context.Context, inst *instance) {
+	// The worker's own child of deliverCtx: each attempt's timeout (a child of the
+	// context it is given) registers with the worker's context instead of all of them
+	// with deliverCtx, whose one lock every worker would take twice per attempt. With
+	// 128 goroutines on two cores, a timeout and its cancel took 1.3 µs that way and
+	// 0.45 µs this way (a scratch benchmark of the two, not kept).
+	deliverCtx, cancel := context.WithCancel(deliverCtx)
+	defer cancel()
 	for row := range inst.jobs {
 		started := false
 		if ctx.Err() == nil && (inst.startBy == 0 || r.now().Sub(row.claimedAt) <= inst.startBy) {
