@@ -77,5 +77,5 @@
 // and against a fake Stripe in the test that enforces keys the way Stripe does, to
 // script dropped connections and error answers. Install stripe-mock with
 //
-//	go install github.com/stripe/stripe-mock@latest
+//	go install github.com/stripe/stripe-mock@v0.203.0
 package payment
