@@ -93,13 +93,15 @@ func (b *testBundle) fastConfig() *Config {
 	}
 }
 
-// clockedConfig is fastConfig on an injected clock that starts a second after the
-// database's, so rows stamped now() by the database are due.
+// clockedConfig is fastConfig on an injected clock that starts a minute after the
+// database's, so rows stamped now() by the database during the test are due. (A second
+// was not enough: on a busy machine running the tests in parallel, a test could take
+// longer than that to enqueue its rows, which were then not due and never claimed.)
 func (b *testBundle) clockedConfig(t *testing.T) (*testClock, *Config) {
 	t.Helper()
 	var dbNow time.Time
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT now()`).Scan(&dbNow))
-	clock := &testClock{now: dbNow.Add(time.Second)}
+	clock := &testClock{now: dbNow.Add(time.Minute)}
 	cfg := b.fastConfig()
 	cfg.NowFunc = clock.Now
 	return clock, cfg
