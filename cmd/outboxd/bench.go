@@ -108,10 +108,11 @@ func newBenchCmd(e *env) *cobra.Command {
 			"local server binaries, or uses OUTBOX_DATABASE_URL, and runs three phases:\n\n" +
 			"  1. raw: --rows keep-alive POSTs of the same payload straight to the receiver, from --concurrency " +
 			"workers: the ceiling the relay is compared with.\n" +
-			"  2. throughput: --rows rows are inserted first and, in the throwaway cluster, every " +
-			"connection of the pool reads the table once (not timed), then a relay with --concurrency and " +
-			"--batch-size starts; the time from its start to the receiver's last effect gives deliveries/s. " +
-			"Every row must end delivered, with exactly one effect.\n" +
+			"  2. throughput: a relay with --concurrency and --batch-size delivers --rows rows; the time from " +
+			"its start to the receiver's last effect gives deliveries/s. Every row must end delivered, with " +
+			"exactly one effect. The rows are inserted before phase 1 and, in the throwaway cluster, every " +
+			"connection of the pool reads the table once (neither is timed), so that phases 1 and 2 run back " +
+			"to back: the machine's speed drifts, and their ratio should compare like with like.\n" +
 			"  3. latency: a fresh relay, and --rate rows/s offered for --duration, each row in its own " +
 			"transaction (BEGIN, outbox.Enqueue, COMMIT); commit-to-delivery is the time from COMMIT " +
 			"returning to the request's arrival at the receiver. In the throwaway cluster it also reports the " +
@@ -209,6 +210,9 @@ type benchReport struct {
 		RequestsPerSecond float64 `json:"requests_per_second"`
 		// CPU this process used per request, client and receiver together (0: not measured).
 		ProcessCPUMicros float64 `json:"process_cpu_us_per_request,omitempty"`
+		// CPU the bench's own PostgreSQL used meanwhile, its background work (nil: not
+		// measured); the phase itself asks nothing of it.
+		PostgresCPUMs *float64 `json:"postgres_cpu_ms,omitempty"`
 	} `json:"raw"`
 	Throughput struct {
 		Rows                int     `json:"rows"`
@@ -317,7 +321,7 @@ func bench(ctx context.Context, e *env, o benchOptions) error {
 		}
 	}
 
-	// Throughput database: settings, then phase 1 and 2.
+	// Throughput database: settings, then phases 1 and 2.
 	tput, err := openBenchPool(ctx, dbs.throughput, o.concurrency)
 	if err != nil {
 		return err
@@ -330,26 +334,15 @@ func bench(ctx context.Context, e *env, o benchOptions) error {
 	progress("PostgreSQL %s, fsync=%s, synchronous_commit=%s, full_page_writes=%s", rep.Postgres.Version,
 		rep.Postgres.Fsync, rep.Postgres.SynchronousCommit, rep.Postgres.FullPageWrites)
 
-	// Phase 1: raw POSTs.
-	progress("phase 1: %d raw keep-alive POSTs to %s from %d workers", o.rows, rcv.URL(), o.concurrency)
-	rawCtx, cancelRaw := context.WithTimeoutCause(ctx, benchPhaseTimeout, errors.New("the raw phase took too long"))
-	cpu0, cpuOK := proccpu.Self()
-	rawElapsed, err := benchRaw(rawCtx, rcv.URL(), payload, o.rows, o.concurrency, "bench-"+runID+"-raw-")
-	cpu1, _ := proccpu.Self()
-	cancelRaw()
-	if err != nil {
+	// Phases 1 and 2 run back to back, their rows inserted before either: compared as a
+	// ratio, they must see the machine alike, and its speed drifts over seconds.
+	if err := insertThroughputRows(ctx, o, rep, tput, dbs.tputInstance, dbs.cluster != nil, payload, runID, progress); err != nil {
+		return fmt.Errorf("throughput phase: %w", err)
+	}
+	if err := benchRawPhase(ctx, o, rep, rcv.URL(), dbs.postgresPID(), payload, runID, progress); err != nil {
 		return fmt.Errorf("raw phase: %w", err)
 	}
-	rep.Raw.Requests, rep.Raw.Workers = o.rows, o.concurrency
-	rep.Raw.Seconds = rawElapsed.Seconds()
-	rep.Raw.RequestsPerSecond = float64(o.rows) / rawElapsed.Seconds()
-	if cpuOK {
-		rep.Raw.ProcessCPUMicros = micros(cpu1-cpu0) / float64(o.rows)
-	}
-	progress("phase 1: %.0f req/s", rep.Raw.RequestsPerSecond)
-
-	// Phase 2: throughput.
-	if err := benchThroughput(ctx, o, rep, tput, dbs.tputInstance, dbs.postgresPID(), dbs.cluster != nil, rcv, hook, relayCfg(), payload, runID, progress); err != nil {
+	if err := benchThroughput(ctx, o, rep, tput, dbs.tputInstance, dbs.postgresPID(), rcv, hook, relayCfg(), progress); err != nil {
 		return fmt.Errorf("throughput phase: %w", err)
 	}
 	tput.Close()
@@ -522,6 +515,33 @@ func benchPayload(n int) json.RawMessage {
 // connector's keep-alive transport, each request with its own Idempotency-Key, and
 // returns the time it took. Like the connector, it hands requests straight to the
 // transport, so the relay is compared with the same HTTP path at its cheapest.
+// benchRawPhase is phase 1: raw POSTs straight to the receiver, the relay's ceiling.
+func benchRawPhase(ctx context.Context, o benchOptions, rep *benchReport, url string, pgPID int, payload json.RawMessage, runID string,
+	progress func(string, ...any),
+) error {
+	progress("phase 1: %d raw keep-alive POSTs to %s from %d workers", o.rows, url, o.concurrency)
+	ctx, cancel := context.WithTimeoutCause(ctx, benchPhaseTimeout, errors.New("the raw phase took too long"))
+	defer cancel()
+	cpu0 := cpuNow(pgPID)
+	elapsed, err := benchRaw(ctx, url, payload, o.rows, o.concurrency, "bench-"+runID+"-raw-")
+	cpu := cpuNow(pgPID).since(cpu0)
+	if err != nil {
+		return err
+	}
+	rep.Raw.Requests, rep.Raw.Workers = o.rows, o.concurrency
+	rep.Raw.Seconds = elapsed.Seconds()
+	rep.Raw.RequestsPerSecond = float64(o.rows) / elapsed.Seconds()
+	if cpu.selfOK {
+		rep.Raw.ProcessCPUMicros = micros(cpu.self) / float64(o.rows)
+	}
+	if cpu.pgOK {
+		pg := ms(cpu.pg)
+		rep.Raw.PostgresCPUMs = &pg
+	}
+	progress("phase 1: %.0f req/s", rep.Raw.RequestsPerSecond)
+	return nil
+}
+
 func benchRaw(ctx context.Context, url string, payload []byte, n, workers int, keyPrefix string) (time.Duration, error) {
 	transport := webhook.DefaultTransport()
 	var (
@@ -632,15 +652,15 @@ func warmPool(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// benchThroughput is phase 2: pre-insert the rows, then time a relay delivering them.
-func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool *pgxpool.Pool, instance string, pgPID int, warm bool,
-	rcv *receiver.Receiver, hook connectors.Connector, cfg *relay.Config, payload json.RawMessage, runID string,
-	progress func(string, ...any),
+// insertThroughputRows inserts phase 2's rows and, when warm is true (the bench's own
+// cluster), has every connection of the pool read them; none of it is timed.
+func insertThroughputRows(ctx context.Context, o benchOptions, rep *benchReport, pool *pgxpool.Pool, instance string, warm bool,
+	payload json.RawMessage, runID string, progress func(string, ...any),
 ) error {
-	ctx, cancel := context.WithTimeoutCause(ctx, benchPhaseTimeout, errors.New("the throughput phase took too long"))
+	ctx, cancel := context.WithTimeoutCause(ctx, benchPhaseTimeout, errors.New("inserting the throughput phase's rows took too long"))
 	defer cancel()
 
-	progress("phase 2: inserting %d rows of %d bytes (not timed)", o.rows, len(payload))
+	progress("setup: inserting %d rows of %d bytes for phase 2 (not timed)", o.rows, len(payload))
 	insertStart := time.Now()
 	msgs := make([]outbox.Message, 0, benchInsertBatch)
 	for i := 0; i < o.rows; i += benchInsertBatch {
@@ -658,8 +678,18 @@ func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool
 		if err := warmPool(ctx, pool); err != nil {
 			return err
 		}
-		progress("phase 2: every pool connection read the table and its indexes in %s (not timed)", time.Since(warmStart).Round(time.Millisecond))
+		progress("setup: every pool connection read the table and its indexes in %s (not timed)", time.Since(warmStart).Round(time.Millisecond))
 	}
+	return nil
+}
+
+// benchThroughput is phase 2: time a relay delivering the rows insertThroughputRows
+// inserted.
+func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool *pgxpool.Pool, instance string, pgPID int,
+	rcv *receiver.Receiver, hook connectors.Connector, cfg *relay.Config, progress func(string, ...any),
+) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, benchPhaseTimeout, errors.New("the throughput phase took too long"))
+	defer cancel()
 
 	r, err := relay.New(pool, cfg, map[string]relay.Instance{instance: {Connector: hook}})
 	if err != nil {
@@ -1088,7 +1118,11 @@ func printBenchReport(w io.Writer, rep *benchReport) {
 		t.DeliveriesPerSecond, t.Rows, t.Seconds, t.RecordedSeconds, t.Attempts, t.Claims, t.RowsPerClaim)
 	fmt.Fprintf(w, "relay / raw:            %8.2f\n", t.RelayToRaw)
 	if rep.Raw.ProcessCPUMicros > 0 && t.ProcessCPUMicros > 0 {
-		fmt.Fprintf(w, "CPU per request:        %8.0f µs in this process for a raw POST (client and receiver)\n", rep.Raw.ProcessCPUMicros)
+		fmt.Fprintf(w, "CPU per request:        %8.0f µs in this process for a raw POST (client and receiver)", rep.Raw.ProcessCPUMicros)
+		if pg := rep.Raw.PostgresCPUMs; pg != nil {
+			fmt.Fprintf(w, ";\n                                                PostgreSQL's background work meanwhile: %.0f ms", *pg)
+		}
+		fmt.Fprintln(w)
 		fmt.Fprintf(w, "CPU per delivery:       %8.0f µs in this process (relay, client and receiver)", t.ProcessCPUMicros)
 		if t.PostgresCPUMicros > 0 {
 			fmt.Fprintf(w, " + %.0f µs in PostgreSQL", t.PostgresCPUMicros)

@@ -38,7 +38,16 @@ func TestBenchSmoke(t *testing.T) {
 			require.Regexp(t, `CPU per row, producers, relay and receiver together: \d+ µs in this process \+ \d+ µs in PostgreSQL, of which \d+ µs\n  in the producers' connections \(their INSERTs and durable COMMITs\); the \d+ CPUs were \d+% busy`, out)
 			require.Regexp(t, `PostgreSQL flushed its WAL \d+ times, \d+\.\d\d ms per flush on average \(pg_stat_wal\)`, out)
 		}
-		require.Contains(t, stderr.String(), "bench: phase 3:")
+		// The raw POSTs run after the rows are inserted, right before the relay.
+		progress := stderr.String()
+		at := func(line string) int {
+			i := strings.Index(progress, line)
+			require.GreaterOrEqual(t, i, 0, "no %q in the progress:\n%s", line, progress)
+			return i
+		}
+		require.Less(t, at("bench: setup: inserting"), at("bench: phase 1:"))
+		require.Less(t, at("bench: phase 1:"), at("bench: phase 2:"))
+		require.Less(t, at("bench: phase 2:"), at("bench: phase 3:"))
 	})
 
 	t.Run("JSON", func(t *testing.T) {
@@ -61,6 +70,7 @@ func TestBenchSmoke(t *testing.T) {
 		require.Len(t, rep.Targets, 4)
 		if runtime.GOOS == "linux" {
 			require.Positive(t, rep.Raw.ProcessCPUMicros)
+			require.NotNil(t, rep.Raw.PostgresCPUMs, "the bench's own cluster: its CPU during the raw phase is measured")
 			require.Positive(t, rep.Throughput.ProcessCPUMicros)
 			require.GreaterOrEqual(t, rep.Throughput.PostgresCPUMicros, 0.0)
 			require.Positive(t, rep.Latency.ProcessCPUMicros)
