@@ -18,7 +18,7 @@ import (
 )
 
 // stripeMockHint is the one line a test failure shows when stripe-mock is missing.
-const stripeMockHint = "stripe-mock not found on PATH or in $(go env GOPATH)/bin; install it with: go install github.com/stripe/stripe-mock@v0.203.0"
+const stripeMockHint = "stripe-mock not found on PATH or in $(go env GOPATH)/bin; install it with: make stripe-mock (go install github.com/stripe/stripe-mock@v0.203.0)"
 
 // startStripeMock runs stripe-mock on loopback for the test and returns its HTTP base
 // URL. It is stopped at cleanup.
