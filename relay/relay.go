@@ -592,11 +592,11 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 		plans[i].from = plans[i].inst.scanStart(time.Now(), rescan || unblocks, r.cfg.PollInterval)
 		plans[i].bytes = max(1, bytesLeft/int64(len(plans))) // the bytes left, shared evenly
 	}
-	// A stop does not interrupt a round in flight: its outcome (written or not) would
-	// be unknown, and the recorder would write the outcomes twice.
 	if !record && len(outs) < recordWithClaim {
 		outs = nil // they linger (see recordWithClaim)
 	}
+	// A stop does not interrupt a round in flight: its outcome (written or not) would
+	// be unknown, and the recorder would write the outcomes twice.
 	roundCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), roundTimeout)
 	got, err := r.claimAndRecord(roundCtx, plans, outs)
 	cancel()

@@ -511,10 +511,6 @@ func benchPayload(n int) json.RawMessage {
 	return json.RawMessage(short + strings.Repeat("x", max(0, n-len(short)-len(tail))) + tail)
 }
 
-// benchRaw POSTs payload n times to url from workers goroutines sharing the webhook
-// connector's keep-alive transport, each request with its own Idempotency-Key, and
-// returns the time it took. Like the connector, it hands requests straight to the
-// transport, so the relay is compared with the same HTTP path at its cheapest.
 // benchRawPhase is phase 1: raw POSTs straight to the receiver, the relay's ceiling.
 func benchRawPhase(ctx context.Context, o benchOptions, rep *benchReport, url string, pgPID int, payload json.RawMessage, runID string,
 	progress func(string, ...any),
@@ -542,6 +538,10 @@ func benchRawPhase(ctx context.Context, o benchOptions, rep *benchReport, url st
 	return nil
 }
 
+// benchRaw POSTs payload n times to url from workers goroutines sharing the webhook
+// connector's keep-alive transport, each request with its own Idempotency-Key, and
+// returns the time it took. Like the connector, it hands requests straight to the
+// transport, so the relay is compared with the same HTTP path at its cheapest.
 func benchRaw(ctx context.Context, url string, payload []byte, n, workers int, keyPrefix string) (time.Duration, error) {
 	transport := webhook.DefaultTransport()
 	var (
