@@ -58,7 +58,7 @@
 // that has claimed rows within the last moments polls every few milliseconds instead and
 // records that in the outbox_wake row; while some relay does, the insert trigger sends no
 // NOTIFY. When the load stops the mark lapses (about two seconds) and inserts wake idle
-// relays again.
+// relays again; a relay that stops withdraws its mark at once.
 //
 // Rows with an ordering key are delivered one at a time in id order: a row is due only
 // when no earlier row of its key is pending, delivering, held or awaiting approval. A

@@ -66,6 +66,8 @@ type Relay struct {
 	// probeTimeout is how long the NOTIFY self-test waits; tests shorten it.
 	probeTimeout time.Duration
 	running      atomic.Bool
+	// polledFast is set once the claim loop has told outbox_wake it polls fast.
+	polledFast bool
 }
 
 type instance struct {
@@ -339,6 +341,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	for _, inst := range r.instances {
 		close(inst.jobs)
 	}
+	r.stopFastPolling(ctx)
 	// From now on the recorder writes the outcomes: those the loop left, and those of
 	// the deliveries still in flight.
 	var recorder sync.WaitGroup
@@ -414,6 +417,26 @@ const (
 	fastPollRefresh  = fastPollWindow / 4
 )
 
+// stopFastPolling withdraws, once the claim loop has stopped, this relay's word in
+// outbox_wake that it polls fast: otherwise inserts would send no NOTIFY until the mark
+// lapsed, and a relay still running but idle would find their rows only at its
+// PollInterval. It is best effort, bounded by stopFastPollTimeout: a relay that cannot
+// reach the database (or was killed) leaves the mark to lapse by itself.
+func (r *Relay) stopFastPolling(ctx context.Context) {
+	if !r.polledFast {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopFastPollTimeout)
+	defer cancel()
+	if _, err := r.pool.Exec(ctx, stopFastPollSQL); err != nil {
+		r.log.WarnContext(ctx, "could not withdraw the fast-polling mark; inserts wake other relays again once it lapses",
+			"err", err, "within", fastPollWindow)
+	}
+}
+
+// stopFastPollTimeout bounds stopFastPolling.
+const stopFastPollTimeout = 2 * time.Second
+
 // claimLoop claims rows for the delivery workers and records their outcomes until ctx
 // is done, in rounds. A round writes the outcomes gathered since the last one and claims
 // for every instance with room, in one round trip and one transaction (a pgx batch): one
@@ -475,6 +498,7 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 			if _, err := r.pool.Exec(ctx, pollFastSQL, fastPollWindow); err == nil {
 				lastRefresh = time.Now()
 				fastUntil = lastRefresh.Add(fastPollWindow)
+				r.polledFast = true
 			}
 		}
 		if more {

@@ -139,6 +139,20 @@ func start(t *testing.T, pool *pgxpool.Pool, cfg *Config, instances map[string]I
 	return r, stop
 }
 
+// startNotifyOnly runs a relay that polls only hourly, so that only NOTIFY wakes it in
+// a test, and returns once its LISTEN connection is up and its NOTIFY self-test passed.
+func (b *testBundle) startNotifyOnly(t *testing.T) *Relay {
+	t.Helper()
+	cfg := b.fastConfig()
+	cfg.PollInterval = time.Hour
+	cfg.Registerer = prometheus.NewRegistry() // a test may run two
+	r, _ := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.Eventually(t, func() bool { return r.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.notifyWorking) == 1 }, waitTimeout, 10*time.Millisecond,
+		"the NOTIFY self-test passed")
+	return r
+}
+
 func enqueue(t *testing.T, db outbox.DB, key, connector string, payload any) outbox.Intent {
 	t.Helper()
 	in, err := outbox.Enqueue(t.Context(), db, outbox.Message{Key: key, Connector: connector, Payload: payload})
@@ -202,12 +216,7 @@ func countStatus(t *testing.T, pool *pgxpool.Pool) map[string]int {
 func TestDeliversOnNotifyWithTraceparent(t *testing.T) {
 	t.Parallel()
 	b := setup(t, receiver.Options{})
-	cfg := b.fastConfig()
-	cfg.PollInterval = time.Hour // only NOTIFY can wake the relay
-	r, _ := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
-	require.Eventually(t, func() bool { return r.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.notifyWorking) == 1 }, waitTimeout, 10*time.Millisecond,
-		"the NOTIFY self-test passed")
+	r := b.startNotifyOnly(t)
 
 	trace := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 	_, err := outbox.Enqueue(t.Context(), b.pool, outbox.Message{Key: "order-1/notify", Connector: "webhook",
@@ -231,6 +240,32 @@ func TestDeliversOnNotifyWithTraceparent(t *testing.T) {
 	_, err = b.pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('plain', 'webhook', '[1]')`)
 	require.NoError(t, err)
 	waitStatus(t, b.pool, "plain", outbox.StatusDelivered)
+}
+
+// A relay that claimed rows polls fast and tells the insert trigger so, which then sends
+// no NOTIFY. When it stops, it withdraws that mark: a relay left running idle, which
+// polls only hourly here, must hear of the next row at once.
+func TestStoppedRelayWithdrawsItsFastPollingMark(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	_, stopFirst := start(t, b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+	enqueue(t, b.pool, "first", "webhook", map[string]any{"n": 1})
+	waitStatus(t, b.pool, "first", outbox.StatusDelivered)
+	// The mark the first relay set lapses within seconds; stretched to an hour, only its
+	// withdrawal can end it in time.
+	_, err := b.pool.Exec(t.Context(), `UPDATE outbox_wake SET polling_until = now() + interval '1 hour'`)
+	require.NoError(t, err)
+
+	idle := b.startNotifyOnly(t)
+
+	stopFirst()
+	var marked bool
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT polling_until > clock_timestamp() FROM outbox_wake`).Scan(&marked))
+	require.False(t, marked, "the stopped relay's fast-polling mark is withdrawn")
+
+	enqueue(t, b.pool, "second", "webhook", map[string]any{"n": 2})
+	waitStatus(t, b.pool, "second", outbox.StatusDelivered)
+	require.Equal(t, []attemptRow{{Attempt: 1, Outcome: "delivered", RelayID: idle.ID()}}, attemptsOf(t, b.pool, "second"))
 }
 
 // The failure that matters most: the receiver performs the write, then the connection
@@ -1137,10 +1172,7 @@ func TestRateLimitBoundsClaims(t *testing.T) {
 func TestListenReconnects(t *testing.T) {
 	t.Parallel()
 	b := setup(t, receiver.Options{})
-	cfg := b.fastConfig()
-	cfg.PollInterval = time.Hour
-	r, _ := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
-	require.Eventually(t, func() bool { return r.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
+	r := b.startNotifyOnly(t)
 
 	var killed bool
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity

@@ -183,3 +183,10 @@ WHERE id IN (
 // inserts need not NOTIFY (see schema.sql, outbox_wake).
 const pollFastSQL = `
 UPDATE outbox_wake SET polling_until = greatest(polling_until, clock_timestamp() + $1::interval) WHERE id = 1`
+
+// stopFastPollSQL ends the fast-polling mark now (see Relay.stopFastPolling). The mark is
+// shared: if another relay still polls fast, inserts send NOTIFY until it next renews
+// the mark, within fastPollRefresh while it keeps claiming rows, which costs only
+// notifications.
+const stopFastPollSQL = `
+UPDATE outbox_wake SET polling_until = clock_timestamp() WHERE id = 1 AND polling_until > clock_timestamp()`
