@@ -66,8 +66,6 @@ type Relay struct {
 	// probeTimeout is how long the NOTIFY self-test waits; tests shorten it.
 	probeTimeout time.Duration
 	running      atomic.Bool
-	// polledFast is set once the claim loop has told outbox_wake it polls fast.
-	polledFast bool
 }
 
 type instance struct {
@@ -341,7 +339,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	for _, inst := range r.instances {
 		close(inst.jobs)
 	}
-	r.stopFastPolling(ctx)
 	// From now on the recorder writes the outcomes: those the loop left, and those of
 	// the deliveries still in flight.
 	var recorder sync.WaitGroup
@@ -423,9 +420,6 @@ const (
 // PollInterval. It is best effort, bounded by stopFastPollTimeout: a relay that cannot
 // reach the database (or was killed) leaves the mark to lapse by itself.
 func (r *Relay) stopFastPolling(ctx context.Context) {
-	if !r.polledFast {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopFastPollTimeout)
 	defer cancel()
 	if _, err := r.pool.Exec(ctx, stopFastPollSQL); err != nil {
@@ -458,6 +452,11 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 		lingering   bool      // linger runs for the oldest of outs
 		lingered    bool      // and has fired
 	)
+	defer func() {
+		if !lastRefresh.IsZero() { // this relay told outbox_wake it polls fast
+			r.stopFastPolling(ctx)
+		}
+	}()
 	for ctx.Err() == nil {
 		outs, urgent = r.gather(outs, urgent)
 		if len(outs) > 0 && !lingering {
@@ -498,7 +497,6 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 			if _, err := r.pool.Exec(ctx, pollFastSQL, fastPollWindow); err == nil {
 				lastRefresh = time.Now()
 				fastUntil = lastRefresh.Add(fastPollWindow)
-				r.polledFast = true
 			}
 		}
 		if more {
