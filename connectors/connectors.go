@@ -212,22 +212,26 @@ func (s Set) Get(name string) (Connector, error) {
 	return c, nil
 }
 
+// maxRetryAfter is the longest Retry-After delay honoured: a longer one is more likely a
+// receiver's mistake than a plan, and would send the row to dead past its maximum age.
+const maxRetryAfter = 365 * 24 * time.Hour
+
 // ParseRetryAfter parses a Retry-After header value, delta-seconds or an HTTP date (RFC
 // 9110 section 10.2.3), into a delay from now. A date in the past means no delay; a
-// value that is neither, or over a year, is ignored.
+// value that is neither, or a delay over a year, is ignored.
 func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	v = strings.TrimSpace(v)
 	if v == "" {
 		return 0, false
 	}
 	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if secs < 0 || secs > int64(365*24*time.Hour/time.Second) {
+		if secs < 0 || secs > int64(maxRetryAfter/time.Second) {
 			return 0, false
 		}
 		return time.Duration(secs) * time.Second, true
 	}
 	t, err := http.ParseTime(v)
-	if err != nil {
+	if err != nil || t.Sub(now) > maxRetryAfter {
 		return 0, false
 	}
 	return max(t.Sub(now), 0), true

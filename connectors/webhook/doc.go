@@ -6,7 +6,9 @@
 //	Idempotency-Key: <the row's key>
 //	User-Agent: outboxd
 //
-// plus the row's own headers (such as traceparent). When [Config.Secret] is set, the
+// plus the row's own headers (such as traceparent), and, when the URL has a user name
+// (https://user:pass@host/hook), HTTP Basic authentication from it unless the row carries
+// its own Authorization header (as net/http's client does). When [Config.Secret] is set, the
 // request is also signed the Standard Webhooks way (https://www.standardwebhooks.com):
 //
 //	webhook-id: <the row's key>
@@ -27,10 +29,14 @@
 // next to an error classified for the relay:
 //
 //   - 408, 409, 425, 429 and 5xx are retried, no sooner than a Retry-After header says
-//     (delta-seconds or an HTTP date) when there is one ([connectors.RetryAfter]).
+//     (delta-seconds or an HTTP date) when there is one ([connectors.RetryAfter]); a
+//     Retry-After over a year ahead is ignored.
 //   - 3xx is permanent: redirects are not followed, so a receiver that moved must be
 //     configured with its final URL.
-//   - Other 4xx are permanent ([connectors.Permanent]).
+//   - Other 4xx are permanent ([connectors.Permanent]), and so is 101 Switching Protocols,
+//     whose connection is closed unread: it is no answer to a webhook.
+//   - A row that cannot make a well-formed request (a key or a header with a control
+//     character, a payload that is not JSON) is permanent without a request.
 //   - Network errors and timeouts are retried. When they happen after the whole request
 //     was written (seen with net/http/httptrace), the receiver may have acted, and the
 //     error is also marked [connectors.Ambiguous].

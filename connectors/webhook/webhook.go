@@ -85,14 +85,17 @@ var ErrTimeout = errors.New("webhook attempt timed out")
 
 // Connector delivers rows to one webhook URL. It is safe for concurrent use.
 type Connector struct {
-	url       string
-	target    string // the URL as errors show it, without a password
-	secret    []byte
-	timeout   time.Duration
-	guarantee connectors.Guarantee
-	transport http.RoundTripper
-	maxBody   int
-	now       func() time.Time
+	url    string
+	target string // the URL as errors show it, without a password
+	secret []byte
+	// authorization is the Basic credentials of a URL with a user name (as http.Client
+	// would send them; the connector calls the transport directly), else empty.
+	authorization string
+	timeout       time.Duration
+	guarantee     connectors.Guarantee
+	transport     http.RoundTripper
+	maxBody       int
+	now           func() time.Time
 }
 
 var _ connectors.Connector = (*Connector)(nil)
@@ -151,6 +154,10 @@ func New(cfg Config) (*Connector, error) {
 		return nil, err
 	}
 	c.url, c.target = u.String(), u.Redacted()
+	if u.User != nil {
+		password, _ := u.User.Password()
+		c.authorization = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+password))
+	}
 
 	// The transport, not http.Client: a client's redirect and cookie handling are not
 	// wanted, and its per-request header copy costs more than the rest of an attempt.
@@ -245,6 +252,9 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	if d.Key == "" {
 		return nil, connectors.Permanent(errors.New("deliver webhook: the row has no idempotency key"))
 	}
+	if !validHeader("Idempotency-Key", d.Key) {
+		return nil, connectors.Permanent(fmt.Errorf("deliver webhook: the idempotency key %q holds a control character, which an HTTP header cannot carry", d.Key))
+	}
 	if !json.Valid(d.Payload) {
 		return nil, connectors.Permanent(errors.New("deliver webhook: the payload is not valid JSON"))
 	}
@@ -280,6 +290,9 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 		}
 		req.Header.Set(name, value)
 	}
+	if c.authorization != "" && req.Header.Get("Authorization") == "" {
+		req.Header.Set("Authorization", c.authorization)
+	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", d.Key)
 	req.Header.Set("User-Agent", "outboxd")
@@ -293,6 +306,14 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	resp, err := c.transport.RoundTrip(req)
 	if err != nil {
 		return nil, c.sendError(ctx, err, wrote.Load())
+	}
+	if resp.StatusCode < 200 {
+		// 101 Switching Protocols is the only 1xx that ends a request (the transport
+		// reads past the others). Its body is the connection itself, which the attempt's
+		// timeout no longer bounds: reading or draining it would wait for the receiver to
+		// hang up, so it is closed unread.
+		_ = resp.Body.Close()
+		return connectors.MarshalResult(result{Status: resp.StatusCode}), c.classify(resp, "")
 	}
 	defer func() {
 		_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)

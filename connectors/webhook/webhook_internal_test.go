@@ -70,6 +70,12 @@ func TestRetryAfter(t *testing.T) {
 		{"Wed Jan  2 03:05:05 2030", time.Minute, true},          // asctime
 		{now.Add(-time.Minute).Format(http.TimeFormat), 0, true},
 		{"tomorrow", 0, false},
+		// Over a year is ignored, in either form, rather than taken as a plan.
+		{"31536000", 365 * 24 * time.Hour, true},
+		{"31536001", 0, false},
+		{now.Add(365 * 24 * time.Hour).Format(http.TimeFormat), 365 * 24 * time.Hour, true},
+		{now.Add(2 * 365 * 24 * time.Hour).Format(http.TimeFormat), 0, false},
+		{"Fri, 31 Dec 9999 23:59:59 GMT", 0, false},
 	}
 	for _, tt := range tests {
 		got, ok := connectors.ParseRetryAfter(tt.in, now)

@@ -293,6 +293,70 @@ func TestDeliver_RedirectNotFollowed(t *testing.T) {
 	require.Zero(t, followed.Load())
 }
 
+func TestDeliver_URLCredentials(t *testing.T) {
+	t.Parallel()
+	seen := make(chan string, 2) // the Authorization header of each request
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Get("Authorization")
+	}))
+	t.Cleanup(srv.Close)
+	url := strings.Replace(srv.URL, "http://", "http://hook-user:s3cret@", 1) + "/hook"
+	c, err := webhook.New(webhook.Config{URL: url, Client: testClient(t)})
+	require.NoError(t, err)
+	require.NotContains(t, c.String(), "s3cret")
+
+	_, err = c.Deliver(t.Context(), delivery("k"))
+	require.NoError(t, err)
+	want := "Basic " + base64.StdEncoding.EncodeToString([]byte("hook-user:s3cret"))
+	require.Equal(t, want, <-seen, "the URL's user and password, as HTTP Basic authentication")
+
+	// A row's own Authorization header wins, as with net/http's client.
+	d := delivery("k2")
+	d.Headers = map[string]string{"authorization": "Bearer row-token"}
+	_, err = c.Deliver(t.Context(), d)
+	require.NoError(t, err)
+	require.Equal(t, "Bearer row-token", <-seen)
+}
+
+func TestDeliver_SwitchingProtocols(t *testing.T) {
+	t.Parallel()
+	hangUp := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: other\r\n\r\n")
+		_ = rw.Flush()
+		<-hangUp // the connection stays open, as a receiver that switched would keep it
+	}))
+	t.Cleanup(srv.Close)
+	c, err := webhook.New(webhook.Config{URL: srv.URL + "/hook", Client: testClient(t), Timeout: 100 * time.Millisecond})
+	require.NoError(t, err)
+
+	type answer struct {
+		raw json.RawMessage
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		raw, err := c.Deliver(t.Context(), delivery("k"))
+		done <- answer{raw, err}
+	}()
+	var got answer
+	select {
+	case got = <-done:
+		close(hangUp)
+	case <-time.After(time.Minute): // a watchdog, not a timing check: without the fix it never returns
+		close(hangUp)
+		t.Fatal("Deliver still reads the connection a 101 answer handed over")
+	}
+	require.True(t, connectors.IsPermanent(got.err), "%v", got.err)
+	require.Contains(t, got.err.Error(), "receiver answered 101 Switching Protocols")
+	require.Equal(t, http.StatusSwitchingProtocols, decodeResult(t, got.raw).Status)
+}
+
 func TestDeliver_Signature(t *testing.T) {
 	t.Parallel()
 	other := "whsec_" + base64.StdEncoding.EncodeToString([]byte("not the receiver's secret"))
@@ -402,6 +466,9 @@ func TestDeliver_InvalidRow(t *testing.T) {
 		"NotJSON":    {Key: "k", Payload: json.RawMessage(`{`)},
 		"BadHeader":  {Key: "k", Payload: json.RawMessage(`{}`), Headers: map[string]string{"X-Evil": "a\r\nInjected: yes"}},
 		"BadHdrName": {Key: "k", Payload: json.RawMessage(`{}`), Headers: map[string]string{"bad name": "v"}},
+		// The outbox accepts any text as a key; one with a control character cannot be
+		// an Idempotency-Key header, and no retry will change that.
+		"KeyNotAHeader": {Key: "k\nInjected: yes", Payload: json.RawMessage(`{}`)},
 	} {
 		_, err := b.c.Deliver(t.Context(), d)
 		require.True(t, connectors.IsPermanent(err), "%s: %v", name, err)
