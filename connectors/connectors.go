@@ -315,3 +315,16 @@ var resultEncoders = sync.Pool{New: func() any {
 	e.enc.SetEscapeHTML(false)
 	return e
 }}
+
+// ValidHeaderValue reports whether v can be sent as a header value, HTTP's or a mail's:
+// it holds no control character other than tab, so it cannot end the header or start
+// another. A key that fails it cannot be an Idempotency-Key header, and no retry
+// changes that.
+func ValidHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if ch := v[i]; (ch < ' ' && ch != '\t') || ch == 0x7f {
+			return false
+		}
+	}
+	return true
+}

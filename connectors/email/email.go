@@ -359,7 +359,7 @@ func (c *Connector) build(d connectors.Delivery) (*message, error) {
 	if d.Key == "" {
 		return nil, errors.New("the row has no idempotency key")
 	}
-	if !validHeaderValue(d.Key) {
+	if !connectors.ValidHeaderValue(d.Key) {
 		return nil, errors.New("the idempotency key has control characters, so it cannot travel as a header")
 	}
 	p, err := decodePayload(d.Payload)
@@ -603,17 +603,6 @@ func validHeaderName(name string) bool {
 	return true
 }
 
-// validHeaderValue reports whether v has no control characters other than tab, so it
-// cannot end the header or start another.
-func validHeaderValue(v string) bool {
-	for i := 0; i < len(v); i++ {
-		if ch := v[i]; (ch < ' ' && ch != '\t') || ch == 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
 // checkHeader checks one of a payload's extra headers and returns its canonical name.
 func checkHeader(name, value string) (string, error) {
 	canon := textproto.CanonicalMIMEHeaderKey(name)
@@ -623,7 +612,7 @@ func checkHeader(name, value string) (string, error) {
 	if !validHeaderName(name) {
 		return "", fmt.Errorf("payload: header %q is not a valid header name", name)
 	}
-	if !validHeaderValue(value) {
+	if !connectors.ValidHeaderValue(value) {
 		return "", fmt.Errorf("payload: header %q has control characters in its value", name)
 	}
 	return canon, nil

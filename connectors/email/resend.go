@@ -113,7 +113,7 @@ func NewResend(cfg ResendConfig) (*Resend, error) {
 		errs = append(errs, errors.New("APIKey: required"))
 	case strings.ContainsAny(cfg.APIKey, " \t\r\n"):
 		errs = append(errs, errors.New("APIKey: must not contain spaces or newlines"))
-	case !validHeaderValue(cfg.APIKey):
+	case !connectors.ValidHeaderValue(cfg.APIKey):
 		errs = append(errs, errors.New("APIKey: has control characters"))
 	}
 	if base, err := connectors.ParseAPIBase("APIBase", cfg.APIBase); err != nil {
@@ -277,7 +277,7 @@ func (c *Resend) build(d connectors.Delivery) ([]byte, error) {
 	if d.Key == "" {
 		return nil, errors.New("the row has no idempotency key")
 	}
-	if !validHeaderValue(d.Key) {
+	if !connectors.ValidHeaderValue(d.Key) {
 		return nil, errors.New("the idempotency key has control characters, so it cannot travel as a header")
 	}
 	if len(d.Key) > maxResendKey {

@@ -312,8 +312,8 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	if d.Key == "" {
 		return nil, connectors.Permanent(errors.New("deliver payment: the row has no idempotency key"))
 	}
-	if len(d.Key) > maxKeyLen || strings.TrimSpace(d.Key) != d.Key {
-		return nil, connectors.Permanent(fmt.Errorf("deliver payment: the row's key is not a valid Stripe idempotency key (1-%d bytes, no surrounding whitespace)", maxKeyLen))
+	if len(d.Key) > maxKeyLen || strings.TrimSpace(d.Key) != d.Key || !connectors.ValidHeaderValue(d.Key) {
+		return nil, connectors.Permanent(fmt.Errorf("deliver payment: the row's key is not a valid Stripe idempotency key (1-%d bytes, no surrounding whitespace, no control characters)", maxKeyLen))
 	}
 	var p payload
 	dec := json.NewDecoder(bytes.NewReader(d.Payload))

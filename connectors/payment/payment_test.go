@@ -387,6 +387,7 @@ func TestDeliver_BadPayload(t *testing.T) {
 		{"CreateWithID", "k", `{"operation":"customer.create","params":{"id":"cus_1"}}`, `unknown parameter "id"`},
 		{"NoKey", "", createPI, "no idempotency key"},
 		{"KeyTooLong", string(bytes.Repeat([]byte("k"), 256)), createPI, "not a valid Stripe idempotency key"},
+		{"KeyNotAHeader", "order-42\nnotify", createPI, "not a valid Stripe idempotency key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

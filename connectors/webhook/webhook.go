@@ -252,7 +252,7 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	if d.Key == "" {
 		return nil, connectors.Permanent(errors.New("deliver webhook: the row has no idempotency key"))
 	}
-	if !validHeader("Idempotency-Key", d.Key) {
+	if !connectors.ValidHeaderValue(d.Key) {
 		return nil, connectors.Permanent(fmt.Errorf("deliver webhook: the idempotency key %q holds a control character, which an HTTP header cannot carry", d.Key))
 	}
 	if !json.Valid(d.Payload) {
@@ -422,10 +422,5 @@ func validHeader(name, value string) bool {
 			return false
 		}
 	}
-	for i := 0; i < len(value); i++ {
-		if ch := value[i]; (ch < ' ' && ch != '\t') || ch == 0x7f {
-			return false
-		}
-	}
-	return true
+	return connectors.ValidHeaderValue(value)
 }
