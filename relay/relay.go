@@ -197,13 +197,14 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		if in.MaxAge == 0 && inst.keyWindow > 0 {
 			inst.maxAge = min(inst.maxAge, inst.keyWindow)
 		}
-		held := policy == AmbiguousHold && inst.guarantee == connectors.Forwarded
-		if held {
+		var ahead int
+		ahead, inst.startBy = claimAhead(inst.limit, cfg.Lease, connectors.Timeout(in.Connector))
+		if policy == AmbiguousHold && inst.guarantee == connectors.Forwarded {
 			r.hold = append(r.hold, name)
 		} else {
 			// Not for held instances: should the relay die, the rows it claimed ahead come
 			// back ambiguous when their lease expires, and held ones would each need a person.
-			inst.ahead, inst.startBy = claimAhead(inst.limit, cfg.Lease, connectors.Timeout(in.Connector))
+			inst.ahead = ahead
 		}
 		inst.jobs = make(chan claimed, inst.limit+inst.ahead)
 		r.maxClaimed += inst.ahead
@@ -232,7 +233,9 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 // instance's recent pace, and one that still waited longer than startBy is handed back
 // instead of sent, so its attempt ends well inside its lease. Only connectors that
 // declare their time limit are claimed ahead, and not those whose ambiguous attempts are
-// held. Twenty rounds: a round of the claim loop takes 25-40 ms on two cores, while the
+// held. Every row, claimed ahead or not, must start within its instance's startBy: it
+// may also wait for one of the Config.Concurrency slots, which other instances' slow
+// attempts can hold for longer than a lease. Twenty rounds: a round of the claim loop takes 25-40 ms on two cores, while the
 // workers, once they have rows, deliver up to 24,000 a second, so ten rounds ahead
 // (1,408 rows held at the default concurrency) still ran dry before most claims came
 // back, and the cores idled. With twenty, claims of up to 1,000 rows and room for every
@@ -246,14 +249,21 @@ const (
 )
 
 // claimAhead returns how many rows of an instance with limit workers to claim ahead at
-// most, and how long such a row may wait for a worker, for a lease and an attempt's
-// time limit.
+// most, for a lease and an attempt's time limit (0: the connector declares none), and
+// how long after its claim a row may still start its attempt: half of what the lease
+// leaves beyond the time limit, within [minStartBy, maxStartBy]; without a known time
+// limit, a quarter of the lease, at most maxStartBy. Rows are claimed ahead only when the
+// time limit is known and leaves room to wait.
 func claimAhead(limit int, lease, timeout time.Duration) (ahead int, startBy time.Duration) {
-	spare := lease - timeout
-	if timeout <= 0 || spare < 2*minStartBy {
-		return 0, 0
+	if timeout <= 0 {
+		return 0, min(lease/4, maxStartBy)
 	}
-	return aheadRounds * limit, min(spare/2, maxStartBy)
+	spare := lease - timeout
+	startBy = min(max(spare/2, minStartBy), maxStartBy)
+	if spare < 2*minStartBy {
+		return 0, startBy
+	}
+	return aheadRounds * limit, startBy
 }
 
 // room is how many more rows the instance may hold claimed: its workers, and the rows
@@ -810,13 +820,13 @@ func (r *Relay) release(rows []claimed) {
 	if len(rows) == 0 {
 		return
 	}
-	ids := make([]int64, len(rows))
+	ids, attempts := make([]int64, len(rows)), make([]int32, len(rows))
 	for i, row := range rows {
-		ids[i] = row.id
+		ids[i], attempts[i] = row.id, int32(row.attempt)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := r.pool.Exec(ctx, releaseSQL, r.cfg.ID, ids, r.now()); err != nil {
+	if _, err := r.pool.Exec(ctx, releaseSQL, r.cfg.ID, ids, r.now(), attempts); err != nil {
 		r.log.WarnContext(ctx, "could not release unstarted rows; they are retried when their lease expires", "err", err, "rows", len(ids))
 		return
 	}
@@ -826,8 +836,8 @@ func (r *Relay) release(rows []claimed) {
 
 // work is one of inst's delivery workers: it takes the instance's claimed rows and
 // delivers each once a slot is free, until the relay stops (ctx is done) and the rows
-// run out. Rows it has not started by then are kept for release, and so is a row that
-// waited longer than inst.startBy.
+// run out. Rows it has not started by then are kept for release, and a row that waited
+// longer than inst.startBy, for the worker or for the slot, is handed back.
 func (r *Relay) work(ctx, deliverCtx context.Context, inst *instance) {
 	// The worker's own child of deliverCtx: each attempt's timeout (a child of the
 	// context it is given) registers with the worker's context instead of all of them
@@ -838,9 +848,12 @@ func (r *Relay) work(ctx, deliverCtx context.Context, inst *instance) {
 	defer cancel()
 	for row := range inst.jobs {
 		started := false
-		if ctx.Err() == nil && (inst.startBy == 0 || r.now().Sub(row.claimedAt) <= inst.startBy) {
+		if ctx.Err() == nil {
 			r.slots <- struct{}{}
-			if started = ctx.Err() == nil; started {
+			// Looked at once the slot is this worker's: other instances' attempts can
+			// hold every slot for longer than a lease, and a row sent after its lease
+			// ran out may already be on its way from another relay.
+			if started = ctx.Err() == nil && r.now().Sub(row.claimedAt) <= inst.startBy; started {
 				r.deliver(deliverCtx, inst, row)
 			}
 			<-r.slots
@@ -872,7 +885,7 @@ func (r *Relay) handBack(ctx context.Context, inst *instance, row claimed) {
 		return
 	}
 	r.metrics.handedBack.Inc()
-	r.log.WarnContext(ctx, "a claimed row waited too long for a free worker; handing it back",
+	r.log.WarnContext(ctx, "a claimed row waited too long for a free worker or delivery slot; handing it back",
 		"connector", inst.name, "id", row.id, "waited", r.now().Sub(row.claimedAt).Round(time.Millisecond), "limit", inst.startBy)
 	r.release([]claimed{row})
 }

@@ -550,8 +550,10 @@ func TestClaimAhead(t *testing.T) {
 	}{
 		{8, 30 * time.Second, 10 * time.Second, 8 * aheadRounds, 5 * time.Second}, // capped
 		{8, 6 * time.Second, 5 * time.Second, 8 * aheadRounds, 500 * time.Millisecond},
-		{8, 30 * time.Second, 29900 * time.Millisecond, 0, 0}, // no room to wait
-		{8, 30 * time.Second, 0, 0, 0},                        // time limit unknown
+		{8, 30 * time.Second, 29900 * time.Millisecond, 0, minStartBy}, // no room to wait ahead
+		{8, 10 * time.Second, 20 * time.Second, 0, minStartBy},         // a time limit beyond the lease
+		{8, 30 * time.Second, 0, 0, maxStartBy},                        // time limit unknown: a quarter of the lease, capped
+		{8, 2 * time.Second, 0, 0, 500 * time.Millisecond},
 	}
 	for _, tt := range tests {
 		ahead, startBy := claimAhead(tt.limit, tt.lease, tt.timeout)
@@ -647,6 +649,47 @@ func TestRowClaimedAheadTooLongIsHandedBack(t *testing.T) {
 		FROM outbox o WHERE idempotency_key = 'ahead-1'`).Scan(&attempts, &logged))
 	require.Equal(t, 1, attempts, "the wait was not counted as an attempt")
 	require.Equal(t, 1, logged)
+}
+
+// A row whose worker waited for the relay's one delivery slot, held by another
+// instance's slow attempt, past the time it could still start well inside its lease is
+// handed back, not sent: had the wait outlasted the lease, the row could already be on
+// its way again from another relay.
+func TestRowThatWaitedTooLongForASlotIsHandedBack(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	t.Cleanup(func() { closeOnce(release) })
+	slow, err := receiver.Start(receiver.Options{OnEffect: func(receiver.Effect) { <-release }})
+	require.NoError(t, err)
+	t.Cleanup(slow.Close)
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	cfg.Concurrency = 1
+	cfg.Lease = 6 * time.Second // the hooks' 5s time limit leaves a row 500ms to start
+	r, _ := start(t, b.pool, cfg, map[string]Instance{
+		"webhook":      {Connector: b.hook},
+		"webhook:slow": {Connector: newHook(t, slow.URL())},
+	})
+	require.Equal(t, 500*time.Millisecond, r.instances["webhook"].startBy)
+
+	enqueue(t, b.pool, "slow", "webhook:slow", []int{0})
+	require.Eventually(t, func() bool { return slow.TotalEffects() == 1 }, waitTimeout, 10*time.Millisecond,
+		"the slow attempt holds the one slot")
+	enqueue(t, b.pool, "waits", "webhook", []int{1})
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)["delivering"] == 2 }, waitTimeout, 10*time.Millisecond,
+		"the second row is claimed, and its worker waits for the slot")
+	clock.Advance(time.Second)
+	closeOnce(release)
+
+	waitStatus(t, b.pool, "waits", outbox.StatusDelivered)
+	require.Equal(t, 1, b.receiver.Effects("waits"))
+	require.GreaterOrEqual(t, testutil.ToFloat64(r.metrics.handedBack), 1.0, "the row was handed back")
+	var attempts int
+	var waited time.Duration
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT o.attempts, max(a.started_at - o.first_attempt_at)
+		FROM outbox o JOIN outbox_attempts a ON a.outbox_id = o.id WHERE o.idempotency_key = 'waits' GROUP BY o.id`).Scan(&attempts, &waited))
+	require.Equal(t, 1, attempts, "the wait was not counted as an attempt")
+	require.LessOrEqual(t, waited, 500*time.Millisecond, "the attempt started within its limit after its claim")
 }
 
 // A receiver's answer holding NUL, which PostgreSQL's text and jsonb cannot store, is
@@ -927,6 +970,119 @@ func TestRetentionDeletesOldFinishedRows(t *testing.T) {
 	}
 	require.Equal(t, []string{"recent", "old-dead", "other-relays-row"}, keys,
 		"dead rows are kept for operators, and another relay's connectors follow that relay's retention")
+}
+
+// Retention never deletes a row that another transaction is changing: a replay moving
+// a delivered row past retention back to pending must not lose it.
+func TestRetentionSkipsRowsBeingReplayed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	enqueue(t, b.pool, "replayed", "webhook", []int{1})
+	_, err := b.pool.Exec(t.Context(), `UPDATE outbox SET status = 'delivered', updated_at = now() - interval '8 days'`)
+	require.NoError(t, err)
+	r, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+
+	// What a replay with Redeliver does, in its own transaction, not yet committed.
+	tx, err := b.pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer tx.Rollback(context.WithoutCancel(t.Context())) //nolint:errcheck // committed below
+	_, err = tx.Exec(t.Context(), `UPDATE outbox SET status = 'pending', next_attempt_at = now(), updated_at = now()
+		WHERE idempotency_key = 'replayed'`)
+	require.NoError(t, err)
+
+	done := make(chan struct{})
+	go func() { defer close(done); r.deleteExpired(context.WithoutCancel(t.Context())) }()
+	// Either retention passes the locked row by, or it waits for it; if it waits, the
+	// replay commits, as it would, and retention must then still leave the row alone.
+	require.Eventually(t, func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+		}
+		var waiting bool
+		require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM outbox%')`).Scan(&waiting))
+		return waiting
+	}, waitTimeout, 10*time.Millisecond)
+	require.NoError(t, tx.Commit(t.Context()))
+	<-done
+
+	in, err := outbox.Get(t.Context(), b.pool, "replayed")
+	require.NoError(t, err, "the replayed row survives retention")
+	require.Equal(t, outbox.StatusPending, in.Status)
+}
+
+// An outcome that arrives after the row's lease ran out on its last allowed attempt, and
+// a relay sent the row to dead as ambiguous, is still recorded: the receiver answered,
+// and an operator must not see the row as undelivered and replay it.
+func TestLateOutcomeAfterLastAttemptWentDead(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	cfg.MaxAttempts, cfg.Lease = 1, 10*time.Second
+	newRelay := func(id string) *Relay {
+		c := *cfg
+		c.ID, c.Registerer = id, prometheus.NewRegistry()
+		r, err := New(b.pool, &c, map[string]Instance{"webhook": {Connector: b.hook}})
+		require.NoError(t, err)
+		return r
+	}
+	sender, other := newRelay("sender"), newRelay("other")
+	enqueue(t, b.pool, "late", "webhook", []int{1})
+	got, err := sender.claimAndRecord(t.Context(), []claimPlan{{inst: sender.instances["webhook"], limit: 10, bytes: 1 << 20}}, nil)
+	require.NoError(t, err)
+	require.Len(t, got[0], 1)
+	row := got[0][0]
+
+	// The receiver acts, but the sender's outcome is written only after its lease ran out
+	// and the other relay put the row away.
+	clock.Advance(cfg.Lease + time.Second)
+	other.reclaim(t.Context())
+	in, err := outbox.Get(t.Context(), b.pool, "late")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDead, in.Status, "its only attempt was used")
+	o := sender.decide(sender.instances["webhook"], row, json.RawMessage(`{"status":200}`), nil, clock.Now())
+	o.started = row.claimedAt
+	sender.writeOutcomes(t.Context(), []outcome{o})
+
+	in, err = outbox.Get(t.Context(), b.pool, "late")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDelivered, in.Status, "the late answer is the truth")
+	require.JSONEq(t, `{"status":200}`, string(in.Result))
+	att := attemptsOf(t, b.pool, "late")
+	require.Len(t, att, 2)
+	require.Equal(t, "lease_expired", att[0].Outcome)
+	require.Equal(t, "delivered", att[1].Outcome)
+}
+
+// A stale copy of a row, claimed again since its lease ran out, is never released in
+// place of the new claim.
+func TestReleaseLeavesARowClaimedAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	cfg.Lease = 10 * time.Second
+	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	enqueue(t, b.pool, "again", "webhook", []int{1})
+	plan := []claimPlan{{inst: r.instances["webhook"], limit: 10, bytes: 1 << 20}}
+	first, err := r.claimAndRecord(t.Context(), plan, nil)
+	require.NoError(t, err)
+	require.Len(t, first[0], 1)
+	clock.Advance(cfg.Lease + time.Second)
+	r.reclaim(t.Context())
+	second, err := r.claimAndRecord(t.Context(), plan, nil)
+	require.NoError(t, err)
+	require.Len(t, second[0], 1)
+	require.Equal(t, 2, second[0][0].attempt)
+
+	r.release(first[0]) // the stale copy
+	in, err := outbox.Get(t.Context(), b.pool, "again")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDelivering, in.Status, "the second claim stands")
+	require.Equal(t, 2, in.Attempts)
 }
 
 func TestNewValidates(t *testing.T) {

@@ -65,8 +65,9 @@ RETURNING o.id, o.idempotency_key, o.payload, o.headers, o.attempts, o.ambiguous
 
 // recordSQL writes many outcomes in one round trip: it updates each row still leased to
 // this relay ($1) for the same attempt, and logs every attempt. A row whose lease expired
-// and was put back (pending or held, marked ambiguous) but not yet taken again also
-// accepts the late outcome: the attempt did finish, and its answer is the truth.
+// and was put back (pending or held, marked ambiguous; dead when that was its last
+// attempt) but not yet taken again also accepts the late outcome: the attempt did
+// finish, and its answer is the truth.
 const recordSQL = `
 WITH r AS (
     SELECT *
@@ -88,21 +89,24 @@ WITH r AS (
     WHERE o.id = r.id
       AND o.attempts = r.attempt
       AND ((o.status = 'delivering' AND o.lease_owner = $1)
-           OR (o.status IN ('pending', 'held') AND o.ambiguous))
+           OR (o.status IN ('pending', 'held', 'dead') AND o.ambiguous))
     RETURNING o.id
 )
 INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
 SELECT r.id, r.attempt, $1, r.started_at, r.finished_at, r.outcome, r.ambiguous, r.last_error
 FROM r`
 
-// releaseSQL hands back rows this relay ($1) claimed but never started (it is stopping):
-// they return to pending and the attempt that never began is uncounted.
+// releaseSQL hands back rows this relay ($1) claimed but never started, $2 with the
+// attempts $4 they were claimed for: they return to pending and the attempt that never
+// began is uncounted. A row claimed again since (its lease ran out, and this relay or
+// another took it anew) is left alone.
 const releaseSQL = `
-UPDATE outbox
+UPDATE outbox o
 SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL,
-    attempts = attempts - 1, updated_at = $3,
-    first_attempt_at = CASE WHEN attempts = 1 THEN NULL ELSE first_attempt_at END
-WHERE id = ANY($2) AND status = 'delivering' AND lease_owner = $1`
+    attempts = o.attempts - 1, updated_at = $3,
+    first_attempt_at = CASE WHEN o.attempts = 1 THEN NULL ELSE o.first_attempt_at END
+FROM unnest($2::bigint[], $4::int[]) AS r(id, attempt)
+WHERE o.id = r.id AND o.attempts = r.attempt AND o.status = 'delivering' AND o.lease_owner = $1`
 
 // reclaimSQL puts back rows of this relay's connectors ($4) whose lease expired (their
 // relay died or lost the database): the abandoned attempt is logged as ambiguous, and the
@@ -170,14 +174,18 @@ GROUP BY connector, status`
 // retentionSQL deletes up to $2 finished rows of this relay's connectors ($3) last
 // changed before $1 (attempts cascade). Each relay keeps its own connectors' rows for its
 // own retention, so relays configured differently on one database do not overrule
-// each other.
+// each other. The rows are locked as they are chosen, and rows another transaction holds
+// are skipped: a replay may be moving one back to pending, and a DELETE that waited for
+// it would check only the id once the replay committed, and delete the replayed row.
 const retentionSQL = `
-DELETE FROM outbox
-WHERE id IN (
+WITH expired AS (
     SELECT id FROM outbox
     WHERE status IN ('delivered', 'canceled') AND updated_at < $1 AND connector = ANY($3)
     ORDER BY updated_at
-    LIMIT $2)`
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM outbox o USING expired e WHERE o.id = e.id`
 
 // pollFastSQL tells the insert trigger that a relay polls fast for the next $1, so
 // inserts need not NOTIFY (see schema.sql, outbox_wake).
