@@ -70,7 +70,8 @@ type Instance struct {
 	// Concurrency is the most deliveries in flight to this instance. Defaults to
 	// Config.Concurrency.
 	Concurrency int
-	// Rate is the most requests per second to this instance; 0 means no limit.
+	// Rate is the most requests per second to this instance; 0 means no limit. Requests
+	// are paced: no more than a tenth of a second's worth (at least one) go at once.
 	Rate float64
 	// OnAmbiguous is what a forwarded connector does after an attempt whose effect is
 	// unknown: "retry" (the default) or "hold" the row for an operator.

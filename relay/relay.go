@@ -209,7 +209,10 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		inst.jobs = make(chan claimed, inst.limit+inst.ahead)
 		r.maxClaimed += inst.ahead
 		if in.Rate > 0 {
-			inst.limiter = rate.NewLimiter(rate.Limit(in.Rate), max(1, int(in.Rate)))
+			// A burst of a tenth of a second's worth: a second's worth, after a quiet
+			// spell, let a receiver see up to twice its rate within one second, which a
+			// receiver that enforces its limit answers with 429.
+			inst.limiter = rate.NewLimiter(rate.Limit(in.Rate), max(1, int(in.Rate/10)))
 		}
 		r.instances[name] = inst
 		r.names = append(r.names, name)
