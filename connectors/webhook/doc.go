@@ -32,7 +32,8 @@
 //     (delta-seconds or an HTTP date) when there is one ([connectors.RetryAfter]); a
 //     Retry-After over a year ahead is ignored.
 //   - 3xx is permanent: redirects are not followed, so a receiver that moved must be
-//     configured with its final URL.
+//     configured with its final URL. 303 See Other, which answers a request the server
+//     took, is also ambiguous: the receiver may have acted.
 //   - Other 4xx are permanent ([connectors.Permanent]), and so is 101 Switching Protocols,
 //     whose connection is closed unread: it is no answer to a webhook.
 //   - A row that cannot make a well-formed request (a key or a header with a control

@@ -354,6 +354,11 @@ func (c *Connector) classify(resp *http.Response, excerpt string) error {
 		answered += ": " + q
 	}
 	switch {
+	case code == http.StatusSeeOther:
+		// 303 answers a request the server took, pointing elsewhere for its outcome: the
+		// receiver may well have acted, so the row is not one to replay blindly.
+		return connectors.Ambiguous(connectors.Permanent(fmt.Errorf(
+			"%s (the receiver took the request and points elsewhere for its outcome, not followed); it may have acted: check it before replaying the row", answered)))
 	case code >= 300 && code <= 399:
 		where := ""
 		if loc := resp.Header.Get("Location"); loc != "" {

@@ -293,6 +293,26 @@ func TestDeliver_RedirectNotFollowed(t *testing.T) {
 	require.Zero(t, followed.Load())
 }
 
+// 303 See Other answers a POST the server took: the receiver may have acted, so the
+// attempt is ambiguous as well as final, not a redirect to fix by configuration.
+func TestDeliver_SeeOther(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/orders/42", http.StatusSeeOther)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := webhook.New(webhook.Config{URL: srv.URL + "/hook", Client: testClient(t)})
+	require.NoError(t, err)
+
+	raw, err := c.Deliver(t.Context(), delivery("k"))
+	require.True(t, connectors.IsPermanent(err), "%v", err)
+	require.True(t, connectors.IsAmbiguous(err), "%v", err)
+	require.Contains(t, err.Error(), "receiver answered 303 See Other")
+	require.Contains(t, err.Error(), "it may have acted: check it before replaying the row")
+	require.NotContains(t, err.Error(), "configure the final URL")
+	require.Equal(t, http.StatusSeeOther, decodeResult(t, raw).Status)
+}
+
 func TestDeliver_URLCredentials(t *testing.T) {
 	t.Parallel()
 	seen := make(chan string, 2) // the Authorization header of each request
