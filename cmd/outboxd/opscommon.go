@@ -54,10 +54,12 @@ func (f *dbFlag) open(ctx context.Context, e *env) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := config.CheckDSN("--database-url", dsn); err != nil {
+		return nil, usageError{err}
+	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		// pgconn's message shows the DSN with its password redacted.
-		return nil, usageError{fmt.Errorf("database URL: %w", err)}
+		return nil, err // CheckDSN parsed it
 	}
 	if cfg.MaxConns > 4 {
 		cfg.MaxConns = 4

@@ -66,8 +66,15 @@ func TestServeUsageErrors(t *testing.T) {
 				"OUTBOX_DATABASE_URL=postgres://app:hunter2@localhost:notaport/app",
 				"OUTBOX_WEBHOOK_URL=https://example.com/hook",
 			},
-			want:    []string{"outboxd: OUTBOX_DATABASE_URL: cannot parse `postgres://app:xxxxx@localhost:notaport/app`"},
+			want:    []string{"- OUTBOX_DATABASE_URL (postgres://app:xxxxx@localhost:notaport/app) is not a PostgreSQL URL or keyword/value string that pgx accepts: invalid port"},
 			notWant: []string{"hunter2"},
+		},
+		{
+			name:    "MigrateBadDSN",
+			args:    []string{"migrate"},
+			environ: []string{"OUTBOX_DATABASE_URL=host=db password=se cret"},
+			want:    []string{"- OUTBOX_DATABASE_URL (host=db password=xxxxx) is not a PostgreSQL URL or keyword/value string that pgx accepts: "},
+			notWant: []string{"cret"},
 		},
 		{
 			name:    "Arguments",

@@ -1,12 +1,14 @@
 package config
 
 import (
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
 	"time"
 
 	"github.com/caarlos0/env/v11"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/relay"
 )
@@ -106,7 +108,33 @@ func Load(environ []string) (*Config, error) {
 func LoadDatabase(environ []string) (Database, error) {
 	var p problems
 	db := parseEnv[Database](env.ToMap(environ), "", &p)
+	db.validate(&p)
 	return db, p.err()
+}
+
+// validate checks that pgx can parse the DSN.
+func (d *Database) validate(p *problems) {
+	if d.URL == "" || !p.ok("OUTBOX_DATABASE_URL") {
+		return
+	}
+	if err := CheckDSN("OUTBOX_DATABASE_URL", d.URL); err != nil {
+		p.addf("OUTBOX_DATABASE_URL", "%w", err)
+	}
+}
+
+// CheckDSN returns nil when pgx can parse dsn (given as name), else one line that says
+// why and quotes the DSN redacted. pgx's own message masks only a password's first word
+// when the DSN does not parse, so only its reason is kept.
+func CheckDSN(name, dsn string) error {
+	_, err := pgxpool.ParseConfig(dsn)
+	if err == nil {
+		return nil
+	}
+	reason := err.Error()
+	if i := strings.LastIndex(reason, "`: "); i >= 0 {
+		reason = reason[i+len("`: "):]
+	}
+	return fmt.Errorf("%s (%s) is not a PostgreSQL URL or keyword/value string that pgx accepts: %s", name, RedactDSN(dsn), reason)
 }
 
 // LoadLog reads [Log] from environ (as os.Environ returns it), for commands that log
@@ -246,6 +274,7 @@ func (c *Config) validate(p *problems) {
 	if _, port, err := net.SplitHostPort(c.HTTPAddr); err != nil || port == "" {
 		p.addf("OUTBOX_HTTP_ADDR", "OUTBOX_HTTP_ADDR must be host:port (such as 127.0.0.1:8080 or :8080), got %q", c.HTTPAddr)
 	}
+	c.Database.validate(p)
 	c.Log.validate(p)
 	c.Engine.validate(p)
 	c.API.validate(p)

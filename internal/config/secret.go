@@ -5,6 +5,8 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // redacted stands in for a secret, as pgx and net/url write it.
@@ -38,12 +40,42 @@ func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 // RedactDSN returns a PostgreSQL DSN with its passwords replaced by xxxxx, in either
 // form pgx accepts: a URL (the user info, and password or sslpassword in the query) or
 // keyword/value pairs (password=..., sslpassword=..., quoted or not).
+//
+// The text is read as pgx would read it where that is plain; a URL's password that
+// still shows as user info (pgx takes "postgres://u:pa#ss@host/db" to have the password
+// "pa#ss", where a URL parser sees a fragment) is then masked there too, and a DSN that
+// pgx does not parse at all is masked from where a password may start to the end of
+// what could hold it.
 func RedactDSN(dsn string) string {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		return redactDSNURL(dsn)
+	isURL := strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
+	var out string
+	if isURL {
+		out = redactDSNURL(dsn)
+	} else {
+		out = kvPassword.ReplaceAllString(dsn, "${1}"+redacted)
 	}
-	return kvPassword.ReplaceAllString(dsn, "${1}"+redacted)
+	cfg, err := pgconn.ParseConfig(dsn)
+	switch {
+	case dsn == "":
+	case err != nil && isURL:
+		if scheme, rest, _ := strings.Cut(out, "://"); strings.Contains(rest, "@") {
+			at := strings.LastIndex(rest, "@")
+			if user, _, hasPassword := strings.Cut(rest[:at], ":"); hasPassword {
+				out = scheme + "://" + user + ":" + redacted + rest[at:]
+			}
+		}
+	case err != nil:
+		if loc := kvPasswordKey.FindStringIndex(out); loc != nil {
+			out = out[:loc[1]] + redacted
+		}
+	case isURL && cfg.Password != "":
+		out = strings.ReplaceAll(out, ":"+cfg.Password+"@", ":"+redacted+"@")
+	}
+	return out
 }
+
+// kvPasswordKey finds where a keyword/value DSN's password may start.
+var kvPasswordKey = regexp.MustCompile(`(?i)\b(?:ssl)?password\s*=\s*`)
 
 // kvPassword matches a password pair of a keyword/value DSN, as pgconn parses them:
 // the value is single-quoted with backslash escapes, or runs to the next space.

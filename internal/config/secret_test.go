@@ -97,9 +97,31 @@ func TestRedactDSN(t *testing.T) {
 		{"host=db password = 'hunter 2\\' x' user=app", "host=db password = xxxxx user=app"},
 		{"host=db sslpassword=k3y PASSWORD=hunter2", "host=db sslpassword=xxxxx PASSWORD=xxxxx"},
 		{"host=db password='unterminated", "host=db password=xxxxx"},
+		// pgx reads "#" and "?" in a URL's password as part of it, where net/url would not.
+		{"postgres://u:pa#ss@db/app", "postgres://u:xxxxx@db/app"},
+		{"postgres://u:p?ass@db/app?sslmode=disable", "postgres://u:xxxxx@db/app?sslmode=disable"},
+		{"postgres://u:pa#ss@h1:5432,h2:5433/app", "postgres://u:xxxxx@h1:5432,h2:5433/app"},
+		// What pgx does not parse is masked to the end of what could hold a password.
+		{"host=db password=se cret user=app", "host=db password=xxxxx"},
 		{"", ""},
 	}
 	for _, tt := range tests {
 		require.Equal(t, tt.want, RedactDSN(tt.dsn), tt.dsn)
 	}
+}
+
+// A DSN that pgx cannot parse is one clear problem, and its password is not quoted.
+func TestLoadDatabaseRejectsWhatPgxCannotParse(t *testing.T) {
+	t.Parallel()
+	_, err := LoadDatabase(environ(map[string]string{"OUTBOX_DATABASE_URL": "host=db password=se cret"}))
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "OUTBOX_DATABASE_URL (host=db password=xxxxx) is not a PostgreSQL URL or keyword/value string that pgx accepts: ")
+	require.NotContains(t, err.Error(), "cret")
+	var cfgErr *Error
+	require.ErrorAs(t, err, &cfgErr)
+	require.Len(t, cfgErr.Problems, 1)
+
+	db, err := LoadDatabase(environ(map[string]string{"OUTBOX_DATABASE_URL": "postgres://u:pa#ss@db/app?pool_max_conns=4"}))
+	require.NoError(t, err)
+	require.Equal(t, "postgres://u:xxxxx@db/app?pool_max_conns=4", db.String())
 }
