@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -79,13 +80,16 @@ type Server struct {
 	cfg    *Config
 	mux    *http.ServeMux
 	server *http.Server
+	// stopping is done once shutdown begins; event streams end with it.
+	stopping context.Context
 }
 
 // New returns a server with /healthz, /readyz and /metrics mounted. It does not listen
 // until [Server.Run] or [Server.Serve].
 func New(cfg *Config) *Server {
 	cfg = cfg.withDefaults()
-	s := &Server{cfg: cfg, mux: http.NewServeMux()}
+	stopping, stop := context.WithCancel(context.Background())
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), stopping: stopping}
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
@@ -95,7 +99,7 @@ func New(cfg *Config) *Server {
 	}))
 	s.server = &http.Server{
 		Addr:              cfg.Addr,
-		Handler:           s.mux,
+		Handler:           s.endStreamsAtShutdown(s.mux),
 		ReadHeaderTimeout: ReadHeaderTimeout,
 		ReadTimeout:       ReadTimeout,
 		WriteTimeout:      WriteTimeout,
@@ -103,7 +107,25 @@ func New(cfg *Config) *Server {
 		MaxHeaderBytes:    MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
 	}
+	s.server.RegisterOnShutdown(stop)
 	return s
+}
+
+// endStreamsAtShutdown ends event streams when shutdown begins: GET requests that
+// accept text/event-stream, such as the stream an MCP client keeps open on /mcp. They
+// never finish by themselves, and shutdown would wait for them until its timeout.
+// Other requests, which write rows, are left to finish.
+func (s *Server) endStreamsAtShutdown(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet || !strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+			h.ServeHTTP(w, r)
+			return
+		}
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		defer context.AfterFunc(s.stopping, cancel)()
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
 }
 
 // Handle mounts h at pattern (net/http's ServeMux patterns, such as
@@ -123,9 +145,11 @@ func (s *Server) Run(ctx context.Context) error {
 	return s.Serve(ctx, ln)
 }
 
-// Serve serves on ln until ctx is done, then stops accepting connections, gives
-// requests in progress until [Config.ShutdownTimeout] to finish, and closes what is
-// left. It returns nil after a shutdown that ctx asked for, and ln is closed on return.
+// Serve serves on ln until ctx is done, then stops accepting connections, ends event
+// streams, gives requests in progress until [Config.ShutdownTimeout] to finish, and
+// closes what is left (with a warning: that is a client's loss, not the server's
+// failure). It returns nil after a shutdown that ctx asked for, and ln is closed on
+// return.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.cfg.Logger.InfoContext(ctx, "http server listening", "addr", ln.Addr().String())
 	served := make(chan error, 1)
@@ -141,16 +165,16 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	shutdownCtx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout,
 		errors.New("http shutdown timeout"))
 	defer cancel()
-	err := s.server.Shutdown(shutdownCtx)
-	if err != nil {
+	if err := s.server.Shutdown(shutdownCtx); err != nil {
 		// Requests still running past the timeout: cut their connections.
 		_ = s.server.Close()
-		err = fmt.Errorf("shutdown: %w", context.Cause(shutdownCtx))
+		s.cfg.Logger.WarnContext(ctx, "requests still running at the shutdown timeout were cut off",
+			"shutdown_timeout", s.cfg.ShutdownTimeout.String())
 	}
-	if serveErr := <-served; !errors.Is(serveErr, http.ErrServerClosed) {
-		err = errors.Join(err, fmt.Errorf("serve: %w", serveErr))
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve: %w", err)
 	}
-	return err
+	return nil
 }
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
