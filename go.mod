@@ -5,7 +5,6 @@ go 1.26.8
 require (
 	github.com/KimMachineGun/automemlimit v1.0.1
 	github.com/caarlos0/env/v11 v11.4.2
-	github.com/jackc/pgerrcode v0.0.0-20250907135507-afb5586c32a6
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/moby/moby/client v0.6.2
 	github.com/modelcontextprotocol/go-sdk v1.8.0

@@ -12,9 +12,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Schema is the text of schema.sql: the whole current schema, idempotent.
@@ -49,7 +47,7 @@ func Migrate(ctx context.Context, db Beginner) (from int, err error) {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrateLockID)); err != nil {
 			return fmt.Errorf("take migration lock: %w", err)
 		}
-		from, err = currentVersion(ctx, tx)
+		from, err = AppliedVersion(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -69,18 +67,25 @@ func Migrate(ctx context.Context, db Beginner) (from int, err error) {
 	return from, err
 }
 
-// currentVersion reads the newest applied version, 0 when the table does not exist yet.
-func currentVersion(ctx context.Context, tx pgx.Tx) (int, error) {
-	// A savepoint keeps the transaction usable when the table is missing.
-	var v int
-	err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
-		return sp.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM outbox_schema_migrations`).Scan(&v)
-	})
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
+// Queryer runs a query returning one row; [pgx.Conn], [pgxpool.Pool] and [pgx.Tx]
+// satisfy it.
+type Queryer interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// AppliedVersion returns the newest schema version applied to the database, 0 when it
+// has none (outbox_schema_migrations does not exist). It never aborts a transaction it
+// runs in: the table is looked up before it is read.
+func AppliedVersion(ctx context.Context, db Queryer) (int, error) {
+	var exists bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass('outbox_schema_migrations') IS NOT NULL`).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	if !exists {
 		return 0, nil
 	}
-	if err != nil {
+	var v int
+	if err := db.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM outbox_schema_migrations`).Scan(&v); err != nil {
 		return 0, fmt.Errorf("read schema version: %w", err)
 	}
 	return v, nil

@@ -26,6 +26,7 @@ import (
 	"github.com/sethvargo/go-retry"
 	"golang.org/x/time/rate"
 
+	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/connectors"
 )
 
@@ -312,9 +313,14 @@ func (r *Relay) Ready(ctx context.Context) error {
 // Run delivers rows until ctx is done. Then it stops claiming, gives in-flight deliveries
 // until Config.ShutdownTimeout to finish, cancels those still running (their attempts
 // are recorded as ambiguous), records every outcome, releases leases of rows it had not
-// started, and returns nil. It returns an error only when it cannot start.
+// started, and returns nil. It returns an error only when it cannot start (and nil when
+// ctx ends while it waits for the database at start).
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.start(ctx); err != nil {
+		if ctx.Err() != nil {
+			// Stopped while it waited for the database: nothing was claimed.
+			return nil
+		}
 		return err
 	}
 	r.running.Store(true)
@@ -412,6 +418,17 @@ func (r *Relay) start(ctx context.Context) error {
 	})
 	if err != nil {
 		return fmt.Errorf("relay: reach database: %w", err)
+	}
+	// A database the relay cannot work with is refused now, rather than retried in
+	// every round while readiness says all is well. A newer schema is accepted: its
+	// changes are additive, and relays are upgraded one at a time.
+	version, err := outboxd.AppliedVersion(ctx, r.pool)
+	if err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	if version < outboxd.SchemaVersion {
+		return fmt.Errorf("relay: the database's outbox schema is at version %d and this relay needs version %d: "+
+			"run outboxd migrate (or outboxd.Migrate) first", version, outboxd.SchemaVersion)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -26,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/connectors/webhook"
 	"github.com/outboxd/outboxd/internal/pgtest"
@@ -1083,6 +1085,51 @@ func TestReleaseLeavesARowClaimedAgain(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatusDelivering, in.Status, "the second claim stands")
 	require.Equal(t, 2, in.Attempts)
+}
+
+// A relay refuses a database whose schema is missing or older than it needs, at start,
+// instead of failing every round while it looks ready.
+func TestRunRefusesAnUnmigratedDatabase(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name, sql string
+		version   int
+	}{
+		{"NeverMigrated", `DROP TABLE outbox_schema_migrations`, 0},
+		{"Older", `UPDATE outbox_schema_migrations SET version = 2`, 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, receiver.Options{})
+			_, err := b.pool.Exec(t.Context(), tt.sql)
+			require.NoError(t, err)
+			r, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+			require.NoError(t, err)
+			err = r.Run(t.Context())
+			require.ErrorContains(t, err, fmt.Sprintf("the database's outbox schema is at version %d and this relay needs version %d: "+
+				"run outboxd migrate", tt.version, outboxd.SchemaVersion))
+			require.Error(t, r.Ready(t.Context()))
+		})
+	}
+}
+
+// A relay stopped while it still waits for its database at start has claimed nothing,
+// so that stop is not a failure.
+func TestRunStoppedBeforeTheDatabaseAnswers(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens there now
+	pool, err := pgxpool.New(t.Context(), "postgres://outboxd@"+addr+"/outboxd?connect_timeout=1")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r, err := New(pool, &Config{Registerer: prometheus.NewRegistry(), Logger: testLogger()},
+		map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	require.NoError(t, r.Run(ctx))
 }
 
 func TestNewValidates(t *testing.T) {
