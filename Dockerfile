@@ -13,9 +13,11 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --uid 10001 --no-create-home outboxd
+    && groupadd --system --gid 10001 outboxd \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home outboxd
 COPY --from=build /out/outboxd /usr/local/bin/outboxd
-USER outboxd
+# Numeric, so that a cluster requiring non-root users (Kubernetes runAsNonRoot) can tell.
+USER 10001:10001
 ENV OUTBOX_HTTP_ADDR=:8080
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/outboxd"]
