@@ -49,3 +49,25 @@ func RedactURL(raw string) string {
 	}
 	return u.Redacted()
 }
+
+// RedactEndpoint shows only a URL's scheme and host, with "/xxxxx" when it has more:
+// webhook URLs often carry a token in the user info, the path or the query, and what a
+// connector's errors show reaches last_error, which the intent API shows to agents. It
+// returns "" for "" and "xxxxx" for what does not parse as a URL with a host.
+func RedactEndpoint(raw string) string {
+	if raw == "" {
+		return ""
+	}
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return redacted
+	}
+	out := u.Scheme + "://" + u.Host
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Opaque != "" {
+		out += "/" + redacted
+	}
+	return out
+}
+
+// redacted stands in for a secret, as pgx and net/url write it.
+const redacted = "xxxxx"

@@ -60,7 +60,7 @@ func (c Config) LogValue() slog.Value {
 		secret = "REDACTED"
 	}
 	return slog.GroupValue(
-		slog.String("url", connectors.RedactURL(c.URL)),
+		slog.String("url", connectors.RedactEndpoint(c.URL)),
 		slog.String("secret", secret),
 		slog.Duration("timeout", c.Timeout),
 		slog.String("guarantee", string(c.Guarantee)),
@@ -86,7 +86,7 @@ var ErrTimeout = errors.New("webhook attempt timed out")
 // Connector delivers rows to one webhook URL. It is safe for concurrent use.
 type Connector struct {
 	url    string
-	target string // the URL as errors show it, without a password
+	target string // the URL as errors show it: scheme and host (connectors.RedactEndpoint)
 	secret []byte
 	// authorization is the Basic credentials of a URL with a user name (as http.Client
 	// would send them; the connector calls the transport directly), else empty.
@@ -153,7 +153,7 @@ func New(cfg Config) (*Connector, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	c.url, c.target = u.String(), u.Redacted()
+	c.url, c.target = u.String(), connectors.RedactEndpoint(u.String())
 	if u.User != nil {
 		password, _ := u.User.Password()
 		c.authorization = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+password))
@@ -201,7 +201,8 @@ func parseSecret(s string) ([]byte, error) {
 	return key, nil
 }
 
-// String names the connector by its URL (without a password), and never shows the secret.
+// String names the connector by its URL's scheme and host (a path or query may hold a
+// token), and never shows the secret.
 func (c *Connector) String() string { return "webhook " + c.target }
 
 // LogValue keeps the secret out of logs.

@@ -183,7 +183,7 @@ func TestDeliver_DropAfterEffect(t *testing.T) {
 			require.Nil(t, raw)
 			require.True(t, connectors.IsAmbiguous(err), "%v", err)
 			require.False(t, connectors.IsPermanent(err))
-			require.Contains(t, err.Error(), "POST "+b.r.URL()+": connection closed after the request was sent; the receiver may have acted")
+			require.Contains(t, err.Error(), "POST "+connectors.RedactEndpoint(b.r.URL())+": connection closed after the request was sent; the receiver may have acted")
 			require.Equal(t, 1, b.r.Requests("k"), "the transport did not resend on its own")
 			require.Equal(t, 1, b.r.Effects("k"))
 
@@ -227,7 +227,7 @@ func TestDeliver_Retryable(t *testing.T) {
 			require.Error(t, err)
 			require.False(t, connectors.IsPermanent(err), "%v", err)
 			require.False(t, connectors.IsAmbiguous(err), "an answer is not ambiguous")
-			require.Contains(t, err.Error(), fmt.Sprintf("POST %s: receiver answered %d %s: ", b.r.URL(), tt.wantStatus, http.StatusText(tt.wantStatus)))
+			require.Contains(t, err.Error(), fmt.Sprintf("POST %s: receiver answered %d %s: ", connectors.RedactEndpoint(b.r.URL()), tt.wantStatus, http.StatusText(tt.wantStatus)))
 			require.Contains(t, err.Error(), "planned failure", "the body excerpt is in the error")
 
 			res := decodeResult(t, raw)
@@ -457,7 +457,7 @@ func TestDeliver_NotSent(t *testing.T) {
 		require.Nil(t, raw)
 		require.False(t, connectors.IsAmbiguous(err), "nothing was sent: %v", err)
 		require.False(t, connectors.IsPermanent(err))
-		require.Contains(t, err.Error(), "POST "+url+": the request could not be sent: ")
+		require.Contains(t, err.Error(), "POST "+connectors.RedactEndpoint(url)+": the request could not be sent: ")
 	})
 
 	t.Run("Cancelled", func(t *testing.T) {
@@ -613,13 +613,24 @@ func TestNew_DoesNotChangeCallersClient(t *testing.T) {
 	require.Nil(t, client.CheckRedirect)
 }
 
+// Neither the signing secret nor what a URL may hold as a token (password, path, query)
+// shows in what the connector prints, nor in its errors, which reach last_error and so
+// the agents that read rows through the intent API.
 func TestConnector_NeverShowsSecret(t *testing.T) {
 	t.Parallel()
-	c, err := webhook.New(webhook.Config{URL: "https://user:hunter2@example.com/hook", Secret: testSecret})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	for _, s := range []string{fmt.Sprint(c), fmt.Sprintf("%+v", c), c.LogValue().String()} {
-		require.NotContains(t, s, "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
-		require.NotContains(t, s, "hunter2")
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens there now: the attempt fails
+	c, err := webhook.New(webhook.Config{URL: "http://user:hunter2@" + addr + "/services/T0KEN?sig=s1gnature",
+		Secret: testSecret, Client: testClient(t)})
+	require.NoError(t, err)
+	_, deliverErr := c.Deliver(t.Context(), delivery("k"))
+	require.Error(t, deliverErr)
+	for _, s := range []string{fmt.Sprint(c), fmt.Sprintf("%+v", c), c.LogValue().String(), deliverErr.Error()} {
+		for _, secret := range []string{"MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "hunter2", "T0KEN", "s1gnature"} {
+			require.NotContains(t, s, secret)
+		}
 	}
-	require.Equal(t, "webhook https://user:xxxxx@example.com/hook", c.String())
+	require.Equal(t, "webhook http://"+addr+"/xxxxx", c.String())
 }

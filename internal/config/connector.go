@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -255,7 +256,7 @@ func checkHTTPURL(name, raw string, p *problems) {
 		}
 		p.addf(name, "%s is not a valid URL: %v", name, err)
 	} else if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		p.addf(name, "%s must be an absolute http or https URL, got %q", name, redactURL(raw))
+		p.addf(name, "%s must be an absolute http or https URL, got %q", name, connectors.RedactEndpoint(raw))
 	}
 }
 
@@ -315,21 +316,4 @@ type instanceConfig interface {
 // instanceString is an instance's String: its name and its redacted settings.
 func instanceString(c instanceConfig) string {
 	return c.Instance() + " " + c.LogValue().String()
-}
-
-// redactURL shows only the scheme and host of a URL: webhook URLs often carry a token
-// in the user info, the path or the query.
-func redactURL(raw string) string {
-	if raw == "" {
-		return ""
-	}
-	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" {
-		return redacted
-	}
-	out := u.Scheme + "://" + u.Host
-	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Opaque != "" {
-		out += "/" + redacted
-	}
-	return out
 }

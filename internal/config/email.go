@@ -128,7 +128,7 @@ func (c Email) LogValue() slog.Value {
 	if c.Transport == EmailTransportResend {
 		attrs = append(attrs,
 			slog.Any("api_key", c.APIKey),
-			slog.String("api_base", redactURL(c.APIBase)),
+			slog.String("api_base", connectors.RedactEndpoint(c.APIBase)),
 			slog.String("timeout", c.APITimeout.String()),
 		)
 	} else {
@@ -157,7 +157,7 @@ func (c Email) GoString() string { return c.String() }
 
 // String shows the Resend settings with the API key redacted.
 func (r ResendAPI) String() string {
-	return "{api_key:" + r.APIKey.String() + " api_base:" + redactURL(r.APIBase) + " api_timeout:" + r.APITimeout.String() + "}"
+	return "{api_key:" + r.APIKey.String() + " api_base:" + connectors.RedactEndpoint(r.APIBase) + " api_timeout:" + r.APITimeout.String() + "}"
 }
 
 // GoString is String, so that %#v redacts too.

@@ -46,7 +46,7 @@ func (c Payment) RelayInstance(conn connectors.Connector) relay.Instance {
 func (c Payment) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.Any("api_key", c.APIKey),
-		slog.String("api_base", redactURL(c.APIBase)),
+		slog.String("api_base", connectors.RedactEndpoint(c.APIBase)),
 		slog.String("timeout", c.Timeout.String()),
 		slog.Float64("rate", c.Rate),
 		slog.Int("concurrency", c.Concurrency),

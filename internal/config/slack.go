@@ -52,7 +52,7 @@ func (c Slack) RelayInstance(conn connectors.Connector) relay.Instance {
 func (c Slack) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.Any("token", c.Token),
-		slog.String("api_base", redactURL(c.APIBase)),
+		slog.String("api_base", connectors.RedactEndpoint(c.APIBase)),
 		slog.String("timeout", c.Timeout.String()),
 		slog.Int("history_limit", c.HistoryLimit),
 		slog.Float64("rate", c.Rate),

@@ -59,7 +59,7 @@ func (w Webhook) RelayInstance(c connectors.Connector) relay.Instance {
 // LogValue shows the instance with its secret and URL redacted.
 func (w Webhook) LogValue() slog.Value {
 	return slog.GroupValue(
-		slog.String("url", redactURL(w.URL)),
+		slog.String("url", connectors.RedactEndpoint(w.URL)),
 		slog.Any("secret", w.Secret),
 		slog.String("timeout", w.Timeout.String()),
 		slog.Float64("rate", w.Rate),
