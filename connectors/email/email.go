@@ -336,14 +336,13 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 
 	client, conn, err := c.dial(ctx)
 	if conn != nil {
-		// Closing the connection is what interrupts a blocked read or write when the
-		// attempt is cancelled or times out; go-mail's own deadlines only bound each step.
-		stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
-		defer stop()
 		defer conn.Close() //nolint:errcheck // after QUIT, or after a failure: nothing to report
 	}
 	if err != nil {
 		return nil, c.setupError(ctx, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, c.setupError(ctx, err) // nothing of the message was sent
 	}
 
 	res, err := c.send(ctx, client, m)
@@ -459,10 +458,15 @@ func (c *Connector) dial(ctx context.Context) (*smtp.Client, net.Conn, error) {
 		gomail.WithTimeout(c.timeout),
 		gomail.WithTLSPolicy(c.tlsPolicy),
 		gomail.WithTLSConfig(c.tlsConfig),
-		gomail.WithDialContextFunc(func(ctx context.Context, network, _ string) (net.Conn, error) {
+		gomail.WithDialContextFunc(func(dialCtx context.Context, network, _ string) (net.Conn, error) {
 			var d net.Dialer
-			nc, err := d.DialContext(ctx, network, c.addr)
+			nc, err := d.DialContext(dialCtx, network, c.addr)
 			if err == nil {
+				// Closing the connection is what interrupts a blocked read or write when
+				// the attempt (ctx, not go-mail's dialCtx, which ends with the dial) is
+				// cancelled or times out, from the greeting on: go-mail's deadlines bound
+				// each step alone.
+				context.AfterFunc(ctx, func() { _ = nc.Close() })
 				mu.Lock()
 				conn = nc
 				mu.Unlock()

@@ -1,6 +1,7 @@
 package email_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -8,9 +9,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"mime"
 	"mime/multipart"
+	"net"
 	"net/mail"
 	"net/textproto"
 	"strings"
@@ -367,6 +370,48 @@ func TestDeliver_DialRefused(t *testing.T) {
 	require.False(t, connectors.IsPermanent(err), "%v", err)
 	require.False(t, connectors.IsAmbiguous(err), "nothing was sent: %v", err)
 	require.Contains(t, err.Error(), "connect")
+}
+
+// An attempt ends when its context does at any point of the conversation, the server's
+// greeting, EHLO and the rest included: go-mail's own deadline covers each step alone,
+// so a stop (or the attempt's timeout) would otherwise wait out the step in progress,
+// and a slow server could hold the attempt, and its row's lease, for several timeouts.
+func TestDeliver_EndsWithItsContextDuringTheGreeting(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	hangUp, gotEHLO := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(hangUp); ln.Close() })
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = io.WriteString(conn, "220 mx.test ESMTP\r\n")
+		_, _ = bufio.NewReader(conn).ReadString('\n') // EHLO, never answered
+		close(gotEHLO)
+		<-hangUp
+	}()
+	c, err := email.New(email.Config{Addr: ln.Addr().String(), From: testFrom, Timeout: time.Hour})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Deliver(ctx, delivery("silent:1", `{"to":"a@example.com","text":"x"}`))
+		done <- err
+	}()
+	<-gotEHLO
+	cancel()
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute): // a watchdog, not a timing check: without the fix it waits an hour
+		t.Fatal("Deliver still waits for an answer to EHLO")
+	}
+	require.ErrorIs(t, err, context.Canceled)
+	require.False(t, connectors.IsPermanent(err), "%v", err)
+	require.False(t, connectors.IsAmbiguous(err), "nothing of the message was sent: %v", err)
 }
 
 func TestDeliver_CancelledContext(t *testing.T) {
