@@ -328,3 +328,14 @@ func ValidHeaderValue(v string) bool {
 	}
 	return true
 }
+
+// RetryableStatus reports whether an HTTP answer with status code is worth retrying, as
+// DESIGN.md classes them: 408, 409, 425, 429 and 5xx. Other 4xx are the request's fault,
+// and retrying cannot change them.
+func RetryableStatus(code int) bool {
+	switch code {
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
+		return true
+	}
+	return code >= 500 && code <= 599
+}

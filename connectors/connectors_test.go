@@ -72,3 +72,13 @@ func TestHelpers(t *testing.T) {
 	_, ok = connectors.ParseRetryAfter("soon", now)
 	require.False(t, ok)
 }
+
+func TestRetryableStatus(t *testing.T) {
+	t.Parallel()
+	for _, code := range []int{408, 409, 425, 429, 500, 502, 503, 504, 599} {
+		require.True(t, connectors.RetryableStatus(code), "%d", code)
+	}
+	for _, code := range []int{200, 301, 303, 400, 401, 403, 404, 410, 422, 451, 600, 999} {
+		require.False(t, connectors.RetryableStatus(code), "%d", code)
+	}
+}

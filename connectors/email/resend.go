@@ -360,8 +360,7 @@ func (c *Resend) classify(resp *http.Response, res ResendResult) error {
 	case res.Name == resendKeyReused:
 		// The key was used with a different body: retrying sends the same body again.
 		return connectors.Permanent(fmt.Errorf("%s (the key was already used for a different email)", answered))
-	case code == http.StatusConflict, code == http.StatusRequestTimeout,
-		code == http.StatusTooManyRequests, code >= 500:
+	case connectors.RetryableStatus(code):
 		return retry()
 	default: // 3xx (not followed), other 4xx, codes outside the classes HTTP defines
 		return connectors.Permanent(errors.New(answered))

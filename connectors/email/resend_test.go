@@ -129,6 +129,7 @@ func TestResendDeliver_Classification(t *testing.T) {
 			`{"statusCode":409,"name":"concurrent_idempotent_requests","message":"Try the request again later."}`, false, 0, "concurrent_idempotent_requests"},
 		{"KeyReused", 409, nil,
 			`{"statusCode":409,"name":"invalid_idempotent_request","message":"Same idempotency key used with a different request payload."}`, true, 0, "different request payload"},
+		{"TooEarly", 425, nil, `{"statusCode":425,"name":"too_early","message":"Try again."}`, false, 0, "too_early"},
 		{"Validation", 422, nil,
 			`{"statusCode":422,"name":"validation_error","message":"Invalid ` + "`to`" + ` field."}`, true, 0, "Invalid `to` field."},
 		{"BadRequest", 400, nil,

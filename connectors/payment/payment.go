@@ -119,6 +119,10 @@ func New(cfg Config) (*Connector, error) {
 		copied := *cfg.HTTPClient
 		hc = &copied
 	}
+	// Redirects are not followed: a 302 would turn the POST into a GET whose answer
+	// reads as an unknown outcome, and a 307 would send it again elsewhere within one
+	// attempt. A redirect is the answer, and a configuration to fix.
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	hc.Transport = &observingTransport{base: cmp.Or[http.RoundTripper](hc.Transport, http.DefaultTransport)}
 
 	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
@@ -411,7 +415,7 @@ func (c *Connector) classify(ctx context.Context, what string, ex *exchange, err
 	if status != 0 {
 		// An answer that is not a Stripe error object: a proxy's page, or a 2xx body
 		// stripe-go could not decode.
-		return nil, classifyStatus(what, status, header, connectors.Excerpt(err.Error(), maxErrorExcerpt), status < 400)
+		return nil, classifyStatus(what, status, header, connectors.Excerpt(err.Error(), maxErrorExcerpt), status >= 200 && status <= 299)
 	}
 
 	// No answer at all.
@@ -470,8 +474,7 @@ func classifyStripe(what string, status int, header http.Header, se *stripe.Erro
 	case se.Type == stripe.ErrorTypeIdempotency:
 		// The key was used before with different parameters: no retry can fix that.
 		return nil, connectors.Permanent(errors.New(answered))
-	case status == http.StatusTooManyRequests, status == http.StatusRequestTimeout, status == http.StatusTooEarly,
-		status >= 500, se.Type == stripe.ErrorTypeAPI, header.Get("Stripe-Should-Retry") == "true":
+	case connectors.RetryableStatus(status), se.Type == stripe.ErrorTypeAPI, header.Get("Stripe-Should-Retry") == "true":
 		return nil, retryable(errors.New(answered), header)
 	default: // invalid_request_error, authentication and permission errors, other 4xx
 		return nil, connectors.Permanent(errors.New(answered))
@@ -485,13 +488,10 @@ func classifyStatus(what string, status int, header http.Header, detail string, 
 			what, connectors.StatusText(status), detail))
 	}
 	err := fmt.Errorf("%s: answered %s: %s", what, connectors.StatusText(status), detail)
-	switch {
-	case status == http.StatusRequestTimeout, status == http.StatusConflict, status == http.StatusTooEarly,
-		status == http.StatusTooManyRequests, status >= 500:
+	if connectors.RetryableStatus(status) {
 		return retryable(err, header)
-	default:
-		return connectors.Permanent(err)
 	}
+	return connectors.Permanent(err)
 }
 
 func retryable(err error, header http.Header) error {

@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -399,6 +402,32 @@ func TestDeliver_BadPayload(t *testing.T) {
 			require.Empty(t, b.f.Requests(tc.key), "nothing was sent")
 		})
 	}
+}
+
+// A redirect is the answer, final, and nothing is sent again elsewhere.
+func TestDeliver_RedirectNotFollowed(t *testing.T) {
+	t.Parallel()
+	var followed atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/moved") {
+			followed.Add(1)
+			return
+		}
+		code := http.StatusTemporaryRedirect
+		if r.Header.Get("Idempotency-Key") == "found" {
+			code = http.StatusFound
+		}
+		http.Redirect(w, r, "/moved"+r.URL.Path, code)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := payment.New(payment.Config{APIKey: testKey, APIBase: srv.URL, HTTPClient: &http.Client{}})
+	require.NoError(t, err)
+	for _, key := range []string{"temporary", "found"} {
+		_, err := c.Deliver(t.Context(), delivery(key, createPI))
+		require.True(t, connectors.IsPermanent(err), "%s: %v", key, err)
+		require.False(t, connectors.IsAmbiguous(err), "%s: %v", key, err)
+	}
+	require.Zero(t, followed.Load())
 }
 
 func TestDeliver_CancelledContext(t *testing.T) {

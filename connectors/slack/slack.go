@@ -416,7 +416,7 @@ func (c *Connector) classify(ctx context.Context, op string, err error, wrote bo
 	}
 	if sc, ok := errors.AsType[slackgo.StatusCodeError](err); ok {
 		err = fmt.Errorf("%s: %w", op, err)
-		if sc.Code >= 500 || sc.Code == http.StatusTooManyRequests || sc.Code == http.StatusRequestTimeout {
+		if connectors.RetryableStatus(sc.Code) {
 			return err
 		}
 		return connectors.Permanent(err)

@@ -366,8 +366,7 @@ func (c *Connector) classify(resp *http.Response, excerpt string) error {
 			where = " to " + connectors.RedactURL(loc)
 		}
 		return connectors.Permanent(fmt.Errorf("%s (a redirect%s, not followed); configure the final URL instead", answered, where))
-	case code == http.StatusRequestTimeout, code == http.StatusConflict, code == http.StatusTooEarly,
-		code == http.StatusTooManyRequests, code >= 500:
+	case connectors.RetryableStatus(code):
 		err := errors.New(answered)
 		if d, ok := connectors.ParseRetryAfter(resp.Header.Get("Retry-After"), c.now()); ok {
 			return connectors.RetryAfter(err, d)
