@@ -57,7 +57,10 @@
 //   - 409 (another request with the same key is still running, which Stripe reports as
 //     an idempotency_error), 408, 425, 429, 5xx and api_error are retried, no sooner than
 //     a Retry-After header says when there is one ([connectors.RetryAfter]). So is any
-//     answer carrying Stripe-Should-Retry: true.
+//     answer carrying Stripe-Should-Retry: true. A 5xx or api_error leaves Stripe's
+//     outcome unknown, so it is also [connectors.Ambiguous]; once Stripe answers a retry
+//     with the 500 it saved for the key (Idempotent-Replayed: true), that is final too.
+//   - 3xx is permanent: redirects are not followed.
 //   - idempotency_error otherwise (the key was used with other parameters),
 //     invalid_request_error and other 4xx are permanent ([connectors.Permanent]), with
 //     Stripe's message.

@@ -474,7 +474,9 @@ func classifyStripe(what string, status int, header http.Header, se *stripe.Erro
 	case se.Type == stripe.ErrorTypeIdempotency:
 		// The key was used before with different parameters: no retry can fix that.
 		return nil, connectors.Permanent(errors.New(answered))
-	case connectors.RetryableStatus(status), se.Type == stripe.ErrorTypeAPI, header.Get("Stripe-Should-Retry") == "true":
+	case status >= 500 || se.Type == stripe.ErrorTypeAPI:
+		return nil, serverError(errors.New(answered), header)
+	case connectors.RetryableStatus(status), header.Get("Stripe-Should-Retry") == "true":
 		return nil, retryable(errors.New(answered), header)
 	default: // invalid_request_error, authentication and permission errors, other 4xx
 		return nil, connectors.Permanent(errors.New(answered))
@@ -488,10 +490,26 @@ func classifyStatus(what string, status int, header http.Header, detail string, 
 			what, connectors.StatusText(status), detail))
 	}
 	err := fmt.Errorf("%s: answered %s: %s", what, connectors.StatusText(status), detail)
+	if status >= 500 {
+		return serverError(err, header)
+	}
 	if connectors.RetryableStatus(status) {
 		return retryable(err, header)
 	}
 	return connectors.Permanent(err)
+}
+
+// serverError classifies a 5xx answer. Stripe's outcome is then unknown (it may have
+// acted before it failed), so the attempt is ambiguous. Stripe saves a 500 against the
+// key once the request began to run, and answers every retry with it (marked
+// Idempotent-Replayed): such a replay is final, and retrying cannot learn more.
+func serverError(err error, header http.Header) error {
+	if header.Get("Idempotent-Replayed") == "true" {
+		return connectors.Ambiguous(connectors.Permanent(fmt.Errorf(
+			"%w (Stripe answers this key with the same error every time, so a retry cannot change it; "+
+				"it may have acted: check the dashboard before replaying with a new key)", err)))
+	}
+	return connectors.Ambiguous(retryable(fmt.Errorf("%w (Stripe may have acted)", err), header))
 }
 
 func retryable(err error, header http.Header) error {

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -181,7 +183,9 @@ func TestDeliver_RetryCarriesSameKey(t *testing.T) {
 		first     action
 		ambiguous bool
 	}{
-		{"500", action{Status: http.StatusInternalServerError, Body: `{"error":{"type":"api_error","message":"Something went wrong"}}`}, false},
+		// Stripe's outcome after a 500 is unknown; this one failed before it ran, so the
+		// retry (with the same key) does the work.
+		{"500", action{Status: http.StatusInternalServerError, Body: `{"error":{"type":"api_error","message":"Something went wrong"}}`}, true},
 		{"DropBeforeEffect", action{DropBeforeEffect: true}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -262,6 +266,7 @@ func TestDeliver_Classification(t *testing.T) {
 		name      string
 		answer    action
 		permanent bool
+		ambiguous bool
 		delay     time.Duration // 0: no Retry-After
 		contains  string
 	}{
@@ -302,14 +307,16 @@ func TestDeliver_Classification(t *testing.T) {
 			contains: "lock_timeout",
 		},
 		{
-			name:     "ServiceUnavailable",
-			answer:   action{Status: http.StatusServiceUnavailable, Body: `{"error":{"type":"api_error","message":"Stripe is unavailable."}}`},
-			contains: "503 Service Unavailable",
+			name:      "ServiceUnavailable",
+			answer:    action{Status: http.StatusServiceUnavailable, Body: `{"error":{"type":"api_error","message":"Stripe is unavailable."}}`},
+			ambiguous: true, // a 5xx leaves Stripe's outcome unknown
+			contains:  "503 Service Unavailable",
 		},
 		{
-			name:     "ServiceUnavailableNotJSON",
-			answer:   action{Status: http.StatusServiceUnavailable, Header: http.Header{"Content-Type": {"text/html"}}, Body: `<html>upstream unavailable</html>`},
-			contains: "503 Service Unavailable",
+			name:      "ServiceUnavailableNotJSON",
+			answer:    action{Status: http.StatusServiceUnavailable, Header: http.Header{"Content-Type": {"text/html"}}, Body: `<html>upstream unavailable</html>`},
+			ambiguous: true,
+			contains:  "503 Service Unavailable",
 		},
 		{
 			name:      "NotFoundNotJSON",
@@ -328,7 +335,7 @@ func TestDeliver_Classification(t *testing.T) {
 			require.Error(t, err)
 			require.Nil(t, raw)
 			require.Equal(t, tc.permanent, connectors.IsPermanent(err), "%v", err)
-			require.False(t, connectors.IsAmbiguous(err), "Stripe answered: %v", err)
+			require.Equal(t, tc.ambiguous, connectors.IsAmbiguous(err), "%v", err)
 			d, ok := connectors.RetryDelay(err)
 			require.Equal(t, tc.delay != 0, ok, "%v", err)
 			require.Equal(t, tc.delay, d)
@@ -402,6 +409,34 @@ func TestDeliver_BadPayload(t *testing.T) {
 			require.Empty(t, b.f.Requests(tc.key), "nothing was sent")
 		})
 	}
+}
+
+// A 5xx leaves Stripe's outcome unknown: the attempt is ambiguous, and retried with the
+// same key; Stripe then replays the saved 500, which is final.
+func TestDeliver_ServerErrorIsAmbiguous(t *testing.T) {
+	t.Parallel()
+	var seen sync.Map // idempotency keys that were answered once
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, again := seen.LoadOrStore(r.Header.Get("Idempotency-Key"), true); again {
+			w.Header().Set("Idempotent-Replayed", "true")
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = io.WriteString(w, `{"error":{"type":"api_error","message":"Something went wrong on Stripe's end."}}`)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := payment.New(payment.Config{APIKey: testKey, APIBase: srv.URL, HTTPClient: &http.Client{}})
+	require.NoError(t, err)
+
+	_, err = c.Deliver(t.Context(), delivery("k", createPI))
+	require.True(t, connectors.IsAmbiguous(err), "%v", err)
+	require.False(t, connectors.IsPermanent(err), "the first 500 is retried: %v", err)
+	require.Contains(t, err.Error(), "Stripe may have acted")
+
+	_, err = c.Deliver(t.Context(), delivery("k", createPI))
+	require.True(t, connectors.IsAmbiguous(err), "%v", err)
+	require.True(t, connectors.IsPermanent(err), "a replayed 500 is final: %v", err)
+	require.Contains(t, err.Error(), "check the dashboard before replaying with a new key")
 }
 
 // A redirect is the answer, final, and nothing is sent again elsewhere.
