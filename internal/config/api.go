@@ -52,6 +52,12 @@ func (a *API) validate(p *problems) {
 	}
 	for i, c := range a.ApprovalRequired {
 		a.ApprovalRequired[i] = strings.TrimSpace(c)
+		// A name that matches no connector would leave the gate open without a word.
+		k, name, named := strings.Cut(a.ApprovalRequired[i], ":")
+		if _, ok := knownKind(k); !ok || (named && !instanceName.MatchString(name)) {
+			p.addf("", "OUTBOX_APPROVAL_REQUIRED: %q is not a connector kind (%s) or kind:name with a lowercase name, "+
+				"so it would require approval of nothing", a.ApprovalRequired[i], kindNames())
+		}
 	}
 	if a.Rate < 0 {
 		p.addf("OUTBOX_API_RATE", "OUTBOX_API_RATE must be 0 (no limit) or positive, got %v", a.Rate)

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -511,16 +512,23 @@ func TestLoadAPIProblems(t *testing.T) {
 		"OUTBOX_API_TOKENS":   `[{"name":"a","sha256":"zz","connectors":[]},{"name":"a","sha256":"` + testTokenHash + `","connectors":["webhook"]}]`,
 		"OUTBOX_API_RATE":     "-1",
 		"OUTBOX_API_MAX_BODY": "0",
+		// A typo here would leave the approval gate open without a word.
+		"OUTBOX_APPROVAL_REQUIRED": "payment,Payment,payments,payment:EU,webhook:crm",
 	}))
 	var cerr *Error
 	require.ErrorAs(t, err, &cerr)
 	msg := err.Error()
+	for _, bad := range []string{"Payment", "payments", "payment:EU"} {
+		require.Contains(t, msg, fmt.Sprintf("OUTBOX_APPROVAL_REQUIRED: %q is not a connector kind (webhook, payment, email, slack) "+
+			"or kind:name with a lowercase name", bad))
+	}
+	require.NotContains(t, msg, `"webhook:crm" is not`)
 	require.Contains(t, msg, `OUTBOX_API_TOKENS: token "a": sha256 must be 64 hex digits`)
 	require.Contains(t, msg, `OUTBOX_API_TOKENS: token "a": connectors is empty`)
 	require.Contains(t, msg, `OUTBOX_API_TOKENS: token "a": name is used by another token`)
 	require.Contains(t, msg, "OUTBOX_API_RATE must be 0")
 	require.Contains(t, msg, "OUTBOX_API_MAX_BODY must be positive")
-	require.Len(t, cerr.Problems, 5)
+	require.Len(t, cerr.Problems, 8)
 
 	_, err = LoadAPI(environ(map[string]string{
 		"OUTBOX_API_TOKENS": `[{"name":"a","sha256":"` + testTokenHash + `","connectors":["*"]}]`,
