@@ -341,8 +341,10 @@ func (t *tools) toolError(ctx context.Context, tool, key string, err error) erro
 	case errors.Is(err, intent.ErrForbidden):
 		return fmt.Errorf("%w; use a connector this token allows, or ask an operator to allow it", err)
 	case errors.Is(err, outbox.ErrKeyConflict):
+		// Only the sentinel's words: the full error names the existing row's connector
+		// and age, which may be a row this token may not see.
 		return fmt.Errorf("key %q already names a different decision (%w). If this is the same decision, send exactly the same connector, payload and ordering_key; "+
-			"if it is a new decision, derive a new key from it. Read the existing intent with get_intent", key, err)
+			"if it is a new decision, derive a new key from it. Read the existing intent with get_intent", key, outbox.ErrKeyConflict)
 	case errors.Is(err, outbox.ErrInvalidMessage):
 		return fmt.Errorf("%w; nothing was written, fix it and propose again with the same key", err)
 	case errors.Is(err, outbox.ErrNotFound):

@@ -202,6 +202,14 @@ func TestMCPTools(t *testing.T) {
 		require.Contains(t, msg, "different decision")
 		require.Equal(t, 1, b.count(t, `true`))
 		require.Equal(t, 1, b.count(t, `payload->>'order' = '42'`))
+
+		// A token that may not see that intent learns nothing of it from the conflict.
+		other := toolErr(t, call(t, b.connect(t, "mailer"), mcpserver.ToolPropose, map[string]any{
+			"connector": "email", "key": "run-1/notify/crm", "payload": map[string]any{"to": "a@example.com", "subject": "s", "text": "t"},
+		}))
+		require.Contains(t, other, "different decision")
+		require.NotContains(t, other, "webhook")
+		require.NotContains(t, other, "created")
 	})
 
 	t.Run("KeyParts", func(t *testing.T) {
