@@ -45,7 +45,7 @@ type ReplayOptions struct {
 	// and the rows selected.
 	ProgressFunc func(done, total int)
 	// Now is the replay's clock: next_attempt_at, lease expiry, audit time. Defaults to
-	// the current time.
+	// the database's current time, the clock leases are set by.
 	Now time.Time
 }
 
@@ -148,7 +148,10 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayO
 	if opts.Rate < 0 {
 		return res, fmt.Errorf("%w: Rate: %g is negative", ErrInvalidOptions, opts.Rate)
 	}
-	now := nowOr(opts.Now)
+	now, err := dbNowOr(ctx, pool, opts.Now)
+	if err != nil {
+		return res, err
+	}
 	targets, notFound, err := resolve(ctx, pool, sel, now)
 	if err != nil {
 		return res, err

@@ -97,7 +97,10 @@ ORDER BY connector`
 //
 // Rows awaiting approval wait for a person by design and do not change the verdict.
 func Status(ctx context.Context, db outbox.DB, now time.Time) (Report, error) {
-	now = nowOr(now)
+	now, err := dbNowOr(ctx, db, now)
+	if err != nil {
+		return Report{}, fmt.Errorf("status: %w", err)
+	}
 	rows, err := db.Query(ctx, statusSQL, now)
 	if err != nil {
 		return Report{}, fmt.Errorf("status: %w", err)
