@@ -112,12 +112,14 @@ func serve(ctx context.Context, e *env) error {
 	})
 	if len(cfg.API.Tokens) > 0 {
 		svc := &intent.Service{Pool: pool, Policy: cfg.API.Policy()}
-		srv.Handle("/v1/", api.New(svc, &api.Config{
+		apiHandler := api.New(svc, &api.Config{
 			Rate:    cfg.API.Rate,
 			MaxBody: cfg.API.MaxBody,
 			Logger:  logger.With("component", "api"),
-		}))
-		srv.Handle("/mcp", mcpserver.Handler(svc, &mcpserver.Config{Logger: logger.With("component", "mcp"), Version: buildVersion()}))
+		})
+		srv.Handle("/v1/", apiHandler)
+		// The MCP endpoint serves the same tokens, under the same limits.
+		srv.Handle("/mcp", apiHandler.Limit(mcpserver.Handler(svc, &mcpserver.Config{Logger: logger.With("component", "mcp"), Version: buildVersion()})))
 	}
 	// Listen before the relay starts, so a taken port fails before any row is claimed.
 	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", cfg.HTTPAddr)

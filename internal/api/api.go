@@ -107,26 +107,43 @@ func (h *Handler) auth(next handlerFunc) http.Handler {
 			h.cfg.Logger.DebugContext(r.Context(), "intent api request",
 				"method", r.Method, "path", r.URL.Path, "status", sw.status, "token", name)
 		}()
-		bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok {
-			bearer = ""
-		}
-		tok, err := h.svc.Policy.Authenticate(strings.TrimSpace(bearer))
+		tok, err := h.svc.Policy.Authenticate(intent.Bearer(r))
 		if err != nil {
 			h.fail(sw, r, err)
 			return
 		}
 		name = tok.Name
-		if wait, ok := h.allow(tok.Name); !ok {
-			sw.Header().Set("Retry-After", strconv.Itoa(wait))
-			writeError(sw, http.StatusTooManyRequests, "rate_limited",
-				fmt.Sprintf("token %q is over its rate limit; retry after %d s", tok.Name, wait))
+		if !h.admit(sw, tok.Name) {
 			return
 		}
 		if err := next(sw, r, tok); err != nil {
 			h.fail(sw, r, err)
 		}
 	})
+}
+
+// Limit gives another handler of the same tokens (the MCP endpoint) the API's limits:
+// each token's rate limit, shared with its API requests, and the body limit. A request
+// without a valid token passes through for next to refuse.
+func (h *Handler) Limit(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, h.cfg.MaxBody)
+		if tok, err := h.svc.Policy.Authenticate(intent.Bearer(r)); err == nil && !h.admit(w, tok.Name) {
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// admit takes one request from the token's rate limit, or answers 429 and reports false.
+func (h *Handler) admit(w http.ResponseWriter, name string) bool {
+	wait, ok := h.allow(name)
+	if !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(wait))
+		writeError(w, http.StatusTooManyRequests, "rate_limited",
+			fmt.Sprintf("token %q is over its rate limit; retry after %d s", name, wait))
+	}
+	return ok
 }
 
 // allow takes one request from the token's rate limit, or says how many whole seconds

@@ -86,6 +86,16 @@ func setup(t *testing.T, o options) *testBundle {
 	})
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", h)
+	// Another handler of the same tokens under the API's limits, as serve mounts /mcp.
+	mux.Handle("/other", h.Limit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if _, err := io.ReadAll(r.Body); err != nil {
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			_, _ = io.WriteString(w, `{"error":{"code":"too_large","message":"`+err.Error()+`"}}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	})))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return &testBundle{pool: pool, url: srv.URL, logs: logs}
@@ -350,6 +360,28 @@ func TestRateLimit(t *testing.T) {
 	require.Equal(t, "rate_limited", r.errCode(t))
 	require.NotEmpty(t, r.header.Get("Retry-After"))
 	require.NotEqual(t, "0", r.header.Get("Retry-After"))
+}
+
+// The MCP endpoint's requests are under the API's per-token rate limit (each token's
+// budget is shared between the two) and its body limit.
+func TestLimitAppliesToAnotherHandler(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{rate: 1, maxBody: 16})
+	var r response
+	for range 50 { // as in TestRateLimit: go on until refused
+		r = b.do(t, "GET", "/other", agentSecret, "", "")
+		if r.status == http.StatusTooManyRequests {
+			break
+		}
+	}
+	require.Equal(t, http.StatusTooManyRequests, r.status, r.raw)
+	require.Equal(t, "rate_limited", r.errCode(t))
+
+	b = setup(t, options{maxBody: 16})
+	r = b.do(t, "POST", "/other", agentSecret, "", strings.Repeat("x", 100))
+	require.Equal(t, http.StatusRequestEntityTooLarge, r.status, r.raw)
+	r = b.do(t, "POST", "/other", agentSecret, "", "{}")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
 }
 
 func TestTokensNeverLogged(t *testing.T) {

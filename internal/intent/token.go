@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"regexp"
 	"strings"
 )
@@ -86,6 +87,17 @@ func (p *Policy) requiresApproval(connector string) bool {
 		}
 	}
 	return false
+}
+
+// Bearer returns the token of an "Authorization: Bearer <token>" header, or "". The
+// scheme is matched without regard to case, and the header split as the MCP SDK's
+// middleware splits it, so the intent API and the MCP endpoint accept the same headers.
+func Bearer(r *http.Request) string {
+	fields := strings.Fields(r.Header.Get("Authorization"))
+	if len(fields) != 2 || !strings.EqualFold(fields[0], "bearer") {
+		return ""
+	}
+	return fields[1]
 }
 
 // Authenticate returns the token whose hash is the SHA-256 of bearer, or an error

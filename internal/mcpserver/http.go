@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -47,7 +46,7 @@ func Handler(svc *intent.Service, cfg *Config) http.Handler {
 	}
 	protected := auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(h)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tok, err := svc.Policy.Authenticate(bearer(r))
+		tok, err := svc.Policy.Authenticate(intent.Bearer(r))
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="outboxd"`)
 			writeError(w, http.StatusUnauthorized, "unauthorized", err.Error())
@@ -55,16 +54,6 @@ func Handler(svc *intent.Service, cfg *Config) http.Handler {
 		}
 		protected.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxTokenKey{}, tok)))
 	})
-}
-
-// bearer returns the token of an "Authorization: Bearer <token>" header, or "". It
-// splits the header as the SDK's middleware does, so both accept the same headers.
-func bearer(r *http.Request) string {
-	fields := strings.Fields(r.Header.Get("Authorization"))
-	if len(fields) != 2 || !strings.EqualFold(fields[0], "bearer") {
-		return ""
-	}
-	return fields[1]
 }
 
 // tokenFromRequest is the [TokenFunc] of HTTP sessions: the token [Handler]
