@@ -203,6 +203,8 @@ func TestEnqueueValidation(t *testing.T) {
 		ok("payment:eu", `{"operation":"refund.create","params":{"payment_intent":"pi_1"}}`),
 		{Key: strings.Repeat("é", 255), Connector: "webhook", Payload: map[string]int{"a": 1}},
 		{Key: "with-headers", Connector: "webhook", Payload: []int{1}, Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}},
+		// A surrogate pair, and an escaped backslash before "u0000", which jsonb stores.
+		ok("webhook", `{"smile":"\ud83d\ude00","text":"\\u0000 and \\ud800"}`),
 	}
 	for i, m := range valid {
 		t.Run(fmt.Sprintf("valid/%d/%s", i, m.Connector), func(t *testing.T) {
@@ -247,6 +249,14 @@ func TestEnqueueValidation(t *testing.T) {
 		{"bad header name", outbox.Message{Key: "k", Connector: "webhook", Payload: []int{}, Headers: map[string]string{"Bad Name": "x"}}, "header name"},
 		{"header injection", outbox.Message{Key: "k", Connector: "webhook", Payload: []int{}, Headers: map[string]string{"traceparent": "x\r\nhost: evil"}}, "line break"},
 		{"ordering key too long", outbox.Message{Key: "k", Connector: "webhook", Payload: []int{}, OrderingKey: strings.Repeat("o", 256)}, "ordering key"},
+		// Valid JSON that jsonb refuses, and text PostgreSQL cannot hold: caught before
+		// the INSERT, which would fail and abort the caller's transaction.
+		{"payload NUL escape", ok("webhook", `{"a":"x\u0000y"}`), `\u0000`},
+		{"payload lone high surrogate", ok("webhook", `{"a":"\ud800"}`), "half a surrogate pair"},
+		{"payload lone low surrogate", ok("webhook", `["\udc00"]`), "half a surrogate pair"},
+		{"payload high surrogate then other escape", ok("webhook", `["\ud800\u0041"]`), "half a surrogate pair"},
+		{"payload not UTF-8", ok("webhook", "[\"\xff\"]"), "not UTF-8"},
+		{"ordering key NUL", outbox.Message{Key: "k", Connector: "webhook", Payload: []int{}, OrderingKey: "a\x00b"}, "ordering key"},
 	}
 	for _, tt := range invalid {
 		t.Run("invalid/"+tt.name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/mail"
 	"regexp"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -57,6 +58,9 @@ func prepare(m Message) (prepared, error) {
 	if m.OrderingKey != "" && utf8.RuneCountInString(m.OrderingKey) > MaxKeyLength {
 		return p, invalid("ordering key is %d characters; the limit is %d", utf8.RuneCountInString(m.OrderingKey), MaxKeyLength)
 	}
+	if !utf8.ValidString(m.OrderingKey) || strings.ContainsRune(m.OrderingKey, 0) {
+		return p, invalid("ordering key is not valid UTF-8 or contains a NUL character")
+	}
 	for name, value := range m.Headers {
 		if !headerPattern.MatchString(name) {
 			return p, invalid("header name %q must be lowercase letters, digits and '-'", name)
@@ -73,6 +77,9 @@ func prepare(m Message) (prepared, error) {
 	v, err := decodeJSON(raw)
 	if err != nil {
 		return p, invalid("payload is not valid JSON: %v", err)
+	}
+	if what := jsonbRefuses(raw); what != "" {
+		return p, invalid("payload holds %s, which PostgreSQL's jsonb cannot store", what)
 	}
 	if err := checkPayload(ConnectorKind(m.Connector), v); err != nil {
 		return p, err
@@ -284,4 +291,51 @@ func jsonType(v any) string {
 		return "null"
 	}
 	return fmt.Sprintf("%T", v)
+}
+
+// jsonbRefuses names the first thing in valid JSON text that PostgreSQL's jsonb refuses,
+// or returns "": the escape \u0000, and a \u escape of half a surrogate pair without
+// its other half. (Backslashes occur only inside strings in valid JSON.) Caught here,
+// they are one clear error that leaves the caller's transaction usable, instead of an
+// INSERT that fails and aborts it.
+func jsonbRefuses(raw []byte) string {
+	hex4 := func(b []byte) (rune, bool) {
+		if len(b) < 4 {
+			return 0, false
+		}
+		n, err := strconv.ParseUint(string(b[:4]), 16, 32)
+		return rune(n), err == nil
+	}
+	if !utf8.Valid(raw) {
+		return "bytes that are not UTF-8"
+	}
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' || i+1 >= len(raw) {
+			continue
+		}
+		if raw[i+1] != 'u' {
+			i++ // an escaped character, perhaps a backslash
+			continue
+		}
+		r, ok := hex4(raw[i+2:])
+		switch {
+		case !ok:
+			return ""
+		case r == 0:
+			return `the escape \u0000`
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return "half a surrogate pair (a \\u escape of a low surrogate alone)"
+		case r >= 0xD800 && r <= 0xDBFF:
+			if i+12 > len(raw) || raw[i+6] != '\\' || raw[i+7] != 'u' {
+				return "half a surrogate pair (a \\u escape of a high surrogate alone)"
+			}
+			if low, ok := hex4(raw[i+8:]); !ok || low < 0xDC00 || low > 0xDFFF {
+				return "half a surrogate pair (a \\u escape of a high surrogate alone)"
+			}
+			i += 11
+		default:
+			i += 5
+		}
+	}
+	return ""
 }
