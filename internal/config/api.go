@@ -19,9 +19,9 @@ type API struct {
 	ApprovalRequired []string `env:"OUTBOX_APPROVAL_REQUIRED" desc:"connectors whose API and MCP intents start awaiting_approval, comma-separated instances or kinds (e.g. payment,webhook:crm)"`
 	// Rate is each token's request rate limit, per second, with a burst of
 	// max(1, Rate). 0 turns it off.
-	Rate float64 `env:"OUTBOX_API_RATE" envDefault:"10" desc:"requests per second each API token may make (burst the same, at least 1); 0 for no limit"`
+	Rate float64 `env:"OUTBOX_API_RATE" envDefault:"10" desc:"requests per second each API token may make, to the intent API and /mcp together (burst the same, at least 1); 0 for no limit"`
 	// MaxBody is the largest request body the intent API accepts, in bytes.
-	MaxBody int64 `env:"OUTBOX_API_MAX_BODY" envDefault:"1048576" desc:"largest intent API request body, in bytes"`
+	MaxBody int64 `env:"OUTBOX_API_MAX_BODY" envDefault:"1048576" desc:"largest intent API or /mcp request body, in bytes"`
 	// MCPToken is the token whose identity `outboxd mcp` (stdio) acts under.
 	MCPToken Secret `env:"OUTBOX_MCP_TOKEN" desc:"the API token (secret) whose name and scope outboxd mcp acts under on stdio; one of OUTBOX_API_TOKENS"`
 }
