@@ -13,11 +13,16 @@ func TestBackoff(t *testing.T) {
 	for attempt, want := range map[int]time.Duration{
 		1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 4: 8 * time.Second, 6: 32 * time.Second,
 	} {
+		seen := map[time.Duration]bool{}
 		for range 50 {
 			d := backoff(attempt, base, capped)
 			require.GreaterOrEqual(t, d, want*80/100, "attempt %d", attempt)
 			require.LessOrEqual(t, d, want*120/100, "attempt %d", attempt)
+			seen[d] = true
 		}
+		// Jittered, so rows that failed together do not come back together; fifty draws
+		// from a spread of nanoseconds never all come out alike by chance.
+		require.Greater(t, len(seen), 1, "attempt %d: the delays vary", attempt)
 	}
 	for _, attempt := range []int{7, 10, 64, 1000} {
 		d := backoff(attempt, base, capped)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -462,7 +463,9 @@ func TestOrderingKeysUnderRandomFailures(t *testing.T) {
 // lost or stuck.
 func TestThreeRelaysShareOneDatabase(t *testing.T) {
 	t.Parallel()
-	b := setup(t, receiver.Options{FailRate: 0.05, Seed: 3})
+	// The receiver ignores keys, so every request it takes is an effect: a row that two
+	// relays sent would show as two, where a receiver that enforces keys would hide it.
+	b := setup(t, receiver.Options{FailRate: 0.05, Seed: 3, IgnoreKeys: true})
 	const rows = 3000
 	msgs := make([]outbox.Message, rows)
 	for i := range msgs {
@@ -472,8 +475,10 @@ func TestThreeRelaysShareOneDatabase(t *testing.T) {
 		_, err := outbox.EnqueueBatch(t.Context(), b.pool, msgs[i:i+500])
 		require.NoError(t, err)
 	}
+	dropped := map[string]bool{} // the receiver acts, then drops the connection: sent twice
 	for i := range 10 {
 		b.receiver.Plan(msgs[i*100].Key, receiver.Plan{DropAfterEffect: 1})
+		dropped[msgs[i*100].Key] = true
 	}
 	ids := map[string]bool{}
 	for range 3 {
@@ -485,12 +490,17 @@ func TestThreeRelaysShareOneDatabase(t *testing.T) {
 		ids[r.ID()] = true
 	}
 
-	require.Eventually(t, func() bool { return b.receiver.TotalEffects() == rows }, waitTimeout, 20*time.Millisecond)
 	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == rows }, waitTimeout, 20*time.Millisecond)
-	require.Empty(t, b.receiver.DuplicateKeys())
+	require.Equal(t, rows+len(dropped), b.receiver.TotalEffects())
 	for _, m := range msgs {
-		require.Equal(t, 1, b.receiver.Effects(m.Key))
+		want := 1
+		if dropped[m.Key] {
+			want = 2
+		}
+		require.Equal(t, want, b.receiver.Effects(m.Key), "key %s", m.Key)
 	}
+	require.ElementsMatch(t, slices.Collect(maps.Keys(dropped)), b.receiver.DuplicateKeys(),
+		"no row was sent by two relays; only the dropped ones were sent again")
 	var relays []string
 	rs, err := b.pool.Query(t.Context(), `SELECT DISTINCT relay_id FROM outbox_attempts`)
 	require.NoError(t, err)
@@ -889,24 +899,48 @@ func TestExpiredLeaseIsReclaimedAsAmbiguous(t *testing.T) {
 func TestGracefulShutdown(t *testing.T) {
 	t.Parallel()
 
-	t.Run("in-flight deliveries finish", func(t *testing.T) {
+	t.Run("in-flight deliveries finish, rows not started are released", func(t *testing.T) {
 		t.Parallel()
 		arrived, release := make(chan struct{}), make(chan struct{})
 		var once sync.Once
 		b := setup(t, receiver.Options{OnEffect: func(receiver.Effect) { once.Do(func() { close(arrived) }); <-release }})
 		t.Cleanup(func() { closeOnce(release) })
-		_, stop := start(t, b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+		cfg := b.fastConfig()
+		cfg.Concurrency = 1 // one in flight; the rows behind it are claimed ahead, not started
+		r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+		defer cancel()
+		ran := make(chan error, 1)
+		go func() { ran <- r.Run(ctx) }()
 		enqueue(t, b.pool, "in-flight", "webhook", []int{1})
 		<-arrived
+		for i := range 3 {
+			enqueue(t, b.pool, fmt.Sprint("waiting-", i), "webhook", []int{i})
+		}
+		require.Eventually(t, func() bool { return countStatus(t, b.pool)["delivering"] == 4 }, waitTimeout, 10*time.Millisecond,
+			"the waiting rows are claimed behind the one in flight")
 
-		stopped := make(chan struct{})
-		go func() { stop(); close(stopped) }()
+		cancel() // the stop comes first, so no worker starts another row
 		closeOnce(release)
-		<-stopped
+		select {
+		case err := <-ran:
+			require.NoError(t, err)
+		case <-time.After(waitTimeout):
+			t.Fatal("relay did not stop")
+		}
 
 		in, err := outbox.Get(t.Context(), b.pool, "in-flight")
 		require.NoError(t, err)
 		require.Equal(t, outbox.StatusDelivered, in.Status)
+		for i := range 3 {
+			key := fmt.Sprint("waiting-", i)
+			in, err := outbox.Get(t.Context(), b.pool, key)
+			require.NoError(t, err)
+			require.Equal(t, outbox.StatusPending, in.Status, key)
+			require.Zero(t, in.Attempts, "%s: an attempt never started is not counted", key)
+			require.Zero(t, b.receiver.Requests(key), key)
+		}
 		requireNoLeases(t, b.pool)
 	})
 
