@@ -255,19 +255,17 @@ const (
 // claimAhead returns how many rows of an instance with limit workers to claim ahead at
 // most, for a lease and an attempt's time limit (0: the connector declares none), and
 // how long after its claim a row may still start its attempt: half of what the lease
-// leaves beyond the time limit, within [minStartBy, maxStartBy]; without a known time
-// limit, a quarter of the lease, at most maxStartBy. Rows are claimed ahead only when the
-// time limit is known and leaves room to wait.
+// leaves beyond the time limit, at most maxStartBy. Rows are claimed ahead only when the
+// time limit is known and leaves room to wait. Without that room (or a known limit) the
+// wait for a slot is bounded by a quarter of the lease, at most maxStartBy: a bound of a
+// few milliseconds would hand back every row whose claim took longer than that to
+// come back, and nothing would ever be sent.
 func claimAhead(limit int, lease, timeout time.Duration) (ahead int, startBy time.Duration) {
-	if timeout <= 0 {
+	spare := lease - timeout
+	if timeout <= 0 || spare < 2*minStartBy {
 		return 0, min(lease/4, maxStartBy)
 	}
-	spare := lease - timeout
-	startBy = min(max(spare/2, minStartBy), maxStartBy)
-	if spare < 2*minStartBy {
-		return 0, startBy
-	}
-	return aheadRounds * limit, startBy
+	return aheadRounds * limit, min(spare/2, maxStartBy)
 }
 
 // room is how many more rows the instance may hold claimed: its workers, and the rows
@@ -868,7 +866,7 @@ func (r *Relay) work(ctx, deliverCtx context.Context, inst *instance) {
 	defer cancel()
 	for row := range inst.jobs {
 		started := false
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && r.now().Sub(row.claimedAt) <= inst.startBy { // too late already: no wait for a slot
 			r.slots <- struct{}{}
 			// Looked at once the slot is this worker's: other instances' attempts can
 			// hold every slot for longer than a lease, and a row sent after its lease

@@ -562,9 +562,9 @@ func TestClaimAhead(t *testing.T) {
 	}{
 		{8, 30 * time.Second, 10 * time.Second, 8 * aheadRounds, 5 * time.Second}, // capped
 		{8, 6 * time.Second, 5 * time.Second, 8 * aheadRounds, 500 * time.Millisecond},
-		{8, 30 * time.Second, 29900 * time.Millisecond, 0, minStartBy}, // no room to wait ahead
-		{8, 10 * time.Second, 20 * time.Second, 0, minStartBy},         // a time limit beyond the lease
-		{8, 30 * time.Second, 0, 0, maxStartBy},                        // time limit unknown: a quarter of the lease, capped
+		{8, 30 * time.Second, 29900 * time.Millisecond, 0, maxStartBy},      // no room to wait ahead: a quarter of the lease, capped
+		{8, 10 * time.Second, 20 * time.Second, 0, 2500 * time.Millisecond}, // a time limit beyond the lease
+		{8, 30 * time.Second, 0, 0, maxStartBy},                             // time limit unknown
 		{8, 2 * time.Second, 0, 0, 500 * time.Millisecond},
 	}
 	for _, tt := range tests {
@@ -702,6 +702,61 @@ func TestRowThatWaitedTooLongForASlotIsHandedBack(t *testing.T) {
 		FROM outbox o JOIN outbox_attempts a ON a.outbox_id = o.id WHERE o.idempotency_key = 'waits' GROUP BY o.id`).Scan(&attempts, &waited))
 	require.Equal(t, 1, attempts, "the wait was not counted as an attempt")
 	require.LessOrEqual(t, waited, 500*time.Millisecond, "the attempt started within its limit after its claim")
+}
+
+// A row already past its time to start when its worker takes it is handed back at
+// once, without first waiting for a delivery slot: held behind another instance's slow
+// attempt, it would stay claimed and unsent until its lease ran out, and then be logged
+// as an ambiguous attempt that never happened.
+func TestRowAlreadyTooLateIsHandedBackWithoutASlot(t *testing.T) {
+	t.Parallel()
+	first, second := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { closeOnce(first); closeOnce(second) })
+	slow, err := receiver.Start(receiver.Options{OnEffect: func(e receiver.Effect) {
+		if e.Key == "slow-1" {
+			<-first
+		} else {
+			<-second
+		}
+	}})
+	require.NoError(t, err)
+	t.Cleanup(slow.Close)
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	cfg.Concurrency = 1
+	cfg.Lease = 2 * time.Hour // a row may wait 5s to start, and the slow instance claims ahead
+	// The slow instance's attempts end only when the test lets them, not at a timeout.
+	slowHook, err := webhook.New(webhook.Config{URL: slow.URL(), Guarantee: connectors.Enforced, Timeout: time.Hour})
+	require.NoError(t, err)
+	r, _ := start(t, b.pool, cfg, map[string]Instance{
+		"webhook":      {Connector: b.hook},
+		"webhook:slow": {Connector: slowHook},
+	})
+
+	enqueue(t, b.pool, "slow-1", "webhook:slow", []int{0})
+	require.Eventually(t, func() bool { return slow.TotalEffects() == 1 }, waitTimeout, 10*time.Millisecond,
+		"slow-1 holds the one slot")
+	enqueue(t, b.pool, "x", "webhook", []int{1})
+	enqueue(t, b.pool, "y", "webhook", []int{2})
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)["delivering"] == 3 }, waitTimeout, 10*time.Millisecond)
+	clock.Advance(10 * time.Second) // x and y are past their 5s now
+	enqueue(t, b.pool, "slow-2", "webhook:slow", []int{3})
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)["delivering"] == 4 }, waitTimeout, 10*time.Millisecond)
+
+	// slow-1 ends. Its slot goes to x's worker, which hands x back, or to slow-2, which
+	// then holds it; either way y, too late already, must not wait for it.
+	closeOnce(first)
+	require.Eventually(t, func() bool { return slow.TotalEffects() == 2 }, waitTimeout, 10*time.Millisecond,
+		"slow-2 holds the slot")
+	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.handedBack) >= 2 }, waitTimeout, 10*time.Millisecond,
+		"x and y were handed back while slow-2 held the slot")
+
+	closeOnce(second)
+	for _, key := range []string{"x", "y"} {
+		in := waitStatus(t, b.pool, key, outbox.StatusDelivered)
+		require.Equal(t, 1, in.Attempts, key)
+		require.Equal(t, 1, b.receiver.Effects(key), key)
+	}
 }
 
 // A receiver's answer holding NUL, which PostgreSQL's text and jsonb cannot store, is

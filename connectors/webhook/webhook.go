@@ -362,8 +362,9 @@ func (c *Connector) classify(resp *http.Response, excerpt string) error {
 			"%s (the receiver took the request and points elsewhere for its outcome, not followed); it may have acted: check it before replaying the row", answered)))
 	case code >= 300 && code <= 399:
 		where := ""
-		if loc := resp.Header.Get("Location"); loc != "" {
-			where = " to " + connectors.RedactURL(loc)
+		if loc, err := resp.Location(); err == nil {
+			// As the configured URL is shown: the redirect may repeat its token.
+			where = " to " + connectors.RedactEndpoint(loc.String())
 		}
 		return connectors.Permanent(fmt.Errorf("%s (a redirect%s, not followed); configure the final URL instead", answered, where))
 	case connectors.RetryableStatus(code):

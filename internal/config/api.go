@@ -1,6 +1,7 @@
 package config
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/caarlos0/env/v11"
@@ -50,6 +51,8 @@ func (a *API) validate(p *problems) {
 		}
 		a.Tokens = tokens
 	}
+	// Empty entries ("payment," or a blank value) are dropped, as in OUTBOX_CONNECTORS.
+	a.ApprovalRequired = slices.DeleteFunc(a.ApprovalRequired, func(c string) bool { return strings.TrimSpace(c) == "" })
 	for i, c := range a.ApprovalRequired {
 		a.ApprovalRequired[i] = strings.TrimSpace(c)
 		// A name that matches no connector would leave the gate open without a word.

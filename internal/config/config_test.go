@@ -513,7 +513,7 @@ func TestLoadAPIProblems(t *testing.T) {
 		"OUTBOX_API_RATE":     "-1",
 		"OUTBOX_API_MAX_BODY": "0",
 		// A typo here would leave the approval gate open without a word.
-		"OUTBOX_APPROVAL_REQUIRED": "payment,Payment,payments,payment:EU,webhook:crm",
+		"OUTBOX_APPROVAL_REQUIRED": "payment,Payment,payments,payment:EU,,webhook:crm,",
 	}))
 	var cerr *Error
 	require.ErrorAs(t, err, &cerr)

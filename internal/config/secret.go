@@ -39,39 +39,34 @@ func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // RedactDSN returns a PostgreSQL DSN with its passwords replaced by xxxxx, in either
 // form pgx accepts: a URL (the user info, and password or sslpassword in the query) or
-// keyword/value pairs (password=..., sslpassword=..., quoted or not).
-//
-// The text is read as pgx would read it where that is plain; a URL's password that
-// still shows as user info (pgx takes "postgres://u:pa#ss@host/db" to have the password
-// "pa#ss", where a URL parser sees a fragment) is then masked there too, and a DSN that
-// pgx does not parse at all is masked from where a password may start to the end of
-// what could hold it.
+// keyword/value pairs (password=..., sslpassword=..., quoted or not). Where a password
+// ends is not always plain (pgx takes "postgres://u:pa#ss@host/db" to have the password
+// "pa#ss", where a URL parser sees a fragment), so it masks more rather than less: in a
+// URL, everything between the user name and the last "@"; in keyword/value pairs pgx
+// cannot parse, everything after the first password keyword.
 func RedactDSN(dsn string) string {
-	isURL := strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
-	var out string
-	if isURL {
-		out = redactDSNURL(dsn)
-	} else {
-		out = kvPassword.ReplaceAllString(dsn, "${1}"+redacted)
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		return maskUserInfo(redactDSNURL(dsn))
 	}
-	cfg, err := pgconn.ParseConfig(dsn)
-	switch {
-	case dsn == "":
-	case err != nil && isURL:
-		if scheme, rest, _ := strings.Cut(out, "://"); strings.Contains(rest, "@") {
-			at := strings.LastIndex(rest, "@")
-			if user, _, hasPassword := strings.Cut(rest[:at], ":"); hasPassword {
-				out = scheme + "://" + user + ":" + redacted + rest[at:]
-			}
-		}
-	case err != nil:
+	out := kvPassword.ReplaceAllString(dsn, "${1}"+redacted)
+	if _, err := pgconn.ParseConfig(dsn); err != nil && dsn != "" {
 		if loc := kvPasswordKey.FindStringIndex(out); loc != nil {
 			out = out[:loc[1]] + redacted
 		}
-	case isURL && cfg.Password != "":
-		out = strings.ReplaceAll(out, ":"+cfg.Password+"@", ":"+redacted+"@")
 	}
 	return out
+}
+
+// maskUserInfo masks, in a DSN URL, what lies between the first ":" after the scheme and
+// the last "@" (the password, with anything in it that looked like the end of the user
+// info), unless it is masked already. A ":" after the last "@" belongs to a host.
+func maskUserInfo(u string) string {
+	scheme, rest, _ := strings.Cut(u, "://")
+	colon, at := strings.IndexByte(rest, ':'), strings.LastIndexByte(rest, '@')
+	if colon < 0 || at < colon || rest[colon+1:at] == redacted {
+		return u
+	}
+	return scheme + "://" + rest[:colon+1] + redacted + rest[at:]
 }
 
 // kvPasswordKey finds where a keyword/value DSN's password may start.

@@ -101,6 +101,9 @@ func TestRedactDSN(t *testing.T) {
 		{"postgres://u:pa#ss@db/app", "postgres://u:xxxxx@db/app"},
 		{"postgres://u:p?ass@db/app?sslmode=disable", "postgres://u:xxxxx@db/app?sslmode=disable"},
 		{"postgres://u:pa#ss@h1:5432,h2:5433/app", "postgres://u:xxxxx@h1:5432,h2:5433/app"},
+		{"postgres://app:p%40ss#word@db/app", "postgres://app:xxxxx@db/app"},
+		{"postgres://app:pa/ss@db/app", "postgres://app:xxxxx@db/app"},
+		{"postgres://app@db:5432/app", "postgres://app@db:5432/app"},
 		// What pgx does not parse is masked to the end of what could hold a password.
 		{"host=db password=se cret user=app", "host=db password=xxxxx"},
 		{"", ""},
