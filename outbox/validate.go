@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -323,14 +324,13 @@ func jsonbRefuses(raw []byte) string {
 			return ""
 		case r == 0:
 			return `the escape \u0000`
-		case r >= 0xDC00 && r <= 0xDFFF:
-			return "half a surrogate pair (a \\u escape of a low surrogate alone)"
-		case r >= 0xD800 && r <= 0xDBFF:
-			if i+12 > len(raw) || raw[i+6] != '\\' || raw[i+7] != 'u' {
-				return "half a surrogate pair (a \\u escape of a high surrogate alone)"
+		case utf16.IsSurrogate(r):
+			var low rune // the escape after it, which must complete the pair
+			if i+12 <= len(raw) && raw[i+6] == '\\' && raw[i+7] == 'u' {
+				low, _ = hex4(raw[i+8:])
 			}
-			if low, ok := hex4(raw[i+8:]); !ok || low < 0xDC00 || low > 0xDFFF {
-				return "half a surrogate pair (a \\u escape of a high surrogate alone)"
+			if utf16.DecodeRune(r, low) == utf8.RuneError {
+				return "half a surrogate pair (a \\u escape without its other half)"
 			}
 			i += 11
 		default:

@@ -239,8 +239,9 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 // declare their time limit are claimed ahead, and not those whose ambiguous attempts are
 // held. Every row, claimed ahead or not, must start within its instance's startBy: it
 // may also wait for one of the Config.Concurrency slots, which other instances' slow
-// attempts can hold for longer than a lease. Twenty rounds: a round of the claim loop takes 25-40 ms on two cores, while the
-// workers, once they have rows, deliver up to 24,000 a second, so ten rounds ahead
+// attempts can hold for longer than a lease. Twenty rounds: a round of the claim loop
+// takes 25-40 ms on two cores, while the workers, once they have rows, deliver up to
+// 24,000 a second, so ten rounds ahead
 // (1,408 rows held at the default concurrency) still ran dry before most claims came
 // back, and the cores idled. With twenty, claims of up to 1,000 rows and room for every
 // outcome in results, the bench's delivery phase kept the CPU 92.5-94.3% busy, against
@@ -866,12 +867,14 @@ func (r *Relay) work(ctx, deliverCtx context.Context, inst *instance) {
 	defer cancel()
 	for row := range inst.jobs {
 		started := false
-		if ctx.Err() == nil && r.now().Sub(row.claimedAt) <= inst.startBy { // too late already: no wait for a slot
+		// In time is looked at before the wait for a slot (a row too late already does
+		// not wait), and again once the slot is this worker's: other instances' attempts
+		// can hold every slot for longer than a lease, and a row sent after its lease ran
+		// out may already be on its way from another relay.
+		inTime := func() bool { return ctx.Err() == nil && r.now().Sub(row.claimedAt) <= inst.startBy }
+		if inTime() {
 			r.slots <- struct{}{}
-			// Looked at once the slot is this worker's: other instances' attempts can
-			// hold every slot for longer than a lease, and a row sent after its lease
-			// ran out may already be on its way from another relay.
-			if started = ctx.Err() == nil && r.now().Sub(row.claimedAt) <= inst.startBy; started {
+			if started = inTime(); started {
 				r.deliver(deliverCtx, inst, row)
 			}
 			<-r.slots

@@ -712,20 +712,18 @@ func TestRowAlreadyTooLateIsHandedBackWithoutASlot(t *testing.T) {
 	t.Parallel()
 	first, second := make(chan struct{}), make(chan struct{})
 	t.Cleanup(func() { closeOnce(first); closeOnce(second) })
-	slow, err := receiver.Start(receiver.Options{OnEffect: func(e receiver.Effect) {
-		if e.Key == "slow-1" {
-			<-first
-		} else {
-			<-second
-		}
-	}})
+	slow, err := receiver.Start(receiver.Options{OnEffect: func(receiver.Effect) { <-second }})
 	require.NoError(t, err)
 	t.Cleanup(slow.Close)
-	b := setup(t, receiver.Options{})
+	b := setup(t, receiver.Options{OnEffect: func(e receiver.Effect) {
+		if e.Key == "x" {
+			<-first
+		}
+	}})
 	clock, cfg := b.clockedConfig(t)
 	cfg.Concurrency = 1
-	cfg.Lease = 2 * time.Hour // a row may wait 5s to start, and the slow instance claims ahead
-	// The slow instance's attempts end only when the test lets them, not at a timeout.
+	cfg.Lease = 2 * time.Hour // a row may wait 5s to start
+	// The slow instance's attempt ends only when the test lets it, not at a timeout.
 	slowHook, err := webhook.New(webhook.Config{URL: slow.URL(), Guarantee: connectors.Enforced, Timeout: time.Hour})
 	require.NoError(t, err)
 	r, _ := start(t, b.pool, cfg, map[string]Instance{
@@ -733,30 +731,30 @@ func TestRowAlreadyTooLateIsHandedBackWithoutASlot(t *testing.T) {
 		"webhook:slow": {Connector: slowHook},
 	})
 
-	enqueue(t, b.pool, "slow-1", "webhook:slow", []int{0})
-	require.Eventually(t, func() bool { return slow.TotalEffects() == 1 }, waitTimeout, 10*time.Millisecond,
-		"slow-1 holds the one slot")
-	enqueue(t, b.pool, "x", "webhook", []int{1})
-	enqueue(t, b.pool, "y", "webhook", []int{2})
+	// x holds the one slot; the slow instance's worker waits for it with slow-1, and y
+	// waits behind x for the webhook instance's one worker.
+	enqueue(t, b.pool, "x", "webhook", []int{0})
+	require.Eventually(t, func() bool { return b.receiver.TotalEffects() == 1 }, waitTimeout, 10*time.Millisecond)
+	enqueue(t, b.pool, "y", "webhook", []int{1})
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)["delivering"] == 2 }, waitTimeout, 10*time.Millisecond)
+	clock.Advance(3 * time.Second)
+	enqueue(t, b.pool, "slow-1", "webhook:slow", []int{2})
 	require.Eventually(t, func() bool { return countStatus(t, b.pool)["delivering"] == 3 }, waitTimeout, 10*time.Millisecond)
-	clock.Advance(10 * time.Second) // x and y are past their 5s now
-	enqueue(t, b.pool, "slow-2", "webhook:slow", []int{3})
-	require.Eventually(t, func() bool { return countStatus(t, b.pool)["delivering"] == 4 }, waitTimeout, 10*time.Millisecond)
+	clock.Advance(3 * time.Second) // y is past its 5s now, slow-1 is not
 
-	// slow-1 ends. Its slot goes to x's worker, which hands x back, or to slow-2, which
-	// then holds it; either way y, too late already, must not wait for it.
+	// x ends and its slot goes to slow-1, the worker that waited for it; y, too late
+	// already, must not wait for slow-1.
 	closeOnce(first)
-	require.Eventually(t, func() bool { return slow.TotalEffects() == 2 }, waitTimeout, 10*time.Millisecond,
-		"slow-2 holds the slot")
-	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.handedBack) >= 2 }, waitTimeout, 10*time.Millisecond,
-		"x and y were handed back while slow-2 held the slot")
+	require.Eventually(t, func() bool { return slow.TotalEffects() == 1 }, waitTimeout, 10*time.Millisecond,
+		"slow-1 holds the slot")
+	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.handedBack) >= 1 }, waitTimeout, 10*time.Millisecond,
+		"y was handed back while slow-1 held the slot")
 
 	closeOnce(second)
-	for _, key := range []string{"x", "y"} {
-		in := waitStatus(t, b.pool, key, outbox.StatusDelivered)
-		require.Equal(t, 1, in.Attempts, key)
-		require.Equal(t, 1, b.receiver.Effects(key), key)
-	}
+	waitStatus(t, b.pool, "x", outbox.StatusDelivered)
+	in := waitStatus(t, b.pool, "y", outbox.StatusDelivered)
+	require.Equal(t, 1, in.Attempts)
+	require.Equal(t, 1, b.receiver.Effects("y"))
 }
 
 // A receiver's answer holding NUL, which PostgreSQL's text and jsonb cannot store, is
@@ -855,11 +853,10 @@ func TestRecorderSalvagesRefusedBatch(t *testing.T) {
 	r, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
 	require.NoError(t, err)
 	inst := r.instances["webhook"]
-	got, err := r.claimAndRecord(t.Context(), []claimPlan{{inst: inst, limit: 10, bytes: 1 << 20}}, nil)
-	require.NoError(t, err)
-	require.Len(t, got[0], 9)
+	got := claimRows(t, r, "webhook")
+	require.Len(t, got, 9)
 	var outs []outcome
-	for i, row := range got[0] {
+	for i, row := range got {
 		answer := json.RawMessage(`{"ok": true}`)
 		if i == 2 || i == 7 {
 			answer = json.RawMessage(`{"n": -1e1000000}`)
@@ -1122,10 +1119,9 @@ func TestLateOutcomeAfterLastAttemptWentDead(t *testing.T) {
 	}
 	sender, other := newRelay("sender"), newRelay("other")
 	enqueue(t, b.pool, "late", "webhook", []int{1})
-	got, err := sender.claimAndRecord(t.Context(), []claimPlan{{inst: sender.instances["webhook"], limit: 10, bytes: 1 << 20}}, nil)
-	require.NoError(t, err)
-	require.Len(t, got[0], 1)
-	row := got[0][0]
+	got := claimRows(t, sender, "webhook")
+	require.Len(t, got, 1)
+	row := got[0]
 
 	// The receiver acts, but the sender's outcome is written only after its lease ran out
 	// and the other relay put the row away.
@@ -1158,18 +1154,15 @@ func TestReleaseLeavesARowClaimedAgain(t *testing.T) {
 	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
 	require.NoError(t, err)
 	enqueue(t, b.pool, "again", "webhook", []int{1})
-	plan := []claimPlan{{inst: r.instances["webhook"], limit: 10, bytes: 1 << 20}}
-	first, err := r.claimAndRecord(t.Context(), plan, nil)
-	require.NoError(t, err)
-	require.Len(t, first[0], 1)
+	first := claimRows(t, r, "webhook")
+	require.Len(t, first, 1)
 	clock.Advance(cfg.Lease + time.Second)
 	r.reclaim(t.Context())
-	second, err := r.claimAndRecord(t.Context(), plan, nil)
-	require.NoError(t, err)
-	require.Len(t, second[0], 1)
-	require.Equal(t, 2, second[0][0].attempt)
+	second := claimRows(t, r, "webhook")
+	require.Len(t, second, 1)
+	require.Equal(t, 2, second[0].attempt)
 
-	r.release(first[0]) // the stale copy
+	r.release(first) // the stale copy
 	in, err := outbox.Get(t.Context(), b.pool, "again")
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatusDelivering, in.Status, "the second claim stands")
@@ -1559,10 +1552,9 @@ func TestReleaseUnstartedRows(t *testing.T) {
 	}
 	r, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
 	require.NoError(t, err)
-	got, err := r.claimAndRecord(t.Context(), []claimPlan{{inst: r.instances["webhook"], limit: 10, bytes: 1 << 20}}, nil)
-	require.NoError(t, err)
-	require.Len(t, got[0], 3)
-	r.release(got[0])
+	got := claimRows(t, r, "webhook")
+	require.Len(t, got, 3)
+	r.release(got)
 
 	var n int
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE status = 'pending' AND attempts = 0
@@ -1579,6 +1571,15 @@ func randomText(t *testing.T, n int) string {
 	_, err := rand.Read(b)
 	require.NoError(t, err)
 	return base64.StdEncoding.EncodeToString(b)[:n]
+}
+
+// claimRows claims up to 10 due rows of r's instance name in one transaction, with no
+// outcomes to write, and returns them.
+func claimRows(t *testing.T, r *Relay, name string) []claimed {
+	t.Helper()
+	got, err := r.claimAndRecord(t.Context(), []claimPlan{{inst: r.instances[name], limit: 10, bytes: 1 << 20}}, nil)
+	require.NoError(t, err)
+	return got[0]
 }
 
 // claimOnce runs one claim round of r, with no outcomes to write, and returns how many

@@ -54,12 +54,9 @@ func (f *dbFlag) open(ctx context.Context, e *env) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := config.CheckDSN("--database-url", dsn); err != nil {
-		return nil, usageError{err}
-	}
-	cfg, err := pgxpool.ParseConfig(dsn)
+	cfg, err := config.ParseDSN("--database-url", dsn)
 	if err != nil {
-		return nil, err // CheckDSN parsed it
+		return nil, usageError{err}
 	}
 	if cfg.MaxConns > 4 {
 		cfg.MaxConns = 4

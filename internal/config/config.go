@@ -117,24 +117,24 @@ func (d *Database) validate(p *problems) {
 	if d.URL == "" || !p.ok("OUTBOX_DATABASE_URL") {
 		return
 	}
-	if err := CheckDSN("OUTBOX_DATABASE_URL", d.URL); err != nil {
+	if _, err := ParseDSN("OUTBOX_DATABASE_URL", d.URL); err != nil {
 		p.addf("OUTBOX_DATABASE_URL", "%w", err)
 	}
 }
 
-// CheckDSN returns nil when pgx can parse dsn (given as name), else one line that says
+// ParseDSN parses dsn (given as name) as pgxpool does, or returns one line that says
 // why and quotes the DSN redacted. pgx's own message masks only a password's first word
 // when the DSN does not parse, so only its reason is kept.
-func CheckDSN(name, dsn string) error {
-	_, err := pgxpool.ParseConfig(dsn)
+func ParseDSN(name, dsn string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err == nil {
-		return nil
+		return cfg, nil
 	}
 	reason := err.Error()
 	if i := strings.LastIndex(reason, "`: "); i >= 0 {
 		reason = reason[i+len("`: "):]
 	}
-	return fmt.Errorf("%s (%s) is not a PostgreSQL URL or keyword/value string that pgx accepts: %s", name, RedactDSN(dsn), reason)
+	return nil, fmt.Errorf("%s (%s) is not a PostgreSQL URL or keyword/value string that pgx accepts: %s", name, RedactDSN(dsn), reason)
 }
 
 // LoadLog reads [Log] from environ (as os.Environ returns it), for commands that log

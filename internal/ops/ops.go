@@ -220,10 +220,7 @@ func nowOr(t time.Time) time.Time {
 // dbNowOr is t, or when t is zero the database's clock: whether a lease has expired is
 // decided by the clock relays set leases by (they correct theirs to the database's), not
 // by an operator's machine, which may run ahead and take a live lease for an expired one.
-func dbNowOr(ctx context.Context, db interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}, t time.Time,
-) (time.Time, error) {
+func dbNowOr(ctx context.Context, db outbox.DB, t time.Time) (time.Time, error) {
 	if !t.IsZero() {
 		return t, nil
 	}
