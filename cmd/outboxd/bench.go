@@ -107,12 +107,15 @@ func newBenchCmd(e *env) *cobra.Command {
 			"It starts a throwaway PostgreSQL with durable commits (fsync=on, synchronous_commit=on) from the " +
 			"local server binaries, or uses OUTBOX_DATABASE_URL, and runs three phases:\n\n" +
 			"  1. raw: --rows keep-alive POSTs of the same payload straight to the receiver, from --concurrency " +
-			"workers: the ceiling the relay is compared with.\n" +
+			"workers: the ceiling the relay is compared with. Half of them run right before phase 2 and half " +
+			"right after it, and the raw rate is all of them over the time both halves took: the machine's " +
+			"speed drifts over seconds, and a ratio of two phases measured one after the other would carry " +
+			"that drift (either way), which bracketing phase 2 cancels while it is steady.\n" +
 			"  2. throughput: a relay with --concurrency and --batch-size delivers --rows rows; the time from " +
 			"its start to the receiver's last effect gives deliveries/s. Every row must end delivered, with " +
 			"exactly one effect. The rows are inserted before phase 1 and, in the throwaway cluster, every " +
 			"connection of the pool reads the table once (neither is timed), so that phases 1 and 2 run back " +
-			"to back: the machine's speed drifts, and their ratio should compare like with like.\n" +
+			"to back.\n" +
 			"  3. latency: a fresh relay, and --rate rows/s offered for --duration, each row in its own " +
 			"transaction (BEGIN, outbox.Enqueue, COMMIT); commit-to-delivery is the time from COMMIT " +
 			"returning to the request's arrival at the receiver. In the throwaway cluster it also reports the " +
@@ -203,16 +206,11 @@ type benchReport struct {
 		// GC is the garbage collector's GOGC and GOMEMLIMIT, as serve sets them.
 		GC string `json:"gc"`
 	} `json:"machine"`
+	// Raw is phase 1 as a whole: both halves together.
 	Raw struct {
-		Requests          int     `json:"requests"`
-		Workers           int     `json:"workers"`
-		Seconds           float64 `json:"seconds"`
-		RequestsPerSecond float64 `json:"requests_per_second"`
-		// CPU this process used per request, client and receiver together (0: not measured).
-		ProcessCPUMicros float64 `json:"process_cpu_us_per_request,omitempty"`
-		// CPU the bench's own PostgreSQL used meanwhile, its background work (nil: not
-		// measured); the phase itself asks nothing of it.
-		PostgresCPUMs *float64 `json:"postgres_cpu_ms,omitempty"`
+		rawResult
+		// Halves are the part before phase 2 and the part after it.
+		Halves []rawResult `json:"halves"`
 	} `json:"raw"`
 	Throughput struct {
 		Rows                int     `json:"rows"`
@@ -262,6 +260,22 @@ type benchReport struct {
 		WALFlushMs float64 `json:"wal_flush_ms,omitempty"`
 	} `json:"latency"`
 	Targets []benchTarget `json:"targets"`
+}
+
+// rawResult is what raw POSTs measured: phase 1, or one half of it.
+type rawResult struct {
+	Requests          int     `json:"requests"`
+	Workers           int     `json:"workers"`
+	Seconds           float64 `json:"seconds"`
+	RequestsPerSecond float64 `json:"requests_per_second"`
+	// CPU this process used per request, client and receiver together (0: not measured).
+	ProcessCPUMicros float64 `json:"process_cpu_us_per_request,omitempty"`
+	// CPU the bench's own PostgreSQL used meanwhile, its background work (nil: not
+	// measured); the phase itself asks nothing of it.
+	PostgresCPUMs *float64 `json:"postgres_cpu_ms,omitempty"`
+
+	elapsed time.Duration // Seconds, exactly
+	cpu     cpuUse
 }
 
 // benchTarget is one of the issue's targets and whether this run met it.
@@ -339,13 +353,24 @@ func bench(ctx context.Context, e *env, o benchOptions) error {
 	if err := insertThroughputRows(ctx, o, rep, tput, dbs.tputInstance, dbs.cluster != nil, payload, runID, progress); err != nil {
 		return fmt.Errorf("throughput phase: %w", err)
 	}
-	if err := benchRawPhase(ctx, o, rep, rcv.URL(), dbs.postgresPID(), payload, runID, progress); err != nil {
-		return fmt.Errorf("raw phase: %w", err)
+	raw := func(half int) error {
+		if err := benchRawPhase(ctx, o, rep, half, rcv.URL(), dbs.postgresPID(), payload, runID, progress); err != nil {
+			return fmt.Errorf("raw phase: %w", err)
+		}
+		return nil
+	}
+	if err := raw(0); err != nil {
+		return err
 	}
 	if err := benchThroughput(ctx, o, rep, tput, dbs.tputInstance, dbs.postgresPID(), rcv, hook, relayCfg(), progress); err != nil {
 		return fmt.Errorf("throughput phase: %w", err)
 	}
+	// Before the pool closes: its 128 backends exiting would take CPU from the POSTs.
+	if err := raw(1); err != nil {
+		return err
+	}
 	tput.Close()
+	rep.Throughput.RelayToRaw = rep.Throughput.DeliveriesPerSecond / rep.Raw.RequestsPerSecond
 
 	// Phase 3: latency, on a fresh database (or a fresh connector instance).
 	if err := benchLatency(ctx, o, rep, dbs, lat, dbs.postgresPID(), hook, relayCfg(), payload, progress); err != nil {
@@ -511,31 +536,61 @@ func benchPayload(n int) json.RawMessage {
 	return json.RawMessage(short + strings.Repeat("x", max(0, n-len(short)-len(tail))) + tail)
 }
 
-// benchRawPhase is phase 1: raw POSTs straight to the receiver, the relay's ceiling.
-func benchRawPhase(ctx context.Context, o benchOptions, rep *benchReport, url string, pgPID int, payload json.RawMessage, runID string,
+// benchRawPhase runs one half of phase 1, raw POSTs straight to the receiver, the
+// relay's ceiling: half 0 before phase 2 (rows/2 POSTs), half 1 after it (the rest).
+// After half 1, rep.Raw holds both together.
+func benchRawPhase(ctx context.Context, o benchOptions, rep *benchReport, half int, url string, pgPID int, payload json.RawMessage, runID string,
 	progress func(string, ...any),
 ) error {
-	progress("phase 1: %d raw keep-alive POSTs to %s from %d workers", o.rows, url, o.concurrency)
-	ctx, cancel := context.WithTimeoutCause(ctx, benchPhaseTimeout, errors.New("the raw phase took too long"))
-	defer cancel()
-	cpu0 := cpuNow(pgPID)
-	elapsed, err := benchRaw(ctx, url, payload, o.rows, o.concurrency, "bench-"+runID+"-raw-")
-	cpu := cpuNow(pgPID).since(cpu0)
-	if err != nil {
-		return err
+	n := o.rows / 2
+	when := "first half, before phase 2"
+	if half == 1 {
+		n = o.rows - n
+		when = "second half, after phase 2"
 	}
-	rep.Raw.Requests, rep.Raw.Workers = o.rows, o.concurrency
-	rep.Raw.Seconds = elapsed.Seconds()
-	rep.Raw.RequestsPerSecond = float64(o.rows) / elapsed.Seconds()
+	if n > 0 {
+		progress("phase 1: %d raw keep-alive POSTs to %s from %d workers (%s)", n, url, o.concurrency, when)
+		ctx, cancel := context.WithTimeoutCause(ctx, benchPhaseTimeout, errors.New("the raw phase took too long"))
+		defer cancel()
+		cpu0 := cpuNow(pgPID)
+		elapsed, err := benchRaw(ctx, url, payload, n, o.concurrency, fmt.Sprintf("bench-%s-raw%d-", runID, half+1))
+		cpu := cpuNow(pgPID).since(cpu0)
+		if err != nil {
+			return err
+		}
+		rep.Raw.Halves = append(rep.Raw.Halves, newRawResult(n, o.concurrency, elapsed, cpu))
+		progress("phase 1: %.0f req/s (%s)", rep.Raw.Halves[len(rep.Raw.Halves)-1].RequestsPerSecond, when)
+	}
+	if half == 1 {
+		var (
+			n       int
+			elapsed time.Duration
+			cpu     = cpuUse{selfOK: true, pgOK: true}
+		)
+		for _, h := range rep.Raw.Halves {
+			n += h.Requests
+			elapsed += h.elapsed
+			cpu = cpuUse{self: cpu.self + h.cpu.self, pg: cpu.pg + h.cpu.pg,
+				selfOK: cpu.selfOK && h.cpu.selfOK, pgOK: cpu.pgOK && h.cpu.pgOK}
+		}
+		rep.Raw.rawResult = newRawResult(n, o.concurrency, elapsed, cpu)
+		progress("phase 1: %.0f req/s (both halves)", rep.Raw.RequestsPerSecond)
+	}
+	return nil
+}
+
+// newRawResult reports n raw POSTs from workers that took elapsed and cpu.
+func newRawResult(n, workers int, elapsed time.Duration, cpu cpuUse) rawResult {
+	r := rawResult{Requests: n, Workers: workers, Seconds: elapsed.Seconds(),
+		RequestsPerSecond: float64(n) / elapsed.Seconds(), elapsed: elapsed, cpu: cpu}
 	if cpu.selfOK {
-		rep.Raw.ProcessCPUMicros = micros(cpu.self) / float64(o.rows)
+		r.ProcessCPUMicros = micros(cpu.self) / float64(n)
 	}
 	if cpu.pgOK {
 		pg := ms(cpu.pg)
-		rep.Raw.PostgresCPUMs = &pg
+		r.PostgresCPUMs = &pg
 	}
-	progress("phase 1: %.0f req/s", rep.Raw.RequestsPerSecond)
-	return nil
+	return r
 }
 
 // benchRaw POSTs payload n times to url from workers goroutines sharing the webhook
@@ -741,7 +796,6 @@ func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool
 	rep.Throughput.Seconds = elapsed.Seconds()
 	rep.Throughput.DeliveriesPerSecond = float64(o.rows) / elapsed.Seconds()
 	rep.Throughput.RecordedSeconds = recorded.Seconds()
-	rep.Throughput.RelayToRaw = rep.Throughput.DeliveriesPerSecond / rep.Raw.RequestsPerSecond
 	rep.Throughput.Claims, rep.Throughput.RowsPerClaim = claimStats(cfg.Registerer)
 	progress("phase 2: %.0f deliveries/s", rep.Throughput.DeliveriesPerSecond)
 
@@ -1109,8 +1163,13 @@ func printBenchReport(w io.Writer, rep *benchReport) {
 		pg.Version, pg.Fsync, pg.SynchronousCommit, pg.FullPageWrites, pg.Source)
 	fmt.Fprintf(w, "  machine:    %d CPUs, GOMAXPROCS=%d, %s, %s, %s\n\n", rep.Machine.CPUs, rep.Machine.GOMAXPROCS, rep.Machine.Platform, rep.Machine.Go, rep.Machine.GC)
 
-	fmt.Fprintf(w, "raw keep-alive POSTs:   %8.0f req/s         (%d requests, %d workers, %.2fs)\n",
+	fmt.Fprintf(w, "raw keep-alive POSTs:   %8.0f req/s         (%d requests, %d workers, %.2fs",
 		rep.Raw.RequestsPerSecond, rep.Raw.Requests, rep.Raw.Workers, rep.Raw.Seconds)
+	if h := rep.Raw.Halves; len(h) == 2 {
+		fmt.Fprintf(w, ":\n                                                %d right before the relay at %.0f req/s, %d right after at %.0f req/s",
+			h[0].Requests, h[0].RequestsPerSecond, h[1].Requests, h[1].RequestsPerSecond)
+	}
+	fmt.Fprintln(w, ")")
 	t := rep.Throughput
 	fmt.Fprintf(w, "relay throughput:       %8.0f deliveries/s  (%d pre-inserted rows in %.2fs from relay start to last effect;\n"+
 		"                                                all outcomes recorded and relay stopped at %.2fs;\n"+

@@ -38,7 +38,8 @@ func TestBenchSmoke(t *testing.T) {
 			require.Regexp(t, `CPU per row, producers, relay and receiver together: \d+ µs in this process \+ \d+ µs in PostgreSQL, of which \d+ µs\n  in the producers' connections \(their INSERTs and durable COMMITs\); the \d+ CPUs were \d+% busy`, out)
 			require.Regexp(t, `PostgreSQL flushed its WAL \d+ times, \d+\.\d\d ms per flush on average \(pg_stat_wal\)`, out)
 		}
-		// The raw POSTs run after the rows are inserted, right before the relay.
+		// The raw POSTs run after the rows are inserted, half right before the relay and
+		// half right after it.
 		progress := stderr.String()
 		at := func(line string) int {
 			i := strings.Index(progress, line)
@@ -46,8 +47,12 @@ func TestBenchSmoke(t *testing.T) {
 			return i
 		}
 		require.Less(t, at("bench: setup: inserting"), at("bench: phase 1:"))
-		require.Less(t, at("bench: phase 1:"), at("bench: phase 2:"))
-		require.Less(t, at("bench: phase 2:"), at("bench: phase 3:"))
+		require.Less(t, at("bench: phase 1:"), at("(first half, before phase 2)"))
+		require.Less(t, at("(first half, before phase 2)"), at("bench: phase 2:"))
+		require.Less(t, at("bench: phase 2:"), at("(second half, after phase 2)"))
+		require.Less(t, at("(second half, after phase 2)"), at("(both halves)"))
+		require.Less(t, at("(both halves)"), at("bench: phase 3:"))
+		require.Regexp(t, `raw keep-alive POSTs: +\d+ req/s +\(500 requests, 16 workers, \d+\.\d\ds:\n +250 right before the relay at \d+ req/s, 250 right after at \d+ req/s\)`, out)
 	})
 
 	t.Run("JSON", func(t *testing.T) {
@@ -61,6 +66,13 @@ func TestBenchSmoke(t *testing.T) {
 		require.Equal(t, int64(500), rep.Throughput.Attempts, "no row needed a retry")
 		require.Positive(t, rep.Throughput.DeliveriesPerSecond)
 		require.Positive(t, rep.Raw.RequestsPerSecond)
+		// The raw rate is both halves' requests over both halves' time.
+		require.Len(t, rep.Raw.Halves, 2)
+		require.Equal(t, 500, rep.Raw.Requests)
+		require.Equal(t, 500, rep.Raw.Halves[0].Requests+rep.Raw.Halves[1].Requests)
+		require.InDelta(t, rep.Raw.Halves[0].Seconds+rep.Raw.Halves[1].Seconds, rep.Raw.Seconds, 1e-9)
+		require.InDelta(t, 500/rep.Raw.Seconds, rep.Raw.RequestsPerSecond, 1e-6)
+		require.InDelta(t, rep.Throughput.DeliveriesPerSecond/rep.Raw.RequestsPerSecond, rep.Throughput.RelayToRaw, 1e-9)
 		require.Equal(t, 200, rep.Latency.Samples)
 		require.LessOrEqual(t, rep.Latency.P50Ms, rep.Latency.P99Ms)
 		require.Positive(t, rep.Latency.Claims)
@@ -71,6 +83,11 @@ func TestBenchSmoke(t *testing.T) {
 		if runtime.GOOS == "linux" {
 			require.Positive(t, rep.Raw.ProcessCPUMicros)
 			require.NotNil(t, rep.Raw.PostgresCPUMs, "the bench's own cluster: its CPU during the raw phase is measured")
+			for _, h := range rep.Raw.Halves {
+				require.Positive(t, h.ProcessCPUMicros)
+				require.NotNil(t, h.PostgresCPUMs)
+				require.GreaterOrEqual(t, *h.PostgresCPUMs, 0.0, "no backend exits while the POSTs run")
+			}
 			require.Positive(t, rep.Throughput.ProcessCPUMicros)
 			require.GreaterOrEqual(t, rep.Throughput.PostgresCPUMicros, 0.0)
 			require.Positive(t, rep.Latency.ProcessCPUMicros)
