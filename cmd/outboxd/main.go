@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -105,12 +106,31 @@ func newRootCmd(e *env) *cobra.Command {
 	root.AddCommand(newApproveCmd(e))
 	root.AddCommand(newRejectCmd(e))
 	root.AddCommand(newTokenCmd(e))
-	for _, c := range root.Commands() {
-		if c.Args == nil {
+	for _, c := range append([]*cobra.Command{root}, root.Commands()...) {
+		switch {
+		case c.HasSubCommands():
+			// Without Args, cobra reports an unknown subcommand as a plain error
+			// (exit 1), or shows the help and exits 0 below the root.
+			c.Args = knownSubcommand
+			c.SuggestionsMinimumDistance = 2 // what cobra's own message uses
+			c.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+		case c.Args == nil:
 			c.Args = noArgs
 		}
 	}
 	return root
+}
+
+// knownSubcommand refuses, as a usage error, an argument that names no subcommand of a
+// command that has them (cobra finds the known ones before it checks arguments).
+func knownSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	if near := cmd.SuggestionsFor(args[0]); len(near) > 0 {
+		return usagef("unknown command %q for %q; did you mean %s?", args[0], cmd.CommandPath(), strings.Join(near, " or "))
+	}
+	return usagef("unknown command %q for %q", args[0], cmd.CommandPath())
 }
 
 // noArgs refuses positional arguments as a usage error.

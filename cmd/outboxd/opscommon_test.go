@@ -188,3 +188,26 @@ func TestOpsUsageErrors(t *testing.T) {
 	require.Equal(t, exitUsage, code, errOut)
 	require.Contains(t, errOut, "OUTBOX_DATABASE_URL")
 }
+
+func TestUnknownCommandIsAUsageError(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bogus"}, `unknown command "bogus" for "outboxd"`},
+		{[]string{"replya"}, `unknown command "replya" for "outboxd"; did you mean replay?`},
+		{[]string{"token", "nwe"}, `unknown command "nwe" for "outboxd token"; did you mean new?`},
+	} {
+		code, out, errOut := runCLI(t, nil, strings.NewReader(""), tc.args...)
+		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errOut)
+		require.Contains(t, errOut, tc.want, tc.args)
+		require.Empty(t, out, tc.args)
+	}
+	// A command that has subcommands, given none, shows its help.
+	for _, args := range [][]string{nil, {"token"}} {
+		code, out, errOut := runCLI(t, nil, strings.NewReader(""), args...)
+		require.Equal(t, exitOK, code, "%v: %s", args, errOut)
+		require.Contains(t, out, "Available Commands:", args)
+	}
+}
