@@ -84,8 +84,9 @@
 //
 // An attempt is ambiguous when the relay cannot know whether the receiver acted: the
 // connection broke after the request was written, or the relay died and its lease
-// expired (another relay then puts the row back and logs the abandoned attempt as
-// ambiguous). What follows depends on the connector's guarantee: enforced connectors
+// expired (another relay then puts the row back, or sends it to dead when that was its
+// last attempt or another now would pass its maximum age, and logs the abandoned attempt
+// as ambiguous). What follows depends on the connector's guarantee: enforced connectors
 // retry (the receiver dedupes on the key); reconciled connectors are told the previous
 // attempt was ambiguous and look for the effect before acting; forwarded connectors retry,
 // or, with the hold policy, leave the row held for an operator.
@@ -95,9 +96,10 @@
 //
 // # Stopping and failures
 //
-// When Run's context ends, the relay stops claiming, lets deliveries in flight finish
-// within Config.ShutdownTimeout, cancels the rest (recorded as ambiguous retries), records
-// every outcome and hands back rows it had claimed but not started. Database errors are
+// When Run's context ends, the relay stops claiming, hands back at once the rows it had
+// claimed but not started, lets deliveries in flight finish within
+// Config.ShutdownTimeout, cancels the rest (recorded as ambiguous retries), and records
+// every outcome. Database errors are
 // retried with backoff, so the relay rides out a PostgreSQL restart: outcomes wait in
 // memory until they can be written, and rows whose outcome never lands are retried after
 // their lease expires. A receiver's answer is made storable before it is written (NUL

@@ -41,7 +41,7 @@ func (r *Relay) maintain(ctx context.Context) {
 
 // reclaim puts back rows whose lease expired and wakes the claim loop when it did.
 func (r *Relay) reclaim(ctx context.Context) {
-	tag, err := r.pool.Exec(ctx, reclaimSQL, r.now(), r.cfg.MaxAttempts, nonNil(r.hold), nonNil(r.names))
+	tag, err := r.pool.Exec(ctx, reclaimSQL, r.now(), r.cfg.MaxAttempts, nonNil(r.hold), nonNil(r.names), r.maxAges)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.metrics.dbErrors.WithLabelValues("reclaim").Inc()

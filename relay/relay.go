@@ -38,8 +38,9 @@ type Relay struct {
 	log       *slog.Logger
 	metrics   *metrics
 	instances map[string]*instance
-	names     []string // instance names, sorted
-	hold      []string // forwarded instances whose ambiguous attempts are held
+	names     []string  // instance names, sorted
+	hold      []string  // forwarded instances whose ambiguous attempts are held
+	maxAges   []float64 // each instance's maximum age in seconds, in the order of names
 
 	wake      chan struct{} // a NOTIFY arrived, or something else worth a claim
 	slotFreed chan struct{} // a claimed row finished, or was handed back
@@ -52,8 +53,6 @@ type Relay struct {
 	// claimedBytes is the payload bytes of those rows, bounded by Config.MaxClaimedBytes.
 	claimedBytes atomic.Int64
 	slots        chan struct{}
-	unstartedMu  sync.Mutex
-	unstarted    []claimed // rows claimed ahead and not started when the relay stopped
 	// rescan is set when rows may have turned due behind where claims start (this relay
 	// released rows, or a NOTIFY came), so that the next claims start at the head of the
 	// index.
@@ -220,6 +219,9 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 	}
 	slices.Sort(r.names)
 	slices.Sort(r.hold)
+	for _, name := range r.names {
+		r.maxAges = append(r.maxAges, r.instances[name].maxAge.Seconds())
+	}
 	r.maxClaimed = cfg.Concurrency + min(r.maxClaimed, aheadRounds*cfg.Concurrency)
 	// Room for the outcome of every row the relay can hold (and at least four times the
 	// concurrency): rows go on finishing while a round is on its way, and a worker that
@@ -260,11 +262,17 @@ const (
 // time limit is known and leaves room to wait. Without that room (or a known limit) the
 // wait for a slot is bounded by a quarter of the lease, at most maxStartBy: a bound of a
 // few milliseconds would hand back every row whose claim took longer than that to
-// come back, and nothing would ever be sent.
+// come back, and nothing would ever be sent. But a known limit that leaves some of the
+// lease caps the wait at half of it all the same: a row that started later could still
+// be in flight when its lease runs out, and another relay would send it again meanwhile.
 func claimAhead(limit int, lease, timeout time.Duration) (ahead int, startBy time.Duration) {
 	spare := lease - timeout
 	if timeout <= 0 || spare < 2*minStartBy {
-		return 0, min(lease/4, maxStartBy)
+		startBy = min(lease/4, maxStartBy)
+		if timeout > 0 && spare > 0 {
+			startBy = min(startBy, spare/2)
+		}
+		return 0, startBy
 	}
 	return aheadRounds * limit, min(spare/2, maxStartBy)
 }
@@ -357,6 +365,19 @@ func (r *Relay) Run(ctx context.Context) error {
 	for _, inst := range r.instances {
 		close(inst.jobs)
 	}
+	// The rows still queued will never start: hand them back now, in one statement, not
+	// once the deliveries in flight have ended, which may take up to their time limit;
+	// meanwhile their leases could run out, and another relay would put them away as
+	// lost attempts (ambiguous, held, or dead on their last attempt). Idle workers take
+	// some of them too, and hand each back at once.
+	var queued []claimed
+	for _, inst := range r.instances {
+		for row := range inst.jobs {
+			queued = append(queued, row)
+			r.done(inst, row)
+		}
+	}
+	r.release(queued)
 	// From now on the recorder writes the outcomes: those the loop left, and those of
 	// the deliveries still in flight.
 	var recorder sync.WaitGroup
@@ -378,7 +399,6 @@ func (r *Relay) Run(ctx context.Context) error {
 		cancelDeliveries(errors.New("relay shutdown timeout reached"))
 		<-done
 	}
-	r.release(r.unstarted)
 	close(r.results)
 	// The recorder drains every outcome; give it a bounded time when the database is down.
 	recDone := make(chan struct{})
@@ -855,7 +875,7 @@ func (r *Relay) release(rows []claimed) {
 
 // work is one of inst's delivery workers: it takes the instance's claimed rows and
 // delivers each once a slot is free, until the relay stops (ctx is done) and the rows
-// run out. Rows it has not started by then are kept for release, and a row that waited
+// run out. Rows it has not started by then are handed back at once, and a row that waited
 // longer than inst.startBy, for the worker or for the slot, is handed back.
 func (r *Relay) work(ctx, deliverCtx context.Context, inst *instance) {
 	// The worker's own child of deliverCtx: each attempt's timeout (a child of the
@@ -873,11 +893,16 @@ func (r *Relay) work(ctx, deliverCtx context.Context, inst *instance) {
 		// out may already be on its way from another relay.
 		inTime := func() bool { return ctx.Err() == nil && r.now().Sub(row.claimedAt) <= inst.startBy }
 		if inTime() {
-			r.slots <- struct{}{}
-			if started = inTime(); started {
-				r.deliver(deliverCtx, inst, row)
+			select {
+			case r.slots <- struct{}{}:
+				if started = inTime(); started {
+					r.deliver(deliverCtx, inst, row)
+				}
+				<-r.slots
+			case <-ctx.Done():
+				// Stopping: the slot may stay taken until the attempts in flight end,
+				// and the row would not start then anyway.
 			}
-			<-r.slots
 		}
 		if !started {
 			r.handBack(ctx, inst, row)
@@ -895,14 +920,11 @@ func (r *Relay) done(inst *instance, row claimed) {
 	notify(r.slotFreed)
 }
 
-// handBack gives up a claimed row without an attempt: when the relay is stopping, it is
-// released with the others at the end of Run; otherwise (it waited too long for a
-// worker) it is released at once.
+// handBack gives up a claimed row without an attempt, and releases it at once: the relay
+// is stopping, or the row waited too long for a worker or a slot.
 func (r *Relay) handBack(ctx context.Context, inst *instance, row claimed) {
 	if ctx.Err() != nil {
-		r.unstartedMu.Lock()
-		r.unstarted = append(r.unstarted, row)
-		r.unstartedMu.Unlock()
+		r.release([]claimed{row})
 		return
 	}
 	r.metrics.handedBack.Inc()

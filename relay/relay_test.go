@@ -517,11 +517,7 @@ func TestThreeRelaysShareOneDatabase(t *testing.T) {
 // from holding the relay's slots, and the rows claimed ahead for it are bounded too.
 func TestSlowInstanceDoesNotStarveOthers(t *testing.T) {
 	t.Parallel()
-	release := make(chan struct{})
-	slow, err := receiver.Start(receiver.Options{OnEffect: func(receiver.Effect) { <-release }})
-	require.NoError(t, err)
-	t.Cleanup(slow.Close)
-	t.Cleanup(func() { closeOnce(release) })
+	slow, release := blockingReceiver(t)
 	b := setup(t, receiver.Options{})
 	cfg := b.fastConfig()
 	cfg.Concurrency = 8
@@ -536,7 +532,7 @@ func TestSlowInstanceDoesNotStarveOthers(t *testing.T) {
 			outbox.Message{Key: fmt.Sprintf("slow-%d", i), Connector: "webhook:slow", Payload: []int{i}},
 			outbox.Message{Key: fmt.Sprintf("fast-%d", i), Connector: "webhook", Payload: []int{i}})
 	}
-	_, err = outbox.EnqueueBatch(t.Context(), b.pool, msgs)
+	_, err := outbox.EnqueueBatch(t.Context(), b.pool, msgs)
 	require.NoError(t, err)
 
 	require.Eventually(t, func() bool { return b.receiver.TotalEffects() == 40 }, waitTimeout, 10*time.Millisecond,
@@ -548,7 +544,7 @@ func TestSlowInstanceDoesNotStarveOthers(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE connector = 'webhook:slow' AND status = 'delivering'`).Scan(&delivering))
 	require.LessOrEqual(t, delivering, 2*(1+aheadRounds), "the slow instance holds its limit in flight and a bounded number claimed ahead")
 
-	closeOnce(release)
+	release()
 	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == 80 }, waitTimeout, 10*time.Millisecond)
 }
 
@@ -562,9 +558,9 @@ func TestClaimAhead(t *testing.T) {
 	}{
 		{8, 30 * time.Second, 10 * time.Second, 8 * aheadRounds, 5 * time.Second}, // capped
 		{8, 6 * time.Second, 5 * time.Second, 8 * aheadRounds, 500 * time.Millisecond},
-		{8, 30 * time.Second, 29900 * time.Millisecond, 0, maxStartBy},      // no room to wait ahead: a quarter of the lease, capped
-		{8, 10 * time.Second, 20 * time.Second, 0, 2500 * time.Millisecond}, // a time limit beyond the lease
-		{8, 30 * time.Second, 0, 0, maxStartBy},                             // time limit unknown
+		{8, 30 * time.Second, 29900 * time.Millisecond, 0, 50 * time.Millisecond}, // no room to wait ahead, and the attempt must still end inside the lease
+		{8, 10 * time.Second, 20 * time.Second, 0, 2500 * time.Millisecond},       // a time limit beyond the lease
+		{8, 30 * time.Second, 0, 0, maxStartBy},                                   // time limit unknown
 		{8, 2 * time.Second, 0, 0, 500 * time.Millisecond},
 	}
 	for _, tt := range tests {
@@ -669,11 +665,7 @@ func TestRowClaimedAheadTooLongIsHandedBack(t *testing.T) {
 // its way again from another relay.
 func TestRowThatWaitedTooLongForASlotIsHandedBack(t *testing.T) {
 	t.Parallel()
-	release := make(chan struct{})
-	t.Cleanup(func() { closeOnce(release) })
-	slow, err := receiver.Start(receiver.Options{OnEffect: func(receiver.Effect) { <-release }})
-	require.NoError(t, err)
-	t.Cleanup(slow.Close)
+	slow, release := blockingReceiver(t)
 	b := setup(t, receiver.Options{})
 	clock, cfg := b.clockedConfig(t)
 	cfg.Concurrency = 1
@@ -684,14 +676,9 @@ func TestRowThatWaitedTooLongForASlotIsHandedBack(t *testing.T) {
 	})
 	require.Equal(t, 500*time.Millisecond, r.instances["webhook"].startBy)
 
-	enqueue(t, b.pool, "slow", "webhook:slow", []int{0})
-	require.Eventually(t, func() bool { return slow.TotalEffects() == 1 }, waitTimeout, 10*time.Millisecond,
-		"the slow attempt holds the one slot")
-	enqueue(t, b.pool, "waits", "webhook", []int{1})
-	require.Eventually(t, func() bool { return countStatus(t, b.pool)["delivering"] == 2 }, waitTimeout, 10*time.Millisecond,
-		"the second row is claimed, and its worker waits for the slot")
+	waitBehindSlowAttempt(t, b, slow, "waits")
 	clock.Advance(time.Second)
-	closeOnce(release)
+	release()
 
 	waitStatus(t, b.pool, "waits", outbox.StatusDelivered)
 	require.Equal(t, 1, b.receiver.Effects("waits"))
@@ -710,11 +697,9 @@ func TestRowThatWaitedTooLongForASlotIsHandedBack(t *testing.T) {
 // as an ambiguous attempt that never happened.
 func TestRowAlreadyTooLateIsHandedBackWithoutASlot(t *testing.T) {
 	t.Parallel()
-	first, second := make(chan struct{}), make(chan struct{})
-	t.Cleanup(func() { closeOnce(first); closeOnce(second) })
-	slow, err := receiver.Start(receiver.Options{OnEffect: func(receiver.Effect) { <-second }})
-	require.NoError(t, err)
-	t.Cleanup(slow.Close)
+	first := make(chan struct{})
+	t.Cleanup(func() { closeOnce(first) })
+	slow, releaseSlow := blockingReceiver(t)
 	b := setup(t, receiver.Options{OnEffect: func(e receiver.Effect) {
 		if e.Key == "x" {
 			<-first
@@ -750,7 +735,7 @@ func TestRowAlreadyTooLateIsHandedBackWithoutASlot(t *testing.T) {
 	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.handedBack) >= 1 }, waitTimeout, 10*time.Millisecond,
 		"y was handed back while slow-1 held the slot")
 
-	closeOnce(second)
+	releaseSlow()
 	waitStatus(t, b.pool, "x", outbox.StatusDelivered)
 	in := waitStatus(t, b.pool, "y", outbox.StatusDelivered)
 	require.Equal(t, 1, in.Attempts)
@@ -898,6 +883,31 @@ func TestOddHeadersDoNotStopClaims(t *testing.T) {
 }
 
 var closeMu sync.Mutex
+
+// blockingReceiver starts a receiver whose every effect waits until release is called
+// (at the latest when the test ends).
+func blockingReceiver(t *testing.T) (rcv *receiver.Receiver, release func()) {
+	ch := make(chan struct{})
+	release = func() { closeOnce(ch) }
+	rcv, err := receiver.Start(receiver.Options{OnEffect: func(receiver.Effect) { <-ch }})
+	require.NoError(t, err)
+	t.Cleanup(rcv.Close)
+	t.Cleanup(release) // first: the blocked handlers return
+	return rcv, release
+}
+
+// waitBehindSlowAttempt enqueues a row for webhook:slow, whose attempt to slow (a
+// blockingReceiver) then holds a relay's one delivery slot, and then the row key for
+// webhook, and returns once both are claimed: key's worker waits for the slot.
+func waitBehindSlowAttempt(t *testing.T, b *testBundle, slow *receiver.Receiver, key string) {
+	t.Helper()
+	enqueue(t, b.pool, "slow", "webhook:slow", []int{0})
+	require.Eventually(t, func() bool { return slow.TotalEffects() == 1 }, waitTimeout, 10*time.Millisecond,
+		"the slow attempt holds the one slot")
+	enqueue(t, b.pool, key, "webhook", []int{1})
+	require.Eventually(t, func() bool { return countStatus(t, b.pool)["delivering"] == 2 }, waitTimeout, 10*time.Millisecond,
+		"the second row is claimed, and its worker waits for the slot")
+}
 
 func closeOnce(ch chan struct{}) {
 	closeMu.Lock()

@@ -376,7 +376,7 @@ func TestLoadProblems(t *testing.T) {
 				"OUTBOX_WEBHOOK_B_RATE":        "NaN",
 				"OUTBOX_WEBHOOK_B_TIMEOUT":     "0s",
 				"OUTBOX_WEBHOOK_C_URL":         "https://c.example.com/",
-				"OUTBOX_WEBHOOK_C_TIMEOUT":     "30s",
+				"OUTBOX_WEBHOOK_C_TIMEOUT":     "29.5s",
 			}),
 			want: []string{
 				`OUTBOX_WEBHOOK_URL must be an absolute http or https URL, got "ftp://files.example.com/xxxxx"`,
@@ -390,7 +390,7 @@ func TestLoadProblems(t *testing.T) {
 				`OUTBOX_WEBHOOK_B_TIMEOUT must be positive, got 0s`,
 				`OUTBOX_WEBHOOK_B_RATE must be requests per second, 0 for no limit, got NaN`,
 				`OUTBOX_WEBHOOK_C_SECRET must be whsec_ followed by base64 (the Standard Webhooks format)`,
-				`OUTBOX_WEBHOOK_C_TIMEOUT (30s) must be shorter than OUTBOX_LEASE (30s), or a slow attempt outlives its lease and another relay sends the row again`,
+				`OUTBOX_WEBHOOK_C_TIMEOUT (29.5s) must be at least 1s shorter than OUTBOX_LEASE (30s), or a slow attempt outlives its lease and another relay sends the row again`,
 			},
 		},
 		{

@@ -296,10 +296,15 @@ func normalize(s string) string { return strings.ToLower(strings.TrimSpace(s)) }
 
 // checkLease refuses a timeout that lets an attempt outlive its lease: another relay
 // would claim the row while this one is still sending it.
+// minLeaseSpare is the least part of OUTBOX_LEASE a connector's timeout must leave.
+const minLeaseSpare = time.Second
+
 func checkLease(name string, timeout, lease time.Duration, p *problems) {
-	if lease > 0 && p.ok(name, "OUTBOX_LEASE") && timeout >= lease {
-		p.addf(name, "%s (%s) must be shorter than OUTBOX_LEASE (%s), or a slow attempt outlives its lease and another relay sends the row again",
-			name, timeout, lease)
+	// An attempt starts only while it can still end inside its row's lease; with less
+	// than minLeaseSpare to spare, a row claimed ahead could hardly wait for a worker.
+	if lease > 0 && p.ok(name, "OUTBOX_LEASE") && timeout > lease-minLeaseSpare {
+		p.addf(name, "%s (%s) must be at least %s shorter than OUTBOX_LEASE (%s), or a slow attempt outlives its lease and another relay sends the row again",
+			name, timeout, minLeaseSpare, lease)
 	}
 }
 

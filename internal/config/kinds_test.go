@@ -210,7 +210,7 @@ func TestLoadKindProblems(t *testing.T) {
 				`OUTBOX_PAYMENT_A_API_BASE is not a valid URL: invalid port ":x" after host`,
 				`OUTBOX_PAYMENT_A_RATE must be requests per second, 0 for no limit, got +Inf`,
 				`OUTBOX_PAYMENT_A_CONCURRENCY must not be negative (0 means OUTBOX_CONCURRENCY), got -3`,
-				`OUTBOX_PAYMENT_A_TIMEOUT (45s) must be shorter than OUTBOX_LEASE (30s), or a slow attempt outlives its lease and another relay sends the row again`,
+				`OUTBOX_PAYMENT_A_TIMEOUT (45s) must be at least 1s shorter than OUTBOX_LEASE (30s), or a slow attempt outlives its lease and another relay sends the row again`,
 			},
 		},
 		{
@@ -244,7 +244,7 @@ func TestLoadKindProblems(t *testing.T) {
 				`OUTBOX_EMAIL_CONCURRENCY must not be negative (0 means OUTBOX_CONCURRENCY), got -1`,
 				`OUTBOX_EMAIL_ON_AMBIGUOUS must be retry or hold, got "panic"`,
 				`OUTBOX_SMTP_B_ADDR must be host:port, such as smtp.example.com:587, got ":25"`,
-				`OUTBOX_SMTP_B_TIMEOUT (1m0s) must be shorter than OUTBOX_LEASE (30s), or a slow attempt outlives its lease and another relay sends the row again`,
+				`OUTBOX_SMTP_B_TIMEOUT (1m0s) must be at least 1s shorter than OUTBOX_LEASE (30s), or a slow attempt outlives its lease and another relay sends the row again`,
 			},
 		},
 		{
@@ -271,7 +271,7 @@ func TestLoadKindProblems(t *testing.T) {
 				`OUTBOX_SLACK_HISTORY_LIMIT must be from 1 to 999, got 0`,
 				`OUTBOX_SLACK_C_CONCURRENCY must be a whole number, got "1.5"`,
 				`OUTBOX_SLACK_C_HISTORY_LIMIT must be from 1 to 999, got 1000`,
-				`OUTBOX_SLACK_C_TIMEOUT (30s) must be shorter than OUTBOX_LEASE (30s), or a slow attempt outlives its lease and another relay sends the row again`,
+				`OUTBOX_SLACK_C_TIMEOUT (30s) must be at least 1s shorter than OUTBOX_LEASE (30s), or a slow attempt outlives its lease and another relay sends the row again`,
 			},
 		},
 	}
@@ -466,7 +466,7 @@ func TestLoadEmailTransportProblems(t *testing.T) {
 			env: with(db, map[string]string{
 				"OUTBOX_EMAIL_API_KEY": "re_x", "OUTBOX_EMAIL_FROM": "a@example.com", "OUTBOX_EMAIL_API_TIMEOUT": "30s",
 			}),
-			want: []string{`OUTBOX_EMAIL_API_TIMEOUT (30s) must be shorter than OUTBOX_LEASE (30s), or a slow attempt outlives its lease and another relay sends the row again`},
+			want: []string{`OUTBOX_EMAIL_API_TIMEOUT (30s) must be at least 1s shorter than OUTBOX_LEASE (30s), or a slow attempt outlives its lease and another relay sends the row again`},
 		},
 	}
 	for _, tt := range tests {
