@@ -32,7 +32,11 @@ type Config struct {
 	// to 128 MiB.
 	MaxClaimedBytes int64
 	// Lease is how long a claimed row stays with this relay before another may take it.
-	// Defaults to 30s.
+	// Defaults to 30s. Give every connector a time limit (connectors.Timeout) at least
+	// a second shorter: a row then starts only while its attempt can still end inside
+	// its lease. An attempt with no limit, or a longer one, can outlive the lease, and
+	// another relay may then send the row again meanwhile (outboxd serve refuses such a
+	// configuration).
 	Lease time.Duration
 	// PollInterval is how often the relay looks for due rows when no NOTIFY arrives
 	// (scheduled retries, or NOTIFY blocked by a pooler). Defaults to 1s.
