@@ -632,7 +632,7 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 			}
 			limit := min(r.cfg.BatchSize, room, inst.room())
 			if inst.limiter != nil {
-				now := time.Now()
+				now := r.now()
 				tokens := int(inst.limiter.TokensAt(now))
 				if tokens < 1 {
 					wait := time.Duration(float64(time.Second) * (1 - inst.limiter.TokensAt(now)) / float64(inst.limiter.Limit()))
@@ -687,7 +687,7 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 		rows := got[i]
 		claimed += len(rows)
 		if p.inst.limiter != nil && len(rows) > 0 {
-			p.inst.limiter.AllowN(time.Now(), len(rows))
+			p.inst.limiter.AllowN(r.now(), len(rows))
 		}
 		r.metrics.claimBatch.Observe(float64(len(rows)))
 		p.inst.scanFound(rows)

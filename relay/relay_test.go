@@ -639,11 +639,14 @@ func TestRowClaimedAheadTooLongIsHandedBack(t *testing.T) {
 
 	enqueue(t, b.pool, "ahead-0", "webhook", []int{0})
 	enqueue(t, b.pool, "ahead-1", "webhook", []int{1})
+	// The claimed-rows gauge counts a claim only once its round has read the committed
+	// rows back, a moment after the database already shows them delivering: wait for it
+	// too, not only for the database.
 	require.Eventually(t, func() bool {
-		return slow.TotalEffects() == 1 && countStatus(t, b.pool)["delivering"] == 2
-	}, waitTimeout, 10*time.Millisecond, "one row in flight, the other claimed ahead")
+		return slow.TotalEffects() == 1 && countStatus(t, b.pool)["delivering"] == 2 &&
+			testutil.ToFloat64(r.metrics.claimedRows) == 2
+	}, waitTimeout, 10*time.Millisecond, "one row in flight, the other claimed ahead, and both rows held")
 	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.inFlight), "the gauges show the delivery in flight")
-	require.Equal(t, 2.0, testutil.ToFloat64(r.metrics.claimedRows), "and both rows held")
 
 	clock.Advance(time.Second)
 	closeOnce(release)
@@ -1436,7 +1439,9 @@ func TestRateLimitBoundsClaims(t *testing.T) {
 	for i := range 20 {
 		enqueue(t, b.pool, fmt.Sprint("limited-", i), "webhook", []int{i})
 	}
-	r, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook, Rate: 5}})
+	// The limiter runs on the relay's clock, so the test decides when a token comes.
+	clock, cfg := b.clockedConfig(t)
+	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook, Rate: 5}})
 	require.NoError(t, err)
 
 	ctx := t.Context()
@@ -1453,14 +1458,21 @@ func TestRateLimitBoundsClaims(t *testing.T) {
 	}
 	require.Equal(t, 1, b.receiver.TotalEffects())
 
-	// The bucket is empty now: the next round claims nothing and says when to look again.
-	_, _, _, retryIn, err = r.claimRound(ctx, nil, false)
+	// The bucket is empty now: the next round claims nothing and says when to look
+	// again, when the next token comes at 5 a second.
+	claimed, _, _, retryIn, err = r.claimRound(ctx, nil, false)
 	require.NoError(t, err)
-	require.Positive(t, retryIn)
-	require.LessOrEqual(t, retryIn, 200*time.Millisecond)
+	require.Zero(t, claimed)
+	require.Equal(t, 200*time.Millisecond, retryIn)
 	var delivering int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE status = 'delivering'`).Scan(&delivering))
 	require.Equal(t, 1, delivering, "the outcome was never recorded here, and nothing more was claimed")
+
+	// Once it has come, one more row.
+	clock.Advance(retryIn)
+	claimed, _, _, _, err = r.claimRound(ctx, nil, false)
+	require.NoError(t, err)
+	require.Equal(t, 1, claimed)
 }
 
 // The LISTEN connection comes back after PostgreSQL drops it, and NOTIFY wakes the relay
