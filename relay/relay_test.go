@@ -537,7 +537,7 @@ func TestSlowInstanceDoesNotStarveOthers(t *testing.T) {
 
 	require.Eventually(t, func() bool { return b.receiver.TotalEffects() == 40 }, waitTimeout, 10*time.Millisecond,
 		"the fast instance delivers everything while the slow one is stuck")
-	require.Eventually(t, func() bool { return slow.TotalEffects() == 2 }, 3*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return slow.TotalEffects() == 2 }, waitTimeout, 10*time.Millisecond,
 		"the slow receiver gets its limit of requests (%d)", slow.TotalEffects())
 	require.Equal(t, 2, slow.TotalEffects(), "and never more while they are stuck")
 	var delivering int

@@ -21,13 +21,32 @@ import (
 const stripeMockHint = "stripe-mock not found on PATH or in $(go env GOPATH)/bin; install it with: make stripe-mock (go install github.com/stripe/stripe-mock@v0.203.0)"
 
 // startStripeMock runs stripe-mock on loopback for the test and returns its HTTP base
-// URL. It is stopped at cleanup.
+// URL. It is stopped at cleanup. The ports are found free and then given to stripe-mock,
+// so another process may take one in between: a stripe-mock that exits before it
+// answers is started again on other ports, up to three times.
 func startStripeMock(t *testing.T) string {
 	t.Helper()
 	bin, err := findStripeMock()
 	if err != nil {
 		t.Fatal(stripeMockHint)
 	}
+	var lost error
+	for range 3 {
+		base, err := runStripeMock(t, bin)
+		if err == nil {
+			return base
+		}
+		lost = err
+	}
+	t.Fatal(lost)
+	return ""
+}
+
+// runStripeMock starts stripe-mock on two free ports and waits until it answers. It
+// returns an error when stripe-mock exits first (a port taken meanwhile, say), and
+// fails the test when it neither answers nor exits.
+func runStripeMock(t *testing.T, bin string) (string, error) {
+	t.Helper()
 	httpPort, httpsPort := freePort(t), freePort(t)
 	var out bytes.Buffer
 	// Not CommandContext(t.Context()): the cleanup below stops it and waits, so it is
@@ -55,11 +74,11 @@ func startStripeMock(t *testing.T) string {
 		select {
 		case err := <-exited:
 			exited <- err // for the cleanup
-			t.Fatalf("stripe-mock exited before answering: %v\n%s", err, &out)
+			return "", fmt.Errorf("stripe-mock exited before answering: %v\n%s", err, &out)
 		default:
 		}
 		if answers(t.Context(), base) {
-			return base
+			return base, nil
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("stripe-mock did not answer on %s\n%s", base, &out)

@@ -259,8 +259,9 @@ func TestDeliver_HistoryLimit(t *testing.T) {
 
 func TestDeliver_HangAfterEffect(t *testing.T) {
 	t.Parallel()
-	// The timeout only has to end the hang; nothing here depends on how long it takes.
-	b := setup(t, slack.Config{Timeout: 200 * time.Millisecond})
+	// The timeout ends the hang; it is long enough for a slow machine to post (and, in
+	// the second attempt, look through the history) well within it.
+	b := setup(t, slack.Config{Timeout: time.Second})
 	b.f.Plan("k", fakePlan{HangAfterEffect: true})
 
 	_, err := b.c.Deliver(t.Context(), delivery("k"))

@@ -426,8 +426,10 @@ func TestDeliver_Signature(t *testing.T) {
 func TestDeliver_Timeout(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
+	// Long enough for a slow machine to send the request and the receiver to act within
+	// it; the receiver then holds its answer until the connector has given up.
 	b := setup(t, receiver.Options{OnEffect: func(receiver.Effect) { <-release }},
-		webhook.Config{Timeout: 50 * time.Millisecond, Guarantee: connectors.Enforced})
+		webhook.Config{Timeout: time.Second, Guarantee: connectors.Enforced})
 
 	// The receiver holds the request until the connector has given up on it.
 	raw, err := b.c.Deliver(t.Context(), delivery("k"))
@@ -437,7 +439,7 @@ func TestDeliver_Timeout(t *testing.T) {
 	require.ErrorIs(t, err, webhook.ErrTimeout)
 	require.True(t, connectors.IsAmbiguous(err), "%v", err)
 	require.False(t, connectors.IsPermanent(err))
-	require.Contains(t, err.Error(), "no answer within 50ms after the request was sent; the receiver may have acted")
+	require.Contains(t, err.Error(), "no answer within 1s after the request was sent; the receiver may have acted")
 	require.Equal(t, 1, b.r.Effects("k"))
 }
 

