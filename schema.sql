@@ -1,4 +1,4 @@
--- outboxd schema, version 3.
+-- outboxd schema, version 4.
 --
 -- This file is the whole current schema. It is idempotent: it applies cleanly to an empty
 -- database and again to one that already has it, so `outboxd migrate` can always apply it.
@@ -97,6 +97,13 @@ CREATE INDEX IF NOT EXISTS outbox_ordering_unfinished
     ON outbox (ordering_key, id)
     WHERE ordering_key IS NOT NULL
       AND status IN ('pending', 'delivering', 'held', 'awaiting_approval');
+
+-- Rows in flight by ordering key: a row of a key is not claimed while another row of its
+-- key is being delivered, a later one included (an earlier row that finished and was
+-- replayed must not go out alongside it). Version 4.
+CREATE INDEX IF NOT EXISTS outbox_ordering_delivering
+    ON outbox (ordering_key, id)
+    WHERE ordering_key IS NOT NULL AND status = 'delivering';
 
 -- Finished rows by age, for retention and purge.
 CREATE INDEX IF NOT EXISTS outbox_finished_age
@@ -197,4 +204,4 @@ CREATE TABLE IF NOT EXISTS outbox_audit (
 CREATE INDEX IF NOT EXISTS outbox_audit_outbox_id
     ON outbox_audit (outbox_id, id);
 
-INSERT INTO outbox_schema_migrations (version) VALUES (3) ON CONFLICT (version) DO NOTHING;
+INSERT INTO outbox_schema_migrations (version) VALUES (4) ON CONFLICT (version) DO NOTHING;

@@ -65,9 +65,12 @@
 // relays again; a relay that stops withdraws its mark at once.
 //
 // Rows with an ordering key are delivered one at a time in id order: a row is due only
-// when no earlier row of its key is pending, delivering, held or awaiting approval. A
-// failing head therefore blocks only its own key. A dead or canceled row no longer holds
-// its key back.
+// when no earlier row of its key is pending, delivering, held or awaiting approval, and
+// no later one is delivering (a dead head replayed while its key went on waits for the
+// row in flight). A failing head therefore blocks only its own key. A dead or canceled
+// row no longer holds its key back. Ids are drawn at insert, not at commit: rows of one
+// key inserted by concurrent transactions go out in the order their transactions commit
+// only when those transactions are serialised (they update the same row first, say).
 //
 // # Outcomes
 //

@@ -39,7 +39,8 @@ func (r *Relay) maintain(ctx context.Context) {
 	}
 }
 
-// reclaim puts back rows whose lease expired and wakes the claim loop when it did.
+// reclaim puts back rows whose lease expired and wakes the claim loop when it did, with
+// its next claims starting at the head of the index.
 func (r *Relay) reclaim(ctx context.Context) {
 	tag, err := r.pool.Exec(ctx, reclaimSQL, r.now(), r.cfg.MaxAttempts, nonNil(r.hold), nonNil(r.names), r.maxAges)
 	if err != nil {
@@ -52,6 +53,9 @@ func (r *Relay) reclaim(ctx context.Context) {
 	if n := tag.RowsAffected(); n > 0 {
 		r.metrics.leaseExpiries.Add(float64(n))
 		r.log.WarnContext(ctx, "rows put back after their relay's lease expired; their last attempt is recorded as ambiguous", "rows", n)
+		// A row sent to dead lets the next row of its ordering key go, which may lie
+		// behind where claims start.
+		r.rescan.Store(true)
 		notify(r.wake)
 	}
 }

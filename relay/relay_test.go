@@ -1262,6 +1262,7 @@ func TestClaimPlan(t *testing.T) {
 	require.Contains(t, joined, "outbox_pending_due", joined)
 	require.Contains(t, joined, "LockRows", joined)
 	require.Regexp(t, `Index Cond: .*\(next_attempt_at >= `, joined, "the scan starts at $6")
+	require.Contains(t, joined, "outbox_ordering_delivering", "a key's row in flight is found by its own index: %s", joined)
 }
 
 // The gauges count the rows waiting (pending, and held, awaiting approval or dead) by

@@ -4,7 +4,12 @@ package relay
 // in one statement: the CTE locks candidates with SKIP LOCKED, so relays sharing the table
 // never take the same row, and the UPDATE marks them delivering and counts the attempt.
 // A row with an ordering key is due only when no earlier row of its key is unfinished, so
-// each key delivers one row at a time, in id order. $2 is the relay's clock.
+// each key delivers one row at a time, in id order. Nor is it due while any row of its
+// key is in flight, a later one included: a row that finished (dead, delivered) and went
+// back to pending (a replay, a late outcome) must not be sent alongside the row of its key
+// that went on meanwhile. (Only later rows are looked up there, by outbox_ordering_delivering:
+// earlier ones are in the first test, and a lookup by key alone was planned as a hash
+// of every row in flight, dead index entries included.) $2 is the relay's clock.
 //
 // The scan starts at next_attempt_at $6 ('-infinity' for the whole index): the head of
 // outbox_pending_due holds the entries of rows claimed since the last vacuum, dead but
@@ -23,10 +28,13 @@ package relay
 //	          ->  LockRows
 //	                ->  Index Scan using outbox_pending_due on outbox o_1
 //	                      Index Cond: ((connector = $1) AND (next_attempt_at >= $6) AND (next_attempt_at <= $2))
-//	                      Filter: ((ordering_key IS NULL) OR (NOT (SubPlan 1)))
+//	                      Filter: ((ordering_key IS NULL) OR ((NOT (SubPlan 1)) AND (NOT (SubPlan 2))))
 //	                      SubPlan 1
 //	                        ->  Index Only Scan using outbox_ordering_unfinished on outbox p
 //	                              Index Cond: ((ordering_key = o_1.ordering_key) AND (id < o_1.id))
+//	                      SubPlan 2
+//	                        ->  Index Only Scan using outbox_ordering_delivering on outbox d
+//	                              Index Cond: ((ordering_key = o_1.ordering_key) AND (id > o_1.id))
 //	  ->  Nested Loop
 //	        ->  Subquery Scan on fits
 //	              Filter: (fits.before < $7)
@@ -44,10 +52,13 @@ WITH due AS (
       AND o.connector = $1
       AND o.next_attempt_at <= $2
       AND o.next_attempt_at >= $6
-      AND (o.ordering_key IS NULL OR NOT EXISTS (
+      AND (o.ordering_key IS NULL OR (NOT EXISTS (
             SELECT 1 FROM outbox p
             WHERE p.ordering_key = o.ordering_key AND p.id < o.id
-              AND p.status IN ('pending', 'delivering', 'held', 'awaiting_approval')))
+              AND p.status IN ('pending', 'delivering', 'held', 'awaiting_approval'))
+          AND NOT EXISTS (
+            SELECT 1 FROM outbox d
+            WHERE d.ordering_key = o.ordering_key AND d.id > o.id AND d.status = 'delivering')))
     ORDER BY o.next_attempt_at, o.id
     LIMIT $3
     FOR UPDATE SKIP LOCKED
@@ -67,7 +78,10 @@ RETURNING o.id, o.idempotency_key, o.payload, o.headers, o.attempts, o.ambiguous
 // this relay ($1) for the same attempt, and logs every attempt. A row whose lease expired
 // and was put back (pending or held, marked ambiguous; dead when that was its last
 // attempt) but not yet taken again also accepts the late outcome: the attempt did
-// finish, and its answer is the truth.
+// finish, and its answer is the truth. A row put away as dead accepts only a final
+// answer (delivered, dead): a late retry or hold would bring back a row that reclaim gave
+// up on (its maximum age passed), and with an ordering key, after its key went on. The
+// attempt is logged all the same.
 const recordSQL = `
 WITH r AS (
     SELECT *
@@ -89,7 +103,8 @@ WITH r AS (
     WHERE o.id = r.id
       AND o.attempts = r.attempt
       AND ((o.status = 'delivering' AND o.lease_owner = $1)
-           OR (o.status IN ('pending', 'held', 'dead') AND o.ambiguous))
+           OR (o.status IN ('pending', 'held') AND o.ambiguous)
+           OR (o.status = 'dead' AND o.ambiguous AND r.status IN ('delivered', 'dead')))
     RETURNING o.id
 )
 INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)

@@ -87,11 +87,11 @@ func decide(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, 
 		if err := audit(ctx, tx, action, actor, reason, now, []int64{in.ID}, [][]byte{d}); err != nil {
 			return err
 		}
-		if to == outbox.StatusPending {
-			// Wake idle relays at commit, as an insert would.
-			if _, err := tx.Exec(ctx, `SELECT pg_notify('outbox', '')`); err != nil {
-				return fmt.Errorf("notify: %w", err)
-			}
+		// Wake relays at commit, as an insert would: an approved row is due, and a
+		// rejected one no longer holds its ordering key back; either way a row may now be
+		// due behind where their claims start.
+		if _, err := tx.Exec(ctx, `SELECT pg_notify('outbox', '')`); err != nil {
+			return fmt.Errorf("notify: %w", err)
 		}
 		out.Status, out.UpdatedAt = to, now
 		return nil

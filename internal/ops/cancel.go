@@ -107,6 +107,11 @@ func cancelBatch(ctx context.Context, tx pgx.Tx, b []target, actor, reason strin
 		if _, err := tx.Exec(ctx, cancelSQL, cancelIDs, now); err != nil {
 			return fmt.Errorf("cancel rows: %w", err)
 		}
+		// A canceled row no longer holds its ordering key back: wake the relays, whose
+		// claims then start at the head of the index, where the key's next row may lie.
+		if _, err := tx.Exec(ctx, `SELECT pg_notify('outbox', '')`); err != nil {
+			return fmt.Errorf("notify: %w", err)
+		}
 	}
 	return audit(ctx, tx, ActionCancel, actor, reason, now, cancelIDs, details)
 }
