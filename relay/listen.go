@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -41,7 +42,18 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 	}
 	r.listening.Store(true)
 	notify(r.wake)
-	r.probeOnce.Do(func() { go r.checkNotify(ctx) })
+	// Every connection runs the self-test: outboxd_notify_working is about this one, and
+	// drops to 0 as soon as it is gone (the relay then relies on polling). The test ends
+	// before the gauge is cleared, so a late answer cannot set it again.
+	seen := make(chan struct{})
+	probeCtx, stopProbe := context.WithCancel(ctx)
+	var probe sync.WaitGroup
+	probe.Go(func() { r.checkNotify(probeCtx, seen) })
+	defer func() {
+		stopProbe()
+		probe.Wait()
+		r.metrics.notifyWorking.Set(0)
+	}()
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
@@ -49,9 +61,9 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		}
 		if n.Payload == r.probe {
 			select {
-			case <-r.probeSeen:
+			case <-seen:
 			default:
-				close(r.probeSeen)
+				close(seen)
 			}
 			continue
 		}
@@ -68,7 +80,7 @@ const defaultProbeTimeout = 5 * time.Second
 // checkNotify sends a NOTIFY through the pool and checks that the LISTEN connection gets
 // it. Behind a transaction-mode connection pooler it will not, and the relay must say so
 // loudly: it then wakes only every PollInterval.
-func (r *Relay) checkNotify(ctx context.Context) {
+func (r *Relay) checkNotify(ctx context.Context, seen <-chan struct{}) {
 	if _, err := r.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, notifyChannel, r.probe); err != nil {
 		if ctx.Err() == nil {
 			r.log.WarnContext(ctx, "could not send the NOTIFY self-test", "err", err)
@@ -79,7 +91,7 @@ func (r *Relay) checkNotify(ctx context.Context) {
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-	case <-r.probeSeen:
+	case <-seen:
 		r.metrics.notifyWorking.Set(1)
 	case <-t.C:
 		r.metrics.notifyWorking.Set(0)

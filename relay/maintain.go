@@ -3,6 +3,8 @@ package relay
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Intervals of the background work. Reclaiming runs every poll interval, so a dead
@@ -63,16 +65,56 @@ func (r *Relay) reclaim(ctx context.Context) {
 // knownStatuses are the statuses the rows gauge reports, reset on every refresh.
 var knownStatuses = []string{"pending", "held", "dead", "awaiting_approval"}
 
-// refreshStats updates the row gauges and warns about rows for unknown connectors.
+// refreshStats updates the row gauges and warns about rows for unknown connectors. The
+// gauges change only once a query has been read to its end: pgx reports most failures
+// (a lock or statement timeout, a cancel, a lost connection) from rows.Err rather than
+// from Query, and a refresh that reset the gauges first would then report no rows
+// waiting at all. A failed refresh keeps the last values.
 func (r *Relay) refreshStats(ctx context.Context) {
-	rows, err := r.pool.Query(ctx, statsSQL, r.now())
-	if err != nil {
+	type stat struct {
+		connector, status string
+		count             int64
+		oldest            float64
+	}
+	fail := func(err error) {
 		if ctx.Err() == nil {
 			r.metrics.dbErrors.WithLabelValues("stats").Inc()
 			r.log.WarnContext(ctx, "reading row statistics failed", "err", err)
 		}
+	}
+	rows, err := r.pool.Query(ctx, statsSQL, r.now())
+	if err != nil {
+		fail(err)
 		return
 	}
+	stats, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (stat, error) {
+		var s stat
+		err := row.Scan(&s.connector, &s.status, &s.count, &s.oldest)
+		return s, err
+	})
+	if err != nil {
+		fail(err)
+		return
+	}
+	type unknown struct {
+		connector string
+		count     int64
+	}
+	rows, err = r.pool.Query(ctx, unknownConnectorsSQL, nonNil(r.names), r.now())
+	if err != nil {
+		fail(err)
+		return
+	}
+	unknowns, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (unknown, error) {
+		var u unknown
+		err := row.Scan(&u.connector, &u.count)
+		return u, err
+	})
+	if err != nil {
+		fail(err)
+		return
+	}
+
 	r.metrics.rows.Reset()
 	r.metrics.oldestPending.Reset()
 	for _, name := range r.names {
@@ -80,40 +122,17 @@ func (r *Relay) refreshStats(ctx context.Context) {
 			r.metrics.rows.WithLabelValues(name, st).Set(0)
 		}
 	}
-	for rows.Next() {
-		var (
-			connector, status string
-			count             int64
-			oldest            float64
-		)
-		if err := rows.Scan(&connector, &status, &count, &oldest); err != nil {
-			rows.Close()
-			return
-		}
-		r.metrics.rows.WithLabelValues(connector, status).Set(float64(count))
-		if status == statusPending {
-			r.metrics.oldestPending.WithLabelValues(connector).Set(oldest)
+	for _, s := range stats {
+		r.metrics.rows.WithLabelValues(s.connector, s.status).Set(float64(s.count))
+		if s.status == statusPending {
+			r.metrics.oldestPending.WithLabelValues(s.connector).Set(s.oldest)
 		}
 	}
-	rows.Close()
-
-	rows, err = r.pool.Query(ctx, unknownConnectorsSQL, nonNil(r.names))
-	if err != nil {
-		return
-	}
-	defer rows.Close()
 	r.metrics.unknownConnector.Reset()
-	for rows.Next() {
-		var (
-			connector string
-			count     int64
-		)
-		if err := rows.Scan(&connector, &count); err != nil {
-			return
-		}
-		r.metrics.unknownConnector.WithLabelValues(connector).Set(float64(count))
-		r.log.WarnContext(ctx, "pending rows for a connector this relay does not have; they wait (never dead, never lost) until a relay with it runs",
-			"connector", connector, "rows", count, "configured", r.names)
+	for _, u := range unknowns {
+		r.metrics.unknownConnector.WithLabelValues(u.connector).Set(float64(u.count))
+		r.log.WarnContext(ctx, "rows waiting for a connector this relay does not have (pending, or left delivering by a relay that stopped); they wait (never dead, never lost) until a relay with it runs",
+			"connector", u.connector, "rows", u.count, "configured", r.names)
 	}
 }
 

@@ -8,7 +8,7 @@ import (
 type metrics struct {
 	deliveries       *prometheus.CounterVec   // by connector, outcome
 	deliveryDuration *prometheus.HistogramVec // by connector
-	commitToDelivery *prometheus.HistogramVec // by connector: created_at to delivered
+	commitToDelivery *prometheus.HistogramVec // by connector: created_at (or NotBefore) to delivered
 	claimBatch       prometheus.Histogram
 	leaseExpiries    prometheus.Counter
 	handedBack       prometheus.Counter
@@ -40,7 +40,7 @@ func newMetrics(reg prometheus.Registerer, h holdings) (*metrics, error) {
 			Name: "outboxd_delivery_duration_seconds", Help: "Time a connector took for one attempt.", Buckets: latency,
 		}, []string{"connector"}),
 		commitToDelivery: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "outboxd_commit_to_delivery_seconds", Help: "Time from a row's creation to its successful delivery.", Buckets: latency,
+			Name: "outboxd_commit_to_delivery_seconds", Help: "Time from a row's creation (its NotBefore time, when later) to its successful delivery.", Buckets: latency,
 		}, []string{"connector"}),
 		claimBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "outboxd_claim_batch_rows", Help: "Rows taken by one claim.", Buckets: prometheus.ExponentialBuckets(1, 2, 11),
@@ -49,7 +49,7 @@ func newMetrics(reg prometheus.Registerer, h holdings) (*metrics, error) {
 			Name: "outboxd_lease_expiries_total", Help: "Rows put back because their relay's lease expired mid-attempt.",
 		}),
 		handedBack: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outboxd_claims_handed_back_total", Help: "Rows claimed ahead that waited too long for a worker and were handed back unsent.",
+			Name: "outboxd_claims_handed_back_total", Help: "Claimed rows that waited too long for a worker or a delivery slot (too long to finish inside their lease) and were handed back unsent.",
 		}),
 		rows: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "outboxd_rows", Help: "Rows waiting by connector and status: pending, held, awaiting_approval and dead (rows being delivered: outboxd_claimed_rows of each relay).",
@@ -58,7 +58,7 @@ func newMetrics(reg prometheus.Registerer, h holdings) (*metrics, error) {
 			Name: "outboxd_oldest_pending_age_seconds", Help: "Age of the oldest pending row by connector.",
 		}, []string{"connector"}),
 		unknownConnector: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "outboxd_unknown_connector_rows", Help: "Pending rows for connectors this relay does not have; they wait, never lost.",
+			Name: "outboxd_unknown_connector_rows", Help: "Rows for connectors this relay does not have, pending or left delivering by a relay that stopped (lease expired); they wait for a relay with the connector, never lost.",
 		}, []string{"connector"}),
 		notifyWorking: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outboxd_notify_working", Help: "1 when NOTIFY wake-ups reach this relay, 0 when it relies on polling.",

@@ -61,11 +61,12 @@ type Relay struct {
 	listening atomic.Bool
 	skew      atomic.Int64 // database clock minus local clock, when NowFunc is the real clock
 	probe     string       // the payload of this relay's NOTIFY self-test
-	probeSeen chan struct{}
-	probeOnce sync.Once
 	// probeTimeout is how long the NOTIFY self-test waits; tests shorten it.
 	probeTimeout time.Duration
 	running      atomic.Bool
+	// runDone is Run's ctx.Done(), so that Ready says the relay is stopping as soon as
+	// it is closed.
+	runDone atomic.Pointer[<-chan struct{}]
 }
 
 type instance struct {
@@ -119,6 +120,18 @@ type claimed struct {
 	dueAt     time.Time // its next_attempt_at
 }
 
+// committedFor is when the row was committed to be delivered, where
+// outboxd_commit_to_delivery_seconds starts: its creation, or its NotBefore time when
+// that is later. Its first attempt is due at NotBefore (next_attempt_at, which is the
+// creation time without one); a later attempt's next_attempt_at is a retry's, and the
+// retries count from creation.
+func (c claimed) committedFor() time.Time {
+	if c.attempt == 1 && c.dueAt.After(c.createdAt) {
+		return c.dueAt
+	}
+	return c.createdAt
+}
+
 // outcome is how one attempt ended, waiting to be recorded.
 type outcome struct {
 	id        int64
@@ -156,7 +169,6 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		slotFreed: make(chan struct{}, 1),
 		slots:     make(chan struct{}, cfg.Concurrency),
 		probe:     "probe:" + cfg.ID,
-		probeSeen: make(chan struct{}),
 
 		probeTimeout: defaultProbeTimeout,
 	}
@@ -302,11 +314,14 @@ func (r *Relay) now() time.Time {
 	return r.cfg.NowFunc().Add(time.Duration(r.skew.Load()))
 }
 
-// Ready reports whether the relay can work: the database answers and the LISTEN
-// connection is up.
+// Ready reports whether the relay can work: it runs and has not been asked to stop, the
+// database answers and the LISTEN connection is up.
 func (r *Relay) Ready(ctx context.Context) error {
 	if !r.running.Load() {
 		return errors.New("relay is not running")
+	}
+	if done := r.runDone.Load(); done != nil && isClosed(*done) {
+		return errors.New("relay is stopping: it claims no more rows and finishes the attempts in flight")
 	}
 	if err := r.pool.Ping(ctx); err != nil {
 		return fmt.Errorf("database unreachable: %w", err)
@@ -330,6 +345,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	runDone := ctx.Done()
+	r.runDone.Store(&runDone)
 	r.running.Store(true)
 	defer r.running.Store(false)
 	guarantees := make([]string, len(r.names))
@@ -951,7 +968,7 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 	}
 	o := r.decide(inst, row, result, err, finished)
 	o.started = started
-	inst.observe(o.record, finished.Sub(started), finished.Sub(row.createdAt))
+	inst.observe(o.record, finished.Sub(started), finished.Sub(row.committedFor()))
 	inst.observeTook(finished.Sub(started))
 	r.results <- o
 }
@@ -971,7 +988,7 @@ func forgottenReason(inst *instance, row claimed) string {
 // holdForgotten is the outcome of an attempt not made because the key window passed.
 func (r *Relay) holdForgotten(inst *instance, row claimed, now time.Time) outcome {
 	msg := fmt.Sprintf("attempt %d not sent: %s", row.attempt, forgottenReason(inst, row))
-	inst.observe(statusHeld, 0, 0)
+	inst.outcomes[statusHeld].Inc() // no duration: the connector was not called
 	return outcome{id: row.id, attempt: row.attempt, status: statusHeld, lastError: &msg,
 		started: now, finished: now, record: statusHeld, ordered: row.ordered}
 }
@@ -1235,6 +1252,16 @@ func sleep(ctx context.Context, d time.Duration) {
 }
 
 // notify wakes a waiting loop without blocking.
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
 func notify(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:

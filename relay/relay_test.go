@@ -1506,7 +1506,7 @@ func TestNotifySelfTestWarnsWhenNotificationsDoNotArrive(t *testing.T) {
 	r.probeTimeout = 50 * time.Millisecond
 
 	// No LISTEN connection is up, exactly as behind a pooler that drops LISTEN sessions.
-	r.checkNotify(t.Context())
+	r.checkNotify(t.Context(), make(chan struct{}))
 	mu.Lock()
 	defer mu.Unlock()
 	require.Contains(t, logs.String(), "NOTIFY DOES NOT REACH THIS RELAY")
@@ -1559,6 +1559,12 @@ func TestNoRetryAfterTheReceiverForgetsTheKey(t *testing.T) {
 	require.Contains(t, in.LastError, "remembers idempotency keys for 1h0m0s")
 	require.Contains(t, in.LastError, "not sent")
 	require.Equal(t, 1, b.receiver.Requests("late"), "nothing was sent after the window")
+	// The attempt not sent took the connector no time: it counts as held, and
+	// outboxd_delivery_duration_seconds ("time a connector took for one attempt") has no
+	// 0s sample for it.
+	n, _ := histogramOf(t, b.registry, "outboxd_delivery_duration_seconds", "webhook")
+	require.EqualValues(t, 1, n, "one attempt reached the connector")
+	require.Equal(t, 1.0, testutil.ToFloat64(r.instances["webhook"].outcomes[statusHeld]))
 
 	// Without an explicit MaxAge, an instance gives up inside its key window.
 	r2, err := New(b.pool, &Config{Registerer: prometheus.NewRegistry()}, map[string]Instance{"webhook": {Connector: windowed{hook, time.Hour}}})

@@ -160,11 +160,18 @@ SELECT e.id, e.attempts, e.lease_owner, e.started_at, $1, 'lease_expired', true,
        'lease expired before the outcome was recorded'
 FROM expired e`
 
-// unknownConnectorsSQL counts pending rows for connectors this relay does not have ($1).
+// unknownConnectorsSQL counts the rows of connectors this relay does not have ($1) that
+// wait for a relay that has them: pending ones, and delivering ones whose lease expired
+// before $2, the relay's clock (their relay died, and only a relay with the connector
+// puts them back). The second part reads outbox_delivering_lease up to $2, as reclaimSQL
+// does every poll interval.
 const unknownConnectorsSQL = `
 SELECT connector, count(*)
-FROM outbox
-WHERE status = 'pending' AND connector <> ALL($1)
+FROM (
+    SELECT connector FROM outbox WHERE status = 'pending' AND connector <> ALL($1)
+    UNION ALL
+    SELECT connector FROM outbox WHERE status = 'delivering' AND lease_expires_at < $2 AND connector <> ALL($1)
+) waiting
 GROUP BY connector
 ORDER BY connector`
 

@@ -230,3 +230,35 @@ func normalise(a ops.Attempt) ops.Attempt {
 	a.StartedAt, a.FinishedAt = a.StartedAt.UTC(), a.FinishedAt.UTC()
 	return a
 }
+
+// A due row that waits for an earlier row of its ordering key (one waiting out its
+// backoff, or awaiting approval) is not a backlog: no relay could take it, and more
+// relays would not help. It used to make status say "backlog growing" (relays missing or
+// too slow) while the rows waited, as designed, for time or for a person.
+func TestStatusRowsWaitingForTheirOrderingKeyAreNoBacklog(t *testing.T) {
+	t.Parallel()
+	tx := pgtest.Tx(t)
+	// webhook: the key's first row retries in an hour; the second waits for it.
+	insertRow(t, tx, row{Key: "k1-first", OrderingKey: "k1", Attempts: 1, Age: 10 * time.Minute, NextAttemptIn: time.Hour})
+	insertRow(t, tx, row{Key: "k1-second", OrderingKey: "k1", Age: 10 * time.Minute, NextAttemptIn: -10 * time.Minute})
+	// email: the key's first row awaits approval; the second waits for it.
+	insertRow(t, tx, row{Key: "k2-first", Connector: "email", OrderingKey: "k2", Status: outbox.StatusAwaitingApproval, Age: 10 * time.Minute})
+	insertRow(t, tx, row{Key: "k2-second", Connector: "email", OrderingKey: "k2", Age: 10 * time.Minute, NextAttemptIn: -10 * time.Minute})
+	// webhook:crm: the key's first row is delivered; the second is due and nobody takes it.
+	insertRow(t, tx, row{Key: "k3-first", Connector: "webhook:crm", OrderingKey: "k3", Status: outbox.StatusDelivered, Age: 10 * time.Minute})
+	insertRow(t, tx, row{Key: "k3-second", Connector: "webhook:crm", OrderingKey: "k3", Age: 5 * time.Minute, NextAttemptIn: -5 * time.Minute})
+
+	rep, err := ops.Status(t.Context(), tx, base)
+	require.NoError(t, err)
+	by := map[string]ops.ConnectorStatus{}
+	for _, c := range rep.Connectors {
+		by[c.Connector] = c
+	}
+	require.Equal(t, ops.VerdictHealthy, by["webhook"].Verdict, "%+v", by["webhook"])
+	require.Zero(t, by["webhook"].OldestDueWait)
+	require.Equal(t, 10*time.Minute, by["webhook"].OldestPendingAge)
+	require.Equal(t, ops.VerdictHealthy, by["email"].Verdict, "%+v", by["email"])
+	require.Equal(t, ops.VerdictBacklog, by["webhook:crm"].Verdict)
+	require.Equal(t, 5*time.Minute, by["webhook:crm"].OldestDueWait)
+	require.Equal(t, ops.VerdictBacklog, rep.Verdict)
+}

@@ -39,7 +39,8 @@ type ConnectorStatus struct {
 	// none is pending. It includes rows scheduled for later (backoff, not_before).
 	OldestPendingAge time.Duration `json:"oldest_pending_age"`
 	// OldestDueWait is how long the longest-waiting due pending row has been due
-	// (now - next_attempt_at); zero when no pending row is due. This, not
+	// (now - next_attempt_at); zero when no pending row is due. Rows that wait for an
+	// earlier row of their ordering key are left out: no relay could take them. This, not
 	// OldestPendingAge, decides [VerdictBacklog]: a row waiting out its backoff is not
 	// a backlog.
 	OldestDueWait time.Duration `json:"oldest_due_wait"`
@@ -65,6 +66,9 @@ type Report struct {
 
 // statusSQL summarises the table by connector against the clock $1, in one pass.
 // Each FILTER reads the same scan, so the cost is one sequential (or index-only) read.
+// A due row counts for the backlog only when a relay could claim it: not while an
+// earlier row of its ordering key is unfinished (the claim's own rule, relay/sql.go), for
+// then it waits for that row (its backoff, its approval, an operator), not for a relay.
 const statusSQL = `
 SELECT connector,
        count(*) FILTER (WHERE status = 'pending'),
@@ -75,12 +79,16 @@ SELECT connector,
        count(*) FILTER (WHERE status = 'awaiting_approval'),
        count(*) FILTER (WHERE status = 'held'),
        coalesce(extract(epoch FROM $1 - min(created_at) FILTER (WHERE status = 'pending')), 0)::float8,
-       coalesce(extract(epoch FROM $1 - min(next_attempt_at) FILTER (WHERE status = 'pending' AND next_attempt_at <= $1)), 0)::float8,
+       coalesce(extract(epoch FROM $1 - min(next_attempt_at) FILTER (WHERE status = 'pending' AND next_attempt_at <= $1
+           AND (ordering_key IS NULL OR NOT EXISTS (
+                 SELECT 1 FROM outbox p
+                 WHERE p.ordering_key = o.ordering_key AND p.id < o.id
+                   AND p.status IN ('pending', 'delivering', 'held', 'awaiting_approval'))))), 0)::float8,
        count(*) FILTER (WHERE status = 'delivering' AND lease_expires_at < $1),
        count(*) FILTER (WHERE ambiguous),
        count(*) FILTER (WHERE status = 'dead' AND updated_at >= $1 - interval '1 hour'),
        count(*) FILTER (WHERE status = 'dead' AND updated_at >= $1 - interval '1 day')
-FROM outbox
+FROM outbox o
 GROUP BY connector
 ORDER BY connector`
 

@@ -1,0 +1,195 @@
+package relay
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/pgtest"
+	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// A refresh of the row gauges that fails while the query runs (a lock or statement
+// timeout, a cancel, a lost connection: pgx reports those from rows.Err, not from
+// Query) keeps the last values, as a refresh that fails to start does. It used to reset
+// every series first and report no pending rows at all.
+func TestFailedStatsRefreshKeepsTheLastValues(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	enqueue(t, pool, "p1", "webhook", []int{1})
+	enqueue(t, pool, "p2", "webhook", []int{2})
+	enqueue(t, pool, "crm", "webhook:crm", []int{3})
+
+	// The relay's own pool gives up on a lock after 100ms.
+	cfg := pool.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "100ms"
+	relayPool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(relayPool.Close)
+	cfg2 := &Config{Registerer: prometheus.NewRegistry(), Logger: testLogger()}
+	r, err := New(relayPool, cfg2, map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	r.refreshStats(t.Context())
+	require.Equal(t, 2.0, testutil.ToFloat64(r.metrics.rows.WithLabelValues("webhook", "pending")))
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.unknownConnector.WithLabelValues("webhook:crm")))
+	oldest := testutil.ToFloat64(r.metrics.oldestPending.WithLabelValues("webhook"))
+	require.Positive(t, oldest)
+
+	// Another transaction holds the table: the next refresh fails.
+	tx, err := pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
+	_, err = tx.Exec(t.Context(), `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	before := testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("stats"))
+	r.refreshStats(t.Context())
+
+	require.Equal(t, 2.0, testutil.ToFloat64(r.metrics.rows.WithLabelValues("webhook", "pending")), "the last value stays")
+	require.Equal(t, oldest, testutil.ToFloat64(r.metrics.oldestPending.WithLabelValues("webhook")))
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.unknownConnector.WithLabelValues("webhook:crm")))
+	require.Equal(t, before+1, testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("stats")), "the failure is counted")
+}
+
+// outboxd_notify_working says whether NOTIFY wake-ups reach the relay: 0 while its
+// LISTEN connection is down (it relies on polling), and it tells again once the
+// connection is back, with a new self-test. It used to stay at whatever the first
+// connection's self-test found.
+func TestNotifyWorkingFollowsTheListenConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	r := b.startNotifyOnly(t)
+
+	var db string
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT current_database()`).Scan(&db))
+	// ALTER DATABASE runs from another database.
+	adminCfg := b.pool.Config().ConnConfig.Copy()
+	adminCfg.Database = "postgres"
+	admin, err := pgx.ConnectConfig(t.Context(), adminCfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	allow := func(ok bool) {
+		_, err := admin.Exec(context.WithoutCancel(t.Context()), `ALTER DATABASE "`+db+`" ALLOW_CONNECTIONS `+map[bool]string{true: "true", false: "false"}[ok])
+		require.NoError(t, err)
+	}
+	// No new connection, the LISTEN one killed: the relay cannot listen again.
+	allow(false)
+	t.Cleanup(func() { allow(true) })
+	var killed bool
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE datname = current_database() AND query = 'LISTEN outbox'`).Scan(&killed))
+	require.True(t, killed)
+	require.Eventually(t, func() bool { return !r.listening.Load() }, waitTimeout, 10*time.Millisecond, "LISTEN is down")
+	require.ErrorContains(t, r.Ready(t.Context()), "LISTEN")
+	require.Zero(t, testutil.ToFloat64(r.metrics.notifyWorking), "relying on polling while LISTEN is down")
+
+	allow(true)
+	require.Eventually(t, func() bool { return r.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.notifyWorking) == 1 }, waitTimeout, 10*time.Millisecond,
+		"the self-test runs again on the new connection")
+}
+
+// A relay asked to stop claims nothing more: it is not ready, even while the attempts in
+// flight finish (up to the shutdown timeout). It used to answer ready until Run returned.
+func TestStoppingRelayIsNotReady(t *testing.T) {
+	t.Parallel()
+	slow, release := blockingReceiver(t)
+	b := setup(t, receiver.Options{})
+	r, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: newHook(t, slow.URL())}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	defer cancel()
+	ran := make(chan error, 1)
+	go func() { ran <- r.Run(ctx) }()
+	require.Eventually(t, func() bool { return r.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
+	enqueue(t, b.pool, "in-flight", "webhook", []int{1})
+	require.Eventually(t, func() bool { return slow.TotalEffects() == 1 }, waitTimeout, 10*time.Millisecond)
+
+	cancel()
+	err = r.Ready(t.Context())
+	require.ErrorContains(t, err, "stopping", "the attempt in flight is still finishing")
+
+	release()
+	require.NoError(t, <-ran)
+	require.Error(t, r.Ready(t.Context()))
+	waitStatus(t, b.pool, "in-flight", outbox.StatusDelivered)
+}
+
+// histogramOf returns the sample count and sum of the histogram name{connector}.
+func histogramOf(t *testing.T, reg *prometheus.Registry, name, connector string) (uint64, float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "connector" && l.GetValue() == connector {
+					return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+				}
+			}
+		}
+	}
+	return 0, 0
+}
+
+// A row scheduled for later (NotBefore) is measured by outboxd_commit_to_delivery_seconds
+// from when it was due, not from its creation: it used to add the whole schedule (hours,
+// days) to the latency histogram, all in its +Inf bucket.
+func TestCommitToDeliveryOfAScheduledRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	notBefore := clock.Now().Add(2 * time.Hour).Truncate(time.Microsecond)
+	_, err := outbox.Enqueue(t.Context(), b.pool, outbox.Message{Key: "later", Connector: "webhook", Payload: []int{1}, NotBefore: notBefore})
+	require.NoError(t, err)
+	enqueue(t, b.pool, "now", "webhook", []int{2})
+	start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	waitStatus(t, b.pool, "now", outbox.StatusDelivered)
+	n, sumNow := histogramOf(t, b.registry, "outboxd_commit_to_delivery_seconds", "webhook")
+	require.EqualValues(t, 1, n)
+
+	clock.Advance(2*time.Hour + 30*time.Second)
+	waitStatus(t, b.pool, "later", outbox.StatusDelivered)
+	n, sum := histogramOf(t, b.registry, "outboxd_commit_to_delivery_seconds", "webhook")
+	require.EqualValues(t, 2, n)
+	require.InDelta(t, clock.Now().Sub(notBefore).Seconds(), sum-sumNow, 0.001, "measured from its NotBefore")
+}
+
+// A row of a connector this relay does not have, left delivering by a relay that had it
+// and died, waits for a relay with the connector to put it back, as a pending one waits
+// to be claimed: outboxd_unknown_connector_rows reports it once its lease has expired.
+// It used to be in no series at all (outboxd_rows leaves delivering rows out), so the
+// metrics showed nothing left for that connector.
+func TestUnknownConnectorRowsLeftLeasedAreReported(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	enqueue(t, pool, "orphan", "webhook:crm", []int{1})
+	enqueue(t, pool, "live", "webhook:crm", []int{2})
+	_, err := pool.Exec(t.Context(), `UPDATE outbox SET status = 'delivering', attempts = 1, lease_owner = 'ghost',
+		lease_expires_at = CASE idempotency_key WHEN 'orphan' THEN now() - interval '1 second' ELSE now() + interval '1 hour' END`)
+	require.NoError(t, err)
+	r, err := New(pool, &Config{Registerer: prometheus.NewRegistry(), Logger: testLogger()},
+		map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	r.refreshStats(t.Context())
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.unknownConnector.WithLabelValues("webhook:crm")),
+		"the row whose lease expired; the live lease is a relay at work")
+
+	_, err = pool.Exec(t.Context(), `UPDATE outbox SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL`)
+	require.NoError(t, err)
+	r.refreshStats(t.Context())
+	require.Equal(t, 2.0, testutil.ToFloat64(r.metrics.unknownConnector.WithLabelValues("webhook:crm")))
+	_, err = pool.Exec(t.Context(), `DELETE FROM outbox`)
+	require.NoError(t, err)
+	r.refreshStats(t.Context())
+	require.Zero(t, testutil.CollectAndCount(r.metrics.unknownConnector), "no series once the rows are gone")
+}
