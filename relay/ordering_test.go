@@ -138,3 +138,28 @@ func TestRowUnblockedByReclaimIsClaimedAtOnce(t *testing.T) {
 	require.Equal(t, outbox.StatusDead, in.Status)
 	require.Equal(t, 1, claimOnce(t, r), "the tail, no longer held back by its head")
 }
+
+// The outcome of a row with an ordering key lets the key's next row go, which may lie
+// behind where claims start. When no claim rides with that outcome (the relay holds all
+// the rows it may), the next claim must still start at the head of the index, not a
+// poll interval later.
+func TestOrderedOutcomeWithoutAClaimRescansNextTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	_, cfg := b.clockedConfig(t)
+	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	enqueueOrdered(t, b.pool, "k-1", "k")
+	rows := claimRows(t, r, "webhook")
+	require.Len(t, rows, 1)
+	out := r.decide(r.instances["webhook"], rows[0], nil, nil, r.now())
+	out.started = r.now()
+
+	r.rescan.Store(false)
+	r.claimedRows.Store(int64(r.maxClaimed)) // no room: the round only writes the outcome
+	claimed, wrote, _, _, err := r.claimRound(t.Context(), []outcome{out}, true)
+	require.NoError(t, err)
+	require.True(t, wrote)
+	require.Zero(t, claimed)
+	require.True(t, r.rescan.Load(), "the next claim starts at the head of the index")
+}

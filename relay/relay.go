@@ -695,6 +695,11 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 		return 0, false, false, 0, err
 	}
 	wrote = len(outs) > 0
+	if wrote && len(plans) == 0 && unblocks {
+		// No claim rode with the outcome of a row with an ordering key: the next one
+		// starts at the head of the index, where the key's next row may lie.
+		r.rescan.Store(true)
+	}
 	if ctx.Err() != nil {
 		// Stopping between the claim and the start: hand the rows back.
 		r.release(slices.Concat(got...))
@@ -730,9 +735,10 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 // took. A row can turn pending behind that point: its transaction ran longer than
 // scanMargin, a relay released it, an operator approved or replayed it, or it waited for
 // an earlier row of its ordering key. The claims start at the head of the index after
-// this relay releases rows, after a NOTIFY (approvals and replays send one), in a round
-// that writes the outcome of a row with an ordering key, and at least once every poll
-// interval.
+// this relay releases rows, after a NOTIFY (approvals, replays, cancels and rejections
+// send one), after reclaiming rows, in a round that writes the outcome of a row with an
+// ordering key (or the next round, when that one claimed nothing), and at least once
+// every poll interval.
 const scanMargin = 5 * time.Second
 
 // scanStart returns where the instance's next claim starts (zero: at the index's head),
@@ -1217,6 +1223,10 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 	})
 	if err != nil {
 		r.log.ErrorContext(ctx, "outcomes not recorded; the rows are retried when their lease expires", "err", err, "rows", len(batch))
+		return
+	}
+	if slices.ContainsFunc(batch, func(o outcome) bool { return o.ordered }) {
+		r.rescan.Store(true) // as in claimRound: the key's next row may lie behind
 	}
 }
 
