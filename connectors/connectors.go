@@ -51,6 +51,10 @@ type Delivery struct {
 	// PreviousAmbiguous is true when an earlier attempt ended without the relay knowing
 	// whether the receiver acted (a reconciling connector looks before acting again).
 	PreviousAmbiguous bool
+	// FirstAttemptAt is when the row's first attempt started, by the relay's clock; zero
+	// when unknown. An earlier attempt's effect is no older than it (a reconciling
+	// connector bounds its look-back with it).
+	FirstAttemptAt time.Time
 }
 
 // Connector delivers rows to one receiver. Implementations are safe for concurrent use.

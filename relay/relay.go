@@ -966,6 +966,7 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 	}
 	result, err := safeDeliver(ctx, inst.conn, connectors.Delivery{
 		Key: row.key, Attempt: row.attempt, Payload: row.payload, Headers: row.headers, PreviousAmbiguous: row.ambiguous,
+		FirstAttemptAt: row.firstAt,
 	})
 	finished := r.now()
 	if err != nil && ctx.Err() != nil {

@@ -25,21 +25,25 @@
 //
 // Slack does not dedupe posts, so the connector reconciles ([connectors.Reconciled]).
 // On any attempt after the first, and on any attempt after an ambiguous one, it first
-// reads the conversation with include_all_metadata: the latest [Config.HistoryLimit]
-// messages of conversations.history, or for a thread reply up to 10 pages of
-// conversations.replies (replies are not in a channel's history). If a message whose
-// metadata carries the key is there, Deliver returns it without posting:
+// reads the conversation with include_all_metadata: conversations.history, or for a
+// thread reply conversations.replies (replies are not in a channel's history),
+// [Config.HistoryLimit] messages a page, up to 10 pages, only the messages since 10
+// minutes before the row's first attempt (connectors.Delivery.FirstAttemptAt; all of
+// them when it is unknown). If a message whose metadata carries the key is there, Deliver
+// returns it without posting:
 //
 //	{"channel": "C0123ABCD", "ts": "1700000000.000200", "reconciled": true}
 //
 // A successful post returns {"channel": "...", "ts": "..."}.
 //
-// The lookup has limits an operator should know. A message pushed out of the latest
-// HistoryLimit messages by others before the retry (a busy channel, a long backoff), or
-// a reply beyond the thread's first 10 pages, is not found, and the retry posts a
-// second message. A message someone deleted is not found either. The token needs the
-// history scope of the conversation's kind (channels:history, groups:history,
-// im:history, mpim:history) besides chat:write; without it the lookup fails with
+// The lookup has limits an operator should know. When the pages run out before the
+// messages since the first attempt do (a busy conversation, a long backoff), it cannot
+// tell whether an earlier attempt posted: the row goes to dead with an error that is
+// ambiguous and permanent, and nothing is posted; check the conversation, then cancel the
+// row or replay it with a new key. A message someone deleted is not found, and the retry
+// posts again. The token needs the history scope of the conversation's kind
+// (channels:history, groups:history, im:history, mpim:history) besides chat:write;
+// without it the lookup fails with
 // missing_scope, which is permanent.
 //
 // # Outcomes

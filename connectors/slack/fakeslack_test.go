@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 const (
@@ -31,6 +32,7 @@ type fakeSlack struct {
 
 	mu       sync.Mutex
 	seq      int
+	lastTS   time.Time                 // the latest message's time: ts are the wall clock, unique
 	channels map[string][]*fakeMessage // oldest first
 	plans    map[string][]fakePlan     // by idempotency key, consumed in order
 	posts    map[string]int            // chat.postMessage requests by key
@@ -154,10 +156,40 @@ func (f *fakeSlack) Seed(channel, text string) {
 	f.store(channel, &fakeMessage{Text: text})
 }
 
+// store keeps m with a ts taken from the wall clock, as Slack's are (a message's ts is
+// when it was posted), one microsecond after the previous one at least.
 func (f *fakeSlack) store(channel string, m *fakeMessage) {
+	f.storeAt(channel, m, time.Now())
+}
+
+// SeedAt stores a message without a key as posted at 'at' (or just after the latest
+// message, if that is later), as a message from before the row's first attempt.
+func (f *fakeSlack) SeedAt(channel, text string, at time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.storeAt(channel, &fakeMessage{Text: text}, at)
+}
+
+func (f *fakeSlack) storeAt(channel string, m *fakeMessage, at time.Time) {
 	f.seq++
-	m.TS = fmt.Sprintf("1700000000.%06d", f.seq)
+	now := at.Truncate(time.Microsecond)
+	if !now.After(f.lastTS) {
+		now = f.lastTS.Add(time.Microsecond)
+	}
+	f.lastTS = now
+	m.TS = fmt.Sprintf("%d.%06d", now.Unix(), now.Nanosecond()/1000)
 	f.channels[channel] = append(f.channels[channel], m)
+}
+
+// tsAfter reports whether message ts is after oldest (Slack's "oldest", exclusive); an
+// empty oldest holds every message.
+func tsAfter(ts, oldest string) bool {
+	if oldest == "" {
+		return true
+	}
+	a, _ := strconv.ParseFloat(ts, 64)
+	b, _ := strconv.ParseFloat(oldest, 64)
+	return a > b
 }
 
 // params reads a request's parameters the way Slack does: the query, a form body or a
@@ -359,7 +391,8 @@ func limit(p map[string][]string) int {
 }
 
 // history answers newest first, top-level messages only (thread replies are not in a
-// channel's history), at most limit of them.
+// channel's history), at most limit of them, from a cursor (an offset), only those after
+// "oldest" when given.
 func (f *fakeSlack) history(w http.ResponseWriter, r *http.Request) {
 	p, channel, ok := f.lookup(w, r)
 	if !ok {
@@ -367,22 +400,27 @@ func (f *fakeSlack) history(w http.ResponseWriter, r *http.Request) {
 	}
 	meta := wantsMetadata(p)
 	n := limit(p)
+	offset, _ := strconv.Atoi(first(p, "cursor"))
+	oldest := first(p, "oldest")
 	f.mu.Lock()
-	var out []fakeMessage
-	msgs := f.channels[channel]
-	more := false
-	for _, m := range slices.Backward(msgs) {
+	var all []fakeMessage
+	for _, m := range slices.Backward(f.channels[channel]) {
 		if m.ThreadTS != "" && m.ThreadTS != m.TS {
 			continue
 		}
-		if len(out) == n {
-			more = true
-			break
+		if !tsAfter(m.TS, oldest) {
+			continue
 		}
-		out = append(out, view(m, meta))
+		all = append(all, view(m, meta))
 	}
 	f.mu.Unlock()
-	writeJSON(w, map[string]any{"ok": true, "messages": out, "has_more": more})
+	offset = min(offset, len(all))
+	end := min(offset+n, len(all))
+	resp := map[string]any{"ok": true, "messages": all[offset:end], "has_more": end < len(all)}
+	if end < len(all) {
+		resp["response_metadata"] = map[string]any{"next_cursor": strconv.Itoa(end)}
+	}
+	writeJSON(w, resp)
 }
 
 // replies answers a thread oldest first, paged by a cursor that is an offset.
@@ -397,8 +435,9 @@ func (f *fakeSlack) replies(w http.ResponseWriter, r *http.Request) {
 	offset, _ := strconv.Atoi(first(p, "cursor"))
 	f.mu.Lock()
 	var thread []fakeMessage
+	oldest := first(p, "oldest")
 	for _, m := range f.channels[channel] {
-		if m.TS == ts || m.ThreadTS == ts {
+		if m.TS == ts || (m.ThreadTS == ts && tsAfter(m.TS, oldest)) {
 			thread = append(thread, view(m, meta))
 		}
 	}

@@ -74,9 +74,12 @@ const (
 	defaultTimeout      = 30 * time.Second
 	defaultHistoryLimit = 100
 	maxHistoryLimit     = 999 // what conversations.history and conversations.replies accept
-	// maxReplyPages bounds how many pages of a thread a retry reads: replies come oldest
-	// first, so a recent reply in a long thread is on a later page.
-	maxReplyPages = 10
+	// maxLookupPages bounds how many pages of history (newest first) or of a thread's
+	// replies (oldest first) a retry reads.
+	maxLookupPages = 10
+	// lookupClockSkew is how much earlier than the row's first attempt (the relay's
+	// clock) the lookup starts reading (Slack's clock stamps the messages).
+	lookupClockSkew = 10 * time.Minute
 )
 
 // ErrTimeout is the cause of an attempt that ran past [Config.Timeout]; errors.Is finds
@@ -285,7 +288,7 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	defer cancel()
 
 	if d.Attempt > 1 || d.PreviousAmbiguous {
-		ts, found, err := c.find(ctx, m, d.Key)
+		ts, found, err := c.find(ctx, m, d.Key, d.FirstAttemptAt)
 		if err != nil {
 			return nil, err
 		}
@@ -326,41 +329,66 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 }
 
 // find looks for the message an earlier attempt posted under key: in the conversation's
-// latest HistoryLimit messages, or for a thread reply, in the thread's first
-// maxReplyPages pages of replies. Its errors are classified.
-func (c *Connector) find(ctx context.Context, m message, key string) (string, bool, error) {
+// history, or for a thread reply, in the thread's replies, HistoryLimit per page, at most
+// maxLookupPages pages, only those since a little before the row's first attempt when
+// that is known. It posts nothing. When the pages run out before the messages since then
+// do, it cannot tell whether an earlier attempt posted, and says so with an error that is
+// ambiguous and permanent: posting again could be a second message. Its errors are
+// classified.
+func (c *Connector) find(ctx context.Context, m message, key string, since time.Time) (string, bool, error) {
+	oldest := ""
+	if !since.IsZero() {
+		t := since.Add(-lookupClockSkew)
+		oldest = fmt.Sprintf("%d.%06d", t.Unix(), t.Nanosecond()/1000)
+	}
+	var where string
+	var page func(cursor string) ([]slackgo.Message, bool, string, error)
 	if m.ThreadTS == "" {
-		resp, err := c.api.GetConversationHistoryContext(ctx, &slackgo.GetConversationHistoryParameters{
-			ChannelID:          m.Channel,
-			Limit:              c.historyLimit,
-			IncludeAllMetadata: true,
-		})
-		if err != nil {
-			return "", false, c.classify(ctx, "look up the key in conversations.history "+m.Channel, err, false)
+		where = "conversations.history " + m.Channel
+		page = func(cursor string) ([]slackgo.Message, bool, string, error) {
+			resp, err := c.api.GetConversationHistoryContext(ctx, &slackgo.GetConversationHistoryParameters{
+				ChannelID:          m.Channel,
+				Cursor:             cursor,
+				Limit:              c.historyLimit,
+				Oldest:             oldest,
+				IncludeAllMetadata: true,
+			})
+			if err != nil {
+				return nil, false, "", err
+			}
+			return resp.Messages, resp.HasMore, resp.ResponseMetaData.NextCursor, nil
 		}
-		ts, ok := findKey(resp.Messages, key)
-		return ts, ok, nil
+	} else {
+		where = "conversations.replies " + m.Channel + " " + m.ThreadTS
+		page = func(cursor string) ([]slackgo.Message, bool, string, error) {
+			return c.api.GetConversationRepliesContext(ctx, &slackgo.GetConversationRepliesParameters{
+				ChannelID:          m.Channel,
+				Timestamp:          m.ThreadTS,
+				Cursor:             cursor,
+				Limit:              c.historyLimit,
+				Oldest:             oldest,
+				IncludeAllMetadata: true,
+			})
+		}
 	}
-	params := &slackgo.GetConversationRepliesParameters{
-		ChannelID:          m.Channel,
-		Timestamp:          m.ThreadTS,
-		Limit:              c.historyLimit,
-		IncludeAllMetadata: true,
-	}
-	for range maxReplyPages {
-		msgs, more, cursor, err := c.api.GetConversationRepliesContext(ctx, params)
+	cursor := ""
+	for range maxLookupPages {
+		msgs, more, next, err := page(cursor)
 		if err != nil {
-			return "", false, c.classify(ctx, "look up the key in conversations.replies "+m.Channel+" "+m.ThreadTS, err, false)
+			return "", false, c.classify(ctx, "look up the key in "+where, err, false)
 		}
 		if ts, ok := findKey(msgs, key); ok {
 			return ts, true, nil
 		}
-		if !more || cursor == "" {
-			break
+		if !more || next == "" {
+			return "", false, nil // read to the end: no earlier attempt posted
 		}
-		params.Cursor = cursor
+		cursor = next
 	}
-	return "", false, nil
+	return "", false, connectors.Ambiguous(connectors.Permanent(fmt.Errorf(
+		"look up the key in %s: not in the %d messages read (%d pages of %d), and there are more since the row's first attempt; "+
+			"an earlier attempt may have posted, so the message is not posted again: check the conversation, then cancel the row or replay it with a new key",
+		where, maxLookupPages*c.historyLimit, maxLookupPages, c.historyLimit)))
 }
 
 func findKey(msgs []slackgo.Message, key string) (string, bool) {

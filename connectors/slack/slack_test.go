@@ -240,21 +240,43 @@ func TestDeliver_ThreadReply(t *testing.T) {
 // The lookup reads only the latest HistoryLimit messages: an earlier attempt's message
 // pushed out of them by others is not found, and the retry posts again. This test pins
 // down that documented limit.
+// The lookup reads only the messages since a little before the row's first attempt, so
+// a busy conversation's older messages neither hide an earlier attempt's message nor make
+// the lookup inconclusive; read to the end without the key, it posts.
 func TestDeliver_HistoryLimit(t *testing.T) {
 	t.Parallel()
-	b := setup(t, slack.Config{HistoryLimit: 3})
+	b := setup(t, slack.Config{HistoryLimit: 1})
+	for i := range 15 { // more than the 10 pages of 1 a lookup reads, all from before
+		b.f.SeedAt(testChannel, fmt.Sprintf("old chatter %d", i), time.Now().Add(-time.Hour))
+	}
+	first := time.Now()
 	b.f.Plan("k", fakePlan{DropAfterEffect: true})
-	_, err := b.c.Deliver(t.Context(), delivery("k"))
+	d := delivery("k")
+	d.FirstAttemptAt = first
+	_, err := b.c.Deliver(t.Context(), d)
 	require.True(t, connectors.IsAmbiguous(err), "%v", err)
-
-	for i := range 3 {
+	for i := range 5 {
 		b.f.Seed(testChannel, fmt.Sprintf("chatter %d", i))
 	}
-	d := delivery("k")
 	d.Attempt, d.PreviousAmbiguous = 2, true
-	_, err = b.c.Deliver(t.Context(), d)
+	raw, err := b.c.Deliver(t.Context(), d)
 	require.NoError(t, err)
-	require.Equal(t, 2, b.f.Effects("k"), "beyond HistoryLimit the earlier message is not seen")
+	require.True(t, decodeResult(t, raw).Reconciled, "%s", raw)
+	require.Equal(t, 1, b.f.Effects("k"))
+
+	// An earlier attempt that was refused posted nothing: the lookup reads to the end of
+	// the messages since the first attempt, and the retry posts.
+	b.f.Plan("n", fakePlan{Status: http.StatusServiceUnavailable})
+	d = delivery("n")
+	d.FirstAttemptAt = time.Now()
+	_, err = b.c.Deliver(t.Context(), d)
+	require.Error(t, err)
+	require.Zero(t, b.f.Effects("n"))
+	d.Attempt = 2
+	raw, err = b.c.Deliver(t.Context(), d)
+	require.NoError(t, err)
+	require.False(t, decodeResult(t, raw).Reconciled, "%s", raw)
+	require.Equal(t, 1, b.f.Effects("n"))
 }
 
 func TestDeliver_HangAfterEffect(t *testing.T) {

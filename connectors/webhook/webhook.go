@@ -370,7 +370,13 @@ func (c *Connector) classify(resp *http.Response, excerpt string) error {
 	case connectors.RetryableStatus(code):
 		err := errors.New(answered)
 		if d, ok := connectors.ParseRetryAfter(resp.Header.Get("Retry-After"), c.now()); ok {
-			return connectors.RetryAfter(err, d)
+			err = connectors.RetryAfter(err, d)
+		}
+		if code == http.StatusBadGateway || code == http.StatusGatewayTimeout {
+			// A gateway answered for the receiver: it passed the request on and then lost
+			// the receiver's connection (502) or stopped waiting for its answer (504). The
+			// receiver may have acted, as after a connection reset of its own.
+			return connectors.Ambiguous(fmt.Errorf("%w (a gateway's answer: the receiver may have acted)", err))
 		}
 		return err
 	default: // other 4xx, and codes outside the classes HTTP defines

@@ -21,9 +21,9 @@ type Slack struct {
 	APIBase string `env:"API_BASE" envDefault:"https://slack.com/api/" desc:"base URL of the Slack Web API, for a proxy or a mock"`
 	// Timeout bounds one attempt, history lookup included.
 	Timeout time.Duration `env:"TIMEOUT" envDefault:"20s" desc:"time limit of one attempt, shorter than OUTBOX_LEASE"`
-	// HistoryLimit is how many recent channel messages are searched for the key before
-	// a retry after an ambiguous attempt.
-	HistoryLimit int `env:"HISTORY_LIMIT" envDefault:"100" desc:"most recent channel messages searched for an earlier attempt's message before a retry, 1 to 999"`
+	// HistoryLimit is how many channel messages one page of the history read for the
+	// key before a retry after an ambiguous attempt holds (up to ten pages are read).
+	HistoryLimit int `env:"HISTORY_LIMIT" envDefault:"100" desc:"channel messages per page of history read for an earlier attempt's message before a retry (up to 10 pages, back to the row's first attempt), 1 to 999"`
 	// Rate is the most requests per second; 0 means no limit.
 	Rate float64 `env:"RATE" envDefault:"0" desc:"most requests per second to this instance, 0 for no limit"`
 	// Concurrency is the most deliveries in flight; 0 means the global concurrency.

@@ -1,0 +1,85 @@
+package slack_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/slack"
+)
+
+// The ambiguous attempt's message was pushed off the first page of history by others'
+// messages before the retry: the retry reads on, finds it, and does not post again.
+func TestDeliver_ReconcilesBeyondFirstHistoryPage(t *testing.T) {
+	t.Parallel()
+	b := setup(t, slack.Config{HistoryLimit: 3})
+	b.f.Plan("k", fakePlan{DropAfterEffect: true})
+	_, err := b.c.Deliver(t.Context(), delivery("k"))
+	require.True(t, connectors.IsAmbiguous(err), "%v", err)
+
+	for i := range 5 {
+		b.f.Seed(testChannel, fmt.Sprintf("chatter %d", i))
+	}
+	d := delivery("k")
+	d.Attempt, d.PreviousAmbiguous = 2, true
+	raw, err := b.c.Deliver(t.Context(), d)
+	require.NoError(t, err)
+	require.True(t, decodeResult(t, raw).Reconciled, "%s", raw)
+	require.Equal(t, 1, b.f.Effects("k"), "the retry posted a second message")
+	require.Equal(t, 1, b.f.Posts("k"))
+}
+
+// When the lookup cannot read back far enough to know (the conversation had more
+// messages since than it reads), the retry does not post blindly: it says so.
+func TestDeliver_InconclusiveHistoryIsReportedNotReposted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, slack.Config{HistoryLimit: 1})
+	b.f.Plan("k", fakePlan{DropAfterEffect: true})
+	_, err := b.c.Deliver(t.Context(), delivery("k"))
+	require.True(t, connectors.IsAmbiguous(err), "%v", err)
+
+	for i := range 12 { // more than 10 pages of 1
+		b.f.Seed(testChannel, fmt.Sprintf("chatter %d", i))
+	}
+	d := delivery("k")
+	d.Attempt, d.PreviousAmbiguous = 2, true
+	_, err = b.c.Deliver(t.Context(), d)
+	require.Error(t, err, "the retry posted although it could not tell whether the earlier attempt had")
+	require.True(t, connectors.IsAmbiguous(err), "%v", err)
+	require.True(t, connectors.IsPermanent(err), "%v", err)
+	require.Equal(t, 1, b.f.Effects("k"))
+	require.Equal(t, 1, b.f.Posts("k"))
+}
+
+// A thread reply beyond the replies the lookup reads is not reposted blindly either.
+func TestDeliver_InconclusiveThreadIsReportedNotReposted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, slack.Config{HistoryLimit: 1})
+	parent, err := b.c.Deliver(t.Context(), delivery("parent"))
+	require.NoError(t, err)
+	threadTS := decodeResult(t, parent).TS
+	reply := func(key string) connectors.Delivery {
+		d := delivery(key)
+		d.Payload = json.RawMessage(fmt.Sprintf(`{"channel":"C0TEST","text":"reply","thread_ts":%q}`, threadTS))
+		return d
+	}
+	for i := range 10 { // the parent and 10 replies fill the 10 pages of 1 the lookup reads
+		_, err := b.c.Deliver(t.Context(), reply(fmt.Sprintf("earlier-%d", i)))
+		require.NoError(t, err)
+	}
+	b.f.Plan("k", fakePlan{DropAfterEffect: true})
+	_, err = b.c.Deliver(t.Context(), reply("k"))
+	require.True(t, connectors.IsAmbiguous(err), "%v", err)
+
+	d := reply("k")
+	d.Attempt, d.PreviousAmbiguous = 2, true
+	raw, err := b.c.Deliver(t.Context(), d)
+	if err == nil {
+		require.True(t, decodeResult(t, raw).Reconciled, "%s", raw)
+	}
+	require.Equal(t, 1, b.f.Effects("k"), "the retry posted a second reply")
+	require.Equal(t, 1, b.f.Posts("k"))
+}
