@@ -1,7 +1,6 @@
 package slack_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"testing"
 
@@ -58,20 +57,13 @@ func TestDeliver_InconclusiveHistoryIsReportedNotReposted(t *testing.T) {
 func TestDeliver_InconclusiveThreadIsReportedNotReposted(t *testing.T) {
 	t.Parallel()
 	b := setup(t, slack.Config{HistoryLimit: 1})
-	parent, err := b.c.Deliver(t.Context(), delivery("parent"))
-	require.NoError(t, err)
-	threadTS := decodeResult(t, parent).TS
-	reply := func(key string) connectors.Delivery {
-		d := delivery(key)
-		d.Payload = json.RawMessage(fmt.Sprintf(`{"channel":"C0TEST","text":"reply","thread_ts":%q}`, threadTS))
-		return d
-	}
+	_, reply := startThread(t, b)
 	for i := range 10 { // the parent and 10 replies fill the 10 pages of 1 the lookup reads
 		_, err := b.c.Deliver(t.Context(), reply(fmt.Sprintf("earlier-%d", i)))
 		require.NoError(t, err)
 	}
 	b.f.Plan("k", fakePlan{DropAfterEffect: true})
-	_, err = b.c.Deliver(t.Context(), reply("k"))
+	_, err := b.c.Deliver(t.Context(), reply("k"))
 	require.True(t, connectors.IsAmbiguous(err), "%v", err)
 
 	d := reply("k")

@@ -209,15 +209,7 @@ func TestDeliver_RetryNotFoundPosts(t *testing.T) {
 func TestDeliver_ThreadReply(t *testing.T) {
 	t.Parallel()
 	b := setup(t, slack.Config{HistoryLimit: 2})
-	parent, err := b.c.Deliver(t.Context(), delivery("parent"))
-	require.NoError(t, err)
-	threadTS := decodeResult(t, parent).TS
-
-	reply := func(key string) connectors.Delivery {
-		d := delivery(key)
-		d.Payload = json.RawMessage(fmt.Sprintf(`{"channel":"C0TEST","text":"reply","thread_ts":%q}`, threadTS))
-		return d
-	}
+	threadTS, reply := startThread(t, b)
 	for i := range 4 { // the thread outgrows a page of 2
 		_, err := b.c.Deliver(t.Context(), reply(fmt.Sprintf("earlier-%d", i)))
 		require.NoError(t, err)
@@ -225,7 +217,7 @@ func TestDeliver_ThreadReply(t *testing.T) {
 	require.Equal(t, threadTS, b.f.LastForm()["thread_ts"][0])
 
 	b.f.Plan("k", fakePlan{DropAfterEffect: true})
-	_, err = b.c.Deliver(t.Context(), reply("k"))
+	_, err := b.c.Deliver(t.Context(), reply("k"))
 	require.True(t, connectors.IsAmbiguous(err), "%v", err)
 
 	d := reply("k")
@@ -561,4 +553,18 @@ func TestSecretsStayOut(t *testing.T) {
 		require.NotContains(t, s, "1234-5678")
 	}
 	require.Contains(t, buf.String(), "xoxb-REDACTED")
+}
+
+// startThread posts a parent message and returns its ts and a function that makes the
+// delivery of a reply in its thread under key.
+func startThread(t *testing.T, b *testBundle) (threadTS string, reply func(key string) connectors.Delivery) {
+	t.Helper()
+	parent, err := b.c.Deliver(t.Context(), delivery("parent"))
+	require.NoError(t, err)
+	threadTS = decodeResult(t, parent).TS
+	return threadTS, func(key string) connectors.Delivery {
+		d := delivery(key)
+		d.Payload = json.RawMessage(fmt.Sprintf(`{"channel":"C0TEST","text":"reply","thread_ts":%q}`, threadTS))
+		return d
+	}
 }
