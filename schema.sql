@@ -140,8 +140,18 @@ CREATE INDEX IF NOT EXISTS outbox_attempts_outbox_id
     ON outbox_attempts (outbox_id, attempt);
 
 -- Version 1 had a foreign key here; version 2 drops it and deletes attempts with a
--- statement trigger instead.
-ALTER TABLE outbox_attempts DROP CONSTRAINT IF EXISTS outbox_attempts_outbox_id_fkey;
+-- statement trigger instead. Only when it is there: ALTER TABLE ... DROP CONSTRAINT IF
+-- EXISTS takes an ACCESS EXCLUSIVE lock on outbox_attempts even when there is nothing to
+-- drop, and would stop every relay's recorded attempt (and every read) until the
+-- migration commits.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_constraint
+               WHERE conrelid = 'outbox_attempts'::regclass AND conname = 'outbox_attempts_outbox_id_fkey') THEN
+        ALTER TABLE outbox_attempts DROP CONSTRAINT outbox_attempts_outbox_id_fkey;
+    END IF;
+END;
+$$;
 
 -- outbox_delete_attempts deletes the attempts of deleted rows (retention, purge, or a
 -- plain DELETE), once per statement.
@@ -152,12 +162,6 @@ BEGIN
     RETURN NULL;
 END;
 $$;
-
-DROP TRIGGER IF EXISTS outbox_delete_attempts ON outbox;
-CREATE TRIGGER outbox_delete_attempts
-    AFTER DELETE ON outbox
-    REFERENCING OLD TABLE AS deleted_outbox
-    FOR EACH STATEMENT EXECUTE FUNCTION outbox_delete_attempts();
 
 -- outbox_wake says whether some relay is polling fast right now (it saw work within the
 -- last moments and looks for more every few milliseconds). While it is, inserts need not
@@ -181,10 +185,28 @@ BEGIN
 END;
 $$;
 
-DROP TRIGGER IF EXISTS outbox_notify_insert ON outbox;
-CREATE TRIGGER outbox_notify_insert
-    AFTER INSERT ON outbox
-    FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify();
+-- The triggers on outbox, created only when missing: DROP TRIGGER takes an ACCESS
+-- EXCLUSIVE lock on outbox (no read, insert or claim until the migration commits) and
+-- CREATE TRIGGER a SHARE ROW EXCLUSIVE one, every time. A later version that changes a
+-- trigger's definition must drop it explicitly (its function is replaced above without
+-- a lock).
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgrelid = 'outbox'::regclass AND tgname = 'outbox_delete_attempts') THEN
+        CREATE TRIGGER outbox_delete_attempts
+            AFTER DELETE ON outbox
+            REFERENCING OLD TABLE AS deleted_outbox
+            FOR EACH STATEMENT EXECUTE FUNCTION outbox_delete_attempts();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgrelid = 'outbox'::regclass AND tgname = 'outbox_notify_insert') THEN
+        CREATE TRIGGER outbox_notify_insert
+            AFTER INSERT ON outbox
+            FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify();
+    END IF;
+END;
+$$;
 
 -- outbox_audit records what operators did to rows (replay, cancel, purge of a payload,
 -- approve, reject): who, why and when, so `outboxd inspect` can tell a row's whole story.
