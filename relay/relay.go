@@ -64,6 +64,16 @@ type Relay struct {
 	// probeTimeout is how long the NOTIFY self-test waits; tests shorten it.
 	probeTimeout time.Duration
 	running      atomic.Bool
+	// unreleased holds rows whose release failed (the database was away), to be released
+	// again before the claim loop's next round.
+	unreleasedMu  sync.Mutex
+	unreleased    []claimed
+	anyUnreleased atomic.Bool // unreleased is not empty
+	// lastLease is the lease expiry of the claim loop's last round of claims, and
+	// roundLease that of the round in progress (zero: it claims nothing). Each round's is
+	// later than the one before, so that the rows of a round whose reply was lost can be
+	// found and handed back (see releaseLost). Only the claim loop uses them.
+	lastLease, roundLease time.Time
 	// runDone is Run's ctx.Done(), so that Ready says the relay is stopping as soon as
 	// it is closed.
 	runDone atomic.Pointer[<-chan struct{}]
@@ -145,6 +155,9 @@ type outcome struct {
 	finished  time.Time
 	record    string // the attempts-log outcome
 	ordered   bool   // the row has an ordering key
+	// maybeWritten: a write of this outcome failed in a way that leaves unknown whether
+	// it committed (the connection broke), so it is written again with recordAgainSQL.
+	maybeWritten bool
 }
 
 // New returns a relay over pool for the given connector instances, keyed by instance
@@ -513,17 +526,27 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 		failures    int
 		fastUntil   time.Time // this relay polls fast until then (monotonic clock)
 		lastRefresh time.Time
-		outs        []outcome // outcomes not written yet
-		urgent      bool      // one of outs is of a row with an ordering key
-		lingering   bool      // linger runs for the oldest of outs
-		lingered    bool      // and has fired
+		outs        []outcome   // outcomes not written yet
+		urgent      bool        // one of outs is of a row with an ordering key
+		lingering   bool        // linger runs for the oldest of outs
+		lingered    bool        // and has fired
+		lost        []time.Time // leases of rounds that failed with claims, maybe committed
 	)
 	defer func() {
+		if len(lost) > 0 { // best effort: a stopping relay must not wait long for it
+			_ = r.releaseLost(lost, stopFastPollTimeout)
+		}
 		if !lastRefresh.IsZero() { // this relay told outbox_wake it polls fast
 			r.stopFastPolling(ctx)
 		}
 	}()
 	for ctx.Err() == nil {
+		if len(lost) > 0 && r.releaseLost(lost, 10*time.Second) == nil {
+			lost = lost[:0]
+		}
+		if r.anyUnreleased.Load() {
+			r.releaseAgain()
+		}
 		outs, urgent = r.gather(outs, urgent)
 		if len(outs) > 0 && !lingering {
 			linger.Reset(recordLinger)
@@ -544,6 +567,15 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 			continue
 		}
 		if err != nil {
+			// The round may have committed without its reply reaching us: its outcomes are
+			// written again, but logged once, and the rows it claimed, which no worker
+			// will ever see, are handed back as soon as the database answers.
+			if unsure(err) {
+				markMaybeWritten(outs)
+				if !r.roundLease.IsZero() {
+					lost = append(lost, r.roundLease)
+				}
+			}
 			if ctx.Err() != nil {
 				return outs
 			}
@@ -633,6 +665,7 @@ type claimPlan struct {
 // whether it wrote outs. more is true when some claim came back full (there may be
 // more due rows); retryIn is when a rate-limited instance will next have a token.
 func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (claimed int, wrote, more bool, retryIn time.Duration, err error) {
+	r.roundLease = time.Time{}
 	var plans []claimPlan
 	room := r.maxClaimed - int(r.claimedRows.Load())
 	// The payload bytes left to claim (see Config.MaxClaimedBytes). With less than a
@@ -792,14 +825,23 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 	now := r.now()
 	b := &pgx.Batch{}
 	if len(outs) > 0 {
-		b.Queue(recordSQL, r.recordArgs(outs)...)
+		b.Queue(recordStmt(outs), r.recordArgs(outs)...)
+	}
+	if len(plans) > 0 {
+		// The round's lease expiry, as PostgreSQL stores it (microseconds), and later
+		// than the last round's: it tells this round's rows from all others of the relay.
+		lease := now.Add(r.cfg.Lease).Truncate(time.Microsecond)
+		if !lease.After(r.lastLease) {
+			lease = r.lastLease.Add(time.Microsecond)
+		}
+		r.lastLease, r.roundLease = lease, lease
 	}
 	for _, p := range plans {
 		from := pgtype.Timestamptz{Time: p.from, Valid: true}
 		if p.from.IsZero() {
 			from = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 		}
-		b.Queue(claimSQL, p.inst.name, now, p.limit, r.cfg.ID, now.Add(r.cfg.Lease), from, p.bytes)
+		b.Queue(claimSQL, p.inst.name, now, p.limit, r.cfg.ID, r.roundLease, from, p.bytes)
 	}
 	br := r.pool.SendBatch(ctx, b)
 	if len(outs) > 0 {
@@ -889,11 +931,46 @@ func (r *Relay) release(rows []claimed) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := r.pool.Exec(ctx, releaseSQL, r.cfg.ID, ids, r.now(), attempts); err != nil {
-		r.log.WarnContext(ctx, "could not release unstarted rows; they are retried when their lease expires", "err", err, "rows", len(ids))
+		// Never sent: left to their lease, they would come back as ambiguous attempts
+		// (held for an operator, or dead on their last attempt). The claim loop tries
+		// again before its next round; a stopped relay leaves them to their lease.
+		r.unreleasedMu.Lock()
+		r.unreleased = append(r.unreleased, rows...)
+		r.anyUnreleased.Store(true)
+		r.unreleasedMu.Unlock()
+		r.log.WarnContext(ctx, "could not release unstarted rows; trying again when the database answers, else they are retried when their lease expires",
+			"err", err, "rows", len(ids))
 		return
 	}
 	r.rescan.Store(true) // they may lie behind where claims start
 	r.log.InfoContext(ctx, "released rows not started", "rows", len(ids))
+}
+
+// releaseAgain retries the releases that failed (see release).
+func (r *Relay) releaseAgain() {
+	r.unreleasedMu.Lock()
+	rows := r.unreleased
+	r.unreleased = nil
+	r.anyUnreleased.Store(false)
+	r.unreleasedMu.Unlock()
+	r.release(rows)
+}
+
+// releaseLost hands back the rows claimed in rounds whose reply was lost, by their
+// rounds' leases (see releaseLostSQL). Should it fail, it is tried again before the next
+// round; at the latest the rows come back when their lease expires.
+func (r *Relay) releaseLost(leases []time.Time, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	tag, err := r.pool.Exec(ctx, releaseLostSQL, r.cfg.ID, leases, r.now())
+	if err != nil {
+		return err
+	}
+	if n := tag.RowsAffected(); n > 0 {
+		r.rescan.Store(true) // they may lie behind where claims start
+		r.log.WarnContext(ctx, "released rows claimed in a round whose reply was lost", "rows", n)
+	}
+	return nil
 }
 
 // work is one of inst's delivery workers: it takes the instance's claimed rows and
@@ -1123,7 +1200,10 @@ func refused(err error) bool {
 // retried with the others.
 func (r *Relay) salvage(ctx context.Context, outs []outcome, refusal error) []outcome {
 	write := func(batch []outcome) error {
-		_, err := r.pool.Exec(ctx, recordSQL, r.recordArgs(batch)...)
+		_, err := r.pool.Exec(ctx, recordStmt(batch), r.recordArgs(batch)...)
+		if unsure(err) {
+			markMaybeWritten(batch)
+		}
 		return err
 	}
 	if len(outs) == 1 {
@@ -1208,7 +1288,10 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 	args := r.recordArgs(batch)
 	b := retry.WithCappedDuration(5*time.Second, retry.NewExponential(50*time.Millisecond))
 	err := retry.Do(ctx, b, func(ctx context.Context) error {
-		if _, err := r.pool.Exec(ctx, recordSQL, args...); err != nil {
+		if _, err := r.pool.Exec(ctx, recordStmt(batch), args...); err != nil {
+			if unsure(err) {
+				markMaybeWritten(batch)
+			}
 			if refused(err) {
 				r.log.WarnContext(ctx, "the database refused a batch of outcomes; writing it in parts", "err", err, "outcomes", len(batch))
 				if batch = r.salvage(ctx, batch, err); len(batch) == 0 {
@@ -1229,6 +1312,33 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 	if slices.ContainsFunc(batch, func(o outcome) bool { return o.ordered }) {
 		r.rescan.Store(true) // as in claimRound: the key's next row may lie behind
 	}
+}
+
+// recordStmt is the statement that writes batch: recordSQL, or recordAgainSQL when an
+// earlier write of some of it may have committed.
+func recordStmt(batch []outcome) string {
+	if slices.ContainsFunc(batch, func(o outcome) bool { return o.maybeWritten }) {
+		return recordAgainSQL
+	}
+	return recordSQL
+}
+
+// markMaybeWritten marks outs as perhaps written already.
+func markMaybeWritten(outs []outcome) {
+	for i := range outs {
+		outs[i].maybeWritten = true
+	}
+}
+
+// unsure reports whether err leaves unknown whether the statement or batch committed:
+// it was sent, and no answer from PostgreSQL came back (the connection broke, or the
+// wait timed out). An error PostgreSQL sent means the transaction rolled back.
+func unsure(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	return !errors.As(err, &pgErr) && !pgconn.SafeToRetry(err)
 }
 
 // recordArgs are recordSQL's arguments for batch.

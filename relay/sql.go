@@ -85,10 +85,32 @@ RETURNING o.id, o.idempotency_key, o.payload, o.headers, o.attempts, o.ambiguous
 const recordSQL = `
 WITH r AS (
     SELECT *
-    FROM unnest($2::bigint[], $3::int[], $4::text[], $5::timestamptz[], $6::text[], $7::jsonb[],
+    FROM ` + recordUnnest + `
+), ` + recordWrite
+
+// recordAgainSQL is recordSQL for outcomes that may already have been written: the
+// transaction that wrote them may have committed without its reply reaching the relay
+// (the connection broke). An outcome whose attempt this relay already logged, with the
+// same outcome and end, is left out, so the attempt is logged once and its row is not
+// written again. Only batches written again after such a failure use it; its lookup
+// reads outbox_attempts_outbox_id.
+const recordAgainSQL = `
+WITH r AS (
+    SELECT *
+    FROM ` + recordUnnest + `
+    WHERE NOT EXISTS (
+        SELECT 1 FROM outbox_attempts a
+        WHERE a.outbox_id = t.id AND a.attempt = t.attempt AND a.relay_id = $1
+          AND a.outcome = t.outcome AND a.finished_at = t.finished_at)
+), ` + recordWrite
+
+// recordUnnest is the outcomes of recordSQL's arguments, one row each, as t.
+const recordUnnest = `unnest($2::bigint[], $3::int[], $4::text[], $5::timestamptz[], $6::text[], $7::jsonb[],
                 $8::bool[], $9::timestamptz[], $10::timestamptz[], $11::text[])
-         AS t(id, attempt, status, next_attempt_at, last_error, result, ambiguous, started_at, finished_at, outcome)
-), upd AS (
+         AS t(id, attempt, status, next_attempt_at, last_error, result, ambiguous, started_at, finished_at, outcome)`
+
+// recordWrite is what recordSQL does with the outcomes r.
+const recordWrite = `upd AS (
     UPDATE outbox o
     SET status = r.status,
         next_attempt_at = coalesce(r.next_attempt_at, o.next_attempt_at),
@@ -159,6 +181,18 @@ INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_
 SELECT e.id, e.attempts, e.lease_owner, e.started_at, $1, 'lease_expired', true,
        'lease expired before the outcome was recorded'
 FROM expired e`
+
+// releaseLostSQL hands back the rows this relay ($1) claimed in rounds whose reply it
+// never got (the connection broke around the commit), found by their lease's expiry,
+// which is unique to each round of a relay ($2): they return to pending as releaseSQL
+// does, since no worker ever saw them. A row whose lease has expired and was put back,
+// or claimed again since, no longer matches. $3 is the relay's clock.
+const releaseLostSQL = `
+UPDATE outbox o
+SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL,
+    attempts = o.attempts - 1, updated_at = $3,
+    first_attempt_at = CASE WHEN o.attempts = 1 THEN NULL ELSE o.first_attempt_at END
+WHERE o.status = 'delivering' AND o.lease_owner = $1 AND o.lease_expires_at = ANY($2::timestamptz[])`
 
 // unknownConnectorsSQL counts the rows of connectors this relay does not have ($1) that
 // wait for a relay that has them: pending ones, and delivering ones whose lease expired

@@ -1,0 +1,541 @@
+package relay
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/internal/pgtest"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// lossyProxy forwards PostgreSQL's wire protocol on loopback and, once armed, loses the
+// reply to one request: the first that executes a statement whose SQL contains match and
+// whose reply contains marker (any reply, when marker is nil). It reads that reply up to
+// its ReadyForQuery, so the server has committed the request's implicit transaction,
+// and then closes both connections without forwarding any of it: the commit happened,
+// and the client only sees the connection drop.
+type lossyProxy struct {
+	ln     net.Listener
+	target string
+	pool   *pgxpool.Pool // the relay's pool, through the proxy
+
+	mu     sync.Mutex
+	match  string
+	marker []byte
+	armed  bool
+	named  map[string]bool // prepared statements whose SQL contains match
+	killed chan struct{}
+	down   bool                    // the database is unreachable: connections are refused
+	live   map[*proxyConn]struct{} // connections open through the proxy
+}
+
+// cut makes the database unreachable: open connections break, new ones are refused.
+func (p *lossyProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = true
+	for pc := range p.live {
+		pc.close()
+	}
+}
+
+// restore makes the database reachable again.
+func (p *lossyProxy) restore() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = false
+}
+
+func startLossyProxy(t *testing.T, dsn string) *lossyProxy {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &lossyProxy{ln: ln, target: net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))),
+		named: map[string]bool{}, killed: make(chan struct{}), live: map[*proxyConn]struct{}{}}
+	t.Cleanup(func() { _ = ln.Close() })
+	go p.serve()
+	cfg.ConnConfig.Host = "127.0.0.1"
+	cfg.ConnConfig.Port = uint16(ln.Addr().(*net.TCPAddr).Port)
+	cfg.ConnConfig.TLSConfig = nil
+	cfg.ConnConfig.Fallbacks = nil
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	p.pool = pool
+	return p
+}
+
+func (p *lossyProxy) arm(match string, marker []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.match, p.marker, p.armed = match, marker, true
+}
+
+func (p *lossyProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		down := p.down
+		p.mu.Unlock()
+		if down {
+			_ = c.Close()
+			continue
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		pc := &proxyConn{p: p, c: c, s: s}
+		p.mu.Lock()
+		p.live[pc] = struct{}{}
+		p.mu.Unlock()
+		go pc.up()
+		go pc.down()
+	}
+}
+
+type proxyConn struct {
+	p       *lossyProxy
+	c, s    net.Conn
+	mu      sync.Mutex
+	pending bool // the request in flight executes a matching statement
+}
+
+func (pc *proxyConn) close() {
+	_ = pc.c.Close()
+	_ = pc.s.Close()
+	go func() { // not under p.mu, which cut holds
+		pc.p.mu.Lock()
+		delete(pc.p.live, pc)
+		pc.p.mu.Unlock()
+	}()
+}
+
+// readMsg reads one typed message: its type, and all of it as sent.
+func readMsg(r *bufio.Reader) (byte, []byte, error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	msg := make([]byte, 1+n)
+	copy(msg, hdr[:])
+	if _, err := io.ReadFull(r, msg[5:]); err != nil {
+		return 0, nil, err
+	}
+	return hdr[0], msg, nil
+}
+
+func cstrings(body []byte, n int) []string {
+	out := strings.SplitN(string(body), "\x00", n+1)
+	return out[:min(n, len(out))]
+}
+
+// up forwards the client's messages, noting requests that execute a matching statement.
+func (pc *proxyConn) up() {
+	defer pc.close()
+	r := bufio.NewReader(pc.c)
+	// The startup message has no type byte (TLS is off, so it comes first).
+	var l [4]byte
+	if _, err := io.ReadFull(r, l[:]); err != nil {
+		return
+	}
+	startup := make([]byte, binary.BigEndian.Uint32(l[:]))
+	copy(startup, l[:])
+	if _, err := io.ReadFull(r, startup[4:]); err != nil {
+		return
+	}
+	if _, err := pc.s.Write(startup); err != nil {
+		return
+	}
+	unnamed := false
+	for {
+		typ, msg, err := readMsg(r)
+		if err != nil {
+			return
+		}
+		p := pc.p
+		p.mu.Lock()
+		switch typ {
+		case 'P': // Parse: name, query
+			if f := cstrings(msg[5:], 2); len(f) == 2 && p.match != "" && strings.Contains(f[1], p.match) {
+				if f[0] == "" {
+					unnamed = true
+				} else {
+					p.named[f[0]] = true
+				}
+			} else if len(f) == 2 && f[0] == "" {
+				unnamed = false
+			}
+		case 'B': // Bind: portal, statement
+			if f := cstrings(msg[5:], 2); len(f) == 2 && p.armed && (p.named[f[1]] || (f[1] == "" && unnamed)) {
+				pc.mu.Lock()
+				pc.pending = true
+				pc.mu.Unlock()
+			}
+		case 'Q':
+			if p.armed && p.match != "" && strings.Contains(string(msg[5:]), p.match) {
+				pc.mu.Lock()
+				pc.pending = true
+				pc.mu.Unlock()
+			}
+		}
+		p.mu.Unlock()
+		if _, err := pc.s.Write(msg); err != nil {
+			return
+		}
+	}
+}
+
+// down forwards the server's messages, except the reply it was armed to lose.
+func (pc *proxyConn) down() {
+	defer pc.close()
+	r := bufio.NewReader(pc.s)
+	var held [][]byte
+	sawMarker := false
+	for {
+		typ, msg, err := readMsg(r)
+		if err != nil {
+			return
+		}
+		pc.mu.Lock()
+		pending := pc.pending
+		pc.mu.Unlock()
+		if !pending {
+			if _, err := pc.c.Write(msg); err != nil {
+				return
+			}
+			continue
+		}
+		held = append(held, msg)
+		p := pc.p
+		p.mu.Lock()
+		if p.marker != nil && bytes.Contains(msg, p.marker) {
+			sawMarker = true
+		}
+		if typ != 'Z' {
+			p.mu.Unlock()
+			continue
+		}
+		lose := p.armed && (p.marker == nil || sawMarker)
+		if lose {
+			p.armed = false
+			close(p.killed)
+		}
+		p.mu.Unlock()
+		if lose {
+			return // committed; the client never hears of it
+		}
+		pc.mu.Lock()
+		pc.pending = false
+		pc.mu.Unlock()
+		for _, m := range held {
+			if _, err := pc.c.Write(m); err != nil {
+				return
+			}
+		}
+		held, sawMarker = held[:0], false
+	}
+}
+
+// recordingConnector answers every delivery with success and remembers each.
+type recordingConnector struct {
+	mu  sync.Mutex
+	got map[string][]connectors.Delivery
+}
+
+func (c *recordingConnector) Deliver(_ context.Context, d connectors.Delivery) (json.RawMessage, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.got == nil {
+		c.got = map[string][]connectors.Delivery{}
+	}
+	c.got[d.Key] = append(c.got[d.Key], d)
+	return json.RawMessage(`{"ok":true}`), nil
+}
+
+func (c *recordingConnector) Guarantee() connectors.Guarantee { return connectors.Enforced }
+
+func (c *recordingConnector) deliveries(key string) []connectors.Delivery {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.got[key])
+}
+
+// lossySetup is a fresh database, a pool on it for the test, a lossy proxy to it, and a
+// relay config on an injected clock (a minute ahead of the database, so rows are due;
+// it never moves, so no lease expires during the test).
+func lossySetup(t *testing.T) (direct *pgxpool.Pool, proxy *lossyProxy, cfg *Config, clock *testClock) {
+	t.Helper()
+	dsn := pgtest.URL(t)
+	direct, err := pgxpool.New(t.Context(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(direct.Close)
+	proxy = startLossyProxy(t, dsn)
+	var dbNow time.Time
+	require.NoError(t, direct.QueryRow(t.Context(), `SELECT now()`).Scan(&dbNow))
+	clock = &testClock{now: dbNow.Add(time.Minute)}
+	cfg = &Config{PollInterval: 50 * time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: 10 * time.Millisecond,
+		Registerer: prometheus.NewRegistry(), Logger: testLogger(), NowFunc: clock.Now}
+	return direct, proxy, cfg, clock
+}
+
+func waitKilled(t *testing.T, p *lossyProxy) {
+	t.Helper()
+	select {
+	case <-p.killed:
+	case <-time.After(waitTimeout):
+		t.Fatal("the proxy never lost the reply it was armed for")
+	}
+}
+
+// A round's claim commits, and the connection drops before its reply arrives. The rows
+// it claimed are leased to this relay in the database, but the relay never saw them:
+// they must be handed back and sent at once, as the attempt they were claimed for, not
+// left until their lease expires and then retried as an ambiguous attempt (held for an
+// operator, or dead on a last attempt) although they were never sent.
+func TestLostClaimReplyHandsTheRowsBack(t *testing.T) {
+	t.Parallel()
+	direct, proxy, cfg, _ := lossySetup(t)
+	conn := &recordingConnector{}
+	proxy.arm("SET status = 'delivering'", []byte("lost-claim"))
+	start(t, proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
+
+	enqueue(t, direct, "lost-claim", "webhook", map[string]int{"n": 1})
+	waitKilled(t, proxy)
+	in, err := outbox.Get(t.Context(), direct, "lost-claim")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDelivering, in.Status, "the claim committed")
+
+	// The relay goes on: a later row is delivered.
+	enqueue(t, direct, "after", "webhook", map[string]int{"n": 2})
+	waitStatus(t, direct, "after", outbox.StatusDelivered)
+
+	in = statusWithin(t, direct, "lost-claim", outbox.StatusDelivered, 10*time.Second,
+		"the row claimed in the lost round stays leased, unsent, until its lease expires")
+	require.Equal(t, 1, in.Attempts, "the claim that was never started is not counted")
+	got := conn.deliveries("lost-claim")
+	require.Len(t, got, 1)
+	require.Equal(t, 1, got[0].Attempt)
+	require.False(t, got[0].PreviousAmbiguous)
+	att := attemptsOf(t, direct, "lost-claim")
+	require.Len(t, att, 1)
+	require.Equal(t, "delivered", att[0].Outcome)
+	require.False(t, att[0].Ambiguous)
+}
+
+// A round's outcomes commit, and the connection drops before its reply arrives. The
+// relay writes them again, not knowing; the attempt must still be logged once.
+func TestLostOutcomeReplyLogsTheAttemptOnce(t *testing.T) {
+	t.Parallel()
+	direct, proxy, cfg, _ := lossySetup(t)
+	conn := &recordingConnector{}
+	proxy.arm("AS t(id, attempt, status", nil) // recordSQL
+	start(t, proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
+
+	enqueue(t, direct, "once", "webhook", map[string]int{"n": 1})
+	waitKilled(t, proxy)
+	in, err := outbox.Get(t.Context(), direct, "once")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDelivered, in.Status, "the outcome committed")
+
+	// The outcome the relay still holds is written no later than the next one.
+	enqueue(t, direct, "after", "webhook", map[string]int{"n": 2})
+	waitStatus(t, direct, "after", outbox.StatusDelivered)
+	require.Eventually(t, func() bool { return len(attemptsOf(t, direct, "after")) > 0 }, waitTimeout, 10*time.Millisecond)
+
+	require.Len(t, conn.deliveries("once"), 1)
+	att := attemptsOf(t, direct, "once")
+	require.Len(t, att, 1, "attempts log: %+v", att)
+	require.Equal(t, "delivered", att[0].Outcome)
+}
+
+// gatedConnector declares a time limit (so rows are claimed ahead of its workers),
+// records every delivery and holds the first until gate is closed.
+type gatedConnector struct {
+	recordingConnector
+	once    sync.Once
+	first   chan string // the key of the first delivery, once it started
+	gate    chan struct{}
+	timeout time.Duration
+}
+
+func newGatedConnector() *gatedConnector {
+	return &gatedConnector{first: make(chan string, 1), gate: make(chan struct{}), timeout: time.Second}
+}
+
+func (c *gatedConnector) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
+	isFirst := false
+	c.once.Do(func() { isFirst = true })
+	res, err := c.recordingConnector.Deliver(ctx, d)
+	if isFirst {
+		c.first <- d.Key
+		<-c.gate
+	}
+	return res, err
+}
+
+func (c *gatedConnector) Timeout() time.Duration { return c.timeout }
+
+// signalHandler is a slog handler that closes seen when a record's message contains
+// want.
+type signalHandler struct {
+	want string
+	once *sync.Once
+	seen chan struct{}
+}
+
+func (h signalHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h signalHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.want) {
+		h.once.Do(func() { close(h.seen) })
+	}
+	return nil
+}
+func (h signalHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h signalHandler) WithGroup(string) slog.Handler      { return h }
+
+func waitFor(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(waitTimeout):
+		t.Fatal(what)
+	}
+}
+
+// A row claimed ahead waits too long for its worker while the database is down, and is
+// handed back; the release fails. It was never sent, so it must be released once the
+// database answers again, not left leased until its lease expires and then retried as
+// an ambiguous attempt (held for an operator, or dead when it was the last one).
+func TestFailedHandBackIsReleasedWhenTheDatabaseReturns(t *testing.T) {
+	t.Parallel()
+	direct, proxy, cfg, clock := lossySetup(t)
+	released := make(chan struct{})
+	cfg.Logger = slog.New(signalHandler{want: "could not release unstarted rows", once: &sync.Once{}, seen: released})
+	cfg.Concurrency = 1 // one worker: the second row waits for it
+	conn := newGatedConnector()
+	r, _ := start(t, proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
+
+	_, err := outbox.EnqueueBatch(t.Context(), direct, []outbox.Message{
+		{Key: "a", Connector: "webhook", Payload: []int{1}},
+		{Key: "b", Connector: "webhook", Payload: []int{2}},
+	})
+	require.NoError(t, err)
+	var first string
+	select {
+	case first = <-conn.first:
+	case <-time.After(waitTimeout):
+		t.Fatal("nothing was delivered")
+	}
+	second := map[string]string{"a": "b", "b": "a"}[first]
+	require.Eventually(t, func() bool { return r.claimedRows.Load() == 2 }, waitTimeout, time.Millisecond, "both rows claimed")
+
+	// The database goes away; the waiting row is past its start-by time when the worker
+	// comes to it, and its release fails.
+	proxy.cut()
+	clock.Advance(r.instances["webhook"].startBy + time.Second)
+	close(conn.gate)
+	waitFor(t, released, "the handed-back row's release never failed")
+	proxy.restore()
+
+	waitStatus(t, direct, first, outbox.StatusDelivered)
+	in := statusWithin(t, direct, second, outbox.StatusDelivered, 10*time.Second,
+		"the handed-back row stays leased, unsent, until its lease expires")
+	require.Equal(t, 1, in.Attempts)
+	got := conn.deliveries(second)
+	require.Len(t, got, 1)
+	require.False(t, got[0].PreviousAmbiguous)
+	att := attemptsOf(t, direct, second)
+	require.Len(t, att, 1)
+	require.Equal(t, "delivered", att[0].Outcome)
+}
+
+// The database is unreachable for longer than the lease while a delivery is in flight;
+// another relay puts the row back as ambiguous. When the database returns, the outcome
+// the relay held in memory is written as the attempt's late outcome.
+func TestOutcomeHeldThroughAnOutageLongerThanTheLease(t *testing.T) {
+	t.Parallel()
+	direct, proxy, cfg, clock := lossySetup(t)
+	cfg.Concurrency = 1
+	conn := newGatedConnector()
+	r, _ := start(t, proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
+	enqueue(t, direct, "late", "webhook", []int{1})
+	select {
+	case <-conn.first:
+	case <-time.After(waitTimeout):
+		t.Fatal("nothing was delivered")
+	}
+
+	proxy.cut()
+	clock.Advance(r.cfg.Lease + time.Second)
+	oc := *cfg
+	oc.ID, oc.Registerer = "other", prometheus.NewRegistry()
+	other, err := New(direct, &oc, map[string]Instance{"webhook": {Connector: conn}})
+	require.NoError(t, err)
+	other.reclaim(t.Context())
+	in, err := outbox.Get(t.Context(), direct, "late")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusPending, in.Status)
+	require.Contains(t, in.LastError, "lost its lease")
+
+	// The attempt ends while the database is away; its outcome waits in memory.
+	failed := testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("claim"))
+	close(conn.gate)
+	require.Eventually(t, func() bool { return r.claimedRows.Load() == 0 }, waitTimeout, time.Millisecond)
+	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("claim")) >= failed+2 },
+		waitTimeout, time.Millisecond, "rounds fail while the database is away")
+	proxy.restore()
+
+	in = waitStatus(t, direct, "late", outbox.StatusDelivered)
+	var ambiguous bool
+	require.NoError(t, direct.QueryRow(t.Context(), `SELECT ambiguous FROM outbox WHERE idempotency_key = 'late'`).Scan(&ambiguous))
+	require.False(t, ambiguous)
+	require.Equal(t, 1, in.Attempts)
+	require.Len(t, conn.deliveries("late"), 1)
+	att := attemptsOf(t, direct, "late")
+	require.Len(t, att, 2)
+	require.Equal(t, "lease_expired", att[0].Outcome)
+	require.Equal(t, "delivered", att[1].Outcome)
+}
+
+// statusWithin waits up to d for the row with key to reach status, and fails with what
+// it last was.
+func statusWithin(t *testing.T, pool *pgxpool.Pool, key, status string, d time.Duration, what string) outbox.Intent {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		in, err := outbox.Get(t.Context(), pool, key)
+		if err == nil && in.Status == status {
+			return in
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: row %q is %s (attempts %d), not %s, after %s", what, key, in.Status, in.Attempts, status, d)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the database, not synchronising
+	}
+}
