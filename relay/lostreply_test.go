@@ -1,21 +1,20 @@
 package relay
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -28,10 +27,11 @@ import (
 
 // lossyProxy forwards PostgreSQL's wire protocol on loopback and, once armed, loses the
 // reply to one request: the first that executes a statement whose SQL contains match and
-// whose reply contains marker (any reply, when marker is nil). It reads that reply up to
-// its ReadyForQuery, so the server has committed the request's implicit transaction,
-// and then closes both connections without forwarding any of it: the commit happened,
-// and the client only sees the connection drop.
+// returns a row containing marker (any reply, when marker is nil). It reads that reply
+// up to its ReadyForQuery, so the server has committed the request's implicit
+// transaction, and then closes both connections without forwarding any of it: the commit
+// happened, and the client only sees the connection drop. Messages are read and written
+// with pgproto3; authentication passes through.
 type lossyProxy struct {
 	ln     net.Listener
 	target string
@@ -109,20 +109,26 @@ func (p *lossyProxy) serve() {
 			_ = c.Close()
 			continue
 		}
-		pc := &proxyConn{p: p, c: c, s: s}
+		pc := &proxyConn{p: p, c: c, s: s, be: pgproto3.NewBackend(c, c), fe: pgproto3.NewFrontend(s, s)}
 		p.mu.Lock()
 		p.live[pc] = struct{}{}
 		p.mu.Unlock()
-		go pc.up()
-		go pc.down()
+		go func() {
+			defer pc.close()
+			if pc.startup() {
+				go pc.down()
+				pc.up()
+			}
+		}()
 	}
 }
 
 type proxyConn struct {
 	p       *lossyProxy
 	c, s    net.Conn
-	mu      sync.Mutex
-	pending bool // the request in flight executes a matching statement
+	be      *pgproto3.Backend  // the client's side: receives its requests, sends it replies
+	fe      *pgproto3.Frontend // the server's side: receives its replies, sends it requests
+	pending atomic.Bool        // the request in flight executes a matching statement
 }
 
 func (pc *proxyConn) close() {
@@ -135,130 +141,120 @@ func (pc *proxyConn) close() {
 	}()
 }
 
-// readMsg reads one typed message: its type, and all of it as sent.
-func readMsg(r *bufio.Reader) (byte, []byte, error) {
-	var hdr [5]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return 0, nil, err
-	}
-	n := binary.BigEndian.Uint32(hdr[1:])
-	msg := make([]byte, 1+n)
-	copy(msg, hdr[:])
-	if _, err := io.ReadFull(r, msg[5:]); err != nil {
-		return 0, nil, err
-	}
-	return hdr[0], msg, nil
+// toServer and toClient forward a message, which is only valid until the next Receive.
+func (pc *proxyConn) toServer(msg pgproto3.FrontendMessage) bool {
+	pc.fe.Send(msg)
+	return pc.fe.Flush() == nil
 }
 
-func cstrings(body []byte, n int) []string {
-	out := strings.SplitN(string(body), "\x00", n+1)
-	return out[:min(n, len(out))]
+func (pc *proxyConn) toClient(msg pgproto3.BackendMessage) bool {
+	pc.be.Send(msg)
+	return pc.be.Flush() == nil
+}
+
+// startup forwards the startup message and the authentication exchange (whatever its
+// method) until the server is ready for queries. A cancel request is forwarded, and the
+// server closes the connection.
+func (pc *proxyConn) startup() bool {
+	msg, err := pc.be.ReceiveStartupMessage()
+	if _, ok := msg.(*pgproto3.SSLRequest); ok { // refused: the client goes on in the clear
+		if _, err = pc.c.Write([]byte{'N'}); err == nil {
+			msg, err = pc.be.ReceiveStartupMessage()
+		}
+	}
+	if err != nil || !pc.toServer(msg) {
+		return false
+	}
+	for {
+		msg, err := pc.fe.Receive()
+		if err != nil || !pc.toClient(msg) {
+			return false
+		}
+		switch msg.(type) {
+		case *pgproto3.ReadyForQuery:
+			return true
+		case *pgproto3.AuthenticationCleartextPassword, *pgproto3.AuthenticationMD5Password,
+			*pgproto3.AuthenticationSASL, *pgproto3.AuthenticationSASLContinue:
+			// The client answers; its answer's type depends on the method.
+			if pc.be.SetAuthType(pc.fe.GetAuthType()) != nil {
+				return false
+			}
+			if resp, err := pc.be.Receive(); err != nil || !pc.toServer(resp) {
+				return false
+			}
+		}
+	}
 }
 
 // up forwards the client's messages, noting requests that execute a matching statement.
 func (pc *proxyConn) up() {
 	defer pc.close()
-	r := bufio.NewReader(pc.c)
-	// The startup message has no type byte (TLS is off, so it comes first).
-	var l [4]byte
-	if _, err := io.ReadFull(r, l[:]); err != nil {
-		return
-	}
-	startup := make([]byte, binary.BigEndian.Uint32(l[:]))
-	copy(startup, l[:])
-	if _, err := io.ReadFull(r, startup[4:]); err != nil {
-		return
-	}
-	if _, err := pc.s.Write(startup); err != nil {
-		return
-	}
-	unnamed := false
+	p := pc.p
+	unnamed := false // the unnamed prepared statement's SQL contains match
 	for {
-		typ, msg, err := readMsg(r)
+		msg, err := pc.be.Receive()
 		if err != nil {
 			return
 		}
-		p := pc.p
 		p.mu.Lock()
-		switch typ {
-		case 'P': // Parse: name, query
-			if f := cstrings(msg[5:], 2); len(f) == 2 && p.match != "" && strings.Contains(f[1], p.match) {
-				if f[0] == "" {
-					unnamed = true
-				} else {
-					p.named[f[0]] = true
-				}
-			} else if len(f) == 2 && f[0] == "" {
-				unnamed = false
+		matches := func(sql string) bool { return p.match != "" && strings.Contains(sql, p.match) }
+		switch m := msg.(type) {
+		case *pgproto3.Parse:
+			if m.Name == "" {
+				unnamed = matches(m.Query)
+			} else if matches(m.Query) {
+				p.named[m.Name] = true
 			}
-		case 'B': // Bind: portal, statement
-			if f := cstrings(msg[5:], 2); len(f) == 2 && p.armed && (p.named[f[1]] || (f[1] == "" && unnamed)) {
-				pc.mu.Lock()
-				pc.pending = true
-				pc.mu.Unlock()
+		case *pgproto3.Bind:
+			if p.armed && (p.named[m.PreparedStatement] || (m.PreparedStatement == "" && unnamed)) {
+				pc.pending.Store(true)
 			}
-		case 'Q':
-			if p.armed && p.match != "" && strings.Contains(string(msg[5:]), p.match) {
-				pc.mu.Lock()
-				pc.pending = true
-				pc.mu.Unlock()
+		case *pgproto3.Query:
+			if p.armed && matches(m.String) {
+				pc.pending.Store(true)
 			}
 		}
 		p.mu.Unlock()
-		if _, err := pc.s.Write(msg); err != nil {
+		if !pc.toServer(msg) {
 			return
 		}
 	}
 }
 
-// down forwards the server's messages, except the reply it was armed to lose.
+// down forwards the server's messages, except the reply it was armed to lose. The reply
+// to a matching request is held (in be's send buffer) until its ReadyForQuery.
 func (pc *proxyConn) down() {
 	defer pc.close()
-	r := bufio.NewReader(pc.s)
-	var held [][]byte
+	p := pc.p
 	sawMarker := false
 	for {
-		typ, msg, err := readMsg(r)
+		msg, err := pc.fe.Receive()
 		if err != nil {
 			return
 		}
-		pc.mu.Lock()
-		pending := pc.pending
-		pc.mu.Unlock()
-		if !pending {
-			if _, err := pc.c.Write(msg); err != nil {
-				return
+		pc.be.Send(msg) // sent on Flush
+		if pc.pending.Load() {
+			p.mu.Lock()
+			row, isRow := msg.(*pgproto3.DataRow)
+			sawMarker = sawMarker || isRow && p.marker != nil &&
+				slices.ContainsFunc(row.Values, func(v []byte) bool { return bytes.Contains(v, p.marker) })
+			_, ready := msg.(*pgproto3.ReadyForQuery)
+			if ready && p.armed && (p.marker == nil || sawMarker) {
+				p.armed = false
+				close(p.killed)
+				p.mu.Unlock()
+				return // committed; the client never hears of it
 			}
-			continue
-		}
-		held = append(held, msg)
-		p := pc.p
-		p.mu.Lock()
-		if p.marker != nil && bytes.Contains(msg, p.marker) {
-			sawMarker = true
-		}
-		if typ != 'Z' {
 			p.mu.Unlock()
-			continue
-		}
-		lose := p.armed && (p.marker == nil || sawMarker)
-		if lose {
-			p.armed = false
-			close(p.killed)
-		}
-		p.mu.Unlock()
-		if lose {
-			return // committed; the client never hears of it
-		}
-		pc.mu.Lock()
-		pc.pending = false
-		pc.mu.Unlock()
-		for _, m := range held {
-			if _, err := pc.c.Write(m); err != nil {
-				return
+			if !ready {
+				continue
 			}
+			pc.pending.Store(false)
+			sawMarker = false
 		}
-		held, sawMarker = held[:0], false
+		if pc.be.Flush() != nil {
+			return
+		}
 	}
 }
 
