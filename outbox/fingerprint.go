@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -103,27 +102,125 @@ func appendString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// canonicalNumber spells a JSON number one way. Integer literals are kept as written (so
-// large ids keep every digit); other numbers are parsed as float64 and printed in the
-// shortest form that round-trips, as an integer when they are one.
+// canonicalNumber spells a JSON number one way, exactly: numbers that are equal have the
+// same spelling (1, 1.0, 1e0 and 10e-1 are all "1"; 1e20 and 100000000000000000000 are
+// both "100000000000000000000"), and numbers that differ never share one, however many
+// digits they have (no rounding through float64, which would make 0.1 and
+// 0.1000000000000000000001, or two 20-digit amounts, the same request). This is also how
+// PostgreSQL's jsonb compares numbers.
 func canonicalNumber(s string) string {
-	if !strings.ContainsAny(s, ".eE") {
-		if s == "-0" {
-			return "0"
+	d, ok := parseNumber(s)
+	if !ok {
+		return s // refused by prepare before it is written
+	}
+	return d.canonical()
+}
+
+// decimal is a JSON number's exact value: digits (no leading or trailing zeros; empty
+// for zero) times ten to the power exp. scale is the count of digits after the decimal
+// point as written, PostgreSQL numeric's display scale.
+type decimal struct {
+	neg    bool
+	digits string
+	exp    int
+	scale  int
+}
+
+// maxExponent bounds a JSON number's written exponent; PostgreSQL refuses far smaller.
+const maxExponent = 1 << 40
+
+// parseNumber reads a number in JSON's grammar (as the decoder checked it). It returns
+// false for an exponent beyond ±maxExponent.
+func parseNumber(s string) (decimal, bool) {
+	var d decimal
+	if strings.HasPrefix(s, "-") {
+		d.neg, s = true, s[1:]
+	}
+	e := 0
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		n, err := strconv.ParseInt(s[i+1:], 10, 64)
+		if err != nil || n > maxExponent || n < -maxExponent {
+			return decimal{}, false
 		}
-		return s
+		e, s = int(n), s[:i]
 	}
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil || math.IsInf(f, 0) {
-		return s
+	intPart, frac, _ := strings.Cut(s, ".")
+	d.scale = max(0, len(frac)-e)
+	digits := strings.TrimLeft(intPart+frac, "0")
+	trimmed := strings.TrimRight(digits, "0")
+	d.digits, d.exp = trimmed, e-len(frac)+len(digits)-len(trimmed)
+	if d.digits == "" {
+		d.neg, d.exp = false, 0
 	}
-	if f == 0 {
+	return d, true
+}
+
+// canonical spells d one way: an integer with up to 20 trailing zeros as one, a fraction
+// with up to 6 zeros after the point as one, anything else as d.ddde±N.
+func (d decimal) canonical() string {
+	if d.digits == "" {
 		return "0"
 	}
-	if f == math.Trunc(f) && math.Abs(f) < 1<<53 {
-		return strconv.FormatFloat(f, 'f', 0, 64)
+	var b strings.Builder
+	if d.neg {
+		b.WriteByte('-')
 	}
-	return strconv.FormatFloat(f, 'g', -1, 64)
+	n := len(d.digits)
+	pos := n + d.exp // digits before the decimal point
+	switch {
+	case d.exp >= 0 && d.exp <= 20:
+		b.WriteString(d.digits)
+		b.WriteString(strings.Repeat("0", d.exp))
+	case d.exp < 0 && pos > 0:
+		b.WriteString(d.digits[:pos])
+		b.WriteByte('.')
+		b.WriteString(d.digits[pos:])
+	case d.exp < 0 && pos > -6:
+		b.WriteString("0.")
+		b.WriteString(strings.Repeat("0", -pos))
+		b.WriteString(d.digits)
+	default:
+		b.WriteByte(d.digits[0])
+		if n > 1 {
+			b.WriteByte('.')
+			b.WriteString(d.digits[1:])
+		}
+		b.WriteByte('e')
+		if pos-1 >= 0 {
+			b.WriteByte('+')
+		}
+		b.WriteString(strconv.Itoa(pos - 1))
+	}
+	return b.String()
+}
+
+// numericRefuses returns the first number in a decoded JSON value that PostgreSQL's
+// numeric (and so jsonb) refuses, or "": more than 131072 digits before the decimal
+// point, or more than 16383 after it as written.
+func numericRefuses(v any) string {
+	switch v := v.(type) {
+	case map[string]any:
+		for _, e := range v {
+			if s := numericRefuses(e); s != "" {
+				return s
+			}
+		}
+	case []any:
+		for _, e := range v {
+			if s := numericRefuses(e); s != "" {
+				return s
+			}
+		}
+	case json.Number:
+		d, ok := parseNumber(string(v))
+		if !ok || d.scale > 16383 || (d.digits != "" && d.exp+len(d.digits)-1 > 131071) {
+			if len(v) > 40 {
+				return string(v[:37]) + "..."
+			}
+			return string(v)
+		}
+	}
+	return ""
 }
 
 // fingerprint identifies a request for comparison: the same connector, ordering key and

@@ -138,15 +138,21 @@ RETURNING ` + insertedColumns
 // insertedColumns are what an insert returns; the rest of the Intent is the message.
 const insertedColumns = `id, idempotency_key, status, next_attempt_at, created_at, updated_at`
 
-// insertBatchSQL is insertSQL for many messages in one statement, in their given order.
+// insertBatchSQL is insertSQL for many messages in one statement. Ids are drawn in the
+// given order (rows sharing an ordering key are delivered in id order), but rows are
+// inserted in key order, so that two batches holding some of the same keys take their
+// locks in one order and wait for each other instead of deadlocking. (Volatile output
+// expressions are evaluated after the subquery's sort.)
 const insertBatchSQL = `
-INSERT INTO outbox (idempotency_key, connector, payload, ordering_key, next_attempt_at,
+INSERT INTO outbox (id, idempotency_key, connector, payload, ordering_key, next_attempt_at,
                     fingerprint, headers, status, created_by)
-SELECT k, c, p, NULLIF(o, ''), coalesce(n, now()), f, h, s, NULLIF(b, '')
-FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[], $5::timestamptz[],
-            $6::bytea[], $7::jsonb[], $8::text[], $9::text[])
-     WITH ORDINALITY AS m(k, c, p, o, n, f, h, s, b, ord)
-ORDER BY ord
+SELECT i, k, c, p, NULLIF(o, ''), coalesce(n, now()), f, h, s, NULLIF(b, '')
+FROM (SELECT m.*, nextval(pg_get_serial_sequence('outbox', 'id')) AS i
+      FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[], $5::timestamptz[],
+                  $6::bytea[], $7::jsonb[], $8::text[], $9::text[])
+           WITH ORDINALITY AS m(k, c, p, o, n, f, h, s, b, ord)
+      ORDER BY ord) AS m
+ORDER BY k, ord
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING ` + insertedColumns
 
@@ -156,14 +162,16 @@ RETURNING ` + insertedColumns
 const undoBatchSQL = `DELETE FROM outbox WHERE id = ANY($1)`
 
 // existingSQL reads the rows already holding some keys and says whether each holds the
-// same request. Rows written by plain SQL have no fingerprint and are compared by value
-// (jsonb equality ignores key order and whitespace).
+// same request: the same connector and ordering key, and a payload equal as jsonb (which
+// ignores key order and whitespace and compares numbers by exact value, as the canonical
+// form does). The fingerprint is not trusted for this: rows written by plain SQL have
+// none, and those written before numbers were canonicalised exactly may have one that
+// rounded a number through float64.
 const existingSQL = `
 SELECT ` + IntentColumns + `,
        m.k,
-       coalesce(o.fingerprint = m.f,
-                o.connector = m.c AND o.payload = m.p AND o.ordering_key IS NOT DISTINCT FROM NULLIF(m.o, ''))
-FROM unnest($1::text[], $2::bytea[], $3::text[], $4::jsonb[], $5::text[]) AS m(k, f, c, p, o)
+       o.connector = m.c AND o.payload = m.p AND o.ordering_key IS NOT DISTINCT FROM NULLIF(m.o, '')
+FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[]) AS m(k, c, p, o)
 JOIN outbox o ON o.idempotency_key = m.k`
 
 // Enqueue writes an intent inside db, normally the caller's own transaction: nothing is
@@ -173,7 +181,11 @@ JOIN outbox o ON o.idempotency_key = m.k`
 // canonical form, ordering key), Enqueue returns the existing intent with Inserted false
 // and no error. If it exists with a different request, the error wraps [ErrKeyConflict].
 // An invalid message is refused before anything is written, with an error wrapping
-// [ErrInvalidMessage]; neither case aborts the caller's transaction.
+// [ErrInvalidMessage]; neither case aborts the caller's transaction. In a REPEATABLE
+// READ or SERIALIZABLE transaction, a key that another transaction committed after the
+// caller's snapshot was taken cannot be read, and PostgreSQL fails the statement with a
+// serialization failure (SQLSTATE 40001): retry the whole transaction, as for any
+// serialization failure.
 func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 	p, err := prepare(m)
 	if err != nil {
@@ -256,11 +268,21 @@ func enqueueBatch(ctx context.Context, tx DB, ps []prepared, first map[string]pr
 	}
 	byKey := make(map[string]Intent, len(ps))
 	var ids []int64
+	// undo removes the batch's rows from the caller's transaction before an error is
+	// returned: whatever the error, nothing of the batch stays written.
+	undo := func(err error) error {
+		if len(ids) > 0 {
+			if _, undoErr := tx.Exec(ctx, undoBatchSQL, ids); undoErr != nil {
+				return errors.Join(err, fmt.Errorf("undo the batch's rows: %w", undoErr))
+			}
+		}
+		return err
+	}
 	for rows.Next() {
 		in, err := scanInserted(rows, func(key string) prepared { return first[key] })
 		if err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("enqueue batch: %w", err)
+			return nil, undo(fmt.Errorf("enqueue batch: %w", err))
 		}
 		byKey[in.Key] = in
 		ids = append(ids, in.ID)
@@ -281,12 +303,7 @@ func enqueueBatch(ctx context.Context, tx DB, ps []prepared, first map[string]pr
 	}
 	found, err := existing(ctx, tx, rest)
 	if err != nil {
-		if len(ids) > 0 {
-			if _, undoErr := tx.Exec(ctx, undoBatchSQL, ids); undoErr != nil {
-				return nil, errors.Join(err, fmt.Errorf("undo the batch's rows: %w", undoErr))
-			}
-		}
-		return nil, err
+		return nil, undo(err)
 	}
 	out := make([]Intent, len(ps))
 	for i, p := range ps {
@@ -294,7 +311,8 @@ func enqueueBatch(ctx context.Context, tx DB, ps []prepared, first map[string]pr
 		if ok {
 			delete(byKey, p.Key) // a repeat of this key later in the batch is not "inserted"
 		} else if in, ok = found[p.Key]; !ok {
-			return nil, fmt.Errorf("enqueue batch: key %q neither inserted nor found; retry the batch", p.Key)
+			// Its row was deleted (retention) between the insert and the lookup.
+			return nil, undo(fmt.Errorf("enqueue batch: key %q neither inserted nor found; retry the batch", p.Key))
 		}
 		out[i] = in
 	}
@@ -324,11 +342,11 @@ func existing(ctx context.Context, db DB, ps []prepared) (map[string]Intent, err
 		return nil, nil
 	}
 	keys, conns, ords := make([]string, len(ps)), make([]string, len(ps)), make([]string, len(ps))
-	fps, payloads := make([][]byte, len(ps)), make([][]byte, len(ps))
+	payloads := make([][]byte, len(ps))
 	for i, p := range ps {
-		keys[i], conns[i], ords[i], fps[i], payloads[i] = p.Key, p.Connector, p.OrderingKey, p.fingerprint, p.payload
+		keys[i], conns[i], ords[i], payloads[i] = p.Key, p.Connector, p.OrderingKey, p.payload
 	}
-	rows, err := db.Query(ctx, existingSQL, keys, fps, conns, payloads, ords)
+	rows, err := db.Query(ctx, existingSQL, keys, conns, payloads, ords)
 	if err != nil {
 		return nil, fmt.Errorf("look up existing keys: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -27,6 +28,12 @@ var PaymentOperations = []string{
 	"refund.create",
 	"customer.create",
 }
+
+// The range of PostgreSQL's timestamptz: 4714-11-24 BC to 294276-12-31 (UTC).
+var (
+	minTimestamp = time.Date(-4713, 11, 24, 0, 0, 0, 0, time.UTC)
+	maxTimestamp = time.Date(294277, 1, 1, 0, 0, 0, 0, time.UTC)
+)
 
 var (
 	connectorPattern = regexp.MustCompile(`^[a-z][a-z0-9_]*(:[a-z0-9_]+)?$`)
@@ -71,6 +78,13 @@ func prepare(m Message) (prepared, error) {
 		}
 	}
 
+	if !utf8.ValidString(m.CreatedBy) || strings.ContainsRune(m.CreatedBy, 0) {
+		return p, invalid("created_by is not valid UTF-8 or contains a NUL character")
+	}
+	if !m.NotBefore.IsZero() && (m.NotBefore.Before(minTimestamp) || !m.NotBefore.Before(maxTimestamp)) {
+		return p, invalid("not_before %s is outside PostgreSQL's timestamptz range", m.NotBefore.UTC().Format(time.RFC3339))
+	}
+
 	raw, err := payloadJSON(m.Payload)
 	if err != nil {
 		return p, err
@@ -81,6 +95,9 @@ func prepare(m Message) (prepared, error) {
 	}
 	if what := jsonbRefuses(raw); what != "" {
 		return p, invalid("payload holds %s, which PostgreSQL's jsonb cannot store", what)
+	}
+	if what := numericRefuses(v); what != "" {
+		return p, invalid("payload holds the number %s, which PostgreSQL's numeric cannot hold (at most 131072 digits before the point and 16383 after it)", what)
 	}
 	if err := checkPayload(ConnectorKind(m.Connector), v); err != nil {
 		return p, err
