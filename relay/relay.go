@@ -54,8 +54,8 @@ type Relay struct {
 	claimedBytes atomic.Int64
 	slots        chan struct{}
 	// rescan is set when rows may have turned due behind where claims start (this relay
-	// released rows, or a NOTIFY came), so that the next claims start at the head of the
-	// index.
+	// released or reclaimed rows, wrote an ordered row's outcome without a claim, or a
+	// NOTIFY came), so that the next claims start at the head of the index.
 	rescan atomic.Bool
 
 	listening atomic.Bool
@@ -128,6 +128,7 @@ type claimed struct {
 	claimedAt time.Time // the relay's clock at the claim; the lease runs from then
 	ordered   bool      // the row has an ordering key
 	dueAt     time.Time // its next_attempt_at
+	lease     time.Time // its lease expiry, unique to the round that claimed it
 }
 
 // committedFor is when the row was committed to be delivered, where
@@ -345,10 +346,10 @@ func (r *Relay) Ready(ctx context.Context) error {
 	return nil
 }
 
-// Run delivers rows until ctx is done. Then it stops claiming, gives in-flight deliveries
-// until Config.ShutdownTimeout to finish, cancels those still running (their attempts
-// are recorded as ambiguous), records every outcome, releases leases of rows it had not
-// started, and returns nil. It returns an error only when it cannot start (and nil when
+// Run delivers rows until ctx is done. Then it stops claiming, releases at once the
+// leases of rows it had claimed and will not start, gives in-flight deliveries until
+// Config.ShutdownTimeout to finish, cancels those still running (their attempts are
+// recorded as ambiguous), records every outcome, and returns nil. It returns an error only when it cannot start (and nil when
 // ctx ends while it waits for the database at start).
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.start(ctx); err != nil {
@@ -858,7 +859,11 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 			// claims a row or none, and zeroing room for a full batch every round
 			// cost it more CPU than anything else it does.
 			got[i], err = pgx.AppendRows(make([]claimed, 0, min(p.limit, 16)), rows,
-				func(row pgx.CollectableRow) (claimed, error) { return scanClaimed(row, now) })
+				func(row pgx.CollectableRow) (claimed, error) {
+					c, err := scanClaimed(row, now)
+					c.lease = r.roundLease
+					return c, err
+				})
 		}
 		if err != nil {
 			_ = br.Close()
@@ -919,18 +924,19 @@ func decodeHeaders(b []byte) map[string]string {
 	return out
 }
 
-// release hands back rows claimed but not started. If it fails, their leases expire.
+// release hands back rows claimed but not started. If it fails, the claim loop tries
+// again (see releaseAgain); a stopped relay leaves them to their lease.
 func (r *Relay) release(rows []claimed) {
 	if len(rows) == 0 {
 		return
 	}
-	ids, attempts := make([]int64, len(rows)), make([]int32, len(rows))
+	ids, attempts, leases := make([]int64, len(rows)), make([]int32, len(rows)), make([]time.Time, len(rows))
 	for i, row := range rows {
-		ids[i], attempts[i] = row.id, int32(row.attempt)
+		ids[i], attempts[i], leases[i] = row.id, int32(row.attempt), row.lease
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := r.pool.Exec(ctx, releaseSQL, r.cfg.ID, ids, r.now(), attempts); err != nil {
+	if _, err := r.pool.Exec(ctx, releaseSQL, r.cfg.ID, ids, r.now(), attempts, leases); err != nil {
 		// Never sent: left to their lease, they would come back as ambiguous attempts
 		// (held for an operator, or dead on their last attempt). The claim loop tries
 		// again before its next round; a stopped relay leaves them to their lease.
@@ -1204,6 +1210,9 @@ func (r *Relay) salvage(ctx context.Context, outs []outcome, refusal error) []ou
 		if unsure(err) {
 			markMaybeWritten(batch)
 		}
+		if err == nil && slices.ContainsFunc(batch, func(o outcome) bool { return o.ordered }) {
+			r.rescan.Store(true) // as in claimRound: written without a claim, the key's next row may lie behind
+		}
 		return err
 	}
 	if len(outs) == 1 {
@@ -1219,6 +1228,9 @@ func (r *Relay) salvage(ctx context.Context, outs []outcome, refusal error) []ou
 				"id", o.id, "attempt", o.attempt, "err", err)
 			return nil
 		default:
+			if unsure(err) { // the copy without the answer was marked, not outs
+				markMaybeWritten(outs)
+			}
 			return outs
 		}
 	}
@@ -1307,10 +1319,6 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 	})
 	if err != nil {
 		r.log.ErrorContext(ctx, "outcomes not recorded; the rows are retried when their lease expires", "err", err, "rows", len(batch))
-		return
-	}
-	if slices.ContainsFunc(batch, func(o outcome) bool { return o.ordered }) {
-		r.rescan.Store(true) // as in claimRound: the key's next row may lie behind
 	}
 }
 
@@ -1372,7 +1380,6 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// notify wakes a waiting loop without blocking.
 // isClosed reports whether ch is closed.
 func isClosed(ch <-chan struct{}) bool {
 	select {
@@ -1383,6 +1390,7 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
+// notify wakes a waiting loop without blocking.
 func notify(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:

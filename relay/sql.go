@@ -134,16 +134,19 @@ SELECT r.id, r.attempt, $1, r.started_at, r.finished_at, r.outcome, r.ambiguous,
 FROM r`
 
 // releaseSQL hands back rows this relay ($1) claimed but never started, $2 with the
-// attempts $4 they were claimed for: they return to pending and the attempt that never
-// began is uncounted. A row claimed again since (its lease ran out, and this relay or
-// another took it anew) is left alone.
+// attempts $4 they were claimed for and their claims' leases $5: they return to pending
+// and the attempt that never began is uncounted. A row claimed again since (its lease
+// ran out, and this relay or another took it anew; or an earlier release committed
+// without its reply, and this relay took it anew for the same attempt) has another
+// lease and is left alone.
 const releaseSQL = `
 UPDATE outbox o
 SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL,
     attempts = o.attempts - 1, updated_at = $3,
     first_attempt_at = CASE WHEN o.attempts = 1 THEN NULL ELSE o.first_attempt_at END
-FROM unnest($2::bigint[], $4::int[]) AS r(id, attempt)
-WHERE o.id = r.id AND o.attempts = r.attempt AND o.status = 'delivering' AND o.lease_owner = $1`
+FROM unnest($2::bigint[], $4::int[], $5::timestamptz[]) AS r(id, attempt, lease)
+WHERE o.id = r.id AND o.attempts = r.attempt AND o.status = 'delivering' AND o.lease_owner = $1
+  AND o.lease_expires_at = r.lease`
 
 // reclaimSQL puts back rows of this relay's connectors ($4) whose lease expired (their
 // relay died or lost the database): the abandoned attempt is logged as ambiguous, and the
