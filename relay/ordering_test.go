@@ -142,24 +142,44 @@ func TestRowUnblockedByReclaimIsClaimedAtOnce(t *testing.T) {
 // The outcome of a row with an ordering key lets the key's next row go, which may lie
 // behind where claims start. When no claim rides with that outcome (the relay holds all
 // the rows it may), the next claim must still start at the head of the index, not a
-// poll interval later.
+// poll interval later: whether the round writes it, or, when PostgreSQL refuses the
+// batch for its data, salvage does (claimLoop's refused branch).
 func TestOrderedOutcomeWithoutAClaimRescansNextTime(t *testing.T) {
 	t.Parallel()
-	b := setup(t, receiver.Options{})
-	_, cfg := b.clockedConfig(t)
-	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
-	require.NoError(t, err)
-	enqueueOrdered(t, b.pool, "k-1", "k")
-	rows := claimRows(t, r, "webhook")
-	require.Len(t, rows, 1)
-	out := r.decide(r.instances["webhook"], rows[0], nil, nil, r.now())
-	out.started = r.now()
+	for _, tc := range []struct {
+		name   string
+		answer json.RawMessage
+	}{
+		{"WrittenByTheRound", nil},
+		{"Salvaged", json.RawMessage(`{"n": 1e1000000}`)}, // a number jsonb refuses
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, receiver.Options{})
+			_, cfg := b.clockedConfig(t)
+			r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+			require.NoError(t, err)
+			enqueueOrdered(t, b.pool, "k-1", "k")
+			rows := claimRows(t, r, "webhook")
+			require.Len(t, rows, 1)
+			out := r.decide(r.instances["webhook"], rows[0], tc.answer, nil, r.now())
+			out.started = r.now()
 
-	r.rescan.Store(false)
-	r.claimedRows.Store(int64(r.maxClaimed)) // no room: the round only writes the outcome
-	claimed, wrote, _, _, err := r.claimRound(t.Context(), []outcome{out}, true)
-	require.NoError(t, err)
-	require.True(t, wrote)
-	require.Zero(t, claimed)
-	require.True(t, r.rescan.Load(), "the next claim starts at the head of the index")
+			r.rescan.Store(false)
+			r.claimedRows.Store(int64(r.maxClaimed)) // no room: the round only writes the outcome
+			claimed, wrote, _, _, err := r.claimRound(t.Context(), []outcome{out}, true)
+			if tc.answer != nil {
+				require.True(t, refused(err), "the batch is refused: %v", err)
+				require.Empty(t, r.salvage(t.Context(), []outcome{out}, err), "claimLoop's refused branch")
+			} else {
+				require.NoError(t, err)
+				require.True(t, wrote)
+				require.Zero(t, claimed)
+			}
+			in, err := outbox.Get(t.Context(), b.pool, "k-1")
+			require.NoError(t, err)
+			require.Equal(t, outbox.StatusDelivered, in.Status)
+			require.True(t, r.rescan.Load(), "the next claim starts at the head of the index")
+		})
+	}
 }
