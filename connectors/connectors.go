@@ -53,7 +53,10 @@ type Delivery struct {
 	PreviousAmbiguous bool
 	// FirstAttemptAt is when the row's first attempt started, by the relay's clock; zero
 	// when unknown. An earlier attempt's effect is no older than it (a reconciling
-	// connector bounds its look-back with it).
+	// connector bounds its look-back with it). Callers other than the relay should set it
+	// on every attempt after the first: without it, Slack's look before a retry must reach
+	// the conversation's beginning, and in one longer than its 10 pages it cannot tell and
+	// fails the attempt as permanent and ambiguous even when nothing was posted.
 	FirstAttemptAt time.Time
 }
 

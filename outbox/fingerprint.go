@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -126,8 +127,10 @@ type decimal struct {
 	scale  int
 }
 
-// maxExponent bounds a JSON number's written exponent; PostgreSQL refuses far smaller.
-const maxExponent = 1 << 40
+// maxExponent bounds a JSON number's written exponent: PostgreSQL refuses one of
+// INT_MAX/2 or more, whatever the number (even 0e1073741823), and a non-zero number far
+// sooner.
+const maxExponent = math.MaxInt32/2 - 1
 
 // parseNumber reads a number in JSON's grammar (as the decoder checked it). It returns
 // false for an exponent beyond ±maxExponent.

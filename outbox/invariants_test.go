@@ -287,3 +287,59 @@ func TestBatchesOppositeOrders(t *testing.T) {
 	require.NoError(t, <-doneB, "b must not be the deadlock's victim")
 	require.Equal(t, 3, countRows(t, b))
 }
+
+// After `outboxd purge --payload-only` ("keep keys and results") the row's payload is {}
+// but its fingerprint is kept: an application repeating the same request must still get
+// the existing intent, not ErrKeyConflict.
+func TestSameRequestAfterPayloadPurge(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tx := pgtest.Tx(t)
+	m := webhookMsg("purged", map[string]any{"email": "a@example.com"})
+	_, err := outbox.Enqueue(ctx, tx, m)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `UPDATE outbox SET status = 'delivered', payload = '{}'::jsonb WHERE idempotency_key = 'purged'`)
+	require.NoError(t, err)
+	in, err := outbox.Enqueue(ctx, tx, m)
+	require.NoError(t, err)
+	require.False(t, in.Inserted)
+	_, err = outbox.EnqueueBatch(ctx, tx, []outbox.Message{m})
+	require.NoError(t, err)
+	// A different request for that key is still a conflict.
+	_, err = outbox.Enqueue(ctx, tx, webhookMsg("purged", map[string]any{"email": "b@example.com"}))
+	require.ErrorIs(t, err, outbox.ErrKeyConflict)
+}
+
+// A zero with an exponent PostgreSQL refuses (>= INT_MAX/2) must be ErrInvalidMessage,
+// not an aborted transaction.
+func TestZeroWithHugeExponent(t *testing.T) {
+	t.Parallel()
+	for _, p := range []string{`[0e1073741823]`, `[0.0e2000000000]`, `[-0e1099511627776]`} {
+		ctx := t.Context()
+		tx := pgtest.Tx(t)
+		_, err := outbox.Enqueue(ctx, tx, webhookMsg("z", json.RawMessage(p)))
+		require.ErrorIs(t, err, outbox.ErrInvalidMessage, p)
+		require.Equal(t, 0, countRows(t, tx), "the transaction is still usable")
+	}
+	// The largest exponent PostgreSQL takes.
+	in, err := outbox.Enqueue(t.Context(), pgtest.Tx(t), webhookMsg("z", json.RawMessage(`[0e1073741822, 0e-1]`)))
+	require.NoError(t, err)
+	require.True(t, in.Inserted)
+}
+
+// Ids are drawn in batch order although rows are inserted in key order.
+func TestBatchIdsInBatchOrder(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tx := pgtest.Tx(t)
+	keys := []string{"z", "m", "a", "q", "b", "y", "c"}
+	var msgs []outbox.Message
+	for _, k := range keys {
+		msgs = append(msgs, outbox.Message{Key: k, Connector: "webhook", Payload: []int{1}, OrderingKey: "o"})
+	}
+	out, err := outbox.EnqueueBatch(ctx, tx, msgs)
+	require.NoError(t, err)
+	for i := 1; i < len(out); i++ {
+		require.Less(t, out[i-1].ID, out[i].ID, "ids in batch order: %v", out)
+	}
+}

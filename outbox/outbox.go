@@ -141,8 +141,9 @@ const insertedColumns = `id, idempotency_key, status, next_attempt_at, created_a
 // insertBatchSQL is insertSQL for many messages in one statement. Ids are drawn in the
 // given order (rows sharing an ordering key are delivered in id order), but rows are
 // inserted in key order, so that two batches holding some of the same keys take their
-// locks in one order and wait for each other instead of deadlocking. (Volatile output
-// expressions are evaluated after the subquery's sort.)
+// locks in one order and wait for each other instead of deadlocking. (The subquery draws
+// the ids as it reads the messages in their order, which ORDER BY ord makes sure of; the
+// outer sort comes after. TestBatchIdsInBatchOrder checks it.)
 const insertBatchSQL = `
 INSERT INTO outbox (id, idempotency_key, connector, payload, ordering_key, next_attempt_at,
                     fingerprint, headers, status, created_by)
@@ -166,12 +167,14 @@ const undoBatchSQL = `DELETE FROM outbox WHERE id = ANY($1)`
 // ignores key order and whitespace and compares numbers by exact value, as the canonical
 // form does). The fingerprint is not trusted for this: rows written by plain SQL have
 // none, and those written before numbers were canonicalised exactly may have one that
-// rounded a number through float64.
+// rounded a number through float64. It is the only record left of a row whose payload
+// `purge --payload-only` replaced with {}, and is compared then.
 const existingSQL = `
 SELECT ` + IntentColumns + `,
        m.k,
-       o.connector = m.c AND o.payload = m.p AND o.ordering_key IS NOT DISTINCT FROM NULLIF(m.o, '')
-FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[]) AS m(k, c, p, o)
+       o.connector = m.c AND o.ordering_key IS NOT DISTINCT FROM NULLIF(m.o, '')
+       AND (o.payload = m.p OR (o.payload = '{}'::jsonb AND o.fingerprint IS NOT DISTINCT FROM m.f))
+FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[], $5::bytea[]) AS m(k, c, p, o, f)
 JOIN outbox o ON o.idempotency_key = m.k`
 
 // Enqueue writes an intent inside db, normally the caller's own transaction: nothing is
@@ -342,11 +345,11 @@ func existing(ctx context.Context, db DB, ps []prepared) (map[string]Intent, err
 		return nil, nil
 	}
 	keys, conns, ords := make([]string, len(ps)), make([]string, len(ps)), make([]string, len(ps))
-	payloads := make([][]byte, len(ps))
+	payloads, fps := make([][]byte, len(ps)), make([][]byte, len(ps))
 	for i, p := range ps {
-		keys[i], conns[i], ords[i], payloads[i] = p.Key, p.Connector, p.OrderingKey, p.payload
+		keys[i], conns[i], ords[i], payloads[i], fps[i] = p.Key, p.Connector, p.OrderingKey, p.payload, p.fingerprint
 	}
-	rows, err := db.Query(ctx, existingSQL, keys, conns, payloads, ords)
+	rows, err := db.Query(ctx, existingSQL, keys, conns, payloads, ords, fps)
 	if err != nil {
 		return nil, fmt.Errorf("look up existing keys: %w", err)
 	}

@@ -2,6 +2,7 @@ package slack_test
 
 import (
 	"fmt"
+	"net/http"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -58,7 +59,7 @@ func TestDeliver_InconclusiveThreadIsReportedNotReposted(t *testing.T) {
 	t.Parallel()
 	b := setup(t, slack.Config{HistoryLimit: 1})
 	_, reply := startThread(t, b)
-	for i := range 10 { // the parent and 10 replies fill the 10 pages of 1 the lookup reads
+	for i := range 10 { // the parent and 10 replies fill more than the 10 pages of 1 the lookup reads
 		_, err := b.c.Deliver(t.Context(), reply(fmt.Sprintf("earlier-%d", i)))
 		require.NoError(t, err)
 	}
@@ -68,10 +69,30 @@ func TestDeliver_InconclusiveThreadIsReportedNotReposted(t *testing.T) {
 
 	d := reply("k")
 	d.Attempt, d.PreviousAmbiguous = 2, true
-	raw, err := b.c.Deliver(t.Context(), d)
-	if err == nil {
-		require.True(t, decodeResult(t, raw).Reconciled, "%s", raw)
-	}
+	_, err = b.c.Deliver(t.Context(), d)
+	require.Error(t, err, "the retry posted although it could not tell whether the earlier attempt had")
+	require.True(t, connectors.IsAmbiguous(err), "%v", err)
+	require.True(t, connectors.IsPermanent(err), "%v", err)
 	require.Equal(t, 1, b.f.Effects("k"), "the retry posted a second reply")
 	require.Equal(t, 1, b.f.Posts("k"))
+}
+
+// A library caller that does not set FirstAttemptAt (zero: unknown): a retry after a
+// refused first attempt (nothing posted) in a conversation longer than 10 pages.
+func TestZeroFirstAttemptAt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, slack.Config{HistoryLimit: 1})
+	for i := range 12 {
+		b.f.Seed(testChannel, fmt.Sprintf("old chatter %d", i))
+	}
+	b.f.Plan("n", fakePlan{Status: http.StatusServiceUnavailable})
+	d := delivery("n")
+	_, err := b.c.Deliver(t.Context(), d)
+	require.Error(t, err)
+	d.Attempt = 2
+	_, err = b.c.Deliver(t.Context(), d)
+	t.Logf("retry: %v", err)
+	require.Error(t, err)
+	require.True(t, connectors.IsPermanent(err))
+	require.Contains(t, err.Error(), "first attempt is unknown")
 }

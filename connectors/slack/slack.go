@@ -385,10 +385,14 @@ func (c *Connector) find(ctx context.Context, m message, key string, since time.
 		}
 		cursor = next
 	}
+	more := "there are more since the row's first attempt"
+	if since.IsZero() {
+		more = "there are more, and the row's first attempt is unknown (connectors.Delivery.FirstAttemptAt is zero), so the lookup cannot stop before the conversation's beginning"
+	}
 	return "", false, connectors.Ambiguous(connectors.Permanent(fmt.Errorf(
-		"look up the key in %s: not in the %d messages read (%d pages of %d), and there are more since the row's first attempt; "+
+		"look up the key in %s: not in the %d messages read (%d pages of %d), and %s; "+
 			"an earlier attempt may have posted, so the message is not posted again: check the conversation, then cancel the row or replay it with a new key",
-		where, maxLookupPages*c.historyLimit, maxLookupPages, c.historyLimit)))
+		where, maxLookupPages*c.historyLimit, maxLookupPages, c.historyLimit, more)))
 }
 
 func findKey(msgs []slackgo.Message, key string) (string, bool) {

@@ -229,9 +229,6 @@ func TestDeliver_ThreadReply(t *testing.T) {
 	require.Equal(t, 3, b.f.Lookups(testChannel), "6 messages in the thread, 2 per page")
 }
 
-// The lookup reads only the latest HistoryLimit messages: an earlier attempt's message
-// pushed out of them by others is not found, and the retry posts again. This test pins
-// down that documented limit.
 // The lookup reads only the messages since a little before the row's first attempt, so
 // a busy conversation's older messages neither hide an earlier attempt's message nor make
 // the lookup inconclusive; read to the end without the key, it posts.

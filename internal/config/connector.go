@@ -294,11 +294,11 @@ func checkOneOf(name, v string, p *problems, allowed ...string) {
 // normalize lower-cases a word-valued setting and trims its spaces.
 func normalize(s string) string { return strings.ToLower(strings.TrimSpace(s)) }
 
-// checkLease refuses a timeout that lets an attempt outlive its lease: another relay
-// would claim the row while this one is still sending it.
 // minLeaseSpare is the least part of OUTBOX_LEASE a connector's timeout must leave.
 const minLeaseSpare = time.Second
 
+// checkLease refuses a timeout that lets an attempt outlive its lease: another relay
+// would claim the row while this one is still sending it.
 func checkLease(name string, timeout, lease time.Duration, p *problems) {
 	// An attempt starts only while it can still end inside its row's lease; with less
 	// than minLeaseSpare to spare, a row claimed ahead could hardly wait for a worker.

@@ -40,7 +40,7 @@ type SMTP struct {
 	// "none".
 	TLS string `env:"TLS" envDefault:"opportunistic" desc:"opportunistic (STARTTLS when the server offers it), mandatory (STARTTLS or fail) or none"`
 	// Timeout bounds one attempt.
-	Timeout time.Duration `env:"TIMEOUT" envDefault:"20s" desc:"time limit of one attempt, shorter than OUTBOX_LEASE"`
+	Timeout time.Duration `env:"TIMEOUT" envDefault:"20s" desc:"time limit of one attempt, at least 1s shorter than OUTBOX_LEASE"`
 }
 
 // EmailSettings is the message settings and limits of an [Email] instance, read from
@@ -68,7 +68,7 @@ type ResendAPI struct {
 	// APIBase is the Resend API's base URL; another value points at a proxy or a fake.
 	APIBase string `env:"API_BASE" envDefault:"https://api.resend.com" desc:"base URL of the Resend API, for a proxy or a fake"`
 	// APITimeout bounds one attempt through Resend.
-	APITimeout time.Duration `env:"API_TIMEOUT" envDefault:"20s" desc:"time limit of one attempt through Resend, shorter than OUTBOX_LEASE"`
+	APITimeout time.Duration `env:"API_TIMEOUT" envDefault:"20s" desc:"time limit of one attempt through Resend, at least 1s shorter than OUTBOX_LEASE"`
 }
 
 // TLS modes of [SMTP.TLS].

@@ -20,7 +20,7 @@ type Payment struct {
 	// APIBase is the Stripe API's base URL; another value points at a proxy or a mock.
 	APIBase string `env:"API_BASE" envDefault:"https://api.stripe.com" desc:"base URL of the Stripe API, for a proxy or stripe-mock"`
 	// Timeout bounds one attempt.
-	Timeout time.Duration `env:"TIMEOUT" envDefault:"20s" desc:"time limit of one attempt, shorter than OUTBOX_LEASE"`
+	Timeout time.Duration `env:"TIMEOUT" envDefault:"20s" desc:"time limit of one attempt, at least 1s shorter than OUTBOX_LEASE"`
 	// Rate is the most requests per second; 0 means no limit.
 	Rate float64 `env:"RATE" envDefault:"0" desc:"most requests per second to this instance, 0 for no limit"`
 	// Concurrency is the most deliveries in flight; 0 means the global concurrency.

@@ -20,7 +20,7 @@ type Slack struct {
 	// APIBase is the Web API's base URL; another value points at a proxy or a mock.
 	APIBase string `env:"API_BASE" envDefault:"https://slack.com/api/" desc:"base URL of the Slack Web API, for a proxy or a mock"`
 	// Timeout bounds one attempt, history lookup included.
-	Timeout time.Duration `env:"TIMEOUT" envDefault:"20s" desc:"time limit of one attempt, shorter than OUTBOX_LEASE"`
+	Timeout time.Duration `env:"TIMEOUT" envDefault:"20s" desc:"time limit of one attempt, at least 1s shorter than OUTBOX_LEASE"`
 	// HistoryLimit is how many channel messages one page of the history read for the
 	// key before a retry after an ambiguous attempt holds (up to ten pages are read).
 	HistoryLimit int `env:"HISTORY_LIMIT" envDefault:"100" desc:"channel messages per page of history read for an earlier attempt's message before a retry (up to 10 pages, back to the row's first attempt), 1 to 999"`

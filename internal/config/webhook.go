@@ -22,7 +22,7 @@ type Webhook struct {
 	// unsigned.
 	Secret Secret `env:"SECRET" desc:"Standard Webhooks signing secret, whsec_ followed by base64; empty sends unsigned requests"`
 	// Timeout bounds one attempt.
-	Timeout time.Duration `env:"TIMEOUT" envDefault:"10s" desc:"time limit of one attempt, shorter than OUTBOX_LEASE"`
+	Timeout time.Duration `env:"TIMEOUT" envDefault:"10s" desc:"time limit of one attempt, at least 1s shorter than OUTBOX_LEASE"`
 	// Rate is the most requests per second; 0 means no limit.
 	Rate float64 `env:"RATE" envDefault:"0" desc:"most requests per second to this instance, 0 for no limit"`
 	// Concurrency is the most deliveries in flight; 0 means the global concurrency.
