@@ -272,10 +272,13 @@ func TestTwoMigrationsAtOnceFromVersion3(t *testing.T) {
 			results <- result{from, err}
 		}()
 	}
-	// Both wait on the lock before either may go.
+	// Both wait on the lock before either may go. pg_locks covers the whole cluster, where
+	// other tests' migrations (TestMigrateConcurrently) wait on the same lock id in their
+	// own databases: only this database's waiters count.
 	require.Eventually(t, func() bool {
 		var waiting int
-		err := db.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&waiting)
+		err := db.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&waiting)
 		return err == nil && waiting == 2
 	}, time.Minute, 5*time.Millisecond)
 	_, err = holder.Exec(ctx, `SELECT pg_advisory_unlock($1)`, int64(lockID))

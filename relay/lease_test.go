@@ -119,13 +119,13 @@ func TestStopHandsBackRowsWaitingForASlotAtOnce(t *testing.T) {
 
 	stopped := make(chan struct{})
 	go func() { stopA(); close(stopped) }()
-	// The fixed relay releases the row within milliseconds; the bound only keeps a
-	// broken one from holding the test for long (it releases the row only after the
-	// slow attempt, which the test ends below).
+	// The fixed relay releases the row within milliseconds; a broken one releases it
+	// only after the slow attempt, which the test ends below, so it fails at any bound:
+	// waitTimeout, not a shorter one that a busy machine could exceed.
 	assert.Eventually(t, func() bool {
 		in, err := outbox.Get(t.Context(), b.pool, "waits")
 		return err == nil && in.Status == outbox.StatusPending
-	}, 15*time.Second, 10*time.Millisecond, "the row the stopping relay will never start is handed back at once")
+	}, waitTimeout, 10*time.Millisecond, "the row the stopping relay will never start is handed back at once")
 
 	// The slow attempt is still in flight when the leases run out and the other relay
 	// reclaims expired leases.

@@ -123,6 +123,12 @@ func start(t *testing.T, pool *pgxpool.Pool, cfg *Config, instances map[string]I
 	t.Helper()
 	r, err := New(pool, cfg, instances)
 	require.NoError(t, err)
+	return r, run(t, r)
+}
+
+// run runs r until the test ends, as start does.
+func run(t *testing.T, r *Relay) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -139,7 +145,7 @@ func start(t *testing.T, pool *pgxpool.Pool, cfg *Config, instances map[string]I
 		})
 	}
 	t.Cleanup(stop)
-	return r, stop
+	return stop
 }
 
 // startNotifyOnly runs a relay that polls only hourly, so that only NOTIFY wakes it in
@@ -149,7 +155,13 @@ func (b *testBundle) startNotifyOnly(t *testing.T) *Relay {
 	cfg := b.fastConfig()
 	cfg.PollInterval = time.Hour
 	cfg.Registerer = prometheus.NewRegistry() // a test may run two
-	r, _ := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	// The self-test runs once per LISTEN connection and gives up after probeTimeout
+	// (5s), leaving the gauge at 0: on a busy machine the tests below must not depend on
+	// a notification arriving that fast.
+	r.probeTimeout = waitTimeout
+	run(t, r)
 	require.Eventually(t, func() bool { return r.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.notifyWorking) == 1 }, waitTimeout, 10*time.Millisecond,
 		"the NOTIFY self-test passed")
