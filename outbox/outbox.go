@@ -168,12 +168,14 @@ const undoBatchSQL = `DELETE FROM outbox WHERE id = ANY($1)`
 // form does). The fingerprint is not trusted for this: rows written by plain SQL have
 // none, and those written before numbers were canonicalised exactly may have one that
 // rounded a number through float64. It is the only record left of a row whose payload
-// `purge --payload-only` replaced with {}, and is compared then.
+// `purge --payload-only` replaced with {}, and is compared then, alone: a request with
+// payload {} is not the purged row's request unless the fingerprint says so.
 const existingSQL = `
 SELECT ` + IntentColumns + `,
        m.k,
        o.connector = m.c AND o.ordering_key IS NOT DISTINCT FROM NULLIF(m.o, '')
-       AND (o.payload = m.p OR (o.payload = '{}'::jsonb AND o.fingerprint IS NOT DISTINCT FROM m.f))
+       AND CASE WHEN o.payload = '{}'::jsonb AND o.fingerprint IS NOT NULL THEN o.fingerprint = m.f
+                ELSE o.payload = m.p END
 FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[], $5::bytea[]) AS m(k, c, p, o, f)
 JOIN outbox o ON o.idempotency_key = m.k`
 

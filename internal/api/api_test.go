@@ -397,3 +397,54 @@ func TestTokensNeverLogged(t *testing.T) {
 		require.NotContains(t, logs, s)
 	}
 }
+
+func TestReplayComparesNumbersByValue(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	for _, tc := range []struct{ key, conn, first, again string }{
+		{"n1", "webhook", `{"a":1.0,"b":[1e2]}`, `{"b":[100],"a":1}`},
+		{"n2", "webhook", `{"a":1}`, `{"a":1.00}`},
+		{"n3", "webhook", `{"a":12345678901234567890123}`, `{"a":12345678901234567890123.0}`},
+		{"p1", "payment", paymentPayload, `{"operation":"payment_intent.create","params":{"amount":100.0,"currency":"eur"}}`},
+	} {
+		r := b.do(t, "POST", "/v1/intents", agentSecret, tc.key, `{"connector":"`+tc.conn+`","payload":`+tc.first+`}`)
+		require.Equal(t, http.StatusCreated, r.status, r.raw)
+		r = b.do(t, "POST", "/v1/intents", agentSecret, tc.key, `{"connector":"`+tc.conn+`","payload":`+tc.again+`}`)
+		require.Equal(t, http.StatusOK, r.status, "%s: %s", tc.key, r.raw)
+		require.Equal(t, "true", r.header.Get("Idempotent-Replayed"))
+		// A different number is a conflict.
+		r = b.do(t, "POST", "/v1/intents", agentSecret, tc.key, `{"connector":"`+tc.conn+`","payload":{"a":2}}`)
+		require.Equal(t, http.StatusUnprocessableEntity, r.status, "%s: %s", tc.key, r.raw)
+	}
+	// Purged payload: replay is the same intent.
+	r := b.do(t, "POST", "/v1/intents", agentSecret, "pp", `{"connector":"payment","payload":`+paymentPayload+`}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	_, err := b.pool.Exec(t.Context(), `UPDATE outbox SET payload='{}' WHERE idempotency_key='pp'`)
+	require.NoError(t, err)
+	r = b.do(t, "POST", "/v1/intents", agentSecret, "pp", `{"connector":"payment","payload":{"params":{"currency":"eur","amount":100.0},"operation":"payment_intent.create"}}`)
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.Equal(t, "true", r.header.Get("Idempotent-Replayed"))
+	r = b.do(t, "POST", "/v1/intents", agentSecret, "pp", `{"connector":"payment","payload":{}}`)
+	require.Equal(t, http.StatusUnprocessableEntity, r.status, r.raw)
+	// key conflict for a key the token cannot see must not leak its connector
+	r = b.do(t, "POST", "/v1/intents", crmSecret, "pp", `{"connector":"webhook:crm","payload":{}}`)
+	require.Equal(t, http.StatusUnprocessableEntity, r.status, r.raw)
+	require.NotContains(t, r.raw, "payment")
+}
+
+// After `purge --payload-only`, a webhook intent's payload is {}; a request under its key
+// with payload {} is a different request than the one the key named (the fingerprint
+// says so), so it must be 422, not a 200 replay.
+func TestPurgedPayloadEmptyRequestConflicts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	r := b.do(t, "POST", "/v1/intents", agentSecret, "pw", `{"connector":"webhook","payload":{"email":"a@example.com"}}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	_, err := b.pool.Exec(t.Context(), `UPDATE outbox SET status='delivered', payload='{}' WHERE idempotency_key='pw'`)
+	require.NoError(t, err)
+	r = b.do(t, "POST", "/v1/intents", agentSecret, "pw", `{"connector":"webhook","payload":{"email":"a@example.com"}}`)
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	r = b.do(t, "POST", "/v1/intents", agentSecret, "pw", `{"connector":"webhook","payload":{}}`)
+	require.Equal(t, http.StatusUnprocessableEntity, r.status, r.raw)
+	require.Empty(t, r.header.Get("Idempotent-Replayed"))
+}

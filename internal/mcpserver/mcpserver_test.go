@@ -449,3 +449,32 @@ func TestMCPHTTP(t *testing.T) {
 		require.Equal(t, 0, b.count(t, `idempotency_key = 'http-2'`))
 	})
 }
+
+func TestReplayComparesNumbersAndPurgedPayloads(t *testing.T) {
+	t.Parallel()
+	b := setupService(t)
+	cs := b.connect(t, "agent")
+	prop := func(key, payload string) map[string]any {
+		return map[string]any{"connector": "webhook", "key": key, "payload": json.RawMessage(payload)}
+	}
+	first := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, prop("n", `{"a":1.0,"big":12345678901234567890}`)))
+	require.True(t, first.Inserted)
+	again := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, prop("n", `{"big":12345678901234567890.0,"a":1}`)))
+	require.True(t, again.Replayed)
+	toolErr(t, call(t, cs, mcpserver.ToolPropose, prop("n", `{"a":1,"big":12345678901234567891}`)))
+
+	// Payment (approval-gated), replayed after approval-wait.
+	pay := map[string]any{"connector": "payment", "key": "pay", "payload": json.RawMessage(`{"operation":"payment_intent.create","params":{"amount":100,"currency":"eur"}}`)}
+	p1 := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, pay))
+	require.Equal(t, "awaiting_approval", p1.Intent.Status)
+	p2 := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, pay))
+	require.True(t, p2.Replayed)
+
+	// A purged row: {} is not the same decision.
+	ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, prop("pw", `{"email":"a@example.com"}`)))
+	_, err := b.pool.Exec(t.Context(), `UPDATE outbox SET status='delivered', payload='{}' WHERE idempotency_key='pw'`)
+	require.NoError(t, err)
+	r := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, prop("pw", `{"email":"a@example.com"}`)))
+	require.True(t, r.Replayed)
+	toolErr(t, call(t, cs, mcpserver.ToolPropose, prop("pw", `{}`)))
+}
