@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -39,20 +40,15 @@ func newCancelCmd(e *env) *cobra.Command {
 			}
 			defer pool.Close()
 			res, err := ops.Cancel(ctx, pool, keys, actor(e), reason, time.Time{})
+			if err != nil && !errors.Is(err, ops.ErrInvalidOptions) {
+				// Earlier batches were committed: say which rows they canceled.
+				_ = reportCancel(e, res, asJSON)
+			}
 			if err != nil {
 				return opsError(err)
 			}
-			if asJSON {
-				if err := writeJSON(e.stdout, res); err != nil {
-					return err
-				}
-			} else {
-				w := e.stdout
-				fmt.Fprintf(w, "canceled: %d\n", len(res.Canceled))
-				for _, k := range res.Canceled {
-					fmt.Fprintf(w, "  %s\n", k)
-				}
-				writeLeftAlone(w, res.Unchanged, "already canceled", res.Refused, res.NotFound)
+			if err := reportCancel(e, res, asJSON); err != nil {
+				return err
 			}
 			return keysLeftError("canceled", res.NotFound, res.Refused)
 		},
@@ -61,4 +57,21 @@ func newCancelCmd(e *env) *cobra.Command {
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit trail")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// reportCancel prints what a cancel did.
+func reportCancel(e *env, res ops.CancelResult, asJSON bool) error {
+	if asJSON {
+		if err := writeJSON(e.stdout, res); err != nil {
+			return err
+		}
+	} else {
+		w := e.stdout
+		fmt.Fprintf(w, "canceled: %d\n", len(res.Canceled))
+		for _, k := range res.Canceled {
+			fmt.Fprintf(w, "  %s\n", k)
+		}
+		writeLeftAlone(w, res.Unchanged, "already canceled", res.Refused, res.NotFound)
+	}
+	return nil
 }

@@ -46,22 +46,13 @@ func newPurgeCmd(e *env) *cobra.Command {
 			defer pool.Close()
 			res, err := ops.Purge(ctx, pool, olderThan, o)
 			if err != nil {
+				if res.Rows > 0 {
+					// Earlier batches were committed: say how many rows they purged.
+					_ = reportPurge(e, res, o, asJSON)
+				}
 				return opsError(err)
 			}
-			if asJSON {
-				return writeJSON(e.stdout, purgeJSON{PurgeResult: res, PayloadOnly: o.PayloadOnly})
-			}
-			switch {
-			case o.DryRun && o.PayloadOnly:
-				fmt.Fprintf(e.stdout, "dry run: would empty the payload of %d rows\n", res.Rows)
-			case o.DryRun:
-				fmt.Fprintf(e.stdout, "dry run: would delete %d rows\n", res.Rows)
-			case o.PayloadOnly:
-				fmt.Fprintf(e.stdout, "emptied the payload of %d rows\n", res.Rows)
-			default:
-				fmt.Fprintf(e.stdout, "deleted %d rows\n", res.Rows)
-			}
-			return nil
+			return reportPurge(e, res, o, asJSON)
 		},
 	}
 	db.register(cmd)
@@ -73,6 +64,24 @@ func newPurgeCmd(e *env) *cobra.Command {
 	fs.IntVar(&o.BatchSize, "batch-size", 0, "rows per statement (default 500)")
 	fs.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// reportPurge prints what a purge did.
+func reportPurge(e *env, res ops.PurgeResult, o ops.PurgeOptions, asJSON bool) error {
+	if asJSON {
+		return writeJSON(e.stdout, purgeJSON{PurgeResult: res, PayloadOnly: o.PayloadOnly})
+	}
+	switch {
+	case o.DryRun && o.PayloadOnly:
+		fmt.Fprintf(e.stdout, "dry run: would empty the payload of %d rows\n", res.Rows)
+	case o.DryRun:
+		fmt.Fprintf(e.stdout, "dry run: would delete %d rows\n", res.Rows)
+	case o.PayloadOnly:
+		fmt.Fprintf(e.stdout, "emptied the payload of %d rows\n", res.Rows)
+	default:
+		fmt.Fprintf(e.stdout, "deleted %d rows\n", res.Rows)
+	}
+	return nil
 }
 
 type purgeJSON struct {
