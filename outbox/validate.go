@@ -41,6 +41,13 @@ var (
 	errTrailingData  = errors.New("unexpected data after the JSON value")
 )
 
+// ValidConnectorName reports whether the outbox table's connector column can hold name
+// (its CHECK constraint): a kind, or kind:name, of lowercase letters, digits and '_',
+// starting with a letter, at most 100 characters. The kind itself is not checked.
+func ValidConnectorName(name string) bool {
+	return len(name) <= 100 && connectorPattern.MatchString(name)
+}
+
 // ConnectorKind returns the kind of a connector instance: "webhook" for "webhook:crm".
 func ConnectorKind(connector string) string {
 	kind, _, _ := strings.Cut(connector, ":")
@@ -129,7 +136,7 @@ func checkConnector(connector string) error {
 	if connector == "" {
 		return invalid("connector is empty; name one of %s, or a named instance such as webhook:crm", strings.Join(Kinds, ", "))
 	}
-	if len(connector) > 100 || !connectorPattern.MatchString(connector) {
+	if !ValidConnectorName(connector) {
 		return invalid("connector %q is malformed; use a kind such as webhook, or kind:name with lowercase letters, digits and '_'", connector)
 	}
 	kind := ConnectorKind(connector)

@@ -140,8 +140,8 @@ func (c *Config) validate() error {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", name, d))
 		}
 	}
-	if c.BackoffMax > 0 && c.BackoffBase > c.BackoffMax {
-		errs = append(errs, fmt.Errorf("BackoffBase (%s) must not exceed BackoffMax (%s)", c.BackoffBase, c.BackoffMax))
+	if backoffMax := cmp.Or(c.BackoffMax, time.Hour); c.BackoffMax >= 0 && c.BackoffBase > backoffMax {
+		errs = append(errs, fmt.Errorf("BackoffBase (%s) must not exceed BackoffMax (%s)", c.BackoffBase, backoffMax))
 	}
 	return errors.Join(errs...)
 }

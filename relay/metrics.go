@@ -76,11 +76,17 @@ func newMetrics(reg prometheus.Registerer, h holdings) (*metrics, error) {
 			Name: "outboxd_deliveries_in_flight", Help: "Deliveries in flight, at most OUTBOX_CONCURRENCY. Below it while rows are pending and outboxd_claimed_rows is low, the workers wait for claims: the database, not the receivers, limits the rate.",
 		}, h.inFlight),
 	}
+	var registered []prometheus.Collector
 	for _, c := range []prometheus.Collector{m.deliveries, m.deliveryDuration, m.commitToDelivery, m.claimBatch,
 		m.leaseExpiries, m.handedBack, m.rows, m.oldestPending, m.unknownConnector, m.notifyWorking, m.dbErrors, m.claimedBytes, m.claimedRows, m.inFlight} {
 		if err := reg.Register(c); err != nil {
+			// Leave the registry as it was, so a corrected New can register again.
+			for _, done := range registered {
+				reg.Unregister(done)
+			}
 			return nil, err
 		}
+		registered = append(registered, c)
 	}
 	return m, nil
 }

@@ -28,6 +28,7 @@ import (
 
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // Relay claims due rows from the outbox table, delivers them through connectors and
@@ -64,6 +65,8 @@ type Relay struct {
 	// probeTimeout is how long the NOTIFY self-test waits; tests shorten it.
 	probeTimeout time.Duration
 	running      atomic.Bool
+	// runCalled is set while Run is running or once it has run: a Relay runs once.
+	runCalled atomic.Bool
 	// unreleased holds rows whose release failed (the database was away), to be released
 	// again before the claim loop's next round.
 	unreleasedMu  sync.Mutex
@@ -173,6 +176,25 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("relay config: %w", err)
 	}
+	// Every instance is checked before anything is registered, so a refused New leaves
+	// nothing behind.
+	for name, in := range instances {
+		if !outbox.ValidConnectorName(name) {
+			return nil, fmt.Errorf("relay: connector instance %q: the outbox table cannot hold rows for it; use a kind such as webhook, or kind:name, with lowercase letters, digits and '_', at most 100 characters", name)
+		}
+		if in.Connector == nil {
+			return nil, fmt.Errorf("relay: connector instance %q has no Connector", name)
+		}
+		if in.Concurrency < 0 || in.Rate < 0 || math.IsNaN(in.Rate) || math.IsInf(in.Rate, 0) {
+			return nil, fmt.Errorf("relay: connector instance %q: Concurrency and Rate must not be negative, and Rate must be finite", name)
+		}
+		if in.MaxAge < 0 {
+			return nil, fmt.Errorf("relay: connector instance %q: MaxAge must not be negative, got %s", name, in.MaxAge)
+		}
+		if policy := cmp.Or(in.OnAmbiguous, AmbiguousRetry); policy != AmbiguousRetry && policy != AmbiguousHold {
+			return nil, fmt.Errorf("relay: connector instance %q: OnAmbiguous must be %q or %q, got %q", name, AmbiguousRetry, AmbiguousHold, in.OnAmbiguous)
+		}
+	}
 	cfg = cfg.withDefaults()
 	r := &Relay{
 		pool:      pool,
@@ -196,16 +218,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 	}
 	r.metrics = m
 	for name, in := range instances {
-		if in.Connector == nil {
-			return nil, fmt.Errorf("relay: connector instance %q has no Connector", name)
-		}
-		if in.Concurrency < 0 || in.Rate < 0 || math.IsNaN(in.Rate) {
-			return nil, fmt.Errorf("relay: connector instance %q: Concurrency and Rate must not be negative", name)
-		}
 		policy := cmp.Or(in.OnAmbiguous, AmbiguousRetry)
-		if policy != AmbiguousRetry && policy != AmbiguousHold {
-			return nil, fmt.Errorf("relay: connector instance %q: OnAmbiguous must be %q or %q, got %q", name, AmbiguousRetry, AmbiguousHold, in.OnAmbiguous)
-		}
 		inst := &instance{
 			name:             name,
 			conn:             in.Connector,
@@ -352,7 +365,12 @@ func (r *Relay) Ready(ctx context.Context) error {
 // recorded as ambiguous), records every outcome, and returns nil. It returns an error only when it cannot start (and nil when
 // ctx ends while it waits for the database at start).
 func (r *Relay) Run(ctx context.Context) error {
+	if !r.runCalled.CompareAndSwap(false, true) {
+		return errors.New("relay: Run called again; a Relay runs once, create another with New")
+	}
 	if err := r.start(ctx); err != nil {
+		// Nothing was claimed or closed: Run may be called again.
+		r.runCalled.Store(false)
 		if ctx.Err() != nil {
 			// Stopped while it waited for the database: nothing was claimed.
 			return nil

@@ -1,0 +1,96 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/pgtest"
+)
+
+// A failed New leaves the Registerer as it found it: the embedder can fix the input
+// and call New again with the same registry.
+func TestNewFailedNewLeavesRegistererClean(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	reg := prometheus.NewRegistry()
+	_, err := New(pool, &Config{Registerer: reg}, map[string]Instance{"webhook": {}})
+	require.ErrorContains(t, err, "has no Connector")
+	_, err = New(pool, &Config{Registerer: reg}, map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+}
+
+// Instance.MaxAge is refused when negative, as Config.MaxAge is.
+func TestNewRejectsNegativeInstanceMaxAge(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	_, err := New(pool, nil, map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/"), MaxAge: -time.Hour}})
+	require.ErrorContains(t, err, "MaxAge")
+}
+
+// An instance name no outbox row can carry (the connector CHECK refuses it) is refused.
+func TestNewRejectsImpossibleInstanceNames(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	for _, name := range []string{"", "Webhook", "webhook:", ":x", "webhook:a:b", strings.Repeat("w", 101)} {
+		_, err := New(pool, nil, map[string]Instance{name: {Connector: newHook(t, "http://127.0.0.1:1/")}})
+		require.Error(t, err, "name %q", name)
+	}
+}
+
+// BackoffBase above the default BackoffMax is refused, as it is against an explicit one.
+func TestNewBackoffBaseAboveDefaultMax(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	_, err := New(pool, &Config{BackoffBase: 2 * time.Hour}, nil)
+	require.ErrorContains(t, err, "BackoffBase")
+}
+
+// Rate +Inf is refused like NaN.
+func TestNewRejectsInfiniteRate(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	_, err := New(pool, nil, map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/"), Rate: posInf()}})
+	require.Error(t, err)
+}
+
+// Running a relay a second time returns an error rather than panicking.
+func TestNewRunTwice(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	r, err := New(pool, &Config{Logger: testLogger(), PollInterval: 10 * time.Millisecond, ShutdownTimeout: time.Second}, map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	require.NoError(t, r.Run(ctx))
+	ctx2, cancel2 := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel2()
+	var perr any
+	func() {
+		defer func() { perr = recover() }()
+		err = r.Run(ctx2)
+	}()
+	require.Nil(t, perr, "second Run panicked: %v", fmt.Sprint(perr))
+	require.Error(t, err)
+}
+
+func posInf() float64 { var z float64; return 1 / z }
+
+// Run after a start that failed (stopped before the database answered) may run again.
+func TestNewRunAfterFailedStart(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	r, err := New(pool, &Config{Logger: testLogger(), ShutdownTimeout: time.Second}, map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	stopped, cancel := context.WithCancel(t.Context())
+	cancel()
+	require.NoError(t, r.Run(stopped))
+	ctx, cancel2 := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel2()
+	require.NoError(t, r.Run(ctx))
+}
