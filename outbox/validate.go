@@ -214,10 +214,17 @@ func checkEmail(v any) error {
 		if !ok {
 			return invalid(`email "headers" must be an object of strings`)
 		}
+		seen := make(map[string]string, len(hm))
 		for name, value := range hm {
 			if s, ok := value.(string); !ok || strings.ContainsAny(s, "\r\n") || strings.ContainsAny(name, ": \r\n") {
 				return invalid("email header %q must be a one-line string", name)
 			}
+			// Header names are case-insensitive: two that differ only in case name one
+			// header, and the connector cannot send both.
+			if other, dup := seen[strings.ToLower(name)]; dup {
+				return invalid("email headers %q and %q differ only in case, so they name one header; keep one", min(name, other), max(name, other))
+			}
+			seen[strings.ToLower(name)] = name
 		}
 	}
 	return nil

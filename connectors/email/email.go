@@ -397,11 +397,11 @@ func (c *Connector) build(d connectors.Delivery) (*message, error) {
 		f.set(parsed...)
 	}
 
-	for name, value := range p.Headers {
-		canon, err := checkHeader(name, value)
-		if err != nil {
-			return nil, err
-		}
+	headers, err := checkHeaders(p.Headers)
+	if err != nil {
+		return nil, err
+	}
+	for canon, value := range headers {
 		msg.SetGenHeader(gomail.Header(canon), value)
 	}
 	// Set after the payload's headers, so that nothing a row says can replace them.
@@ -605,6 +605,28 @@ func validHeaderName(name string) bool {
 		}
 	}
 	return true
+}
+
+// checkHeaders checks a payload's extra headers and returns them by canonical name. Two
+// names that differ only in case name one header: keeping either value would drop the
+// other silently, and which one depended on map order, so a retry could send another
+// message (a different body, which Resend refuses as a reused key).
+func checkHeaders(h map[string]string) (map[string]string, error) {
+	out := make(map[string]string, len(h))
+	seen := make(map[string]string, len(h))
+	for name, value := range h {
+		canon, err := checkHeader(name, value)
+		if err != nil {
+			return nil, err
+		}
+		if other, dup := seen[canon]; dup {
+			a, b := min(name, other), max(name, other)
+			return nil, fmt.Errorf("payload: headers %q and %q differ only in case, so they name one header; keep one", a, b)
+		}
+		seen[canon] = name
+		out[canon] = value
+	}
+	return out, nil
 }
 
 // checkHeader checks one of a payload's extra headers and returns its canonical name.

@@ -305,13 +305,8 @@ func (c *Resend) build(d connectors.Delivery) ([]byte, error) {
 			*f.dst = append(*f.dst, strings.TrimSpace(s))
 		}
 	}
-	e.Headers = make(map[string]string, len(p.Headers)+1)
-	for name, value := range p.Headers {
-		canon, err := checkHeader(name, value)
-		if err != nil {
-			return nil, err
-		}
-		e.Headers[canon] = value
+	if e.Headers, err = checkHeaders(p.Headers); err != nil {
+		return nil, err
 	}
 	// The key travels in the mail too, as the SMTP transport sends it; Resend sets its own
 	// Message-ID.

@@ -73,6 +73,10 @@ func rename(raw json.RawMessage, t reflect.Type, path string) (any, error) {
 		}
 		out := make([]any, len(arr))
 		for i, v := range arr {
+			// A null element has no form encoding: stripe-go would drop it silently.
+			if bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
+				return nil, fmt.Errorf("%s[%d]: null is not a value Stripe accepts in a list; leave it out", path, i)
+			}
 			rv, err := rename(v, t.Elem(), fmt.Sprintf("%s[%d]", path, i))
 			if err != nil {
 				return nil, err
@@ -87,6 +91,11 @@ func rename(raw json.RawMessage, t reflect.Type, path string) (any, error) {
 		}
 		out := make(map[string]any, len(obj))
 		for k, v := range obj {
+			// A null value would go out as an empty string, which Stripe reads as "unset
+			// this key" in metadata.
+			if bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
+				return nil, fmt.Errorf("%s.%s: null is not a value; give a string, or leave the key out", path, k)
+			}
 			rv, err := rename(v, t.Elem(), path+"."+k)
 			if err != nil {
 				return nil, err
