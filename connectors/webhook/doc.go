@@ -40,7 +40,8 @@
 //   - Other 4xx are permanent ([connectors.Permanent]), and so is 101 Switching Protocols,
 //     whose connection is closed unread: it is no answer to a webhook.
 //   - A row that cannot make a well-formed request (a key or a header with a control
-//     character, a payload that is not JSON) is permanent without a request.
+//     character, two header names that differ only in case, a payload that is not JSON)
+//     is permanent without a request.
 //   - Network errors and timeouts are retried. When they happen after the whole request
 //     was written (seen with net/http/httptrace), the receiver may have acted, and the
 //     error is also marked [connectors.Ambiguous].

@@ -289,6 +289,11 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 		if !validHeader(name, value) {
 			return nil, connectors.Permanent(fmt.Errorf("POST %s: the row's header %q is not a valid HTTP header", c.target, name))
 		}
+		if _, dup := req.Header[name]; dup {
+			// Two of the row's names differ only in case: which one won would depend on
+			// map order, so each attempt could send a different value.
+			return nil, connectors.Permanent(fmt.Errorf("POST %s: the row has more than one header named %q (names differing only in case)", c.target, name))
+		}
 		req.Header.Set(name, value)
 	}
 	if c.authorization != "" && req.Header.Get("Authorization") == "" {
