@@ -38,8 +38,7 @@ func TestReplayedHeadWaitsForItsKeysRowInFlight(t *testing.T) {
 	t.Parallel()
 	b := setup(t, receiver.Options{})
 	clock, cfg := b.clockedConfig(t)
-	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
-	require.NoError(t, err)
+	r := b.newRelay(t, cfg)
 	inst := r.instances["webhook"]
 	enqueueOrdered(t, b.pool, "k-1", "k")
 	enqueueOrdered(t, b.pool, "k-2", "k")
@@ -119,11 +118,10 @@ func TestRowUnblockedByReclaimIsClaimedAtOnce(t *testing.T) {
 	clock, cfg := b.clockedConfig(t)
 	cfg.MaxAttempts, cfg.Lease = 1, 10*time.Second
 	cfg.PollInterval = time.Hour // no periodic claim from the head during the test
-	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
-	require.NoError(t, err)
+	r := b.newRelay(t, cfg)
 	enqueueOrdered(t, b.pool, "head", "k")
 	enqueueOrdered(t, b.pool, "tail", "k")
-	_, err = b.pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, next_attempt_at)
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, next_attempt_at)
 		VALUES ('later', 'webhook', '{}', now() + interval '1 hour')`)
 	require.NoError(t, err)
 
@@ -157,8 +155,7 @@ func TestOrderedOutcomeWithoutAClaimRescansNextTime(t *testing.T) {
 			t.Parallel()
 			b := setup(t, receiver.Options{})
 			_, cfg := b.clockedConfig(t)
-			r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
-			require.NoError(t, err)
+			r := b.newRelay(t, cfg)
 			enqueueOrdered(t, b.pool, "k-1", "k")
 			rows := claimRows(t, r, "webhook")
 			require.Len(t, rows, 1)

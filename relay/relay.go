@@ -727,7 +727,7 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 	// outcome of a row with an ordering key, whose next row becomes due now), and now and
 	// then anyway; else where the instance's last claim found rows (see scanStart).
 	rescan := len(plans) > 0 && r.rescan.Swap(false)
-	unblocks := slices.ContainsFunc(outs, func(o outcome) bool { return o.ordered })
+	unblocks := anyOrdered(outs)
 	for i := range plans {
 		plans[i].from = plans[i].inst.scanStart(time.Now(), rescan || unblocks, r.cfg.PollInterval)
 		plans[i].bytes = max(1, bytesLeft/int64(len(plans))) // the bytes left, shared evenly
@@ -1228,7 +1228,7 @@ func (r *Relay) salvage(ctx context.Context, outs []outcome, refusal error) []ou
 		if unsure(err) {
 			markMaybeWritten(batch)
 		}
-		if err == nil && slices.ContainsFunc(batch, func(o outcome) bool { return o.ordered }) {
+		if err == nil && anyOrdered(batch) {
 			r.rescan.Store(true) // as in claimRound: written without a claim, the key's next row may lie behind
 		}
 		return err
@@ -1347,6 +1347,12 @@ func recordStmt(batch []outcome) string {
 		return recordAgainSQL
 	}
 	return recordSQL
+}
+
+// anyOrdered reports whether one of outs is of a row with an ordering key: writing it
+// may let the key's next row go, which may lie behind where claims start.
+func anyOrdered(outs []outcome) bool {
+	return slices.ContainsFunc(outs, func(o outcome) bool { return o.ordered })
 }
 
 // markMaybeWritten marks outs as perhaps written already.

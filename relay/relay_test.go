@@ -85,6 +85,14 @@ func newHook(t testing.TB, url string) *webhook.Connector {
 	return hook
 }
 
+// newRelay returns a relay with cfg over b's webhook connector, as instance "webhook".
+func (b *testBundle) newRelay(t *testing.T, cfg *Config) *Relay {
+	t.Helper()
+	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	return r
+}
+
 // fastConfig retries within milliseconds, so tests that use the real clock finish fast.
 func (b *testBundle) fastConfig() *Config {
 	return &Config{
@@ -155,8 +163,7 @@ func (b *testBundle) startNotifyOnly(t *testing.T) *Relay {
 	cfg := b.fastConfig()
 	cfg.PollInterval = time.Hour
 	cfg.Registerer = prometheus.NewRegistry() // a test may run two
-	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
-	require.NoError(t, err)
+	r := b.newRelay(t, cfg)
 	// The self-test runs once per LISTEN connection and gives up after probeTimeout
 	// (5s), leaving the gauge at 0: on a busy machine the tests below must not depend on
 	// a notification arriving that fast.
@@ -984,8 +991,7 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Cleanup(func() { closeOnce(release) })
 		cfg := b.fastConfig()
 		cfg.Concurrency = 1 // one in flight; the rows behind it are claimed ahead, not started
-		r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
-		require.NoError(t, err)
+		r := b.newRelay(t, cfg)
 		ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 		defer cancel()
 		ran := make(chan error, 1)
@@ -1176,8 +1182,7 @@ func TestReleaseLeavesARowClaimedAgain(t *testing.T) {
 	b := setup(t, receiver.Options{})
 	clock, cfg := b.clockedConfig(t)
 	cfg.Lease = 10 * time.Second
-	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
-	require.NoError(t, err)
+	r := b.newRelay(t, cfg)
 	enqueue(t, b.pool, "again", "webhook", []int{1})
 	first := claimRows(t, r, "webhook")
 	require.Len(t, first, 1)
@@ -1640,8 +1645,7 @@ func TestFewOutcomesDoNotRideWithClaims(t *testing.T) {
 	t.Parallel()
 	b := setup(t, receiver.Options{})
 	clock, cfg := b.clockedConfig(t)
-	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
-	require.NoError(t, err)
+	r := b.newRelay(t, cfg)
 	inst := r.instances["webhook"]
 	insert := func(prefix string, n int) {
 		msgs := make([]outbox.Message, n)
@@ -1701,8 +1705,7 @@ func TestClaimedBytesAreBounded(t *testing.T) {
 	b := setup(t, receiver.Options{})
 	_, cfg := b.clockedConfig(t)
 	cfg.MaxClaimedBytes = 100_000
-	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
-	require.NoError(t, err)
+	r := b.newRelay(t, cfg)
 	inst := r.instances["webhook"]
 	require.Positive(t, inst.ahead, "the instance claims ahead, so only the bytes bound the claims")
 
@@ -1711,7 +1714,7 @@ func TestClaimedBytesAreBounded(t *testing.T) {
 		msgs = append(msgs, outbox.Message{Key: fmt.Sprintf("big-%d", i), Connector: "webhook",
 			Payload: map[string]string{"data": randomText(t, 30_000)}})
 	}
-	_, err = outbox.EnqueueBatch(t.Context(), b.pool, msgs)
+	_, err := outbox.EnqueueBatch(t.Context(), b.pool, msgs)
 	require.NoError(t, err)
 	round := func() int { return claimOnce(t, r) }
 	finish := func(n int) {

@@ -141,10 +141,7 @@ FROM r`
 // lease and is left alone.
 const releaseSQL = `
 UPDATE outbox o
-SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL,
-    attempts = o.attempts - 1, updated_at = $3,
-    first_attempt_at = CASE WHEN o.attempts = 1 THEN NULL ELSE o.first_attempt_at END
-FROM unnest($2::bigint[], $4::int[], $5::timestamptz[]) AS r(id, attempt, lease)
+` + releaseSet + `FROM unnest($2::bigint[], $4::int[], $5::timestamptz[]) AS r(id, attempt, lease)
 WHERE o.id = r.id AND o.attempts = r.attempt AND o.status = 'delivering' AND o.lease_owner = $1
   AND o.lease_expires_at = r.lease`
 
@@ -185,6 +182,13 @@ SELECT e.id, e.attempts, e.lease_owner, e.started_at, $1, 'lease_expired', true,
        'lease expired before the outcome was recorded'
 FROM expired e`
 
+// releaseSet is how a release puts a row back: pending, unleased, and the attempt it was
+// claimed for uncounted ($3 is the relay's clock).
+const releaseSet = `SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL,
+    attempts = o.attempts - 1, updated_at = $3,
+    first_attempt_at = CASE WHEN o.attempts = 1 THEN NULL ELSE o.first_attempt_at END
+`
+
 // releaseLostSQL hands back the rows this relay ($1) claimed in rounds whose reply it
 // never got (the connection broke around the commit), found by their lease's expiry,
 // which is unique to each round of a relay ($2): they return to pending as releaseSQL
@@ -192,10 +196,7 @@ FROM expired e`
 // or claimed again since, no longer matches. $3 is the relay's clock.
 const releaseLostSQL = `
 UPDATE outbox o
-SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL,
-    attempts = o.attempts - 1, updated_at = $3,
-    first_attempt_at = CASE WHEN o.attempts = 1 THEN NULL ELSE o.first_attempt_at END
-WHERE o.status = 'delivering' AND o.lease_owner = $1 AND o.lease_expires_at = ANY($2::timestamptz[])`
+` + releaseSet + `WHERE o.status = 'delivering' AND o.lease_owner = $1 AND o.lease_expires_at = ANY($2::timestamptz[])`
 
 // unknownConnectorsSQL counts the rows of connectors this relay does not have ($1) that
 // wait for a relay that has them: pending ones, and delivering ones whose lease expired
