@@ -414,7 +414,11 @@ type benchDBs struct {
 func benchDatabases(ctx context.Context, e *env, runID string, progress func(string, ...any)) (*benchDBs, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, benchSetupTimeout, errors.New("setting up the databases took too long"))
 	defer cancel()
-	if db, err := config.LoadDatabase(e.environ); err == nil {
+	db, given, err := config.LoadOptionalDatabase(e.environ)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	if given {
 		d := &benchDBs{
 			source:       "OUTBOX_DATABASE_URL " + db.String(),
 			throughput:   db.URL,

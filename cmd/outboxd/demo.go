@@ -24,6 +24,7 @@ import (
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/connectors/webhook"
 	"github.com/outboxd/outboxd/internal/config"
+	"github.com/outboxd/outboxd/internal/ops"
 	"github.com/outboxd/outboxd/internal/pgcluster"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
@@ -51,7 +52,8 @@ func newDemoCmd(e *env) *cobra.Command {
 			"It stops everything it started and removes the throwaway database. With OUTBOX_DATABASE_URL " +
 			"(a scratch database is best), the demo's rows stay in that database under keys that start with " +
 			"the run id it prints, for a relay instance of their own (webhook:demo_<run id>), so its relay " +
-			"delivers no other row.",
+			"delivers no other row; it prints the DELETE that removes them. A demo stopped before they " +
+			"finish cancels the ones left, which no relay would ever deliver.",
 		Example: `  # a throwaway PostgreSQL from initdb and pg_ctl (on PATH or under /usr/lib/postgresql/*/bin)
   outboxd demo
 
@@ -74,7 +76,7 @@ type demoIntent struct {
 }
 
 // demo runs the demonstration; see newDemoCmd.
-func demo(ctx context.Context, e *env) error {
+func demo(ctx context.Context, e *env) (err error) {
 	logCfg, err := config.LoadLog(e.environ)
 	if err != nil {
 		return usageError{err}
@@ -95,7 +97,13 @@ func demo(ctx context.Context, e *env) error {
 	// The database: the given one, or a throwaway cluster.
 	instance := "webhook"
 	var dsn string
-	if db, err := config.LoadDatabase(e.environ); err == nil {
+	db, given, err := config.LoadOptionalDatabase(e.environ)
+	if err != nil {
+		// Set but unusable: say so, as every other command does, rather than quietly
+		// run somewhere else.
+		return usageError{err}
+	}
+	if given {
 		dsn = db.URL
 		// A relay instance of its own, so the demo relay never claims the database's
 		// other rows, and keys of its own.
@@ -128,16 +136,48 @@ func demo(ctx context.Context, e *env) error {
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
-	if _, err := outboxd.Migrate(ctx, pool); err != nil {
+	from, err := outboxd.Migrate(ctx, pool)
+	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	out.plain("schema: migrated to version %d\n", outboxd.SchemaVersion)
+	if from == outboxd.SchemaVersion {
+		out.plain("schema: already at version %d\n", from)
+	} else {
+		out.plain("schema: migrated from version %d to %d\n", from, outboxd.SchemaVersion)
+	}
 
 	intents := demoIntents(runID)
 	drops := make(map[string]bool, len(intents))
 	for _, in := range intents {
 		drops[in.key] = in.plan.DropAfterEffect > 0
 		out.keyWidth = max(out.keyWidth, len(in.key))
+	}
+	enqueued := false // the application's transaction was sent, and may have committed
+	if given {
+		// On the user's database, a demo stopped before its rows finished (a signal, the
+		// timeout) cancels the rest: no relay has its instance, so they would wait there
+		// for good, and every relay would warn about them. This runs after the relay
+		// stopped (deferred below), so none is in flight.
+		defer func() {
+			if err == nil || !enqueued {
+				return
+			}
+			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer ccancel()
+			keys := make([]string, len(intents))
+			for i, in := range intents {
+				keys[i] = in.key
+			}
+			res, cerr := ops.Cancel(cctx, pool, keys, "outboxd demo", "the demo stopped before it finished", time.Time{})
+			if cerr != nil {
+				fmt.Fprintln(e.stderr, "outboxd: cancel the demo's unfinished rows:", cerr)
+				return
+			}
+			if len(res.Canceled) > 0 {
+				out.plain("\nthe demo stopped before its rows finished; canceled the %d still waiting, so no relay waits for them\n",
+					len(res.Canceled))
+			}
+		}()
 	}
 	// The receiver reports each effect as it performs it.
 	rcv, err := receiver.Start(receiver.Options{OnEffect: func(eff receiver.Effect) {
@@ -193,6 +233,7 @@ func demo(ctx context.Context, e *env) error {
 	}
 	out.plain("\n")
 	out.start()
+	enqueued = true
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// ... the application's own UPDATE orders SET ... would go here ...
 		for _, in := range intents {
@@ -215,7 +256,19 @@ func demo(ctx context.Context, e *env) error {
 		return fmt.Errorf("relay: %w", err)
 	}
 	out.plain("\n")
-	return demoReport(out, intents, final, rcv)
+	if err := demoReport(out, intents, final, rcv); err != nil {
+		return err
+	}
+	if given {
+		// The rows stay for the operator commands to show, but the dead one makes
+		// `outboxd status` report a dead letter, and no command deletes a dead row.
+		out.plain("the demo's %d rows stay in this database for relay instance %s; the refused one is dead, "+
+			"so `outboxd status` reports a dead letter until they are removed:\n"+
+			"  DELETE FROM outbox WHERE connector = '%s';  -- their attempts go with them\n\n",
+			len(intents), instance, instance)
+	}
+	out.plain("%s\n", demoSuccess)
+	return nil
 }
 
 // demoIntents are the demo's intents, keyed as an application would: by the work (the
@@ -286,7 +339,7 @@ func waitFinished(ctx context.Context, pool *pgxpool.Pool, intents []demoIntent)
 }
 
 // demoReport prints the end state and checks it; it returns an error when the demo did
-// not end as it should.
+// not end as it should, and otherwise leaves the success line to its caller.
 func demoReport(out *storyWriter, intents []demoIntent, final []outbox.Intent, rcv *receiver.Receiver) error {
 	var problems []string
 	out.plain("end state:\n")
@@ -322,7 +375,6 @@ func demoReport(out *storyWriter, intents []demoIntent, final []outbox.Intent, r
 		}
 		return fmt.Errorf("the demo did not end as it should: %d problem(s), listed above", len(problems))
 	}
-	out.plain("%s\n", demoSuccess)
 	return nil
 }
 

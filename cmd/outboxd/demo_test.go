@@ -3,12 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/pgcluster"
+	"github.com/outboxd/outboxd/internal/pgtest"
 )
 
 // TestDemo runs `outboxd demo` end to end, as the README's first command does: a
@@ -87,4 +91,112 @@ func TestDemoHelp(t *testing.T) {
 	require.Equal(t, exitOK, code, stderr.String())
 	require.Contains(t, stdout.String(), "Examples:\n")
 	require.Contains(t, stdout.String(), "  outboxd demo\n")
+}
+
+// TestDemoRefusesInvalidDatabaseURL: a mistyped OUTBOX_DATABASE_URL is a usage error, as
+// in every other command, not a reason to quietly run on a throwaway cluster instead.
+func TestDemoRefusesInvalidDatabaseURL(t *testing.T) {
+	t.Parallel()
+
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"demo"}, []string{"OUTBOX_DATABASE_URL=postgres://app@localhost:54x32/app"},
+		strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitUsage, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	require.NotContains(t, stdout.String(), "throwaway")
+	require.Contains(t, stderr.String(), "OUTBOX_DATABASE_URL")
+}
+
+// TestDemoSaysWhatItDidToTheSchema: on a user's database at an older schema version, the
+// demo upgrades it; it must say so, as `outboxd migrate` does.
+func TestDemoSaysWhatItDidToTheSchema(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+
+	dsn := pgtest.URL(t)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) })
+	v3, err := os.ReadFile("../../testdata/schema_v3.sql")
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `DROP SCHEMA public CASCADE; CREATE SCHEMA public`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, string(v3))
+	require.NoError(t, err)
+
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{"demo"}, []string{"OUTBOX_DATABASE_URL=" + dsn}, strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	require.Contains(t, stdout.String(), "from version 3 to 4", "the demo upgraded the user's schema:\n%s", stdout.String())
+
+	// A second run finds it current and says so.
+	stdout.Reset()
+	code = run(ctx, []string{"demo"}, []string{"OUTBOX_DATABASE_URL=" + dsn}, strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	require.Contains(t, stdout.String(), "already at version 4")
+
+	// The closing line's DELETE removes the run's rows and their attempts, so the
+	// dead one no longer counts as a dead letter.
+	_, sql, ok := strings.Cut(stdout.String(), "until they are removed:\n")
+	require.True(t, ok, stdout.String())
+	sql, _, _ = strings.Cut(strings.TrimSpace(sql), "  --")
+	var before, attempts int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&before))
+	_, err = conn.Exec(ctx, sql)
+	require.NoError(t, err)
+	var after int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&after))
+	require.Equal(t, len(demoIntents("x")), before-after, "the DELETE removes one run's rows")
+	require.NoError(t, conn.QueryRow(ctx,
+		`SELECT count(*) FROM outbox_attempts a WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = a.outbox_id)`).Scan(&attempts))
+	require.Zero(t, attempts, "attempts of deleted rows are left")
+}
+
+// cancelOnWriter collects output and cancels once it has seen marker.
+type cancelOnWriter struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	marker string
+	cancel context.CancelFunc
+}
+
+func (w *cancelOnWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n, err := w.buf.Write(p)
+	if strings.Contains(w.buf.String(), w.marker) {
+		w.cancel()
+	}
+	return n, err
+}
+
+func (w *cancelOnWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+// TestDemoInterruptedLeavesNoPendingRows: a demo stopped (Ctrl-C, or its timeout) on a
+// user's database must not leave pending rows under its own relay instance, which no
+// relay will ever have: every relay on that database would warn about them every 10
+// seconds, forever.
+func TestDemoInterruptedLeavesNoPendingRows(t *testing.T) {
+	t.Parallel()
+
+	dsn := pgtest.URL(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	// The first 503 of the row that fails twice: it is pending, its retry 200ms away.
+	stdout := &cancelOnWriter{marker: "attempt 1 failed", cancel: cancel}
+	var stderr bytes.Buffer
+	code := run(ctx, []string{"demo"}, []string{"OUTBOX_DATABASE_URL=" + dsn}, strings.NewReader(""), stdout, &stderr)
+	require.Equal(t, exitFailure, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+
+	conn, err := pgx.Connect(t.Context(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.WithoutCancel(t.Context())) })
+	var unfinished int
+	require.NoError(t, conn.QueryRow(t.Context(),
+		`SELECT count(*) FROM outbox WHERE status NOT IN ('delivered', 'dead', 'canceled')`).Scan(&unfinished))
+	require.Zero(t, unfinished, "rows left waiting for a relay instance that no relay has\nstdout:\n%s\nstderr:\n%s",
+		stdout.String(), stderr.String())
 }

@@ -23,7 +23,14 @@ func newMigrateCmd(e *env) *cobra.Command {
 				return usageError{err}
 			}
 			ctx := cmd.Context()
-			conn, err := pgx.Connect(ctx, db.URL)
+			// Parsed as the pool parses it, so that pool settings in the DSN
+			// (pool_max_conns=...), which every command reads, are not sent to the
+			// server as run-time parameters.
+			poolCfg, err := config.ParseDSN("OUTBOX_DATABASE_URL", db.URL)
+			if err != nil {
+				return usageError{err}
+			}
+			conn, err := pgx.ConnectConfig(ctx, poolCfg.ConnConfig)
 			if err != nil {
 				return fmt.Errorf("connect: %w", err)
 			}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/internal/config"
+	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -182,4 +183,70 @@ func TestBuildInstances(t *testing.T) {
 	require.Equal(t, relay.AmbiguousHold, crm.OnAmbiguous)
 	require.Equal(t, 5.0, crm.Rate)
 	require.Equal(t, 3, crm.Concurrency)
+}
+
+// TestMigrateAcceptsPoolSettingsInDSN: the README puts pool settings such as
+// pool_max_conns in OUTBOX_DATABASE_URL, which every command reads; migrate must not
+// send them to the server as run-time parameters.
+func TestMigrateAcceptsPoolSettingsInDSN(t *testing.T) {
+	t.Parallel()
+
+	dsn := pgtest.URL(t)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"migrate"}, []string{"OUTBOX_DATABASE_URL=" + dsn + sep + "pool_max_conns=4"},
+		strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitOK, code, stderr.String())
+	require.Contains(t, stdout.String(), "schema already at version")
+}
+
+// TestServeRefusesBadConfigurationAsUsage: configurations that can never work are
+// refused at start as usage errors (exit 2, "invalid configuration", one line naming the
+// variable), not after the relay or the listener has been built (exit 1).
+func TestServeRefusesBadConfigurationAsUsage(t *testing.T) {
+	t.Parallel()
+
+	long := strings.Repeat("a", 100) // webhook:aaa… is 108 characters: the table holds 100
+	tests := []struct {
+		name    string
+		environ []string
+		want    string
+	}{
+		{
+			name:    "HTTPAddrPortOutOfRange",
+			environ: []string{"OUTBOX_HTTP_ADDR=127.0.0.1:99999", "OUTBOX_WEBHOOK_URL=http://127.0.0.1:1/hook"},
+			want:    "- OUTBOX_HTTP_ADDR",
+		},
+		{
+			name:    "HTTPAddrPortNotANumber",
+			environ: []string{"OUTBOX_HTTP_ADDR=127.0.0.1:eighty", "OUTBOX_WEBHOOK_URL=http://127.0.0.1:1/hook"},
+			want:    "- OUTBOX_HTTP_ADDR",
+		},
+		{
+			name: "InstanceNameTooLongForTheTable",
+			environ: []string{
+				"OUTBOX_CONNECTORS=webhook:" + long,
+				"OUTBOX_WEBHOOK_" + strings.ToUpper(long) + "_URL=http://127.0.0.1:1/hook",
+			},
+			want: `- OUTBOX_CONNECTORS: "webhook:` + long + `"`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+
+			environ := append([]string{
+				"OUTBOX_DATABASE_URL=postgres://app:hunter2@127.0.0.1:1/app?connect_timeout=1",
+			}, tt.environ...)
+			var stdout, stderr bytes.Buffer
+			code := run(t.Context(), []string{"serve"}, environ, strings.NewReader(""), &stdout, &stderr)
+			require.Equal(t, exitUsage, code, stderr.String())
+			require.True(t, strings.HasPrefix(stderr.String(), "outboxd: invalid configuration:\n"), stderr.String())
+			require.True(t, containsPrefix(strings.Split(stderr.String(), "\n"), tt.want), "stderr lacks %q:\n%s", tt.want, stderr.String())
+			require.NotContains(t, stderr.String(), "hunter2")
+		})
+	}
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"math"
 	"slices"
 	"strings"
 
@@ -62,7 +63,7 @@ func (a *API) validate(p *problems) {
 				"so it would require approval of nothing", a.ApprovalRequired[i], kindNames())
 		}
 	}
-	if a.Rate < 0 {
+	if a.Rate < 0 || math.IsNaN(a.Rate) { // NaN would limit nothing
 		p.addf("OUTBOX_API_RATE", "OUTBOX_API_RATE must be 0 (no limit) or positive, got %v", a.Rate)
 	}
 	if a.MaxBody <= 0 {

@@ -112,6 +112,18 @@ func LoadDatabase(environ []string) (Database, error) {
 	return db, p.err()
 }
 
+// LoadOptionalDatabase is [LoadDatabase] for commands that start a database of their own
+// when none is given (demo, bench): given is false when OUTBOX_DATABASE_URL is unset or
+// empty, and a value that is set but does not parse is an error, never a reason to run
+// somewhere else.
+func LoadOptionalDatabase(environ []string) (db Database, given bool, err error) {
+	if env.ToMap(environ)["OUTBOX_DATABASE_URL"] == "" {
+		return Database{}, false, nil
+	}
+	db, err = LoadDatabase(environ)
+	return db, err == nil, err
+}
+
 // validate checks that pgx can parse the DSN.
 func (d *Database) validate(p *problems) {
 	if d.URL == "" || !p.ok("OUTBOX_DATABASE_URL") {
@@ -273,6 +285,9 @@ func (e Engine) LogValue() slog.Value {
 func (c *Config) validate(p *problems) {
 	if _, port, err := net.SplitHostPort(c.HTTPAddr); err != nil || port == "" {
 		p.addf("OUTBOX_HTTP_ADDR", "OUTBOX_HTTP_ADDR must be host:port (such as 127.0.0.1:8080 or :8080), got %q", c.HTTPAddr)
+	} else if _, err := net.LookupPort("tcp", port); err != nil {
+		// The port as the listener reads it: a number up to 65535, or a service name.
+		p.addf("OUTBOX_HTTP_ADDR", "OUTBOX_HTTP_ADDR must be host:port with a port from 0 to 65535 (such as 127.0.0.1:8080 or :8080), got %q", c.HTTPAddr)
 	}
 	c.Database.validate(p)
 	c.Log.validate(p)

@@ -546,3 +546,60 @@ func TestLoadAPIProblems(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "a", tok.Name)
 }
+
+// TestAPIRateMustBeANumber: OUTBOX_API_RATE=NaN parses as a float, and the intent API
+// then limits nothing; the connector instances' RATE refuses it, and so must this.
+func TestAPIRateMustBeANumber(t *testing.T) {
+	t.Parallel()
+
+	for _, v := range []string{"NaN", "nan"} {
+		_, err := LoadAPI([]string{"OUTBOX_API_RATE=" + v})
+		require.Error(t, err, "OUTBOX_API_RATE=%s is accepted", v)
+		require.Contains(t, err.Error(), "OUTBOX_API_RATE")
+		_, err = Load([]string{"OUTBOX_DATABASE_URL=postgres://app@localhost/app", "OUTBOX_WEBHOOK_URL=http://127.0.0.1/h", "OUTBOX_API_RATE=" + v})
+		require.Error(t, err, "OUTBOX_API_RATE=%s is accepted", v)
+	}
+}
+
+// TestInvalidDSNNeverQuotesItsPassword: a DSN that is almost a postgres URL (a scheme
+// pgx does not take, a space before it, upper case) does not parse, and the problem
+// quotes it: its password must be masked there too.
+func TestInvalidDSNNeverQuotesItsPassword(t *testing.T) {
+	t.Parallel()
+
+	for _, dsn := range []string{
+		"POSTGRES://app:hunter2@db.example.com/app",
+		" postgres://app:hunter2@db.example.com/app",
+		"\tpostgres://app:hunter2@db.example.com/app",
+		"jdbc:postgresql://app:hunter2@db.example.com:5432/app",
+		"postgress://app:hunter2@db.example.com/app",
+		"postgres:/app:hunter2@db.example.com/app",
+		"postgis://app:hunter2@db.example.com/app",
+	} {
+		_, err := LoadDatabase([]string{"OUTBOX_DATABASE_URL=" + dsn})
+		require.Error(t, err, dsn)
+		require.Contains(t, err.Error(), "OUTBOX_DATABASE_URL (", dsn)
+		require.NotContains(t, err.Error(), "hunter2", dsn)
+		require.NotContains(t, RedactDSN(dsn), "hunter2", dsn)
+	}
+}
+
+// TestLoadOptionalDatabase: demo and bench start a database of their own only when
+// OUTBOX_DATABASE_URL is not given; one that is given but does not parse is an error.
+func TestLoadOptionalDatabase(t *testing.T) {
+	t.Parallel()
+
+	for _, environ := range [][]string{nil, {"OUTBOX_DATABASE_URL="}} {
+		_, given, err := LoadOptionalDatabase(environ)
+		require.NoError(t, err)
+		require.False(t, given)
+	}
+	db, given, err := LoadOptionalDatabase([]string{"OUTBOX_DATABASE_URL=postgres://app@localhost/app"})
+	require.NoError(t, err)
+	require.True(t, given)
+	require.Equal(t, "postgres://app@localhost/app", db.URL)
+	_, given, err = LoadOptionalDatabase([]string{"OUTBOX_DATABASE_URL=postgres://app:hunter2@localhost:54x32/app"})
+	require.ErrorContains(t, err, "OUTBOX_DATABASE_URL")
+	require.NotContains(t, err.Error(), "hunter2")
+	require.False(t, given)
+}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -161,6 +162,10 @@ func parseConnectors(entries []string, p *problems) map[string][]string {
 				entry, kindName, kindNames())
 		case !instanceName.MatchString(name):
 			p.addf("", "OUTBOX_CONNECTORS: %q: the instance name must be lower-case letters, digits and underscores", entry)
+		case !outbox.ValidConnectorName(entry):
+			// The outbox table's connector column holds what ValidConnectorName allows;
+			// relay.New refuses the rest, later and without naming the variable.
+			p.addf("", "OUTBOX_CONNECTORS: %q is longer than the outbox table's connector column allows (100 characters)", entry)
 		case seen[entry]:
 			p.addf("", "OUTBOX_CONNECTORS: %q is listed twice", entry)
 		default:

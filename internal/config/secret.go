@@ -53,8 +53,22 @@ func RedactDSN(dsn string) string {
 		if loc := kvPasswordKey.FindStringIndex(out); loc != nil {
 			out = out[:loc[1]] + redacted
 		}
+		// Neither form pgx takes, perhaps a URL with a scheme it does not read as one
+		// (" postgres://", "POSTGRES://", "jdbc:postgresql://", "postgres:/"): its user
+		// info may hold a password, so mask from the first ":" to the last "@".
+		out = maskColonToAt(out)
 	}
 	return out
+}
+
+// maskColonToAt masks what lies between the first ":" and the last "@" of s, unless it
+// is masked already.
+func maskColonToAt(s string) string {
+	colon, at := strings.IndexByte(s, ':'), strings.LastIndexByte(s, '@')
+	if colon < 0 || at < colon || s[colon+1:at] == redacted {
+		return s
+	}
+	return s[:colon+1] + redacted + s[at:]
 }
 
 // maskUserInfo masks, in a DSN URL, what lies between the first ":" after the scheme and

@@ -35,6 +35,7 @@ const (
 	readyTimeout     = 30 * time.Second // pgx ping loop after pg_ctl start returned
 	stopTimeout      = 2 * time.Minute  // whole of Stop, which takes no context
 	startAttempts    = 3                // tries with a fresh port when another process took ours
+	maxSocketPath    = 103              // longest Unix socket path PostgreSQL accepts everywhere
 )
 
 // Options configure [Start]. The zero value is a fast cluster for tests.
@@ -83,7 +84,13 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp(tempBase(own), "outboxd-pg-")
+	// Absolute: the server binaries run in the cluster directory, where a relative
+	// TMPDIR would name another place.
+	base, err := filepath.Abs(tempBase(own))
+	if err != nil {
+		return nil, fmt.Errorf("create cluster directory: %w", err)
+	}
+	dir, err := os.MkdirTemp(base, "outboxd-pg-")
 	if err != nil {
 		return nil, fmt.Errorf("create cluster directory: %w", err)
 	}
@@ -334,11 +341,17 @@ func ping(ctx context.Context, dsn string) error {
 // override initdb's defaults, and ExtraSettings (written last) override ours.
 func (c *Cluster) writeSettings(opts Options) error {
 	onOff := map[bool]string{true: "on", false: "off"}
+	// The default, /var/run/postgresql, may not exist or be writable; a private
+	// directory also keeps parallel clusters from clashing on socket names. A socket
+	// path longer than a sockaddr_un holds (103 bytes on macOS, 107 on Linux) stops the
+	// server, so under a long TMPDIR there is no socket: clients use TCP anyway.
+	socketDir := c.dir
+	if len(c.dir)+len("/.s.PGSQL.65535") > maxSocketPath {
+		socketDir = ""
+	}
 	settings := [][2]string{
 		{"listen_addresses", "127.0.0.1"},
-		// The default, /var/run/postgresql, may not exist or be writable; a private
-		// directory also keeps parallel clusters from clashing on socket names.
-		{"unix_socket_directories", c.dir},
+		{"unix_socket_directories", socketDir},
 		{"fsync", onOff[opts.Fsync]},
 		// Torn pages only matter after an OS crash, which fsync=off gives up on anyway.
 		{"full_page_writes", onOff[opts.Fsync]},

@@ -4,7 +4,9 @@ import (
 	"context"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -132,4 +134,42 @@ func TestCompareVersion(t *testing.T) {
 	require.Negative(t, compareVersion("9.6", "10"))
 	require.Positive(t, compareVersion("17", "15"))
 	require.Zero(t, compareVersion("16", "16"))
+}
+
+// TestStartRelativeTMPDIR: TMPDIR may be relative; the cluster must still start.
+// Not parallel: it sets TMPDIR and changes the working directory.
+func TestStartRelativeTMPDIR(t *testing.T) {
+	wd := t.TempDir()
+	reachable(t, wd)
+	t.Chdir(wd)
+	require.NoError(t, os.Mkdir("tmp", 0o755))
+	t.Setenv("TMPDIR", "tmp")
+
+	c, err := Start(t.Context(), Options{Logf: t.Logf})
+	require.NoError(t, err)
+	require.NoError(t, c.Stop())
+}
+
+// TestStartLongTMPDIR: a TMPDIR too long for a Unix socket path (107 bytes) must not
+// stop the cluster, which is reached over TCP.
+// Not parallel: it sets TMPDIR.
+func TestStartLongTMPDIR(t *testing.T) {
+	base := t.TempDir()
+	long := filepath.Join(base, strings.Repeat("d", max(1, 100-len(base))))
+	require.NoError(t, os.MkdirAll(long, 0o755))
+	reachable(t, base)
+	t.Setenv("TMPDIR", long)
+
+	c, err := Start(t.Context(), Options{Logf: t.Logf})
+	require.NoError(t, err)
+	require.NoError(t, c.Stop())
+}
+
+// reachable opens dir, and the directories t.TempDir made above it, to the postgres
+// user, so that a root test process does not fall back to /tmp.
+func reachable(t *testing.T, dir string) {
+	t.Helper()
+	for d := dir; strings.HasPrefix(d, os.TempDir()+"/"); d = filepath.Dir(d) {
+		require.NoError(t, os.Chmod(d, 0o755))
+	}
 }
