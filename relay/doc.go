@@ -35,10 +35,10 @@
 // is on its way, a relay claims up to twenty rounds of an instance's deliveries ahead,
 // fewer when its recent attempts are slow: a row waits only while the instance's workers
 // are busy. Only connectors that declare their time limit (connectors.Timeouter) are
-// claimed ahead, and not those whose ambiguous attempts are held. Any row that waited
-// too long to still finish well inside its lease, for a worker or for one of the
-// Config.Concurrency slots that other instances' attempts hold, is handed back unsent
-// (outboxd_claims_handed_back_total).
+// claimed ahead, and not those whose ambiguous attempts are held or whose rate is
+// limited. Any row that waited too long to still finish well inside its lease, for a
+// worker or for one of the Config.Concurrency slots that other instances' attempts hold,
+// is handed back unsent (outboxd_claims_handed_back_total), the slot's wait included.
 //
 // Config.MaxClaimedBytes bounds the payload bytes of the rows a relay holds claimed
 // (outboxd_claimed_payload_bytes), so that large payloads cannot exhaust its memory. A

@@ -19,7 +19,11 @@ func (r *Relay) listen(ctx context.Context) {
 	var failures int
 	for ctx.Err() == nil {
 		err := r.listenOnce(ctx)
-		r.listening.Store(false)
+		if r.listening.Swap(false) {
+			// The connection was up: this is a new drop, not one more failed try to
+			// reconnect, and waits as little as the first.
+			failures = 0
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -41,6 +45,9 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		return fmt.Errorf("LISTEN: %w", err)
 	}
 	r.listening.Store(true)
+	// The notifications sent while no connection listened are lost, and one may have been
+	// for a row behind where claims start (see below): look from the head, as for one.
+	r.rescan.Store(true)
 	notify(r.wake)
 	// Every connection runs the self-test: outboxd_notify_working is about this one, and
 	// drops to 0 as soon as it is gone (the relay then relies on polling). The test ends

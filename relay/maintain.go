@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,12 +19,16 @@ const (
 // maintain runs the periodic work: put back rows whose lease expired, refresh the gauges,
 // report rows for unknown connectors, and delete rows past retention.
 func (r *Relay) maintain(ctx context.Context) {
+	// Retention runs on its own: a backlog of rows past retention (retention turned on
+	// or shortened on a large table) takes many batches, and reclaiming expired leases
+	// must not wait for them.
+	var retention sync.WaitGroup
+	retention.Go(func() { r.retain(ctx) })
+	defer retention.Wait()
 	reclaim := time.NewTicker(r.cfg.PollInterval)
 	defer reclaim.Stop()
 	stats := time.NewTicker(statsInterval)
 	defer stats.Stop()
-	retention := time.NewTicker(retentionInterval)
-	defer retention.Stop()
 
 	r.reclaim(ctx)
 	r.refreshStats(ctx)
@@ -35,7 +40,19 @@ func (r *Relay) maintain(ctx context.Context) {
 			r.reclaim(ctx)
 		case <-stats.C:
 			r.refreshStats(ctx)
-		case <-retention.C:
+		}
+	}
+}
+
+// retain deletes rows past retention every retentionInterval until ctx ends.
+func (r *Relay) retain(ctx context.Context) {
+	tick := time.NewTicker(retentionInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 			r.deleteExpired(ctx)
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -66,25 +65,10 @@ func TestNotifyWorkingFollowsTheListenConnection(t *testing.T) {
 	b := setup(t, receiver.Options{})
 	r := b.startNotifyOnly(t)
 
-	var db string
-	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT current_database()`).Scan(&db))
-	// ALTER DATABASE runs from another database.
-	adminCfg := b.pool.Config().ConnConfig.Copy()
-	adminCfg.Database = "postgres"
-	admin, err := pgx.ConnectConfig(t.Context(), adminCfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = admin.Close(context.Background()) })
-	allow := func(ok bool) {
-		_, err := admin.Exec(context.WithoutCancel(t.Context()), `ALTER DATABASE "`+db+`" ALLOW_CONNECTIONS `+map[bool]string{true: "true", false: "false"}[ok])
-		require.NoError(t, err)
-	}
+	allow := b.connectionGate(t)
 	// No new connection, the LISTEN one killed: the relay cannot listen again.
 	allow(false)
-	t.Cleanup(func() { allow(true) })
-	var killed bool
-	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-		WHERE datname = current_database() AND query = 'LISTEN outbox'`).Scan(&killed))
-	require.True(t, killed)
+	killListen(t, b.pool)
 	require.Eventually(t, func() bool { return !r.listening.Load() }, waitTimeout, 10*time.Millisecond, "LISTEN is down")
 	require.ErrorContains(t, r.Ready(t.Context()), "LISTEN")
 	require.Zero(t, testutil.ToFloat64(r.metrics.notifyWorking), "relying on polling while LISTEN is down")

@@ -238,11 +238,18 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		}
 		var ahead int
 		ahead, inst.startBy = claimAhead(inst.limit, cfg.Lease, connectors.Timeout(in.Connector))
-		if policy == AmbiguousHold && inst.guarantee == connectors.Forwarded {
+		switch {
+		case policy == AmbiguousHold && inst.guarantee == connectors.Forwarded:
+			// No rows ahead for held instances: should the relay die, the rows it claimed
+			// ahead come back ambiguous when their lease expires, and held ones would each
+			// need a person.
 			r.hold = append(r.hold, name)
-		} else {
-			// Not for held instances: should the relay die, the rows it claimed ahead come
-			// back ambiguous when their lease expires, and held ones would each need a person.
+		case in.Rate > 0:
+			// Nor for rate-limited instances: the claims are paced, and rows claimed ahead
+			// while the workers are busy (a slow answer) would go out together once they
+			// are free, faster than the rate. Without rows ahead, a claimed row finds an
+			// idle worker at once, and the requests keep the claims' pace.
+		default:
 			inst.ahead = ahead
 		}
 		inst.jobs = make(chan claimed, inst.limit+inst.ahead)
@@ -635,6 +642,11 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 		case <-r.wake:
 		case <-r.slotFreed:
 		case <-poll.C:
+			// Every poll tick looks from the head of the index. The time since the last
+			// full scan alone (scanStart) can come out just short of a poll interval at a
+			// tick, which would leave a row behind where claims start (one whose NOTIFY
+			// was lost) for a second interval.
+			r.rescan.Store(true)
 		case <-timerCh:
 		case o := <-r.results:
 			outs = append(outs, o)
@@ -1016,17 +1028,11 @@ func (r *Relay) work(ctx, deliverCtx context.Context, inst *instance) {
 		// can hold every slot for longer than a lease, and a row sent after its lease ran
 		// out may already be on its way from another relay.
 		inTime := func() bool { return ctx.Err() == nil && r.now().Sub(row.claimedAt) <= inst.startBy }
-		if inTime() {
-			select {
-			case r.slots <- struct{}{}:
-				if started = inTime(); started {
-					r.deliver(deliverCtx, inst, row)
-				}
-				<-r.slots
-			case <-ctx.Done():
-				// Stopping: the slot may stay taken until the attempts in flight end,
-				// and the row would not start then anyway.
+		if inTime() && r.takeSlot(ctx, inst, row) {
+			if started = inTime(); started {
+				r.deliver(deliverCtx, inst, row)
 			}
+			<-r.slots
 		}
 		if !started {
 			r.handBack(ctx, inst, row)
@@ -1034,6 +1040,42 @@ func (r *Relay) work(ctx, deliverCtx context.Context, inst *instance) {
 		r.done(inst, row)
 	}
 }
+
+// takeSlot waits for a delivery slot for row and reports whether it got one. It gives up
+// when the relay stops, and once the row can no longer start within inst.startBy of its
+// claim: other instances' attempts can hold every slot for longer than a lease (a slow
+// attempt, or several queued for the slot before this one), and a row still waiting when
+// its lease ran out would come back as an ambiguous attempt that never happened.
+func (r *Relay) takeSlot(ctx context.Context, inst *instance, row claimed) bool {
+	select {
+	case r.slots <- struct{}{}:
+		return true
+	default:
+	}
+	for {
+		left := row.claimedAt.Add(inst.startBy).Sub(r.now())
+		if left < 0 || ctx.Err() != nil {
+			return false
+		}
+		// At least minSlotRecheck: an injected clock may not move while the worker waits.
+		t := time.NewTimer(max(left, minSlotRecheck))
+		select {
+		case r.slots <- struct{}{}:
+			t.Stop()
+			return true
+		case <-ctx.Done():
+			// Stopping: the slot may stay taken until the attempts in flight end,
+			// and the row would not start then anyway.
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+	}
+}
+
+// minSlotRecheck is the shortest wait between two looks at whether a row waiting for a
+// slot is still in time.
+const minSlotRecheck = 10 * time.Millisecond
 
 // done counts off a claimed row that a worker is done with, sent or handed back, and
 // lets the claim loop fill its place.

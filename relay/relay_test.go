@@ -1500,10 +1500,7 @@ func TestListenReconnects(t *testing.T) {
 	b := setup(t, receiver.Options{})
 	r := b.startNotifyOnly(t)
 
-	var killed bool
-	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-		WHERE datname = current_database() AND query = 'LISTEN outbox'`).Scan(&killed))
-	require.True(t, killed)
+	killListen(t, b.pool)
 	require.Eventually(t, func() bool { return r.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
 
 	enqueue(t, b.pool, "after-reconnect", "webhook", []int{1})
@@ -1514,32 +1511,67 @@ func TestListenReconnects(t *testing.T) {
 func TestNotifySelfTestWarnsWhenNotificationsDoNotArrive(t *testing.T) {
 	t.Parallel()
 	b := setup(t, receiver.Options{})
-	var logs strings.Builder
-	var mu sync.Mutex
+	var logs logBuffer
 	cfg := b.fastConfig()
-	cfg.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	r, err := New(b.pool, cfg, nil)
 	require.NoError(t, err)
 	r.probeTimeout = 50 * time.Millisecond
 
 	// No LISTEN connection is up, exactly as behind a pooler that drops LISTEN sessions.
 	r.checkNotify(t.Context(), make(chan struct{}))
-	mu.Lock()
-	defer mu.Unlock()
 	require.Contains(t, logs.String(), "NOTIFY DOES NOT REACH THIS RELAY")
 	require.Contains(t, logs.String(), "transaction mode")
 	require.Zero(t, testutil.ToFloat64(r.metrics.notifyWorking))
 }
 
-type lockedWriter struct {
-	w  io.Writer
-	mu *sync.Mutex
+// connectionGate returns a function that lets new connections into the test's database
+// or not (ALTER DATABASE ... ALLOW_CONNECTIONS, from another database); they are let in
+// again when the test ends.
+func (b *testBundle) connectionGate(t *testing.T) func(allow bool) {
+	t.Helper()
+	var db string
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT current_database()`).Scan(&db))
+	adminCfg := b.pool.Config().ConnConfig.Copy()
+	adminCfg.Database = "postgres"
+	admin, err := pgx.ConnectConfig(t.Context(), adminCfg)
+	require.NoError(t, err)
+	allow := func(ok bool) {
+		_, err := admin.Exec(context.WithoutCancel(t.Context()), `ALTER DATABASE "`+db+`" ALLOW_CONNECTIONS `+map[bool]string{true: "true", false: "false"}[ok])
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() {
+		allow(true)
+		_ = admin.Close(context.Background())
+	})
+	return allow
 }
 
-func (l *lockedWriter) Write(p []byte) (int, error) {
+// killListen terminates the LISTEN connection of the relay on pool's database.
+func killListen(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	var killed bool
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE datname = current_database() AND query = 'LISTEN outbox'`).Scan(&killed))
+	require.True(t, killed)
+}
+
+// logBuffer collects a relay's logs for a test to read while the relay writes them.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.w.Write(p)
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // windowed is a webhook connector whose receiver remembers keys only for a while.

@@ -1,0 +1,141 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/webhook"
+	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// A row whose worker waits for a delivery slot, held by another instance's slow attempt,
+// is handed back once it can no longer start well inside its lease, while the slot is
+// still held: it used to wait for the slot with no bound, so a slot held for longer than
+// the row's lease (a slow attempt, or several queued for the slot before it) let the
+// lease run out under a row that was never sent, which then came back as an ambiguous
+// attempt (held for an operator on a hold instance, dead on its last attempt).
+func TestRowWaitingForASlotIsHandedBackWhileTheSlotIsHeld(t *testing.T) {
+	t.Parallel()
+	slow, release := blockingReceiver(t)
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	cfg.Concurrency = 1
+	cfg.Lease = 6 * time.Second // the webhook hook's 5s limit leaves a row 500ms to start
+	// The slow attempt ends only when the test lets it, not at a time limit.
+	slowHook, err := webhook.New(webhook.Config{URL: slow.URL(), Guarantee: connectors.Enforced, Timeout: time.Hour})
+	require.NoError(t, err)
+	r, _ := start(t, b.pool, cfg, map[string]Instance{
+		"webhook":      {Connector: b.hook},
+		"webhook:slow": {Connector: slowHook},
+	})
+	require.Equal(t, 500*time.Millisecond, r.instances["webhook"].startBy)
+
+	waitBehindSlowAttempt(t, b, slow, "waits")
+	clock.Advance(time.Second) // past the row's 500ms, well inside its 6s lease
+	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.handedBack) >= 1 }, waitTimeout, 10*time.Millisecond,
+		"the row is handed back while the slow attempt still holds the slot")
+	require.Equal(t, 1, slow.TotalEffects(), "the slow attempt is still in flight")
+
+	release()
+	in := waitStatus(t, b.pool, "waits", outbox.StatusDelivered)
+	require.Equal(t, 1, in.Attempts, "the wait was not counted as an attempt")
+	require.Equal(t, 1, b.receiver.Effects("waits"))
+	for _, a := range attemptsOf(t, b.pool, "waits") {
+		require.NotEqual(t, "lease_expired", a.Outcome)
+	}
+}
+
+// pacedConnector records the relay's clock at every delivery and holds the first one
+// until gate is closed. It declares a time limit, so rows are claimed ahead of its
+// workers.
+type pacedConnector struct {
+	clock   *testClock
+	mu      sync.Mutex
+	at      []time.Time
+	once    sync.Once
+	started chan struct{}
+	gate    chan struct{}
+}
+
+func (c *pacedConnector) Deliver(context.Context, connectors.Delivery) (json.RawMessage, error) {
+	c.mu.Lock()
+	c.at = append(c.at, c.clock.Now())
+	c.mu.Unlock()
+	c.once.Do(func() {
+		close(c.started)
+		<-c.gate
+	})
+	return json.RawMessage(`{"ok":true}`), nil
+}
+
+func (c *pacedConnector) Guarantee() connectors.Guarantee { return connectors.Enforced }
+func (c *pacedConnector) Timeout() time.Duration          { return time.Second }
+
+func (c *pacedConnector) times() []time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.at)
+}
+
+// A rate-limited instance's requests are paced even when its receiver answers slowly for
+// a while: the relay used to go on claiming rows ahead at the rate while the workers were
+// busy, and once the slow answer came, the workers sent every row waiting at once, a
+// burst the receiver's own limit answers with 429. Rate 1 with a burst of 1: no two
+// requests less than a second apart (on the relay's clock).
+func TestRateLimitPacesRequestsAfterASlowAnswer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	c := &pacedConnector{clock: clock, started: make(chan struct{}), gate: make(chan struct{})}
+	t.Cleanup(func() { closeOnce(c.gate) })
+	for i := range 4 {
+		enqueue(t, b.pool, fmt.Sprint("paced-", i), "webhook", []int{i})
+	}
+	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: c, Concurrency: 1, Rate: 1}})
+	require.NoError(t, err)
+	inst := r.instances["webhook"]
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	var worker sync.WaitGroup
+	worker.Go(func() { r.work(ctx, ctx, inst) })
+	t.Cleanup(func() {
+		cancel()
+		close(inst.jobs)
+		worker.Wait()
+	})
+	idle := func() {
+		t.Helper()
+		require.Eventually(t, func() bool { return inst.claimed.Load() == 0 }, waitTimeout, 10*time.Millisecond)
+	}
+
+	require.Equal(t, 1, claimOnce(t, r))
+	waitFor(t, c.started, "the first request is in flight")
+	// The receiver takes three seconds to answer; the relay's rounds go on meanwhile.
+	for range 3 {
+		clock.Advance(time.Second)
+		claimOnce(t, r)
+	}
+	closeOnce(c.gate)
+	idle()
+	for i := 0; len(c.times()) < 4; i++ {
+		require.Less(t, i, 20, "every row is delivered in the end")
+		if claimOnce(t, r) == 0 {
+			clock.Advance(time.Second)
+		}
+		idle()
+	}
+
+	at := c.times()
+	for i := 1; i < len(at); i++ {
+		require.GreaterOrEqual(t, at[i].Sub(at[i-1]), time.Second, "requests %d and %d at rate 1/s: %v", i-1, i, at)
+	}
+}

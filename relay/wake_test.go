@@ -1,0 +1,88 @@
+package relay
+
+import (
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// When the LISTEN connection comes back, the claim that follows starts at the head of
+// the index: the notifications sent while it was down are lost, and one of them may have
+// been for a row that lies behind where claims start (an approved or replayed row keeps
+// its next_attempt_at), as a notification that arrives makes it. It used to wake the
+// claim loop without a rescan, so such a row waited for the next full scan, up to a poll
+// interval (or more) after the connection was back.
+func TestListenReconnectRescans(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	r := b.startNotifyOnly(t)
+	enqueue(t, b.pool, "first", "webhook", []int{0})
+	waitStatus(t, b.pool, "first", outbox.StatusDelivered)
+
+	allow := b.connectionGate(t)
+	conn, err := b.pool.Acquire(t.Context()) // for the insert while no new connection is allowed
+	require.NoError(t, err)
+
+	allow(false)
+	killListen(t, b.pool)
+	require.Eventually(t, func() bool { return !r.listening.Load() }, waitTimeout, 10*time.Millisecond, "LISTEN is down")
+	// A row due an hour ago (as an approved row created then is): its NOTIFY is lost.
+	_, err = conn.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, next_attempt_at)
+		VALUES ('behind', 'webhook', '[1]', now() - interval '1 hour')`)
+	conn.Release()
+	require.NoError(t, err)
+
+	allow(true)
+	require.Eventually(t, func() bool { return r.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
+	waitStatus(t, b.pool, "behind", outbox.StatusDelivered)
+}
+
+// The LISTEN connection's reconnect waits start again from the shortest after a
+// connection that was up: each drop of a long-lived connection is a first failure. The
+// count of failures used to grow with every drop over the relay's life, so that after a
+// few drops each reconnect waited up to 5s, with notifications lost and readiness
+// failing all the while.
+func TestListenReconnectWaitStartsAgainAfterAGoodConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	var logs logBuffer
+	cfg := b.fastConfig()
+	cfg.PollInterval = time.Hour
+	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	r := b.newRelay(t, cfg)
+	run(t, r)
+	up := func() {
+		t.Helper()
+		require.Eventually(t, func() bool { return r.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
+	}
+	up()
+	const drops = 4
+	for range drops {
+		killListen(t, b.pool)
+		require.Eventually(t, func() bool { return !r.listening.Load() }, waitTimeout, time.Millisecond)
+		up()
+	}
+
+	var waits []time.Duration
+	for line := range strings.Lines(logs.String()) {
+		var rec struct {
+			Msg     string        `json:"msg"`
+			RetryIn time.Duration `json:"retry_in"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(line), &rec))
+		if strings.HasPrefix(rec.Msg, "LISTEN connection lost") {
+			waits = append(waits, rec.RetryIn)
+		}
+	}
+	require.Len(t, waits, drops, logs.String())
+	for i, w := range waits {
+		require.LessOrEqual(t, w, 120*time.Millisecond, "drop %d of a connection that was up waits the first step (100ms ±20%%): %v", i+1, waits)
+	}
+}
