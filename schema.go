@@ -21,7 +21,7 @@ import (
 var Schema string
 
 // SchemaVersion is the version schema.sql records in outbox_schema_migrations.
-const SchemaVersion = 4
+const SchemaVersion = 5
 
 // ErrSchemaTooNew is returned by [Migrate] when the database was migrated by a newer
 // outboxd than this one: applying an older schema could undo its changes.

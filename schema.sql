@@ -1,4 +1,4 @@
--- outboxd schema, version 4.
+-- outboxd schema, version 5.
 --
 -- This file is the whole current schema. It is idempotent: it applies cleanly to an empty
 -- database and again to one that already has it, so `outboxd migrate` can always apply it.
@@ -163,22 +163,38 @@ BEGIN
 END;
 $$;
 
--- outbox_wake says whether some relay is polling fast right now (it saw work within the
--- last moments and looks for more every few milliseconds). While it is, inserts need not
--- NOTIFY: PostgreSQL serialises the commits of every transaction that sends NOTIFY, which
--- would cap the rate at which applications can commit single-row transactions.
+-- outbox_wake_connectors tells the insert trigger, per connector instance, until when a
+-- running relay has it (seen_until: each relay renews its instances every ten seconds)
+-- and until when some relay polls fast for it (polling_until: it saw work within the
+-- last moments and looks for more every few milliseconds). While relays poll fast for
+-- every instance a running relay has, inserts need not NOTIFY: PostgreSQL serialises the
+-- commits of every transaction that sends NOTIFY, which would cap the rate at which
+-- applications can commit single-row transactions. A relay idle for its instances while
+-- another is busy with others keeps NOTIFY on, so it hears of its rows at once. Version 5.
+CREATE TABLE IF NOT EXISTS outbox_wake_connectors (
+    connector     text        PRIMARY KEY,
+    seen_until    timestamptz NOT NULL DEFAULT '-infinity',
+    polling_until timestamptz NOT NULL DEFAULT '-infinity'
+);
+
+-- outbox_wake was version 4's one mark for every instance, which a relay busy with some
+-- instances set for all of them. Only relays of version 4 still write it; nothing reads it.
 CREATE TABLE IF NOT EXISTS outbox_wake (
     id            integer PRIMARY KEY DEFAULT 1 CHECK (id = 1),
     polling_until timestamptz NOT NULL DEFAULT '-infinity'
 );
 INSERT INTO outbox_wake (id) VALUES (1) ON CONFLICT (id) DO NOTHING;
 
--- outbox_notify wakes idle relays (LISTEN outbox) when rows arrive, so they need not poll.
--- It runs once per statement, so a bulk insert sends at most one notification.
+-- outbox_notify wakes idle relays (LISTEN outbox) when rows arrive, so they need not poll:
+-- unless some relay polls fast and none of the instances running relays have is left
+-- without one that does. It runs once per statement, so a bulk insert sends at most one
+-- notification. Replaced without a lock on outbox: its trigger stays as it is.
 CREATE OR REPLACE FUNCTION outbox_notify() RETURNS trigger
     LANGUAGE plpgsql AS $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM outbox_wake WHERE polling_until > clock_timestamp()) THEN
+    IF NOT EXISTS (SELECT 1 FROM outbox_wake_connectors WHERE polling_until > clock_timestamp())
+       OR EXISTS (SELECT 1 FROM outbox_wake_connectors
+                  WHERE seen_until > clock_timestamp() AND polling_until <= clock_timestamp()) THEN
         PERFORM pg_notify('outbox', '');
     END IF;
     RETURN NULL;
@@ -226,4 +242,4 @@ CREATE TABLE IF NOT EXISTS outbox_audit (
 CREATE INDEX IF NOT EXISTS outbox_audit_outbox_id
     ON outbox_audit (outbox_id, id);
 
-INSERT INTO outbox_schema_migrations (version) VALUES (4) ON CONFLICT (version) DO NOTHING;
+INSERT INTO outbox_schema_migrations (version) VALUES (5) ON CONFLICT (version) DO NOTHING;

@@ -205,54 +205,54 @@ func TestConstraintsStopBadPlainInserts(t *testing.T) {
 	})
 }
 
-func TestInsertTriggerNotifies(t *testing.T) {
+// While relays poll fast for every connector instance a running relay has
+// (outbox_wake_connectors), inserts send no NOTIFY, so they do not serialise on
+// PostgreSQL's notification lock; while a running relay's instance has none polling fast
+// for it, they do, so that relay hears of its rows at once.
+func TestInsertTriggerQuietWhileRelaysPollFast(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	pool := pgtest.DB(t)
+	for _, tc := range []struct {
+		name   string
+		marks  string // rows of outbox_wake_connectors: (connector, seen_until, polling_until)
+		notify bool
+	}{
+		{"no relay", ``, true},
+		{"a relay, idle", `('webhook', 'infinity', '-infinity')`, true},
+		{"a relay polling fast", `('webhook', 'infinity', 'infinity')`, false},
+		{"one polls fast, another relay's instance idle",
+			`('webhook', 'infinity', 'infinity'), ('webhook:a', 'infinity', '-infinity')`, true},
+		{"both instances polled fast",
+			`('webhook', 'infinity', 'infinity'), ('webhook:a', 'infinity', 'infinity')`, false},
+		{"the idle instance's relay stopped (its word lapsed)",
+			`('webhook', 'infinity', 'infinity'), ('webhook:a', '-infinity', '-infinity')`, false},
+		{"a fast mark lapsed", `('webhook', 'infinity', clock_timestamp() - interval '1 second')`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			pool := pgtest.DB(t)
+			listener, err := pool.Acquire(ctx)
+			require.NoError(t, err)
+			defer listener.Release()
+			_, err = listener.Exec(ctx, `LISTEN outbox`)
+			require.NoError(t, err)
+			if tc.marks != "" {
+				_, err = pool.Exec(ctx, `INSERT INTO outbox_wake_connectors (connector, seen_until, polling_until) VALUES `+tc.marks)
+				require.NoError(t, err)
+			}
 
-	listener, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer listener.Release()
-	_, err = listener.Exec(ctx, `LISTEN outbox`)
-	require.NoError(t, err)
-
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('wake', 'webhook', '{}')`)
-	require.NoError(t, err)
-
-	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	n, err := listener.Conn().WaitForNotification(waitCtx)
-	require.NoError(t, err, "the insert trigger sends NOTIFY outbox")
-	require.Equal(t, "outbox", n.Channel)
-	_, _ = listener.Exec(context.WithoutCancel(ctx), `UNLISTEN *`)
-}
-
-// While a relay polls fast (outbox_wake.polling_until in the future) inserts send no
-// NOTIFY, so they do not serialise on PostgreSQL's notification lock.
-func TestInsertTriggerQuietWhileRelayPollsFast(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	pool := pgtest.DB(t)
-
-	listener, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer listener.Release()
-	_, err = listener.Exec(ctx, `LISTEN outbox`)
-	require.NoError(t, err)
-
-	_, err = pool.Exec(ctx, `UPDATE outbox_wake SET polling_until = clock_timestamp() + interval '1 hour'`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('quiet', 'webhook', '{}')`)
-	require.NoError(t, err)
-	// Notifications arrive in commit order: if the insert had notified, its notification
-	// would come before this marker.
-	_, err = pool.Exec(ctx, `SELECT pg_notify('outbox', 'marker')`)
-	require.NoError(t, err)
-
-	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	n, err := listener.Conn().WaitForNotification(waitCtx)
-	require.NoError(t, err)
-	require.Equal(t, "marker", n.Payload, "the insert sent no notification")
-	_, _ = listener.Exec(context.WithoutCancel(ctx), `UNLISTEN *`)
+			_, err = pool.Exec(ctx, `INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('k', 'webhook', '{}')`)
+			require.NoError(t, err)
+			// Notifications arrive in commit order: if the insert notified, its
+			// notification comes before this marker.
+			_, err = pool.Exec(ctx, `SELECT pg_notify('outbox', 'marker')`)
+			require.NoError(t, err)
+			waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			n, err := listener.Conn().WaitForNotification(waitCtx)
+			require.NoError(t, err)
+			require.Equal(t, map[bool]string{true: "", false: "marker"}[tc.notify], n.Payload, "the insert notified: %v", tc.notify)
+			_, _ = listener.Exec(context.WithoutCancel(ctx), `UNLISTEN *`)
+		})
+	}
 }

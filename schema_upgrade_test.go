@@ -104,7 +104,7 @@ func catalog(t *testing.T, db *pgxpool.Pool) []string {
 	return got
 }
 
-// A database at versions 1, 2 and 3, holding rows in every status, moves to the current
+// A database at every older version, holding rows in every status, moves to the current
 // version with every row, attempt and audit row as it was, and with the same indexes,
 // constraints, triggers and options as a database created at the current version.
 func TestUpgradeKeepsEveryRowAndMatchesAFreshSchema(t *testing.T) {
@@ -200,15 +200,9 @@ func TestUpgradeTakesNoExclusiveTableLock(t *testing.T) {
 		db    func(t testing.TB) *pgxpool.Pool
 		apply func(ctx context.Context, tx pgx.Tx) error
 	}{
-		{"Migrate from version 3", func(t testing.TB) *pgxpool.Pool { return oldDB(t, 3) },
-			func(ctx context.Context, tx pgx.Tx) error {
-				from, err := outboxd.Migrate(ctx, tx)
-				if err == nil && from != 3 {
-					return fmt.Errorf("migrated from %d", from)
-				}
-				return err
-			}},
-		{"schema.sql again at version 4", pgtest.DB,
+		{"Migrate from version 3", func(t testing.TB) *pgxpool.Pool { return oldDB(t, 3) }, migrateFrom(3)},
+		{"Migrate from version 4", func(t testing.TB) *pgxpool.Pool { return oldDB(t, 4) }, migrateFrom(4)},
+		{"schema.sql again at the current version", pgtest.DB,
 			func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, outboxd.Schema)
 				return err
@@ -221,7 +215,7 @@ func TestUpgradeTakesNoExclusiveTableLock(t *testing.T) {
 			require.Empty(t, heavy(locks, "outbox_attempts"), "all locks: %v", locks)
 		})
 	}
-	t.Run("Migrate at version 4", func(t *testing.T) {
+	t.Run("Migrate at the current version", func(t *testing.T) {
 		t.Parallel()
 		db := pgtest.DB(t)
 		locks := locksOf(t, db, func(tx pgx.Tx) error {
@@ -230,6 +224,17 @@ func TestUpgradeTakesNoExclusiveTableLock(t *testing.T) {
 		})
 		require.Equal(t, []string{"outbox_schema_migrations AccessShareLock"}, locks, "a no-op reads the version only")
 	})
+}
+
+// migrateFrom migrates tx's database, which must be at version from.
+func migrateFrom(from int) func(ctx context.Context, tx pgx.Tx) error {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		was, err := outboxd.Migrate(ctx, tx)
+		if err == nil && was != from {
+			return fmt.Errorf("migrated from %d", was)
+		}
+		return err
+	}
 }
 
 // A version 1 database (its attempts' foreign key) and a version 2 one still come

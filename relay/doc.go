@@ -60,9 +60,12 @@
 // NOTIFY has a cost: PostgreSQL serialises the commits of every transaction that sends
 // one, which caps how fast applications can commit single-row transactions. So a relay
 // that has claimed rows within the last moments polls every few milliseconds instead and
-// records that in the outbox_wake row; while some relay does, the insert trigger sends no
-// NOTIFY. When the load stops the mark lapses (about two seconds) and inserts wake idle
-// relays again; a relay that stops withdraws its mark at once.
+// records that in outbox_wake_connectors, for each of its connector instances; each relay
+// also renews there, every ten seconds, which instances it has. The insert trigger
+// sends no NOTIFY while relays poll fast for every instance a running relay has: a relay
+// idle while another is busy with other instances still hears of its rows at once. When
+// the load stops the marks lapse (about two seconds) and inserts wake idle relays again;
+// a relay that stops withdraws its marks, and its word that it has its instances, at once.
 //
 // Rows with an ordering key are delivered one at a time in id order: a row is due only
 // when no earlier row of its key is pending, delivering, held or awaiting approval, and

@@ -17,7 +17,8 @@ const (
 )
 
 // maintain runs the periodic work: put back rows whose lease expired, refresh the gauges,
-// report rows for unknown connectors, and delete rows past retention.
+// report rows for unknown connectors, renew the word that this relay runs (see seen), and
+// delete rows past retention.
 func (r *Relay) maintain(ctx context.Context) {
 	// Retention runs on its own: a backlog of rows past retention (retention turned on
 	// or shortened on a large table) takes many batches, and reclaiming expired leases
@@ -30,6 +31,7 @@ func (r *Relay) maintain(ctx context.Context) {
 	stats := time.NewTicker(statsInterval)
 	defer stats.Stop()
 
+	r.seen(ctx)
 	r.reclaim(ctx)
 	r.refreshStats(ctx)
 	for {
@@ -39,6 +41,7 @@ func (r *Relay) maintain(ctx context.Context) {
 		case <-reclaim.C:
 			r.reclaim(ctx)
 		case <-stats.C:
+			r.seen(ctx)
 			r.refreshStats(ctx)
 		}
 	}
@@ -57,6 +60,24 @@ func (r *Relay) retain(ctx context.Context) {
 		}
 	}
 }
+
+// seen renews, in outbox_wake_connectors, the word that a relay runs with this relay's
+// connector instances, for seenFor, every statsInterval: the insert trigger then sends
+// NOTIFY while no relay polls fast for one of them (another relay may be busy with other
+// instances). A relay that stops withdraws it (see withdraw); one that dies leaves it to
+// lapse, and meanwhile inserts only send NOTIFY no relay needed. Another relay with the
+// same instance that stops takes this relay's word back too, until the next renewal.
+func (r *Relay) seen(ctx context.Context) {
+	if _, err := r.pool.Exec(ctx, seenSQL, nonNil(r.names), seenFor); err != nil && ctx.Err() == nil {
+		r.metrics.dbErrors.WithLabelValues("seen").Inc()
+		r.log.WarnContext(ctx, "could not renew this relay's connector instances for the insert trigger; trying again soon",
+			"err", err)
+	}
+}
+
+// seenFor is how long the word seen renews lasts: several renewals, so that one that
+// fails now and then does not let it lapse.
+const seenFor = 6 * statsInterval
 
 // reclaim puts back rows whose lease expired and wakes the claim loop when it did, with
 // its next claims starting at the head of the index.

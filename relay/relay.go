@@ -509,8 +509,9 @@ func (r *Relay) start(ctx context.Context) error {
 }
 
 // Fast polling. A relay that claimed rows within the last fastPollWindow looks for more
-// every fastPollInterval, and says so in outbox_wake; while it does, the insert trigger
-// sends no NOTIFY. PostgreSQL serialises the commits of all transactions that NOTIFY,
+// every fastPollInterval, and says so in outbox_wake_connectors for each of its connector
+// instances; while relays poll fast for every instance a running relay has, the insert
+// trigger sends no NOTIFY. PostgreSQL serialises the commits of all transactions that NOTIFY,
 // so under steady load the notifications would cap the application's commit rate; when
 // the load stops, polling_until lapses and inserts wake idle relays with NOTIFY again.
 const (
@@ -519,21 +520,24 @@ const (
 	fastPollRefresh  = fastPollWindow / 4
 )
 
-// stopFastPolling withdraws, once the claim loop has stopped, this relay's word in
-// outbox_wake that it polls fast: otherwise inserts would send no NOTIFY until the mark
-// lapsed, and a relay still running but idle would find their rows only at its
-// PollInterval. It is best effort, bounded by stopFastPollTimeout: a relay that cannot
-// reach the database (or was killed) leaves the mark to lapse by itself.
-func (r *Relay) stopFastPolling(ctx context.Context) {
+// withdraw takes back, once the claim loop has stopped, this relay's word in
+// outbox_wake_connectors that it has its instances and polls fast for them: otherwise
+// inserts would send no NOTIFY until the fast-polling mark lapsed, and a relay still
+// running but idle would find their rows only at its PollInterval; and while the word
+// that it has them lasted (seenFor), inserts would wake relays with NOTIFY they do not
+// need (the commits of transactions that notify are serialised). It is best effort,
+// bounded by stopFastPollTimeout: a relay that cannot reach the database (or was killed)
+// leaves its words to lapse by themselves.
+func (r *Relay) withdraw(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopFastPollTimeout)
 	defer cancel()
-	if _, err := r.pool.Exec(ctx, stopFastPollSQL); err != nil {
+	if _, err := r.pool.Exec(ctx, withdrawSQL, nonNil(r.names)); err != nil {
 		r.log.WarnContext(ctx, "could not withdraw the fast-polling mark; inserts wake other relays again once it lapses",
 			"err", err, "within", fastPollWindow)
 	}
 }
 
-// stopFastPollTimeout bounds stopFastPolling.
+// stopFastPollTimeout bounds withdraw.
 const stopFastPollTimeout = 2 * time.Second
 
 // claimLoop claims rows for the delivery workers and records their outcomes until ctx
@@ -562,9 +566,7 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 		if len(lost) > 0 { // best effort: a stopping relay must not wait long for it
 			_ = r.releaseLost(lost, stopFastPollTimeout)
 		}
-		if !lastRefresh.IsZero() { // this relay told outbox_wake it polls fast
-			r.stopFastPolling(ctx)
-		}
+		r.withdraw(ctx)
 	}()
 	for ctx.Err() == nil {
 		if len(lost) > 0 && r.releaseLost(lost, 10*time.Second) == nil {
@@ -618,7 +620,7 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 			linger.Stop()
 		}
 		if claimed > 0 && time.Since(lastRefresh) >= fastPollRefresh {
-			if _, err := r.pool.Exec(ctx, pollFastSQL, fastPollWindow); err == nil {
+			if _, err := r.pool.Exec(ctx, pollFastSQL, nonNil(r.names), fastPollWindow); err == nil {
 				lastRefresh = time.Now()
 				fastUntil = lastRefresh.Add(fastPollWindow)
 			}

@@ -275,14 +275,14 @@ func TestStoppedRelayWithdrawsItsFastPollingMark(t *testing.T) {
 	waitStatus(t, b.pool, "first", outbox.StatusDelivered)
 	// The mark the first relay set lapses within seconds; stretched to an hour, only its
 	// withdrawal can end it in time.
-	_, err := b.pool.Exec(t.Context(), `UPDATE outbox_wake SET polling_until = now() + interval '1 hour'`)
+	_, err := b.pool.Exec(t.Context(), `UPDATE outbox_wake_connectors SET polling_until = now() + interval '1 hour'`)
 	require.NoError(t, err)
 
 	idle := b.startNotifyOnly(t)
 
 	stopFirst()
 	var marked bool
-	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT polling_until > clock_timestamp() FROM outbox_wake`).Scan(&marked))
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT bool_or(polling_until > clock_timestamp()) FROM outbox_wake_connectors`).Scan(&marked))
 	require.False(t, marked, "the stopped relay's fast-polling mark is withdrawn")
 
 	enqueue(t, b.pool, "second", "webhook", map[string]any{"n": 2})

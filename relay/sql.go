@@ -251,14 +251,30 @@ WITH expired AS (
 )
 DELETE FROM outbox o USING expired e WHERE o.id = e.id`
 
-// pollFastSQL tells the insert trigger that a relay polls fast for the next $1, so
-// inserts need not NOTIFY (see schema.sql, outbox_wake).
+// pollFastSQL tells the insert trigger that a relay polls fast for its connector instances
+// ($1) for the next $2, so inserts need not NOTIFY while every instance running relays
+// have is polled fast (see schema.sql, outbox_wake_connectors). The rows are taken in
+// order, so relays sharing instances never wait for each other in turn.
 const pollFastSQL = `
-UPDATE outbox_wake SET polling_until = greatest(polling_until, clock_timestamp() + $1::interval) WHERE id = 1`
+INSERT INTO outbox_wake_connectors AS w (connector, polling_until)
+SELECT c, clock_timestamp() + $2::interval FROM unnest($1::text[]) AS c ORDER BY c
+ON CONFLICT (connector) DO UPDATE SET polling_until = greatest(w.polling_until, excluded.polling_until)`
 
-// stopFastPollSQL ends the fast-polling mark now (see Relay.stopFastPolling). The mark is
-// shared: if another relay still polls fast, inserts send NOTIFY until it next renews
-// the mark, within fastPollRefresh while it keeps claiming rows, which costs only
-// notifications.
-const stopFastPollSQL = `
-UPDATE outbox_wake SET polling_until = clock_timestamp() WHERE id = 1 AND polling_until > clock_timestamp()`
+// withdrawSQL ends, for a relay that stops, its word in outbox_wake_connectors that it
+// has instances $1 and polls fast for them (see Relay.withdraw). The words are shared:
+// if another relay still has one of them, or polls fast for it, it says so again at its
+// next renewal (within its poll interval, or fastPollRefresh while it keeps claiming
+// rows); meanwhile inserts may send NOTIFY no relay needed, or, for an instance only an
+// idle relay has, none while a relay busy with other instances polls fast.
+const withdrawSQL = `
+UPDATE outbox_wake_connectors
+SET polling_until = least(polling_until, clock_timestamp()), seen_until = least(seen_until, clock_timestamp())
+WHERE connector = ANY($1) AND (polling_until > clock_timestamp() OR seen_until > clock_timestamp())`
+
+// seenSQL tells the insert trigger that a relay runs with connector instances $1 for the
+// next $2: while one of them has no relay polling fast for it, inserts NOTIFY (see
+// schema.sql, outbox_wake_connectors).
+const seenSQL = `
+INSERT INTO outbox_wake_connectors AS w (connector, seen_until)
+SELECT c, clock_timestamp() + $2::interval FROM unnest($1::text[]) AS c ORDER BY c
+ON CONFLICT (connector) DO UPDATE SET seen_until = greatest(w.seen_until, excluded.seen_until)`

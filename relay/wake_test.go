@@ -44,6 +44,32 @@ func TestListenReconnectRescans(t *testing.T) {
 	waitStatus(t, b.pool, "behind", outbox.StatusDelivered)
 }
 
+// A relay busy with other connector instances does not make the inserts of this relay's
+// instances skip NOTIFY. Version 4 had one fast-polling mark for every relay on the
+// database, and a relay that polls fast claims only its own instances: relays
+// configured with different instances share one database (retention, for one, is per
+// instance), and an idle one found its rows only at its poll interval while another was
+// busy. Here relay A serves only webhook:a and polls fast; this relay serves webhook,
+// polls hourly and is idle.
+func TestFastPollingRelayOfOtherConnectorsDoesNotSilenceInserts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	b.startNotifyOnly(t)
+	require.Eventually(t, func() bool {
+		var seen bool
+		require.NoError(t, b.pool.QueryRow(t.Context(),
+			`SELECT count(*) = 1 FROM outbox_wake_connectors WHERE connector = 'webhook' AND seen_until > clock_timestamp()`).Scan(&seen))
+		return seen
+	}, waitTimeout, 10*time.Millisecond, "the running relay says it has webhook")
+	a, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook:a": {Connector: b.hook}})
+	require.NoError(t, err)
+	_, err = a.pool.Exec(t.Context(), pollFastSQL, a.names, time.Hour) // relay A polls fast
+	require.NoError(t, err)
+
+	enqueue(t, b.pool, "for-this-relay", "webhook", []int{1})
+	waitStatus(t, b.pool, "for-this-relay", outbox.StatusDelivered)
+}
+
 // The LISTEN connection's reconnect waits start again from the shortest after a
 // connection that was up: each drop of a long-lived connection is a first failure. The
 // count of failures used to grow with every drop over the relay's life, so that after a

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/internal/pgcluster"
 	"github.com/outboxd/outboxd/internal/pgtest"
 )
@@ -126,13 +128,13 @@ func TestDemoSaysWhatItDidToTheSchema(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	code := run(ctx, []string{"demo"}, []string{"OUTBOX_DATABASE_URL=" + dsn}, strings.NewReader(""), &stdout, &stderr)
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
-	require.Contains(t, stdout.String(), "from version 3 to 4", "the demo upgraded the user's schema:\n%s", stdout.String())
+	require.Contains(t, stdout.String(), fmt.Sprintf("from version 3 to %d", outboxd.SchemaVersion), "the demo upgraded the user's schema:\n%s", stdout.String())
 
 	// A second run finds it current and says so.
 	stdout.Reset()
 	code = run(ctx, []string{"demo"}, []string{"OUTBOX_DATABASE_URL=" + dsn}, strings.NewReader(""), &stdout, &stderr)
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
-	require.Contains(t, stdout.String(), "already at version 4")
+	require.Contains(t, stdout.String(), fmt.Sprintf("already at version %d", outboxd.SchemaVersion))
 
 	// The closing line's DELETE removes the run's rows and their attempts, so the
 	// dead one no longer counts as a dead letter.
