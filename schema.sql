@@ -163,18 +163,22 @@ BEGIN
 END;
 $$;
 
--- outbox_wake_connectors tells the insert trigger, per connector instance, until when a
--- running relay has it (seen_until: each relay renews its instances every ten seconds)
--- and until when some relay polls fast for it (polling_until: it saw work within the
--- last moments and looks for more every few milliseconds). While relays poll fast for
--- every instance a running relay has, inserts need not NOTIFY: PostgreSQL serialises the
--- commits of every transaction that sends NOTIFY, which would cap the rate at which
--- applications can commit single-row transactions. A relay idle for its instances while
--- another is busy with others keeps NOTIFY on, so it hears of its rows at once. Version 5.
+-- outbox_wake_connectors tells the insert trigger, per connector instance and relay,
+-- until when that running relay has the instance (seen_until: each relay renews its rows
+-- every ten seconds, and deletes them when it stops) and until when it polls fast for it
+-- (polling_until: it saw work within the last moments and looks for more every few
+-- milliseconds). While relays poll fast for every instance a running relay has, inserts
+-- need not NOTIFY: PostgreSQL serialises the commits of every transaction that sends
+-- NOTIFY, which would cap the rate at which applications can commit single-row
+-- transactions. A relay idle while another is busy with other instances keeps NOTIFY
+-- on, so it hears of its rows at once. Each relay writes only its own rows, so relays
+-- never wait for each other here. Version 5.
 CREATE TABLE IF NOT EXISTS outbox_wake_connectors (
-    connector     text        PRIMARY KEY,
+    connector     text        NOT NULL,
+    relay_id      text        NOT NULL,
     seen_until    timestamptz NOT NULL DEFAULT '-infinity',
-    polling_until timestamptz NOT NULL DEFAULT '-infinity'
+    polling_until timestamptz NOT NULL DEFAULT '-infinity',
+    PRIMARY KEY (connector, relay_id)
 );
 
 -- outbox_wake was version 4's one mark for every instance, which a relay busy with some
@@ -193,8 +197,10 @@ CREATE OR REPLACE FUNCTION outbox_notify() RETURNS trigger
     LANGUAGE plpgsql AS $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM outbox_wake_connectors WHERE polling_until > clock_timestamp())
-       OR EXISTS (SELECT 1 FROM outbox_wake_connectors
-                  WHERE seen_until > clock_timestamp() AND polling_until <= clock_timestamp()) THEN
+       OR EXISTS (SELECT 1 FROM outbox_wake_connectors s
+                  WHERE s.seen_until > clock_timestamp()
+                    AND NOT EXISTS (SELECT 1 FROM outbox_wake_connectors f
+                                    WHERE f.connector = s.connector AND f.polling_until > clock_timestamp())) THEN
         PERFORM pg_notify('outbox', '');
     END IF;
     RETURN NULL;

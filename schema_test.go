@@ -213,19 +213,23 @@ func TestInsertTriggerQuietWhileRelaysPollFast(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name   string
-		marks  string // rows of outbox_wake_connectors: (connector, seen_until, polling_until)
+		marks  string // rows of outbox_wake_connectors: (connector, relay_id, seen_until, polling_until)
 		notify bool
 	}{
 		{"no relay", ``, true},
-		{"a relay, idle", `('webhook', 'infinity', '-infinity')`, true},
-		{"a relay polling fast", `('webhook', 'infinity', 'infinity')`, false},
+		{"a relay, idle", `('webhook', 'b', 'infinity', '-infinity')`, true},
+		{"a relay polling fast", `('webhook', 'a', 'infinity', 'infinity')`, false},
 		{"one polls fast, another relay's instance idle",
-			`('webhook', 'infinity', 'infinity'), ('webhook:a', 'infinity', '-infinity')`, true},
+			`('webhook', 'a', 'infinity', 'infinity'), ('webhook:a', 'b', 'infinity', '-infinity')`, true},
 		{"both instances polled fast",
-			`('webhook', 'infinity', 'infinity'), ('webhook:a', 'infinity', 'infinity')`, false},
-		{"the idle instance's relay stopped (its word lapsed)",
-			`('webhook', 'infinity', 'infinity'), ('webhook:a', '-infinity', '-infinity')`, false},
-		{"a fast mark lapsed", `('webhook', 'infinity', clock_timestamp() - interval '1 second')`, true},
+			`('webhook', 'a', 'infinity', 'infinity'), ('webhook:a', 'b', 'infinity', 'infinity')`, false},
+		{"the idle instance's relay died (its word lapsed)",
+			`('webhook', 'a', 'infinity', 'infinity'), ('webhook:a', 'b', '-infinity', '-infinity')`, false},
+		{"a fast mark lapsed", `('webhook', 'a', 'infinity', clock_timestamp() - interval '1 second')`, true},
+		{"one relay polls fast for an instance another relay has idle: the busy one finds its rows",
+			`('webhook', 'a', 'infinity', 'infinity'), ('webhook', 'b', 'infinity', '-infinity')`, false},
+		{"an instance no relay polls fast for, while one polls fast for another",
+			`('webhook', 'a', 'infinity', 'infinity'), ('webhook:a', 'a', 'infinity', '-infinity'), ('webhook:a', 'b', 'infinity', '-infinity')`, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -237,7 +241,7 @@ func TestInsertTriggerQuietWhileRelaysPollFast(t *testing.T) {
 			_, err = listener.Exec(ctx, `LISTEN outbox`)
 			require.NoError(t, err)
 			if tc.marks != "" {
-				_, err = pool.Exec(ctx, `INSERT INTO outbox_wake_connectors (connector, seen_until, polling_until) VALUES `+tc.marks)
+				_, err = pool.Exec(ctx, `INSERT INTO outbox_wake_connectors (connector, relay_id, seen_until, polling_until) VALUES `+tc.marks)
 				require.NoError(t, err)
 			}
 

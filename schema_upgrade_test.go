@@ -24,7 +24,7 @@ func oldDB(t testing.TB, version int) *pgxpool.Pool {
 	old, err := os.ReadFile(fmt.Sprintf("testdata/schema_v%d.sql", version))
 	require.NoError(t, err)
 	_, err = pool.Exec(t.Context(), `
-		DROP TABLE outbox_audit, outbox_attempts, outbox_wake, outbox, outbox_schema_migrations CASCADE;
+		DROP TABLE outbox_audit, outbox_attempts, outbox_wake_connectors, outbox_wake, outbox, outbox_schema_migrations CASCADE;
 		DROP FUNCTION outbox_notify(), outbox_delete_attempts()`)
 	require.NoError(t, err)
 	_, err = pool.Exec(t.Context(), string(old))
@@ -344,5 +344,19 @@ func TestAppliedVersionEdges(t *testing.T) {
 			require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE idempotency_key = 'keep'`).Scan(&n))
 			require.Equal(t, 1, n)
 		})
+	}
+}
+
+// A database at an older version holds only that version's tables: an upgrade test
+// that starts with a later version's table already there (oldDB used to leave
+// outbox_wake_connectors, from the current template, in its version 4 database) checks
+// nothing about the migration creating it.
+func TestOldDBHasNoLaterTables(t *testing.T) {
+	t.Parallel()
+	for version := 1; version < outboxd.SchemaVersion; version++ {
+		db := oldDB(t, version)
+		var exists bool
+		require.NoError(t, db.QueryRow(t.Context(), `SELECT to_regclass('outbox_wake_connectors') IS NOT NULL`).Scan(&exists))
+		require.False(t, exists, "version %d has no outbox_wake_connectors", version)
 	}
 }

@@ -65,7 +65,8 @@
 // sends no NOTIFY while relays poll fast for every instance a running relay has: a relay
 // idle while another is busy with other instances still hears of its rows at once. When
 // the load stops the marks lapse (about two seconds) and inserts wake idle relays again;
-// a relay that stops withdraws its marks, and its word that it has its instances, at once.
+// a relay that stops deletes its words at once (other relays' words about the same
+// instances stand).
 //
 // Rows with an ordering key are delivered one at a time in id order: a row is due only
 // when no earlier row of its key is pending, delivering, held or awaiting approval, and

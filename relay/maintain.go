@@ -61,14 +61,13 @@ func (r *Relay) retain(ctx context.Context) {
 	}
 }
 
-// seen renews, in outbox_wake_connectors, the word that a relay runs with this relay's
+// seen renews, in outbox_wake_connectors, this relay's word that it runs with its
 // connector instances, for seenFor, every statsInterval: the insert trigger then sends
 // NOTIFY while no relay polls fast for one of them (another relay may be busy with other
-// instances). A relay that stops withdraws it (see withdraw); one that dies leaves it to
-// lapse, and meanwhile inserts only send NOTIFY no relay needed. Another relay with the
-// same instance that stops takes this relay's word back too, until the next renewal.
+// instances). A relay that stops deletes its words (see withdraw); one that dies leaves
+// them to lapse, and meanwhile inserts only send NOTIFY no relay needed.
 func (r *Relay) seen(ctx context.Context) {
-	if _, err := r.pool.Exec(ctx, seenSQL, nonNil(r.names), seenFor); err != nil && ctx.Err() == nil {
+	if _, err := r.pool.Exec(ctx, seenSQL, r.cfg.ID, nonNil(r.names), seenFor); err != nil && ctx.Err() == nil {
 		r.metrics.dbErrors.WithLabelValues("seen").Inc()
 		r.log.WarnContext(ctx, "could not renew this relay's connector instances for the insert trigger; trying again soon",
 			"err", err)

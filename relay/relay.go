@@ -520,7 +520,7 @@ const (
 	fastPollRefresh  = fastPollWindow / 4
 )
 
-// withdraw takes back, once the claim loop has stopped, this relay's word in
+// withdraw takes back, once the claim loop has stopped, this relay's words in
 // outbox_wake_connectors that it has its instances and polls fast for them: otherwise
 // inserts would send no NOTIFY until the fast-polling mark lapsed, and a relay still
 // running but idle would find their rows only at its PollInterval; and while the word
@@ -531,7 +531,7 @@ const (
 func (r *Relay) withdraw(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopFastPollTimeout)
 	defer cancel()
-	if _, err := r.pool.Exec(ctx, withdrawSQL, nonNil(r.names)); err != nil {
+	if _, err := r.pool.Exec(ctx, withdrawSQL, r.cfg.ID); err != nil {
 		r.log.WarnContext(ctx, "could not withdraw the fast-polling mark; inserts wake other relays again once it lapses",
 			"err", err, "within", fastPollWindow)
 	}
@@ -620,7 +620,7 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 			linger.Stop()
 		}
 		if claimed > 0 && time.Since(lastRefresh) >= fastPollRefresh {
-			if _, err := r.pool.Exec(ctx, pollFastSQL, nonNil(r.names), fastPollWindow); err == nil {
+			if _, err := r.pool.Exec(ctx, pollFastSQL, r.cfg.ID, nonNil(r.names), fastPollWindow); err == nil {
 				lastRefresh = time.Now()
 				fastUntil = lastRefresh.Add(fastPollWindow)
 			}

@@ -251,30 +251,32 @@ WITH expired AS (
 )
 DELETE FROM outbox o USING expired e WHERE o.id = e.id`
 
-// pollFastSQL tells the insert trigger that a relay polls fast for its connector instances
-// ($1) for the next $2, so inserts need not NOTIFY while every instance running relays
-// have is polled fast (see schema.sql, outbox_wake_connectors). The rows are taken in
-// order, so relays sharing instances never wait for each other in turn.
+// pollFastSQL tells the insert trigger that relay $1 polls fast for its connector
+// instances ($2) for the next $3, so inserts need not NOTIFY while every instance running
+// relays have is polled fast by some relay (see schema.sql, outbox_wake_connectors).
 const pollFastSQL = `
-INSERT INTO outbox_wake_connectors AS w (connector, polling_until)
-SELECT c, clock_timestamp() + $2::interval FROM unnest($1::text[]) AS c ORDER BY c
-ON CONFLICT (connector) DO UPDATE SET polling_until = greatest(w.polling_until, excluded.polling_until)`
+INSERT INTO outbox_wake_connectors AS w (connector, relay_id, polling_until)
+SELECT c, $1, clock_timestamp() + $3::interval FROM unnest($2::text[]) AS c
+ON CONFLICT (connector, relay_id) DO UPDATE SET polling_until = excluded.polling_until`
 
-// withdrawSQL ends, for a relay that stops, its word in outbox_wake_connectors that it
-// has instances $1 and polls fast for them (see Relay.withdraw). The words are shared:
-// if another relay still has one of them, or polls fast for it, it says so again at its
-// next renewal (within its poll interval, or fastPollRefresh while it keeps claiming
-// rows); meanwhile inserts may send NOTIFY no relay needed, or, for an instance only an
-// idle relay has, none while a relay busy with other instances polls fast.
-const withdrawSQL = `
-UPDATE outbox_wake_connectors
-SET polling_until = least(polling_until, clock_timestamp()), seen_until = least(seen_until, clock_timestamp())
-WHERE connector = ANY($1) AND (polling_until > clock_timestamp() OR seen_until > clock_timestamp())`
-
-// seenSQL tells the insert trigger that a relay runs with connector instances $1 for the
-// next $2: while one of them has no relay polling fast for it, inserts NOTIFY (see
-// schema.sql, outbox_wake_connectors).
+// seenSQL tells the insert trigger that relay $1 runs with connector instances $2 for the
+// next $3: while one of them has no relay polling fast for it, inserts NOTIFY (see
+// schema.sql, outbox_wake_connectors). It also deletes the rows of relays that died
+// (neither word renewed for an hour), skipping any another relay is deleting.
 const seenSQL = `
-INSERT INTO outbox_wake_connectors AS w (connector, seen_until)
-SELECT c, clock_timestamp() + $2::interval FROM unnest($1::text[]) AS c ORDER BY c
-ON CONFLICT (connector) DO UPDATE SET seen_until = greatest(w.seen_until, excluded.seen_until)`
+WITH gone AS (
+    DELETE FROM outbox_wake_connectors
+    WHERE (connector, relay_id) IN (
+        SELECT connector, relay_id FROM outbox_wake_connectors
+        WHERE greatest(seen_until, polling_until) < clock_timestamp() - interval '1 hour'
+        FOR UPDATE SKIP LOCKED)
+)
+INSERT INTO outbox_wake_connectors AS w (connector, relay_id, seen_until)
+SELECT c, $1, clock_timestamp() + $3::interval FROM unnest($2::text[]) AS c
+ON CONFLICT (connector, relay_id) DO UPDATE SET seen_until = excluded.seen_until`
+
+// withdrawSQL deletes, for relay $1 that stops, its words in outbox_wake_connectors (see
+// Relay.withdraw): that it has its instances and polls fast for them. Other relays' words
+// about the same instances stand.
+const withdrawSQL = `
+DELETE FROM outbox_wake_connectors WHERE relay_id = $1`

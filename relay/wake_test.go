@@ -1,12 +1,15 @@
 package relay
 
 import (
+	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/receiver"
@@ -63,7 +66,7 @@ func TestFastPollingRelayOfOtherConnectorsDoesNotSilenceInserts(t *testing.T) {
 	}, waitTimeout, 10*time.Millisecond, "the running relay says it has webhook")
 	a, err := New(b.pool, b.fastConfig(), map[string]Instance{"webhook:a": {Connector: b.hook}})
 	require.NoError(t, err)
-	_, err = a.pool.Exec(t.Context(), pollFastSQL, a.names, time.Hour) // relay A polls fast
+	_, err = a.pool.Exec(t.Context(), pollFastSQL, a.ID(), a.names, time.Hour) // relay A polls fast
 	require.NoError(t, err)
 
 	enqueue(t, b.pool, "for-this-relay", "webhook", []int{1})
@@ -110,5 +113,85 @@ func TestListenReconnectWaitStartsAgainAfterAGoodConnection(t *testing.T) {
 	require.Len(t, waits, drops, logs.String())
 	for i, w := range waits {
 		require.LessOrEqual(t, w, 120*time.Millisecond, "drop %d of a connection that was up waits the first step (100ms ±20%%): %v", i+1, waits)
+	}
+}
+
+// A relay that stops takes back only its own words in outbox_wake_connectors: another
+// relay still running with the same instance, idle, goes on hearing of that instance's
+// rows at once while a relay busy with other instances polls fast. (With one row per
+// instance, the stopping relay ended the word of every relay with the instance, until
+// the idle relay's next renewal, and the row waited for its poll interval.)
+func TestStoppingRelayDoesNotSilenceAnotherWithTheSameInstance(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	idle := b.startNotifyOnly(t) // has webhook, polls hourly
+	require.Eventually(t, func() bool { return len(wakeRows(t, b, idle.ID())) == 1 }, waitTimeout, 10*time.Millisecond,
+		"the running relay says it has webhook")
+
+	// Another relay with webhook says so, then stops.
+	other := b.newRelay(t, separateMetrics(b.fastConfig()))
+	other.seen(t.Context())
+	require.Len(t, wakeRows(t, b, other.ID()), 1)
+	other.withdraw(t.Context())
+	require.Empty(t, wakeRows(t, b, other.ID()), "the stopped relay's words are gone")
+	require.Len(t, wakeRows(t, b, idle.ID()), 1, "the idle relay's word stands")
+	// A relay of another instance polls fast.
+	a := b.newRelay(t, separateMetrics(b.fastConfig()))
+	_, err := b.pool.Exec(t.Context(), pollFastSQL, a.ID(), []string{"webhook:a"}, time.Hour)
+	require.NoError(t, err)
+
+	enqueue(t, b.pool, "for-the-idle-relay", "webhook", []int{1})
+	waitStatus(t, b.pool, "for-the-idle-relay", outbox.StatusDelivered)
+}
+
+// separateMetrics gives cfg a registry of its own, for a test that runs several relays.
+func separateMetrics(cfg *Config) *Config {
+	cfg.Registerer = prometheus.NewRegistry()
+	return cfg
+}
+
+// wakeRows returns the instances relay id has words about in outbox_wake_connectors.
+func wakeRows(t *testing.T, b *testBundle, id string) []string {
+	t.Helper()
+	rows, err := b.pool.Query(t.Context(), `SELECT connector FROM outbox_wake_connectors WHERE relay_id = $1 ORDER BY connector`, id)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return got
+}
+
+// Relays with the same instances never wait for each other in outbox_wake_connectors: a
+// relay renewing its words, or stopping, while another holds the rows of the same
+// instances (in the middle of its own renewal) goes through at once. With one row per
+// instance they locked the same rows, and a withdrawal that took them in another order
+// than a renewal deadlocked with it.
+func TestRelaysSharingInstancesDoNotWaitForEachOther(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	names := []string{"webhook", "webhook:a"}
+	holder, err := b.pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(context.WithoutCancel(t.Context())) }()
+	_, err = holder.Exec(t.Context(), seenSQL, "relay-b", names, time.Minute)
+	require.NoError(t, err)
+	_, err = holder.Exec(t.Context(), pollFastSQL, "relay-b", names, time.Minute)
+	require.NoError(t, err)
+
+	// Any wait for a lock fails at once instead of blocking the test.
+	for _, step := range []struct {
+		sql  string
+		args []any
+	}{
+		{seenSQL, []any{"relay-a", names, time.Minute}},
+		{pollFastSQL, []any{"relay-a", names, time.Minute}},
+		{withdrawSQL, []any{"relay-a"}},
+	} {
+		tx, err := b.pool.Begin(t.Context())
+		require.NoError(t, err)
+		_, err = tx.Exec(t.Context(), `SET LOCAL lock_timeout = '1ms'`)
+		require.NoError(t, err)
+		_, err = tx.Exec(t.Context(), step.sql, step.args...)
+		require.NoError(t, err, "%s waited for the other relay's rows", step.sql)
+		require.NoError(t, tx.Commit(t.Context()))
 	}
 }

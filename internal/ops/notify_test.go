@@ -27,7 +27,7 @@ func TestCancelAndRejectWakeRelays(t *testing.T) {
 	_, err = conn.Exec(ctx, `LISTEN outbox`)
 	require.NoError(t, err)
 	// As if a relay polled fast: the inserts below send no NOTIFY of their own.
-	_, err = pool.Exec(ctx, `INSERT INTO outbox_wake_connectors (connector, polling_until) VALUES ('webhook', 'infinity')`)
+	_, err = pool.Exec(ctx, `INSERT INTO outbox_wake_connectors (connector, relay_id, polling_until) VALUES ('webhook', 'r', 'infinity')`)
 	require.NoError(t, err)
 	for _, m := range []outbox.Message{
 		{Key: "head", Connector: "webhook", OrderingKey: "k", Payload: []int{1}},
