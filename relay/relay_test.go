@@ -985,19 +985,25 @@ func TestGracefulShutdown(t *testing.T) {
 
 	t.Run("in-flight deliveries finish, rows not started are released", func(t *testing.T) {
 		t.Parallel()
-		arrived, release := make(chan struct{}), make(chan struct{})
-		var once sync.Once
-		b := setup(t, receiver.Options{OnEffect: func(receiver.Effect) { once.Do(func() { close(arrived) }); <-release }})
-		t.Cleanup(func() { closeOnce(release) })
+		b := setup(t, receiver.Options{})
+		// The in-flight attempt is held inside the connector, before its request goes
+		// out, until the relay has been told to stop. Cancelling a context closes its
+		// children's Done at once, so a relay that handed its workers a context ended by
+		// the stop sends nothing (the webhook connector fails a cancelled attempt before
+		// any request): this fails every time, not only when the cancellation happens to
+		// beat the receiver's answer.
+		held := &heldBeforeSend{Connector: b.hook, key: "in-flight", entered: make(chan struct{}), gate: make(chan struct{})}
+		t.Cleanup(func() { closeOnce(held.gate) })
 		cfg := b.fastConfig()
 		cfg.Concurrency = 1 // one in flight; the rows behind it are claimed ahead, not started
-		r := b.newRelay(t, cfg)
+		r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: held}})
+		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 		defer cancel()
 		ran := make(chan error, 1)
 		go func() { ran <- r.Run(ctx) }()
 		enqueue(t, b.pool, "in-flight", "webhook", []int{1})
-		<-arrived
+		waitFor(t, held.entered, "the in-flight row never reached the connector")
 		for i := range 3 {
 			enqueue(t, b.pool, fmt.Sprint("waiting-", i), "webhook", []int{i})
 		}
@@ -1005,7 +1011,11 @@ func TestGracefulShutdown(t *testing.T) {
 			"the waiting rows are claimed behind the one in flight")
 
 		cancel() // the stop comes first, so no worker starts another row
-		closeOnce(release)
+		// The stopping relay hands back the rows it will not start while the attempt in
+		// flight is still held: the stop has been acted on before the attempt goes on.
+		require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusPending] == 3 }, waitTimeout, 10*time.Millisecond,
+			"the rows not started are handed back at once")
+		closeOnce(held.gate)
 		select {
 		case err := <-ran:
 			require.NoError(t, err)
@@ -1015,7 +1025,10 @@ func TestGracefulShutdown(t *testing.T) {
 
 		in, err := outbox.Get(t.Context(), b.pool, "in-flight")
 		require.NoError(t, err)
-		require.Equal(t, outbox.StatusDelivered, in.Status)
+		require.Equal(t, outbox.StatusDelivered, in.Status, "the attempt in flight at the stop finished (%s)", in.LastError)
+		require.Equal(t, 1, in.Attempts)
+		require.Equal(t, 1, b.receiver.Effects("in-flight"))
+		require.Equal(t, []attemptRow{{Attempt: 1, Outcome: "delivered", RelayID: r.ID()}}, attemptsOf(t, b.pool, "in-flight"))
 		for i := range 3 {
 			key := fmt.Sprint("waiting-", i)
 			in, err := outbox.Get(t.Context(), b.pool, key)
@@ -1049,6 +1062,24 @@ func TestGracefulShutdown(t *testing.T) {
 		require.True(t, att[0].Ambiguous)
 		requireNoLeases(t, b.pool)
 	})
+}
+
+// heldBeforeSend is the webhook connector, except that the attempt for key waits, once
+// it has started (entered is closed), until gate is closed, and only then sends.
+type heldBeforeSend struct {
+	*webhook.Connector
+	key     string
+	once    sync.Once
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (h *heldBeforeSend) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
+	if d.Key == h.key {
+		h.once.Do(func() { close(h.entered) })
+		<-h.gate
+	}
+	return h.Connector.Deliver(ctx, d)
 }
 
 func requireNoLeases(t *testing.T, pool *pgxpool.Pool) {

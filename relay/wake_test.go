@@ -92,11 +92,17 @@ func TestListenReconnectWaitStartsAgainAfterAGoodConnection(t *testing.T) {
 		require.Eventually(t, func() bool { return r.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
 	}
 	up()
+	// Each drop is awaited by its log record, which stays, not by catching the LISTEN
+	// flag down: that lasts only the first reconnect wait (80-120ms), and a test
+	// goroutine that does not run within it (a busy machine) would never see it.
+	lost := func() int {
+		return strings.Count(logs.String(), `"msg":"LISTEN connection lost`)
+	}
 	const drops = 4
-	for range drops {
+	for i := range drops {
 		killListen(t, b.pool)
-		require.Eventually(t, func() bool { return !r.listening.Load() }, waitTimeout, time.Millisecond)
-		up()
+		require.Eventually(t, func() bool { return lost() >= i+1 }, waitTimeout, 10*time.Millisecond, "drop %d noticed", i+1)
+		up() // listening is cleared before the record is logged: ready again means reconnected
 	}
 
 	var waits []time.Duration

@@ -28,6 +28,13 @@ type Harness struct {
 	// DropAfterEffectFunc makes the receiver perform the next effect for key and then
 	// drop the connection without answering. Required.
 	DropAfterEffectFunc func(key string)
+	// RequestsFunc, when set, reports how many requests carrying key reached the
+	// receiver, whatever they were answered. With it, the retry checks of an enforced
+	// connector also prove that the retry went out under the very key of the first
+	// attempt: EffectsFunc alone cannot see an effect performed under another key (a
+	// connector that made a fresh key per attempt would show one effect for the row's
+	// key, and a second one under a key nobody asks about). Optional.
+	RequestsFunc func(key string) int
 	// Concurrency is how many deliveries of distinct keys run at once in the concurrency
 	// check. Defaults to 50.
 	Concurrency int
@@ -74,6 +81,7 @@ func Run(t *testing.T, h Harness) {
 		requireResult(t, res)
 		if dedupes {
 			require.Equal(t, 1, h.EffectsFunc(r.key), "a %s connector's retry performs no second effect", g)
+			s.requireRetrySameKey(t, g, r.key)
 		} else {
 			require.GreaterOrEqual(t, h.EffectsFunc(r.key), 1)
 		}
@@ -97,6 +105,7 @@ func Run(t *testing.T, h Harness) {
 		requireResult(t, res)
 		if dedupes {
 			require.Equal(t, 1, h.EffectsFunc(r.key), "a %s connector's retry after an ambiguous attempt performs no second effect", g)
+			s.requireRetrySameKey(t, g, r.key)
 		}
 	})
 
@@ -163,6 +172,17 @@ func (s *suite) deliver(ctx context.Context, r row, attempt int, previousAmbiguo
 		Headers:           map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
 		PreviousAmbiguous: previousAmbiguous,
 	})
+}
+
+// requireRetrySameKey checks, when the harness can tell, that an enforced connector's
+// retry reached the receiver under the first attempt's key: two requests carried it.
+func (s *suite) requireRetrySameKey(t *testing.T, g connectors.Guarantee, key string) {
+	t.Helper()
+	if s.h.RequestsFunc == nil || g != connectors.Enforced {
+		return
+	}
+	require.Equal(t, 2, s.h.RequestsFunc(key),
+		"the attempt and its retry both reached the receiver under key %q (a retry under another key would act again)", key)
 }
 
 func requireResult(t *testing.T, res json.RawMessage) {

@@ -43,6 +43,7 @@ func TestResendConformance(t *testing.T) {
 			return json.RawMessage(fmt.Sprintf(`{"to":"user%d@example.com","subject":"row %d","text":"hello %d"}`, i, i, i))
 		},
 		EffectsFunc:         f.Effects,
+		RequestsFunc:        f.RequestsFor,
 		DropAfterEffectFunc: f.DropAfterEffect,
 	})
 }
@@ -216,10 +217,14 @@ func TestResendDeliver_DropAfterSend(t *testing.T) {
 	require.Equal(t, 1, f.Effects("dropped"))
 	require.Len(t, f.Requests(), 2, "net/http did not resend the request by itself")
 
-	res, err := c.Deliver(t.Context(), delivery("dropped", payload))
+	// The relay's retry: the next attempt, after an ambiguous one.
+	retry := delivery("dropped", payload)
+	retry.Attempt, retry.PreviousAmbiguous = 2, true
+	res, err := c.Deliver(t.Context(), retry)
 	require.NoError(t, err)
 	require.NotEmpty(t, decodeResendResult(t, res).ID)
 	require.Equal(t, 1, f.Effects("dropped"), "Resend returned the stored answer")
+	require.Equal(t, 2, f.RequestsFor("dropped"), "the retry carried the first attempt's Idempotency-Key")
 }
 
 func TestResendDeliver_CancelledAndUnreachable(t *testing.T) {

@@ -94,6 +94,20 @@ func (f *fakeResend) Requests() []fakeRequest {
 	return append([]fakeRequest(nil), f.bodies...)
 }
 
+// RequestsFor reports how many requests carried key as their Idempotency-Key (those
+// refused before the key was read, for a bad API key, are not counted).
+func (f *fakeResend) RequestsFor(key string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, r := range f.bodies {
+		if r.Header.Get("Idempotency-Key") == key {
+			n++
+		}
+	}
+	return n
+}
+
 func resendError(w http.ResponseWriter, status int, name, message string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

@@ -117,6 +117,7 @@ func TestConformance(t *testing.T) {
 			return json.RawMessage(fmt.Sprintf(`{"operation":"payment_intent.create","params":{"amount":%d,"currency":"usd"}}`, 100+i))
 		},
 		EffectsFunc:         f.Effects,
+		RequestsFunc:        func(key string) int { return len(f.Requests(key)) },
 		DropAfterEffectFunc: func(key string) { f.Plan(key, action{DropAfterEffect: true}) },
 	})
 }

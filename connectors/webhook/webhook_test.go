@@ -92,6 +92,7 @@ func TestConformance(t *testing.T) {
 			Connector:           c,
 			PayloadFunc:         payload,
 			EffectsFunc:         r.Effects,
+			RequestsFunc:        r.Requests,
 			DropAfterEffectFunc: func(key string) { r.Plan(key, receiver.Plan{DropAfterEffect: 1}) },
 		}
 	}
