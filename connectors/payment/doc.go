@@ -52,6 +52,13 @@
 //	{"object": "error", "type": "card_error", "code": "card_declined",
 //	 "decline_code": "insufficient_funds", "message": "…", "payment_intent": "pi_…"}
 //
+// Any other answer carrying a Stripe error object is stored too, with the error: Stripe
+// saves it against the key once the request began to run and replays it
+// ([ErrorAnswer]):
+//
+//	{"object": "error", "status": 400, "type": "invalid_request_error",
+//	 "code": "amount_too_small", "param": "amount", "message": "…", "request_id": "req_…"}
+//
 // Other failures are classified for the relay:
 //
 //   - 409 (another request with the same key is still running, which Stripe reports as

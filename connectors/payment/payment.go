@@ -216,6 +216,22 @@ type Decline struct {
 	RequestID     string `json:"request_id,omitempty"`
 }
 
+// ErrorAnswer is what Deliver returns for the relay to store, with its error, when
+// Stripe answered with an error object other than a card_error: Stripe stores that
+// answer against the key once the request began to run and replays it, so it is the
+// key's outcome too.
+type ErrorAnswer struct {
+	Object    string `json:"object"` // "error"
+	Status    int    `json:"status"`
+	Type      string `json:"type"`
+	Code      string `json:"code,omitempty"`
+	Message   string `json:"message,omitempty"`
+	Param     string `json:"param,omitempty"`
+	RequestID string `json:"request_id,omitempty"`
+	// Replayed is true when Stripe answered from its store (Idempotent-Replayed).
+	Replayed bool `json:"idempotent_replayed,omitempty"`
+}
+
 // operation performs one Stripe call with params (without "id") under key.
 type operation struct {
 	needsID bool
@@ -449,11 +465,16 @@ func classifyStripe(what string, status int, header http.Header, se *stripe.Erro
 		msg = fmt.Sprintf("%s (%s)", msg, se.Code)
 	}
 	answered := fmt.Sprintf("%s: Stripe answered %s %s: %s", what, connectors.StatusText(status), se.Type, msg)
+	// Stored with the error: Stripe's answer for the key, which it replays.
+	stored := connectors.MarshalResult(ErrorAnswer{
+		Object: "error", Status: status, Type: string(se.Type), Code: string(se.Code), Message: se.Msg,
+		Param: se.Param, RequestID: se.RequestID, Replayed: header.Get("Idempotent-Replayed") == "true",
+	})
 	switch {
 	case status == http.StatusConflict:
 		// A concurrent request with the same key is still running (Stripe sends this as
 		// an idempotency_error, but it is not a key reused with other parameters).
-		return nil, retryable(errors.New(answered), header)
+		return stored, retryable(errors.New(answered), header)
 	case se.Type == stripe.ErrorTypeCard:
 		// The attempt happened and has a final outcome; Stripe replays the same decline
 		// for the same key, so it is the stored answer rather than a failure.
@@ -473,13 +494,13 @@ func classifyStripe(what string, status int, header http.Header, se *stripe.Erro
 		return connectors.MarshalResult(d), nil
 	case se.Type == stripe.ErrorTypeIdempotency:
 		// The key was used before with different parameters: no retry can fix that.
-		return nil, connectors.Permanent(errors.New(answered))
+		return stored, connectors.Permanent(errors.New(answered))
 	case status >= 500 || se.Type == stripe.ErrorTypeAPI:
-		return nil, serverError(errors.New(answered), header)
+		return stored, serverError(errors.New(answered), header)
 	case connectors.RetryableStatus(status), header.Get("Stripe-Should-Retry") == "true":
-		return nil, retryable(errors.New(answered), header)
+		return stored, retryable(errors.New(answered), header)
 	default: // invalid_request_error, authentication and permission errors, other 4xx
-		return nil, connectors.Permanent(errors.New(answered))
+		return stored, connectors.Permanent(errors.New(answered))
 	}
 }
 

@@ -92,7 +92,7 @@ func TestStripeMock(t *testing.T) {
 		t.Parallel()
 		raw, err := c.Deliver(t.Context(), delivery("stripe-mock:missing", `{"operation":"payment_intent.create","params":{"amount":2000}}`))
 		require.Error(t, err)
-		require.Nil(t, raw)
+		require.Equal(t, float64(http.StatusBadRequest), decode(t, raw)["status"], "Stripe's answer is stored: %s", raw)
 		require.True(t, connectors.IsPermanent(err), "%v", err)
 		require.Contains(t, err.Error(), "invalid_request_error")
 		require.Contains(t, err.Error(), "currency")
@@ -197,7 +197,11 @@ func TestDeliver_RetryCarriesSameKey(t *testing.T) {
 
 			raw, err := b.c.Deliver(t.Context(), delivery(key, createPI))
 			require.Error(t, err)
-			require.Nil(t, raw)
+			if tc.first.Status != 0 {
+				require.Equal(t, float64(tc.first.Status), decode(t, raw)["status"], "Stripe's answer is stored: %s", raw)
+			} else {
+				require.Nil(t, raw)
+			}
 			require.False(t, connectors.IsPermanent(err), "%v", err)
 			require.Equal(t, tc.ambiguous, connectors.IsAmbiguous(err), "%v", err)
 			require.Len(t, b.f.Requests(key), 1, "stripe-go's own retries are off")
@@ -334,7 +338,11 @@ func TestDeliver_Classification(t *testing.T) {
 
 			raw, err := b.c.Deliver(t.Context(), delivery(key, createPI))
 			require.Error(t, err)
-			require.Nil(t, raw)
+			if strings.HasPrefix(tc.answer.Body, `{"error"`) {
+				require.Equal(t, float64(tc.answer.Status), decode(t, raw)["status"], "Stripe's answer is stored: %s", raw)
+			} else {
+				require.Nil(t, raw)
+			}
 			require.Equal(t, tc.permanent, connectors.IsPermanent(err), "%v", err)
 			require.Equal(t, tc.ambiguous, connectors.IsAmbiguous(err), "%v", err)
 			d, ok := connectors.RetryDelay(err)

@@ -1,0 +1,31 @@
+package payment_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+)
+
+// Stripe stores the answer of a request that began to run against its key, failures
+// included, and replays it ("A request that returns a 400 sends back the same 400 if
+// followed by a new request with the same idempotency key"). That answer is the key's
+// outcome, so Deliver returns it with the error for the relay to store, as it does for
+// a card decline: its status, Stripe's error fields and the request id to quote to
+// Stripe's support.
+func TestDeliver_StripeErrorAnswerIsStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const key = "order-11:charge"
+	b.f.Plan(key, action{Status: http.StatusBadRequest, Header: http.Header{"Idempotent-Replayed": {"true"}},
+		Body: `{"error":{"type":"invalid_request_error","code":"amount_too_small","param":"amount","message":"Amount must be at least $0.50 usd"}}`})
+
+	raw, err := b.c.Deliver(t.Context(), delivery(key, createPI))
+	require.True(t, connectors.IsPermanent(err), "%v", err)
+	require.NotNil(t, raw, "Stripe's stored answer for the key is not kept")
+	require.JSONEq(t, `{"object":"error","status":400,"type":"invalid_request_error","code":"amount_too_small",
+		"param":"amount","message":"Amount must be at least $0.50 usd","request_id":"req_fake","idempotent_replayed":true}`, string(raw))
+	require.NotContains(t, string(raw), testKey)
+}
