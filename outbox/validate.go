@@ -13,7 +13,7 @@ import (
 	"unicode/utf8"
 )
 
-// MaxKeyLength is the longest idempotency key, in characters.
+// MaxKeyLength is the longest idempotency key, and ordering key, in characters.
 const MaxKeyLength = 255
 
 // Kinds are the connector kinds the relay knows. A connector instance is a kind, or a kind

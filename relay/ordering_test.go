@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/internal/intent"
 	"github.com/outboxd/outboxd/internal/ops"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
@@ -179,4 +180,29 @@ func TestOrderedOutcomeWithoutAClaimRescansNextTime(t *testing.T) {
 			require.True(t, r.rescan.Load(), "the next claim starts at the head of the index")
 		})
 	}
+}
+
+// An API token scoped to slack only cannot create, read or list webhook intents; one
+// intent of its own with an ordering key and a far not_before used to hold back every
+// later application row of that ordering key on every connector, for a century. Its
+// ordering keys are its own (intent.Service keeps them within the token).
+func TestScopedTokenCannotStallOtherConnectorsOrderingKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	_, cfg := b.clockedConfig(t)
+	r := b.newRelay(t, cfg)
+
+	svc := &intent.Service{Pool: b.pool, Policy: &intent.Policy{Tokens: []intent.Token{
+		{Name: "slackbot", Connectors: []string{"slack"}},
+	}}}
+	later := time.Now().AddDate(100, 0, 0)
+	_, err := svc.Create(t.Context(), &svc.Policy.Tokens[0], "agent-1", intent.CreateRequest{
+		Connector: "slack", Payload: json.RawMessage(`{"channel":"C1","text":"hi"}`),
+		OrderingKey: "customer-42", NotBefore: &later,
+	})
+	require.NoError(t, err)
+
+	enqueueOrdered(t, b.pool, "app-1", "customer-42") // the application's own webhook row
+	require.Equal(t, []string{"app-1"}, claimedKeys(claimRows(t, r, "webhook")),
+		"the application's webhook row waits a century behind a slack-only token's intent")
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -56,10 +57,14 @@ func (s *Service) Create(ctx context.Context, tok *Token, key string, req Create
 	if !tok.Allows(req.Connector) {
 		return outbox.Intent{}, fmt.Errorf("%w: token %q may not use connector %q", ErrForbidden, tok.Name, req.Connector)
 	}
+	orderingKey, err := scopedOrderingKey(tok, req.OrderingKey)
+	if err != nil {
+		return outbox.Intent{}, err
+	}
 	m := outbox.Message{
 		Key:             key,
 		Connector:       req.Connector,
-		OrderingKey:     req.OrderingKey,
+		OrderingKey:     orderingKey,
 		RequireApproval: s.Policy.requiresApproval(req.Connector),
 		CreatedBy:       tok.Name,
 	}
@@ -74,6 +79,24 @@ func (s *Service) Create(ctx context.Context, tok *Token, key string, req Create
 		return outbox.Intent{}, fmt.Errorf("create: %w", err)
 	}
 	return in, nil
+}
+
+// scopedOrderingKey is the ordering key an intent of tok is stored with. Ordering keys are
+// one namespace for every connector: a row holds back the later rows of its key, whatever
+// their connector, while it is pending (not_before far ahead, say), held or awaiting
+// approval. A token allowed every connector could write those rows anyway, and shares the
+// application's keys; a token scoped to some connectors has its keys to itself, prefixed
+// "token:<name>/", so it cannot hold back rows it may not write, read or cancel.
+func scopedOrderingKey(tok *Token, key string) (string, error) {
+	if key == "" || tok.all() {
+		return key, nil
+	}
+	scoped := "token:" + tok.Name + "/" + key
+	if n := utf8.RuneCountInString(scoped); n > outbox.MaxKeyLength {
+		return "", fmt.Errorf("%w: the ordering key is kept within token %q as %q, %d characters, and the outbox holds at most %d",
+			outbox.ErrInvalidMessage, tok.Name, scoped, n, outbox.MaxKeyLength)
+	}
+	return scoped, nil
 }
 
 // Get returns the intent with key. An intent of a connector the token may not use is

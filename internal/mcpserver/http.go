@@ -1,9 +1,11 @@
 package mcpserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 
@@ -52,6 +54,18 @@ func Handler(svc *intent.Service, cfg *Config) http.Handler {
 			writeError(w, http.StatusUnauthorized, "unauthorized", err.Error())
 			return
 		}
+		if r.Method == http.MethodPost {
+			// A JSON-RPC batch (protocol 2025-03-26 and earlier) would run many tool
+			// calls in one request, past the token's per-request rate limit: refused.
+			body, err := io.ReadAll(r.Body)
+			if err == nil && bytes.HasPrefix(bytes.TrimLeft(body, " \t\r\n"), []byte("[")) {
+				writeError(w, http.StatusBadRequest, "batch_not_supported",
+					"JSON-RPC batches are not accepted: send one message per request")
+				return
+			}
+			// The SDK reads what was read, then the read's error (a body over the limit).
+			r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), errReader{err}))
+		}
 		protected.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxTokenKey{}, tok)))
 	})
 }
@@ -73,4 +87,14 @@ func writeError(w http.ResponseWriter, status int, code, message string) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": message}})
+}
+
+// errReader returns err, or io.EOF when err is nil.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	return 0, io.EOF
 }

@@ -81,7 +81,7 @@ type ProposeInput struct {
 	// text; the map type only gives the schema "object".
 	Payload     map[string]any `json:"payload" jsonschema:"what the connector needs, as a JSON object (webhook: any object; email: to, subject, text or html; slack: channel, text or blocks; payment: operation and params)"`
 	Reason      string         `json:"reason,omitempty" jsonschema:"why this effect is wanted, in a sentence a person reviewing it understands"`
-	OrderingKey string         `json:"ordering_key,omitempty" jsonschema:"intents sharing an ordering key are delivered one at a time, in the order proposed"`
+	OrderingKey string         `json:"ordering_key,omitempty" jsonschema:"intents sharing an ordering key are delivered one at a time, in the order proposed (a token scoped to some connectors has ordering keys of its own, shown as token:<name>/<key>)"`
 	NotBefore   *time.Time     `json:"not_before,omitempty" jsonschema:"do not perform it before this RFC 3339 time"`
 }
 

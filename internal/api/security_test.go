@@ -1,0 +1,77 @@
+package api_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// A row's own Authorization header replaces the webhook instance's credentials (README,
+// OUTBOX_WEBHOOK_URL): it is a credential for the receiver. A token that may read the
+// connector's intents must not be handed it, or an agent could call the receiver
+// itself, past the outbox and its approval gates. (The MCP tools leave headers out.)
+func TestRowCredentialsNotReturned(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	const secret = "Bearer receiver-credential-s3cret"
+	_, err := outbox.Enqueue(t.Context(), b.pool, outbox.Message{
+		Key: "app-1", Connector: "webhook:crm", Payload: map[string]any{"n": 1},
+		Headers: map[string]string{
+			"authorization": secret,
+			"traceparent":   "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		},
+	})
+	require.NoError(t, err)
+
+	r := b.do(t, "GET", "/v1/intents/app-1", crmSecret, "", "")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.NotContains(t, r.raw, "receiver-credential-s3cret")
+	require.Contains(t, r.raw, "0af7651916cd43dd8448eb211c80319c") // harmless headers stay
+
+	r = b.do(t, "GET", "/v1/intents", crmSecret, "", "")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.NotContains(t, r.raw, "receiver-credential-s3cret")
+
+	// The same request again (201 → 200 Idempotent-Replayed) returns the stored row.
+	r = b.do(t, "POST", "/v1/intents", crmSecret, "app-1", `{"connector":"webhook:crm","payload":{"n":1}}`)
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.NotContains(t, r.raw, "receiver-credential-s3cret")
+
+	r = b.do(t, "POST", "/v1/intents/app-1/cancel", adminSecret, "", "")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.NotContains(t, r.raw, "receiver-credential-s3cret")
+}
+
+// Ordering keys are one namespace for every connector, and a row holds back the later
+// rows of its key while it waits (not_before far ahead, awaiting approval). A token
+// scoped to some connectors therefore has its ordering keys to itself: it cannot hold
+// back rows it may not write, read or cancel. A token allowed every connector shares
+// the application's keys.
+func TestScopedTokensHaveTheirOwnOrderingKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	body := `{"connector":"webhook:crm","payload":{"n":1},"ordering_key":"customer-42"}`
+	r := b.do(t, "POST", "/v1/intents", crmSecret, "crm-1", body)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	require.Contains(t, r.raw, `"ordering_key":"token:crm/customer-42"`)
+	// The same request again is the same intent.
+	r = b.do(t, "POST", "/v1/intents", crmSecret, "crm-1", body)
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.Equal(t, "true", r.header.Get("Idempotent-Replayed"))
+
+	r = b.do(t, "POST", "/v1/intents", adminSecret, "admin-1", body)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	require.Contains(t, r.raw, `"ordering_key":"customer-42"`)
+
+	// Kept within the token, a key may no longer fit: one clear error, nothing written.
+	long := strings.Repeat("k", outbox.MaxKeyLength)
+	r = b.do(t, "POST", "/v1/intents", crmSecret, "crm-2", `{"connector":"webhook:crm","payload":{"n":2},"ordering_key":"`+long+`"}`)
+	require.Equal(t, http.StatusUnprocessableEntity, r.status, r.raw)
+	require.Contains(t, r.raw, "kept within token")
+	_, err := outbox.Get(t.Context(), b.pool, "crm-2")
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+}

@@ -1,0 +1,97 @@
+package mcpserver_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/api"
+	"github.com/outboxd/outboxd/internal/mcpserver"
+)
+
+// A JSON-RPC batch on /mcp must not turn one request of the token's rate limit into
+// many tool calls: OUTBOX_API_RATE limits each token's requests to the API and /mcp
+// together, and a 1 MiB batch holds thousands of propose_intent calls.
+func TestMCPHTTPBatchDoesNotBypassRateLimit(t *testing.T) {
+	t.Parallel()
+	b := setupService(t)
+	h := api.New(b.svc, &api.Config{Rate: 2}) // a burst of 2 requests, then 2 per second
+	mh := mcpserver.Handler(b.svc, nil)
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", h.Limit(mh))
+	mux.Handle("/unlimited", mh) // only to end the session at the end
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	post := func(session, body string) (*http.Response, string) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/mcp", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+agentSecret)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		if session != "" {
+			req.Header.Set("Mcp-Session-Id", session)
+			req.Header.Set("Mcp-Protocol-Version", "2025-03-26")
+		}
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		raw, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		return resp, string(raw)
+	}
+
+	resp, raw := post("", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-03-26","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode, raw)
+	session := resp.Header.Get("Mcp-Session-Id")
+	require.NotEmpty(t, session)
+	defer func() {
+		req, err := http.NewRequestWithContext(ctx, http.MethodDelete, srv.URL+"/unlimited", nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+agentSecret)
+		req.Header.Set("Mcp-Session-Id", session)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+	}()
+
+	const calls = 20
+	msgs := []string{`{"jsonrpc":"2.0","method":"notifications/initialized"}`}
+	for i := range calls {
+		msgs = append(msgs, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"propose_intent","arguments":{"connector":"webhook","key":"batch-%d","payload":{"n":%d}}}}`, i+2, i, i))
+	}
+	resp, raw = post(session, "["+strings.Join(msgs, ",")+"]")
+	t.Logf("batch answered %d: %.300s", resp.StatusCode, raw)
+
+	// Two requests were admitted (initialize and the batch): at most one tool call may
+	// have run, not twenty.
+	require.LessOrEqual(t, b.count(t, `idempotency_key LIKE 'batch-%'`), 1)
+}
+
+// A body over the API's limit still answers 413 once the batch check has read it.
+func TestMCPHTTPBodyLimitAfterBatchCheck(t *testing.T) {
+	t.Parallel()
+	b := setupService(t)
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", api.New(b.svc, &api.Config{MaxBody: 64}).Limit(mcpserver.Handler(b.svc, nil)))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/mcp",
+		strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"pad":"`+strings.Repeat("x", 200)+`"}}`))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+agentSecret)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+}
