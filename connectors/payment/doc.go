@@ -52,9 +52,10 @@
 //	{"object": "error", "type": "card_error", "code": "card_declined",
 //	 "decline_code": "insufficient_funds", "message": "…", "payment_intent": "pi_…"}
 //
-// Any other answer carrying a Stripe error object is stored too, with the error: Stripe
-// saves it against the key once the request began to run and replays it
-// ([ErrorAnswer]):
+// Any other answer carrying a Stripe error object that is final for the key (a permanent
+// failure, or a 5xx) is stored too, with the error: Stripe saves it against the key once
+// the request began to run and replays it ([ErrorAnswer]). An answer to retry (409, 408,
+// 425, 429, Stripe-Should-Retry: true) is not: Stripe saved nothing for the key.
 //
 //	{"object": "error", "status": 400, "type": "invalid_request_error",
 //	 "code": "amount_too_small", "param": "amount", "message": "…", "request_id": "req_…"}

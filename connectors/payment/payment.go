@@ -217,9 +217,9 @@ type Decline struct {
 }
 
 // ErrorAnswer is what Deliver returns for the relay to store, with its error, when
-// Stripe answered with an error object other than a card_error: Stripe stores that
-// answer against the key once the request began to run and replays it, so it is the
-// key's outcome too.
+// Stripe answered with an error object other than a card_error that is final for the key
+// (a permanent failure or a 5xx): Stripe stores that answer against the key once the
+// request began to run and replays it, so it is the key's outcome too.
 type ErrorAnswer struct {
 	Object    string `json:"object"` // "error"
 	Status    int    `json:"status"`
@@ -465,7 +465,10 @@ func classifyStripe(what string, status int, header http.Header, se *stripe.Erro
 		msg = fmt.Sprintf("%s (%s)", msg, se.Code)
 	}
 	answered := fmt.Sprintf("%s: Stripe answered %s %s: %s", what, connectors.StatusText(status), se.Type, msg)
-	// Stored with the error: Stripe's answer for the key, which it replays.
+	// Stored with the error when it is Stripe's answer for the key, which it replays: not
+	// for a 409 or an answer to retry, for which Stripe saved nothing (the request did
+	// not begin to run), and which the relay would otherwise keep through later attempts
+	// that bring no answer.
 	stored := connectors.MarshalResult(ErrorAnswer{
 		Object: "error", Status: status, Type: string(se.Type), Code: string(se.Code), Message: se.Msg,
 		Param: se.Param, RequestID: se.RequestID, Replayed: header.Get("Idempotent-Replayed") == "true",
@@ -474,7 +477,7 @@ func classifyStripe(what string, status int, header http.Header, se *stripe.Erro
 	case status == http.StatusConflict:
 		// A concurrent request with the same key is still running (Stripe sends this as
 		// an idempotency_error, but it is not a key reused with other parameters).
-		return stored, retryable(errors.New(answered), header)
+		return nil, retryable(errors.New(answered), header)
 	case se.Type == stripe.ErrorTypeCard:
 		// The attempt happened and has a final outcome; Stripe replays the same decline
 		// for the same key, so it is the stored answer rather than a failure.
@@ -498,7 +501,7 @@ func classifyStripe(what string, status int, header http.Header, se *stripe.Erro
 	case status >= 500 || se.Type == stripe.ErrorTypeAPI:
 		return stored, serverError(errors.New(answered), header)
 	case connectors.RetryableStatus(status), header.Get("Stripe-Should-Retry") == "true":
-		return stored, retryable(errors.New(answered), header)
+		return nil, retryable(errors.New(answered), header)
 	default: // invalid_request_error, authentication and permission errors, other 4xx
 		return stored, connectors.Permanent(errors.New(answered))
 	}

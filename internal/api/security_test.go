@@ -1,12 +1,15 @@
 package api_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxd/outboxd/internal/intent"
+	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -74,4 +77,52 @@ func TestScopedTokensHaveTheirOwnOrderingKeys(t *testing.T) {
 	require.Contains(t, r.raw, "kept within token")
 	_, err := outbox.Get(t.Context(), b.pool, "crm-2")
 	require.ErrorIs(t, err, outbox.ErrNotFound)
+}
+
+// A scoped token's ordering keys are its own (README): another scoped token, whose name
+// the first one's begins with followed by "/", must not be able to name them.
+func TestScopedOrderingKeysDoNotCollideAcrossTokenNames(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	a := &intent.Token{Name: "team", Connectors: []string{"webhook:a"}}
+	ab := &intent.Token{Name: "team/b", Connectors: []string{"webhook:b"}}
+	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{*a, *ab}}}
+
+	victim, err := svc.Create(t.Context(), ab, "b-1", intent.CreateRequest{
+		Connector: "webhook:b", Payload: json.RawMessage(`{"n":1}`), OrderingKey: "x"})
+	require.NoError(t, err)
+	other, err := svc.Create(t.Context(), a, "a-1", intent.CreateRequest{
+		Connector: "webhook:a", Payload: json.RawMessage(`{"n":1}`), OrderingKey: "b/x"})
+	require.NoError(t, err)
+	require.NotEqual(t, victim.OrderingKey, other.OrderingKey,
+		"token %q's ordering key reaches token %q's namespace", a.Name, ab.Name)
+}
+
+// The same request under the same key, by the same token, is the same intent (200,
+// Idempotent-Replayed), also after an operator widened the token's connectors to "*",
+// or narrowed them.
+func TestScopeChangeKeepsIdempotentReplay(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	req := intent.CreateRequest{Connector: "webhook:crm", Payload: json.RawMessage(`{"n":1}`), OrderingKey: "customer-42"}
+
+	scoped := &intent.Token{Name: "crm", Connectors: []string{"webhook:crm"}}
+	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{*scoped}}}
+	first, err := svc.Create(t.Context(), scoped, "k-1", req)
+	require.NoError(t, err)
+	require.True(t, first.Inserted)
+
+	widened := &intent.Token{Name: "crm", Connectors: []string{"*"}}
+	again, err := svc.Create(t.Context(), widened, "k-1", req)
+	require.NoError(t, err, "the same request by the same token after its scope widened")
+	require.False(t, again.Inserted)
+	require.Equal(t, first.ID, again.ID)
+
+	// And the other way: written while allowed everything, retried once scoped.
+	first, err = svc.Create(t.Context(), widened, "k-2", req)
+	require.NoError(t, err)
+	again, err = svc.Create(t.Context(), scoped, "k-2", req)
+	require.NoError(t, err, "the same request by the same token after its scope narrowed")
+	require.False(t, again.Inserted)
+	require.Equal(t, first.ID, again.ID)
 }

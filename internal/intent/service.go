@@ -3,10 +3,13 @@ package intent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/internal/ops"
@@ -75,10 +78,44 @@ func (s *Service) Create(ctx context.Context, tok *Token, key string, req Create
 		m.NotBefore = *req.NotBefore
 	}
 	in, err := outbox.Enqueue(ctx, s.Pool, m)
+	if errors.Is(err, outbox.ErrKeyConflict) && req.OrderingKey != "" {
+		if again, ok := s.replayOtherScope(ctx, tok, m, req.OrderingKey); ok {
+			return again, nil
+		}
+	}
 	if err != nil {
 		return outbox.Intent{}, fmt.Errorf("create: %w", err)
 	}
 	return in, nil
+}
+
+// replayOtherScope returns the intent m.Key names when tok wrote it with the same
+// request but the ordering key's other form (key given as key): tok's connectors changed
+// between "*" and a scope since, or the row predates scoped ordering keys. The same
+// decision retried is then the same intent, not a conflict. Nothing is written.
+func (s *Service) replayOtherScope(ctx context.Context, tok *Token, m outbox.Message, key string) (outbox.Intent, bool) {
+	prev, err := outbox.Get(ctx, s.Pool, m.Key)
+	if err != nil || prev.CreatedBy != tok.Name {
+		return outbox.Intent{}, false
+	}
+	alt := key
+	if m.OrderingKey == key {
+		alt = orderingKeyPrefix(tok) + key
+	}
+	if prev.OrderingKey != alt {
+		return outbox.Intent{}, false
+	}
+	m.OrderingKey = alt
+	var in outbox.Intent
+	errInserted := errors.New("inserted")
+	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		var err error
+		if in, err = outbox.Enqueue(ctx, tx, m); err == nil && in.Inserted {
+			return errInserted // the row went away meanwhile: not a replay, roll back
+		}
+		return err
+	})
+	return in, err == nil
 }
 
 // scopedOrderingKey is the ordering key an intent of tok is stored with. Ordering keys are
@@ -91,13 +128,22 @@ func scopedOrderingKey(tok *Token, key string) (string, error) {
 	if key == "" || tok.all() {
 		return key, nil
 	}
-	scoped := "token:" + tok.Name + "/" + key
+	scoped := orderingKeyPrefix(tok) + key
 	if n := utf8.RuneCountInString(scoped); n > outbox.MaxKeyLength {
 		return "", fmt.Errorf("%w: the ordering key is kept within token %q as %q, %d characters, and the outbox holds at most %d",
 			outbox.ErrInvalidMessage, tok.Name, scoped, n, outbox.MaxKeyLength)
 	}
 	return scoped, nil
 }
+
+// orderingKeyPrefix starts the ordering keys of a scoped tok: "token:<name>/", with "%"
+// and "/" in the name escaped (%25, %2F), so that no token's prefix begins another's
+// (tokens "team" and "team/b" would share "token:team/b/x").
+func orderingKeyPrefix(tok *Token) string {
+	return "token:" + nameEscaper.Replace(tok.Name) + "/"
+}
+
+var nameEscaper = strings.NewReplacer("%", "%25", "/", "%2F")
 
 // Get returns the intent with key. An intent of a connector the token may not use is
 // reported as not found (an error wrapping [outbox.ErrNotFound]), so its existence does
