@@ -78,9 +78,20 @@ func (r *Relay) seen(ctx context.Context) {
 // fails now and then does not let it lapse.
 const seenFor = 6 * statsInterval
 
-// reclaim puts back rows whose lease expired and wakes the claim loop when it did, with
-// its next claims starting at the head of the index.
+// reclaim puts back rows whose lease expired, by the database's clock as just read, and
+// wakes the claim loop when it did, with its next claims starting at the head of the
+// index.
 func (r *Relay) reclaim(ctx context.Context) {
+	// On the database's clock as it is now, not as it was at start (see readClock).
+	if r.cfg.usesRealClock {
+		if err := r.readClock(ctx); err != nil {
+			if ctx.Err() == nil {
+				r.metrics.dbErrors.WithLabelValues("reclaim").Inc()
+				r.log.WarnContext(ctx, "reading the database's clock failed; reclaiming expired leases next poll", "err", err)
+			}
+			return
+		}
+	}
 	tag, err := r.pool.Exec(ctx, reclaimSQL, r.now(), r.cfg.MaxAttempts, nonNil(r.hold), nonNil(r.names), r.maxAges)
 	if err != nil {
 		if ctx.Err() == nil {

@@ -60,7 +60,7 @@ type Relay struct {
 	rescan atomic.Bool
 
 	listening atomic.Bool
-	skew      atomic.Int64 // database clock minus local clock, when NowFunc is the real clock
+	skew      atomic.Int64 // database clock minus local clock, when NowFunc is the real clock (see readClock)
 	probe     string       // the payload of this relay's NOTIFY self-test
 	// probeTimeout is how long the NOTIFY self-test waits; tests shorten it.
 	probeTimeout time.Duration
@@ -132,6 +132,10 @@ type claimed struct {
 	ordered   bool      // the row has an ordering key
 	dueAt     time.Time // its next_attempt_at
 	lease     time.Time // its lease expiry, unique to the round that claimed it
+	// local is Config.NowFunc's own reading at the claim, uncorrected: how long the row
+	// waits is measured on it (Go's monotonic clock, in production), so that neither a
+	// step of the local clock nor a new correction (readClock) changes it.
+	local time.Time
 }
 
 // committedFor is when the row was committed to be delivered, where
@@ -343,9 +347,40 @@ func (inst *instance) observeTook(d time.Duration) {
 func (r *Relay) ID() string { return r.cfg.ID }
 
 // now is the relay's clock: the configured clock, corrected to the database's clock when
-// it is the real one, so rows stamped now() by plain SQL are due at once.
+// it is the real one, so rows stamped now() by plain SQL are due at once, and relays
+// compare the lease expiries they write to each other on one clock, the database's.
 func (r *Relay) now() time.Time {
-	return r.cfg.NowFunc().Add(time.Duration(r.skew.Load()))
+	return r.corrected(r.cfg.NowFunc())
+}
+
+// corrected is the local reading t on the relay's clock (see now).
+func (r *Relay) corrected(t time.Time) time.Time {
+	return t.Add(time.Duration(r.skew.Load()))
+}
+
+// readClock reads the database's clock and, when NowFunc is the real clock, corrects the
+// relay's to it. The relay's clock is compared with lease expiries other relays wrote
+// (reclaimSQL), so the correction is measured again every poll interval: the local clock
+// or the database's may step after start (NTP, a VM resumed, an operator) or drift. It
+// is read on a connection already open, in one round trip (the simple protocol: no
+// prepare first), so that neither a connect nor a wait for a free connection counts in
+// the round trip, whose middle is taken as the moment the database read its clock.
+func (r *Relay) readClock(ctx context.Context) error {
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	var dbNow time.Time
+	before := r.cfg.NowFunc()
+	if err := conn.QueryRow(ctx, `SELECT clock_timestamp()`, pgx.QueryExecModeSimpleProtocol).Scan(&dbNow); err != nil {
+		return err
+	}
+	if r.cfg.usesRealClock {
+		after := r.cfg.NowFunc()
+		r.skew.Store(int64(dbNow.Sub(before.Add(after.Sub(before) / 2))))
+	}
+	return nil
 }
 
 // Ready reports whether the relay can work: it runs and has not been asked to stop, the
@@ -480,14 +515,9 @@ const minRecordDrain = 5 * time.Second
 // started alongside its database waits for it, and measures clock skew.
 func (r *Relay) start(ctx context.Context) error {
 	b := retry.WithMaxDuration(30*time.Second, retry.WithCappedDuration(2*time.Second, retry.NewExponential(100*time.Millisecond)))
-	var dbNow time.Time
 	err := retry.Do(ctx, b, func(ctx context.Context) error {
-		before := time.Now()
-		if err := r.pool.QueryRow(ctx, `SELECT now()`).Scan(&dbNow); err != nil {
+		if err := r.readClock(ctx); err != nil {
 			return retry.RetryableError(err)
-		}
-		if r.cfg.usesRealClock {
-			r.skew.Store(int64(dbNow.Sub(before.Add(time.Since(before) / 2))))
 		}
 		return nil
 	})
@@ -855,7 +885,8 @@ func share(plans []claimPlan, room int) {
 // round trip, and returns each plan's rows. The rows are returned only once the
 // transaction has committed: a row is never sent on a claim that did not.
 func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []outcome) ([][]claimed, error) {
-	now := r.now()
+	local := r.cfg.NowFunc()
+	now := r.corrected(local)
 	b := &pgx.Batch{}
 	if len(outs) > 0 {
 		b.Queue(recordStmt(outs), r.recordArgs(outs)...)
@@ -893,7 +924,7 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 			got[i], err = pgx.AppendRows(make([]claimed, 0, min(p.limit, 16)), rows,
 				func(row pgx.CollectableRow) (claimed, error) {
 					c, err := scanClaimed(row, now)
-					c.lease = r.roundLease
+					c.lease, c.local = r.roundLease, local
 					return c, err
 				})
 		}
@@ -1029,7 +1060,7 @@ func (r *Relay) work(ctx, deliverCtx context.Context, inst *instance) {
 		// not wait), and again once the slot is this worker's: other instances' attempts
 		// can hold every slot for longer than a lease, and a row sent after its lease ran
 		// out may already be on its way from another relay.
-		inTime := func() bool { return ctx.Err() == nil && r.now().Sub(row.claimedAt) <= inst.startBy }
+		inTime := func() bool { return ctx.Err() == nil && r.cfg.NowFunc().Sub(row.local) <= inst.startBy }
 		if inTime() && r.takeSlot(ctx, inst, row) {
 			if started = inTime(); started {
 				r.deliver(deliverCtx, inst, row)
@@ -1055,7 +1086,7 @@ func (r *Relay) takeSlot(ctx context.Context, inst *instance, row claimed) bool 
 	default:
 	}
 	for {
-		left := row.claimedAt.Add(inst.startBy).Sub(r.now())
+		left := row.local.Add(inst.startBy).Sub(r.cfg.NowFunc())
 		if left < 0 || ctx.Err() != nil {
 			return false
 		}
@@ -1097,7 +1128,7 @@ func (r *Relay) handBack(ctx context.Context, inst *instance, row claimed) {
 	}
 	r.metrics.handedBack.Inc()
 	r.log.WarnContext(ctx, "a claimed row waited too long for a free worker or delivery slot; handing it back",
-		"connector", inst.name, "id", row.id, "waited", r.now().Sub(row.claimedAt).Round(time.Millisecond), "limit", inst.startBy)
+		"connector", inst.name, "id", row.id, "waited", r.cfg.NowFunc().Sub(row.local).Round(time.Millisecond), "limit", inst.startBy)
 	r.release([]claimed{row})
 }
 

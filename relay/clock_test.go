@@ -1,0 +1,100 @@
+package relay
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/receiver"
+)
+
+// realClockConfig is cfg for a relay that corrects its clock to the database's, as one
+// on time.Now does, but whose local ("wall") clock is clock, so that a test can step it
+// as NTP, a VM resume or an operator would.
+func realClockConfig(cfg *Config, id string, clock *testClock) *Config {
+	c := *cfg
+	c.ID, c.Registerer = id, prometheus.NewRegistry()
+	c.NowFunc, c.usesRealClock = clock.Now, true
+	return &c
+}
+
+// dbNow reads the database's clock.
+func dbNow(t *testing.T, pool *pgxpool.Pool) time.Time {
+	t.Helper()
+	var now time.Time
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT clock_timestamp()`).Scan(&now))
+	return now
+}
+
+// A relay corrects its clock to the database's once, at start. Should its local clock
+// then step (NTP stepping a clock that was off, a VM resumed, an operator), or the
+// database's, its correction is wrong from then on: here the reclaiming relay's clock
+// steps 30s ahead after start, and it takes the row another relay holds a live lease on
+// (10s, with 10s still to run by the database's clock), which that relay may be sending
+// right now; the row is then sent twice at once (invariant: a row is in flight in at
+// most one relay).
+func TestReclaimIsNotFooledByALocalClockStepAfterStart(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	_, cfg := b.clockedConfig(t)
+	cfg.Lease = 10 * time.Second
+	enqueue(t, b.pool, "live", "webhook", []int{1})
+
+	// The holder's clock is the database's (it claims with a lease to 10s from now).
+	holderClock := &testClock{now: dbNow(t, b.pool)}
+	hc := *cfg
+	hc.ID, hc.Registerer, hc.NowFunc = "holder", prometheus.NewRegistry(), holderClock.Now
+	holder := b.newRelay(t, &hc)
+	require.Len(t, claimRows(t, holder, "webhook"), 1)
+
+	// The other relay starts with its wall clock right (the database runs on this
+	// machine: the same clock), and measures its correction.
+	wall := &testClock{now: time.Now()}
+	other := b.newRelay(t, realClockConfig(cfg, "other", wall))
+	require.NoError(t, other.start(t.Context()))
+
+	// Its wall clock steps 30s ahead; little time passes by the database's clock.
+	wall.Advance(30 * time.Second)
+	other.reclaim(t.Context())
+
+	var status, owner string
+	require.NoError(t, b.pool.QueryRow(t.Context(),
+		`SELECT status, coalesce(lease_owner, '') FROM outbox WHERE idempotency_key = 'live'`).Scan(&status, &owner))
+	require.Equal(t, "delivering", status, "a lease with about 10s to run by the database's clock was taken: %v", attemptsOf(t, b.pool, "live"))
+	require.Equal(t, "holder", owner)
+	require.WithinDuration(t, dbNow(t, b.pool), other.now(), 5*time.Second,
+		"the relay's clock follows the database's after its local clock stepped")
+}
+
+// The correction to the database's clock is measured over a round trip whose middle is
+// taken as the moment the database read its clock. At start the pool has no connection
+// yet, so that round trip includes connecting (TCP, TLS, authentication; a database just
+// starting up, which is when start retries), and the correction is off by half of it.
+// Here connecting takes 10s (the injected clock moves while it dials); the relay's clock
+// then runs 5s ahead of the database's, enough for it to reclaim live leases of other
+// relays, or (off the other way) to write leases that others see expire early.
+func TestClockCorrectionLeavesOutTheConnect(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	wall := &testClock{now: time.Now()}
+	pc := b.pool.Config()
+	dialer := &net.Dialer{}
+	pc.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		wall.Advance(10 * time.Second) // a slow connect, on the relay's clock
+		return dialer.DialContext(ctx, network, addr)
+	}
+	pool, err := pgxpool.NewWithConfig(t.Context(), pc)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	r, err := New(pool, realClockConfig(b.fastConfig(), "slowdial", wall), map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	require.NoError(t, r.start(t.Context()))
+	require.WithinDuration(t, dbNow(t, b.pool), r.now(), 2*time.Second,
+		"the correction is measured over the query alone, not the connect")
+}
