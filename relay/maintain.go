@@ -1,7 +1,10 @@
 package relay
 
 import (
+	"cmp"
 	"context"
+	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -176,12 +179,31 @@ func (r *Relay) refreshStats(ctx context.Context) {
 			r.metrics.oldestPending.WithLabelValues(s.connector).Set(s.oldest)
 		}
 	}
+	// One series and one warning for all of them: the connectors with most rows by
+	// name, the rest together, so that rows for many names (webhook:<customer>, from an
+	// application or a token allowed every connector) neither flood the log every
+	// refresh nor grow a series per name.
 	r.metrics.unknownConnector.Reset()
-	for _, u := range unknowns {
-		r.metrics.unknownConnector.WithLabelValues(u.connector).Set(float64(u.count))
-		r.log.WarnContext(ctx, "rows waiting for a connector this relay does not have (pending, or left delivering by a relay that stopped); they wait (never dead, never lost) until a relay with it runs",
-			"connector", u.connector, "rows", u.count, "configured", r.names)
+	if len(unknowns) == 0 {
+		return
 	}
+	slices.SortStableFunc(unknowns, func(a, b unknown) int { return cmp.Compare(b.count, a.count) })
+	var total, others int64
+	named := make([]string, 0, min(len(unknowns), maxUnknownSeries))
+	for i, u := range unknowns {
+		total += u.count
+		if i < maxUnknownSeries {
+			r.metrics.unknownConnector.WithLabelValues(u.connector).Set(float64(u.count))
+			named = append(named, fmt.Sprintf("%s=%d", u.connector, u.count))
+		} else {
+			others += u.count
+		}
+	}
+	if others > 0 {
+		r.metrics.unknownConnector.WithLabelValues(otherConnectors).Set(float64(others))
+	}
+	r.log.WarnContext(ctx, "rows waiting for connectors this relay does not have (pending, or left delivering by a relay that stopped); they wait (never dead, never lost) until a relay with them runs",
+		"connectors", len(unknowns), "rows", total, "most_rows", named, "configured", r.names)
 }
 
 // deleteExpired deletes delivered and canceled rows older than the retention, in small
@@ -216,3 +238,12 @@ func nonNil(s []string) []string {
 	}
 	return s
 }
+
+// maxUnknownSeries is how many connectors this relay does not have, those with most
+// rows, get a series of their own in outboxd_unknown_connector_rows (and a mention in
+// the warning); the rows of the others are counted together as otherConnectors, a
+// label no connector can have.
+const (
+	maxUnknownSeries = 20
+	otherConnectors  = "(others)"
+)

@@ -47,11 +47,11 @@ type Relay struct {
 	slotFreed chan struct{} // a claimed row finished, or was handed back
 	results   chan outcome
 	// claimedRows counts rows claimed and not finished (waiting for a worker or in
-	// flight), at most maxClaimed; slots holds a token per delivery in flight, at most
+	// flight), at most maxClaimed and one row per instance (see share); slots holds a token per delivery in flight, at most
 	// Config.Concurrency.
 	claimedRows atomic.Int64
 	maxClaimed  int
-	// claimedBytes is the payload bytes of those rows, bounded by Config.MaxClaimedBytes.
+	// claimedBytes is the payload and headers bytes of those rows, bounded by Config.MaxClaimedBytes.
 	claimedBytes atomic.Int64
 	slots        chan struct{}
 	// rescan is set when rows may have turned due behind where claims start (this relay
@@ -132,6 +132,7 @@ type claimed struct {
 	ordered   bool      // the row has an ordering key
 	dueAt     time.Time // its next_attempt_at
 	lease     time.Time // its lease expiry, unique to the round that claimed it
+	size      int64     // its payload's and headers' bytes, counted in Relay.claimedBytes
 	// local is Config.NowFunc's own reading at the claim, uncorrected: how long the row
 	// waits is measured on it (Go's monotonic clock, in production), so that neither a
 	// step of the local clock nor a new correction (readClock) changes it.
@@ -277,7 +278,8 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 	// concurrency): rows go on finishing while a round is on its way, and a worker that
 	// had to wait for room here would sit idle with its row done. Four times the
 	// concurrency alone filled up during a round of 35 ms at 15,000 deliveries a second.
-	r.results = make(chan outcome, max(r.maxClaimed, 4*cfg.Concurrency))
+	// A round may claim one row per instance beyond maxClaimed (see share).
+	r.results = make(chan outcome, max(r.maxClaimed, 4*cfg.Concurrency)+len(r.names))
 	return r, nil
 }
 
@@ -527,6 +529,13 @@ func (r *Relay) start(ctx context.Context) error {
 	// A database the relay cannot work with is refused now, rather than retried in
 	// every round while readiness says all is well. A newer schema is accepted: its
 	// changes are additive, and relays are upgraded one at a time.
+	var server int
+	if err := r.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&server); err != nil {
+		return fmt.Errorf("relay: read the server's version: %w", err)
+	}
+	if err := checkServerVersion(server); err != nil {
+		return err
+	}
 	version, err := outboxd.AppliedVersion(ctx, r.pool)
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
@@ -534,6 +543,20 @@ func (r *Relay) start(ctx context.Context) error {
 	if version < outboxd.SchemaVersion {
 		return fmt.Errorf("relay: the database's outbox schema is at version %d and this relay needs version %d: "+
 			"run outboxd migrate (or outboxd.Migrate) first", version, outboxd.SchemaVersion)
+	}
+	return nil
+}
+
+// minServerVersion is the oldest PostgreSQL the relay works with, as server_version_num:
+// its claim asks pg_column_compression (PostgreSQL 14) how a payload is stored.
+const minServerVersion = 140000
+
+// checkServerVersion refuses a server older than minServerVersion (server is its
+// server_version_num).
+func checkServerVersion(server int) error {
+	if server < minServerVersion {
+		return fmt.Errorf("relay: the database runs PostgreSQL %d.%d, and the relay needs PostgreSQL %d or later",
+			server/10000, server%10000, minServerVersion/10000)
 	}
 	return nil
 }
@@ -813,7 +836,7 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 		r.claimedRows.Add(int64(len(rows)))
 		p.inst.claimed.Add(int64(len(rows)))
 		for _, row := range rows {
-			r.claimedBytes.Add(int64(len(row.payload)))
+			r.claimedBytes.Add(row.size)
 			p.inst.jobs <- row
 		}
 		if len(rows) == p.limit {
@@ -868,7 +891,11 @@ func (inst *instance) scanFound(rows []claimed) {
 }
 
 // share cuts the plans' limits so that together they ask for at most room rows: each
-// instance gets an equal share, and what one does not need goes to the others.
+// instance gets an equal share, and what one does not need goes to the others. Every
+// plan keeps at least one row, so with fewer rows of room than instances they ask for
+// one each, one more than room allows at most per instance: an equal share of less
+// than a row, rounded down, cut the same instances (the first by name) to nothing in
+// every round, and their rows were never claimed.
 func share(plans []claimPlan, room int) {
 	order := make([]int, len(plans))
 	for i := range order {
@@ -876,7 +903,7 @@ func share(plans []claimPlan, room int) {
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(plans[a].limit, plans[b].limit) })
 	for n, i := range order {
-		plans[i].limit = min(plans[i].limit, room/(len(order)-n))
+		plans[i].limit = min(plans[i].limit, max(1, room/(len(order)-n)))
 		room -= plans[i].limit
 	}
 }
@@ -952,6 +979,7 @@ func scanClaimed(row pgx.CollectableRow, now time.Time) (claimed, error) {
 		return c, err
 	}
 	c.payload, c.claimedAt = payload, now
+	c.size = int64(len(payload) + len(headers))
 	c.createdAt, c.firstAt, c.dueAt = finiteOr(createdAt, now), finiteOr(firstAt, now), finiteOr(due, time.Time{})
 	// Most rows carry no headers ('{}'); decode only those that do.
 	if len(headers) > 2 {
@@ -1115,7 +1143,7 @@ const minSlotRecheck = 10 * time.Millisecond
 func (r *Relay) done(inst *instance, row claimed) {
 	inst.claimed.Add(-1)
 	r.claimedRows.Add(-1)
-	r.claimedBytes.Add(-int64(len(row.payload)))
+	r.claimedBytes.Add(-row.size)
 	notify(r.slotFreed)
 }
 

@@ -601,6 +601,7 @@ func TestShareRoom(t *testing.T) {
 		{[]int{32, 8}, 32, []int{24, 8}},    // the small one needs less than half
 		{[]int{30, 30, 30}, 31, []int{10, 10, 11}},
 		{[]int{5, 40, 40}, 45, []int{5, 20, 20}},
+		{[]int{4, 4, 4}, 2, []int{1, 1, 1}}, // less room than instances: one row each
 	}
 	for _, tt := range tests {
 		plans := []claimPlan{}
