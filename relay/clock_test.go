@@ -98,3 +98,23 @@ func TestClockCorrectionLeavesOutTheConnect(t *testing.T) {
 	require.WithinDuration(t, dbNow(t, b.pool), r.now(), 2*time.Second,
 		"the correction is measured over the query alone, not the connect")
 }
+
+// The relay reads the database's clock with the simple protocol, whose results are
+// text, and text timestamps follow the session's DateStyle. A database (or role, or
+// DSN options) set to a non-ISO DateStyle, which the extended protocol's binary
+// results never cared about, made every readClock fail: the relay could not start,
+// and (once running) reclaim skipped every poll.
+func TestClockReadWithNonISODateStyle(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	pc := b.pool.Config()
+	pc.ConnConfig.RuntimeParams["datestyle"] = "SQL, DMY"
+	pool, err := pgxpool.NewWithConfig(t.Context(), pc)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	wall := &testClock{now: dbNow(t, b.pool)}
+	r, err := New(pool, realClockConfig(b.fastConfig(), "datestyle", wall), map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	require.NoError(t, r.readClock(t.Context()), "the clock is read whatever the session's DateStyle")
+}

@@ -97,10 +97,7 @@ func TestSmallInstanceClaimsWhileABigOneKeepsClaimsFull(t *testing.T) {
 // against a bound of 100 kB.
 func TestCompressiblePayloadsStayWithinTheBound(t *testing.T) {
 	t.Parallel()
-	b := setup(t, receiver.Options{})
-	_, cfg := b.clockedConfig(t)
-	cfg.MaxClaimedBytes = 100_000
-	r := b.newRelay(t, cfg)
+	b, r := boundedRelay(t)
 	msgs := make([]outbox.Message, 10)
 	for i := range msgs {
 		msgs[i] = outbox.Message{Key: fmt.Sprint("compressible-", i), Connector: "webhook",
@@ -113,8 +110,7 @@ func TestCompressiblePayloadsStayWithinTheBound(t *testing.T) {
 	require.Less(t, stored, int64(10_000), "PostgreSQL compresses them")
 
 	claimOnce(t, r)
-	require.LessOrEqual(t, r.claimedBytes.Load(), cfg.MaxClaimedBytes+100_100,
-		"at most one row past the bound (%d rows claimed)", len(r.instances["webhook"].jobs))
+	requireWithinBound(t, r, 100_100)
 }
 
 // countingHandler counts the log records at warning level or above.
@@ -173,10 +169,7 @@ func TestManyUnknownConnectorsAreReportedInBoundedForm(t *testing.T) {
 // together against a bound of 100 kB.
 func TestLargeHeadersCountTowardTheBound(t *testing.T) {
 	t.Parallel()
-	b := setup(t, receiver.Options{})
-	_, cfg := b.clockedConfig(t)
-	cfg.MaxClaimedBytes = 100_000
-	r := b.newRelay(t, cfg)
+	b, r := boundedRelay(t)
 	msgs := make([]outbox.Message, 10)
 	for i := range msgs {
 		msgs[i] = outbox.Message{Key: fmt.Sprint("headers-", i), Connector: "webhook", Payload: []int{i},
@@ -186,4 +179,63 @@ func TestLargeHeadersCountTowardTheBound(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, claimOnce(t, r), "rows while those before add up to less than 100 kB")
 	require.InDelta(t, 2*60_000, r.claimedBytes.Load(), 2*100)
+}
+
+// MaxClaimedBytes counts a row as the relay holds it: its payload's JSON text. An
+// uncompressed payload was counted at its stored (binary jsonb) size, and jsonb's text
+// escapes control characters as \u00XX: six bytes for each one stored. Rows of 1,500
+// such characters (too small for PostgreSQL to compress) were counted at about 1.5 kB
+// and held at 9 kB each, so one claim held six times the bound.
+func TestEscapedPayloadsStayWithinTheBound(t *testing.T) {
+	t.Parallel()
+	b, r := boundedRelay(t)
+	msgs := make([]outbox.Message, 60)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Key: fmt.Sprint("escaped-", i), Connector: "webhook",
+			Payload: map[string]string{"data": strings.Repeat("\x01", 1500)}}
+	}
+	_, err := outbox.EnqueueBatch(t.Context(), b.pool, msgs)
+	require.NoError(t, err)
+	var stored, held int64
+	require.NoError(t, b.pool.QueryRow(t.Context(),
+		`SELECT max(pg_column_size(payload)), max(octet_length(payload::text)) FROM outbox`).Scan(&stored, &held))
+	require.Less(t, stored, int64(2_000), "stored uncompressed, at about one byte a character")
+
+	claimOnce(t, r)
+	requireWithinBound(t, r, held+100)
+}
+
+// A number that jsonb stores in a few bytes can be thousands of characters as text
+// (1e5000 written out in full), which is what the relay holds and sends: plain SQL may
+// write such payloads. They count at their text too.
+func TestNumbersWrittenOutCountAtTheirText(t *testing.T) {
+	t.Parallel()
+	b, r := boundedRelay(t)
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload)
+		SELECT 'big-number-' || i, 'webhook', jsonb_build_array(1e5000::numeric) FROM generate_series(1, 40) i`)
+	require.NoError(t, err)
+	var stored, held int64
+	require.NoError(t, b.pool.QueryRow(t.Context(),
+		`SELECT max(pg_column_size(payload)), max(octet_length(payload::text)) FROM outbox`).Scan(&stored, &held))
+	require.Less(t, stored, int64(100), "stored in a few bytes")
+
+	claimOnce(t, r)
+	requireWithinBound(t, r, held+100)
+}
+
+// boundedRelay is a relay whose claims stop at 100 kB of rows held (MaxClaimedBytes).
+func boundedRelay(t *testing.T) (*testBundle, *Relay) {
+	t.Helper()
+	b := setup(t, receiver.Options{})
+	_, cfg := b.clockedConfig(t)
+	cfg.MaxClaimedBytes = 100_000
+	return b, b.newRelay(t, cfg)
+}
+
+// requireWithinBound checks that r holds at most its MaxClaimedBytes and one row of row
+// bytes more.
+func requireWithinBound(t *testing.T, r *Relay, row int64) {
+	t.Helper()
+	require.LessOrEqual(t, r.claimedBytes.Load(), r.cfg.MaxClaimedBytes+row,
+		"at most one row past the bound (%d rows claimed, %d bytes a row)", len(r.instances["webhook"].jobs), row)
 }

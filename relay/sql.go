@@ -16,14 +16,13 @@ package relay
 // still in the index, and a claim that walked them all every time would grow slower with
 // every row delivered (see Relay.claimRound).
 //
-// The claim stops at $7 bytes of payload: it takes rows in order while the ones before
-// them add up to less (so always the first), and leaves the others locked until it
-// commits (see Config.MaxClaimedBytes). A row's headers count with its payload, as the
-// relay holds both. A payload counts at its size as PostgreSQL stores
-// it, but a compressed one at its whole text, as the relay holds it: a payload of
-// 100 kB that compresses to 1 kB was counted as 1 kB, so a claim held up to a hundred
-// times the bytes it counted. Only compressed payloads (large ones) are turned into text
-// for it; pg_column_compression needs PostgreSQL 14.
+// The claim stops at $7 bytes: it takes rows in order while the ones before them add up
+// to less (so always the first), and leaves the others locked until it commits (see
+// Config.MaxClaimedBytes). A row counts at the length of its payload's and headers' text,
+// which is what the relay holds: not their size as PostgreSQL stores them, which can be
+// far less (a 100 kB payload compressed to 1 kB, characters escaped as \u0001 in text,
+// a number such as 1e1000 written out in full). Each is turned into text once, in due,
+// and returned from there.
 //
 // EXPLAIN (10,000 pending rows, PostgreSQL 15):
 //
@@ -51,11 +50,7 @@ package relay
 //	              Index Cond: (id = fits.id)
 const claimSQL = `
 WITH due AS (
-    SELECT o.id, o.next_attempt_at,
-           CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
-                ELSE octet_length(o.payload::text) END
-           + CASE WHEN pg_column_compression(o.headers) IS NULL THEN pg_column_size(o.headers)
-                  ELSE octet_length(o.headers::text) END AS size
+    SELECT o.id, o.next_attempt_at, o.payload::text AS payload, o.headers::text AS headers
     FROM outbox o
     WHERE o.status = 'pending'
       AND o.connector = $1
@@ -71,16 +66,19 @@ WITH due AS (
     ORDER BY o.next_attempt_at, o.id
     LIMIT $3
     FOR UPDATE SKIP LOCKED
-), fits AS (
-    SELECT id, sum(size) OVER (ORDER BY next_attempt_at, id ROWS UNBOUNDED PRECEDING) - size AS before
+), sized AS (
+    SELECT id, next_attempt_at, payload, headers, octet_length(payload) + octet_length(headers) AS size
     FROM due
+), fits AS (
+    SELECT id, payload, headers, sum(size) OVER (ORDER BY next_attempt_at, id ROWS UNBOUNDED PRECEDING) - size AS before
+    FROM sized
 )
 UPDATE outbox o
 SET status = 'delivering', lease_owner = $4, lease_expires_at = $5,
     attempts = o.attempts + 1, updated_at = $2, first_attempt_at = coalesce(o.first_attempt_at, $2)
 FROM fits
 WHERE o.id = fits.id AND fits.before < $7
-RETURNING o.id, o.idempotency_key, o.payload, o.headers, o.attempts, o.ambiguous, o.created_at,
+RETURNING o.id, o.idempotency_key, fits.payload, fits.headers, o.attempts, o.ambiguous, o.created_at,
           o.first_attempt_at, o.ordering_key IS NOT NULL, o.next_attempt_at`
 
 // recordSQL writes many outcomes in one round trip: it updates each row still leased to
