@@ -109,13 +109,15 @@ func TestStopHandsBackRowsWaitingForASlotAtOnce(t *testing.T) {
 		"webhook":      {Connector: b.hook},
 		"webhook:slow": {Connector: slowHook},
 	}
-	_, stopA := start(t, b.pool, cfg, instances)
+	a, stopA := start(t, b.pool, cfg, instances)
 	c := *cfg
 	c.ID, c.Registerer = "other", prometheus.NewRegistry()
 	other, err := New(b.pool, &c, instances)
 	require.NoError(t, err)
 
 	waitBehindSlowAttempt(t, b, slow, "waits")
+	require.Eventually(t, func() bool { return len(wakeRows(t, b, a.ID())) > 0 }, waitTimeout, 10*time.Millisecond,
+		"the relay's words in outbox_wake_connectors, which its claim loop withdraws as it ends")
 
 	stopped := make(chan struct{})
 	go func() { stopA(); close(stopped) }()
@@ -126,6 +128,10 @@ func TestStopHandsBackRowsWaitingForASlotAtOnce(t *testing.T) {
 		in, err := outbox.Get(t.Context(), b.pool, "waits")
 		return err == nil && in.Status == outbox.StatusPending
 	}, waitTimeout, 10*time.Millisecond, "the row the stopping relay will never start is handed back at once")
+	// A claim round that began before the stop may take the row again and hand it back
+	// only as it ends; once the claim loop has ended, none can.
+	require.Eventually(t, func() bool { return len(wakeRows(t, b, a.ID())) == 0 }, waitTimeout, 10*time.Millisecond,
+		"the stopping relay's claim loop ended")
 
 	// The slow attempt is still in flight when the leases run out and the other relay
 	// reclaims expired leases.
