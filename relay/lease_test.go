@@ -97,14 +97,11 @@ func TestReclaimHonoursMaxAge(t *testing.T) {
 // is told to stop; its only allowed attempt must not be used up without a send.
 func TestStopHandsBackRowsWaitingForASlotAtOnce(t *testing.T) {
 	t.Parallel()
-	slow, release := blockingReceiver(t)
+	slowHook, slow, release := newSlowHook(t)
 	b := setup(t, receiver.Options{})
 	clock, cfg := b.clockedConfig(t)
 	cfg.Concurrency, cfg.MaxAttempts = 1, 1
 	cfg.Lease, cfg.ShutdownTimeout = 2*time.Hour, time.Hour
-	// The slow instance's attempt ends only when the test lets it, not at a timeout.
-	slowHook, err := webhook.New(webhook.Config{URL: slow.URL(), Guarantee: connectors.Enforced, Timeout: time.Hour})
-	require.NoError(t, err)
 	instances := map[string]Instance{
 		"webhook":      {Connector: b.hook},
 		"webhook:slow": {Connector: slowHook},

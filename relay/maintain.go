@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -122,11 +123,6 @@ var knownStatuses = []string{"pending", "held", "dead", "awaiting_approval"}
 // from Query, and a refresh that reset the gauges first would then report no rows
 // waiting at all. A failed refresh keeps the last values.
 func (r *Relay) refreshStats(ctx context.Context) {
-	type stat struct {
-		connector, status string
-		count             int64
-		oldest            float64
-	}
 	fail := func(err error) {
 		if ctx.Err() == nil {
 			r.metrics.dbErrors.WithLabelValues("stats").Inc()
@@ -138,8 +134,8 @@ func (r *Relay) refreshStats(ctx context.Context) {
 		fail(err)
 		return
 	}
-	stats, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (stat, error) {
-		var s stat
+	stats, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (rowStat, error) {
+		var s rowStat
 		err := row.Scan(&s.connector, &s.status, &s.count, &s.oldest)
 		return s, err
 	})
@@ -173,11 +169,25 @@ func (r *Relay) refreshStats(ctx context.Context) {
 			r.metrics.rows.WithLabelValues(name, st).Set(0)
 		}
 	}
+	// Connectors this relay does not have get a series each only for the
+	// maxUnknownSeries with most rows, as in outboxd_unknown_connector_rows; the rows of
+	// the others are counted together as otherConnectors, so that rows for many names
+	// (webhook:<customer>) do not grow a series per name.
+	label := r.statsLabels(stats)
+	type series struct{ connector, status string }
+	counts, oldest := map[series]int64{}, map[string]float64{}
 	for _, s := range stats {
-		r.metrics.rows.WithLabelValues(s.connector, s.status).Set(float64(s.count))
+		name := label(s.connector)
+		counts[series{name, s.status}] += s.count
 		if s.status == statusPending {
-			r.metrics.oldestPending.WithLabelValues(s.connector).Set(s.oldest)
+			oldest[name] = max(oldest[name], s.oldest)
 		}
+	}
+	for k, n := range counts {
+		r.metrics.rows.WithLabelValues(k.connector, k.status).Set(float64(n))
+	}
+	for name, age := range oldest {
+		r.metrics.oldestPending.WithLabelValues(name).Set(age)
 	}
 	// One series and one warning for all of them: the connectors with most rows by
 	// name, the rest together, so that rows for many names (webhook:<customer>, from an
@@ -204,6 +214,37 @@ func (r *Relay) refreshStats(ctx context.Context) {
 	}
 	r.log.WarnContext(ctx, "rows waiting for connectors this relay does not have (pending, or left delivering by a relay that stopped); they wait (never dead, never lost) until a relay with them runs",
 		"connectors", len(unknowns), "rows", total, "most_rows", named, "configured", r.names)
+}
+
+// rowStat is one row of statsSQL.
+type rowStat struct {
+	connector, status string
+	count             int64
+	oldest            float64
+}
+
+// statsLabels returns the connector label of stats' rows: the connector itself when this
+// relay has it or it is one of the maxUnknownSeries others with most rows, else
+// otherConnectors.
+func (r *Relay) statsLabels(stats []rowStat) func(connector string) string {
+	unknown := map[string]int64{}
+	for _, s := range stats {
+		if _, ok := r.instances[s.connector]; !ok {
+			unknown[s.connector] += s.count
+		}
+	}
+	names := slices.Collect(maps.Keys(unknown))
+	slices.SortFunc(names, func(a, b string) int { return cmp.Or(cmp.Compare(unknown[b], unknown[a]), cmp.Compare(a, b)) })
+	named := map[string]bool{}
+	for _, name := range names[:min(len(names), maxUnknownSeries)] {
+		named[name] = true
+	}
+	return func(connector string) string {
+		if _, ok := r.instances[connector]; ok || named[connector] {
+			return connector
+		}
+		return otherConnectors
+	}
 }
 
 // deleteExpired deletes delivered and canceled rows older than the retention, in small

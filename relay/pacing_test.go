@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/connectors"
-	"github.com/outboxd/outboxd/connectors/webhook"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -26,14 +25,11 @@ import (
 // attempt (held for an operator on a hold instance, dead on its last attempt).
 func TestRowWaitingForASlotIsHandedBackWhileTheSlotIsHeld(t *testing.T) {
 	t.Parallel()
-	slow, release := blockingReceiver(t)
+	slowHook, slow, release := newSlowHook(t)
 	b := setup(t, receiver.Options{})
 	clock, cfg := b.clockedConfig(t)
 	cfg.Concurrency = 1
 	cfg.Lease = 6 * time.Second // the webhook hook's 5s limit leaves a row 500ms to start
-	// The slow attempt ends only when the test lets it, not at a time limit.
-	slowHook, err := webhook.New(webhook.Config{URL: slow.URL(), Guarantee: connectors.Enforced, Timeout: time.Hour})
-	require.NoError(t, err)
 	r, _ := start(t, b.pool, cfg, map[string]Instance{
 		"webhook":      {Connector: b.hook},
 		"webhook:slow": {Connector: slowHook},

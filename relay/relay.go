@@ -100,6 +100,12 @@ type instance struct {
 	scanFrom   time.Time
 	fullScanAt time.Time
 
+	// When the last warning about a row handed back was logged, and how many were
+	// handed back since (see handBack).
+	handBackMu     sync.Mutex
+	handBackWarned time.Time
+	handBackQuiet  int64
+
 	// The instance's series, looked up once rather than on every delivery.
 	outcomes         map[string]prometheus.Counter
 	duration         prometheus.Observer
@@ -1000,8 +1006,16 @@ func decodeHeaders(b []byte) map[string]string {
 // release hands back rows claimed but not started. If it fails, the claim loop tries
 // again (see releaseAgain); a stopped relay leaves them to their lease.
 func (r *Relay) release(rows []claimed) {
+	if r.releaseRows(rows) {
+		r.log.Info("released rows not started", "rows", len(rows))
+	}
+}
+
+// releaseRows is release without the log line on success, for a row handed back alone
+// (see handBack); it reports whether it released them.
+func (r *Relay) releaseRows(rows []claimed) bool {
 	if len(rows) == 0 {
-		return
+		return false
 	}
 	ids, attempts, leases := make([]int64, len(rows)), make([]int32, len(rows)), make([]time.Time, len(rows))
 	for i, row := range rows {
@@ -1019,10 +1033,10 @@ func (r *Relay) release(rows []claimed) {
 		r.unreleasedMu.Unlock()
 		r.log.WarnContext(ctx, "could not release unstarted rows; trying again when the database answers, else they are retried when their lease expires",
 			"err", err, "rows", len(ids))
-		return
+		return false
 	}
 	r.rescan.Store(true) // they may lie behind where claims start
-	r.log.InfoContext(ctx, "released rows not started", "rows", len(ids))
+	return true
 }
 
 // releaseAgain retries the releases that failed (see release).
@@ -1133,13 +1147,38 @@ func (r *Relay) done(inst *instance, row claimed) {
 // is stopping, or the row waited too long for a worker or a slot.
 func (r *Relay) handBack(ctx context.Context, inst *instance, row claimed) {
 	if ctx.Err() != nil {
-		r.release([]claimed{row})
+		r.releaseRows([]claimed{row})
 		return
 	}
 	r.metrics.handedBack.Inc()
-	r.log.WarnContext(ctx, "a claimed row waited too long for a free worker or delivery slot; handing it back",
-		"connector", inst.name, "id", row.id, "waited", r.cfg.NowFunc().Sub(row.local).Round(time.Millisecond), "limit", inst.startBy)
-	r.release([]claimed{row})
+	// Behind other instances' slow attempts, every row claimed ahead is handed back, claimed
+	// again and handed back again while they last: one warning per instance every
+	// handBackWarnEvery, saying how many more were handed back since (the metric counts
+	// each).
+	now := r.cfg.NowFunc()
+	if more, ok := inst.handBackWarning(now); ok {
+		r.log.WarnContext(ctx, "a claimed row waited too long for a free worker or delivery slot; handing it back",
+			"connector", inst.name, "id", row.id, "waited", now.Sub(row.local).Round(time.Millisecond), "limit", inst.startBy,
+			"more_since_last_warning", more)
+	}
+	r.releaseRows([]claimed{row})
+}
+
+// handBackWarnEvery is the least time between two warnings about rows of one instance
+// handed back.
+const handBackWarnEvery = 10 * time.Second
+
+// handBackWarning reports whether a row handed back at now is to be warned about, and
+// how many were handed back unmentioned since the last warning.
+func (inst *instance) handBackWarning(now time.Time) (more int64, ok bool) {
+	inst.handBackMu.Lock()
+	defer inst.handBackMu.Unlock()
+	if !inst.handBackWarned.IsZero() && now.Sub(inst.handBackWarned) < handBackWarnEvery {
+		inst.handBackQuiet++
+		return 0, false
+	}
+	more, inst.handBackQuiet, inst.handBackWarned = inst.handBackQuiet, 0, now
+	return more, true
 }
 
 // deliver makes one attempt and queues its outcome.

@@ -907,6 +907,17 @@ func TestOddHeadersDoNotStopClaims(t *testing.T) {
 
 var closeMu sync.Mutex
 
+// newSlowHook is a webhook connector on a receiver that holds each attempt until release
+// is called; its own time limit is an hour, so one of its attempts holds a delivery slot
+// for as long as a test wants.
+func newSlowHook(t *testing.T) (hook *webhook.Connector, rcv *receiver.Receiver, release func()) {
+	t.Helper()
+	rcv, release = blockingReceiver(t)
+	hook, err := webhook.New(webhook.Config{URL: rcv.URL(), Guarantee: connectors.Enforced, Timeout: time.Hour})
+	require.NoError(t, err)
+	return hook, rcv, release
+}
+
 // blockingReceiver starts a receiver whose every effect waits until release is called
 // (at the latest when the test ends).
 func blockingReceiver(t *testing.T) (rcv *receiver.Receiver, release func()) {

@@ -42,6 +42,13 @@ type usageError struct{ err error }
 func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
+// loggedError is a failure the command has already logged (as JSON, with
+// OUTBOX_LOG_FORMAT=json): exit 1, and nothing more on stderr.
+type loggedError struct{ err error }
+
+func (e loggedError) Error() string { return e.err.Error() }
+func (e loggedError) Unwrap() error { return e.err }
+
 func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
 // env is what commands read instead of the process environment, so tests can run them
@@ -71,6 +78,10 @@ func runEnv(ctx context.Context, args []string, e *env) int {
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return exitOK
+	}
+	var reported loggedError
+	if errors.As(err, &reported) {
+		return exitFailure
 	}
 	fmt.Fprintln(e.stderr, "outboxd:", err)
 	var ue usageError

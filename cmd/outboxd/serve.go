@@ -58,7 +58,7 @@ func newServeCmd(e *env) *cobra.Command {
 }
 
 // serve runs the relay and the HTTP server until a signal (or ctx) stops them.
-func serve(ctx context.Context, e *env) error {
+func serve(ctx context.Context, e *env) (err error) {
 	cfg, err := config.Load(e.environ)
 	if err != nil {
 		return usageError{err}
@@ -77,6 +77,16 @@ func serve(ctx context.Context, e *env) error {
 		return usageError{err}
 	}
 	logger := newLogger(e.stderr, cfg.Log)
+	if cfg.Log.JSON() {
+		// The error serve stops with is a log line like the others, which a JSON log
+		// pipeline can read, rather than the plain line run prints.
+		defer func() {
+			if err != nil {
+				logger.ErrorContext(context.WithoutCancel(ctx), "outboxd stopped on an error", "err", err)
+				err = loggedError{err}
+			}
+		}()
+	}
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
