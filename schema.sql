@@ -180,6 +180,10 @@ CREATE TABLE IF NOT EXISTS outbox_wake_connectors (
     polling_until timestamptz NOT NULL DEFAULT '-infinity',
     PRIMARY KEY (connector, relay_id)
 );
+-- The insert trigger reads it with the inserting role's rights: every role may, so an
+-- application's role needs only INSERT on outbox (it holds connector instance names,
+-- relay ids and times, nothing else).
+GRANT SELECT ON outbox_wake_connectors TO PUBLIC;
 
 -- outbox_wake was version 4's one mark for every instance, which a relay busy with some
 -- instances set for all of them. Only relays of version 4 still write it; nothing reads it.

@@ -260,3 +260,37 @@ func TestInsertTriggerQuietWhileRelaysPollFast(t *testing.T) {
 		})
 	}
 }
+
+// An application's role needs only INSERT on outbox (and its sequence) to enqueue: the
+// insert trigger reads the relays' outbox_wake_connectors with its owner's rights. With
+// the inserting role's own, every insert of a role granted no more failed ("permission
+// denied for table outbox_wake_connectors"), and each schema version that added a table
+// the trigger reads would have needed a new grant.
+func TestInsertNeedsOnlyInsertOnOutbox(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pgtest.DB(t)
+	role := fmt.Sprintf("outbox_app_%d", time.Now().UnixNano())
+	_, err := pool.Exec(ctx, `CREATE ROLE `+role+` NOLOGIN`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.WithoutCancel(ctx), `DROP OWNED BY `+role+`; DROP ROLE `+role)
+	})
+	_, err = pool.Exec(ctx, `GRANT USAGE ON SCHEMA public TO `+role+`;
+		GRANT INSERT ON outbox TO `+role+`;
+		GRANT USAGE ON SEQUENCE outbox_id_seq TO `+role)
+	require.NoError(t, err)
+	// A relay polls fast, so the trigger reads the marks' table to decide.
+	_, err = pool.Exec(ctx, `INSERT INTO outbox_wake_connectors (connector, relay_id, seen_until, polling_until)
+		VALUES ('webhook', 'r', 'infinity', 'infinity')`)
+	require.NoError(t, err)
+
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `SET ROLE `+role)
+	require.NoError(t, err)
+	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), `RESET ROLE`) }()
+	_, err = conn.Exec(ctx, `INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('app-1', 'webhook', '{}')`)
+	require.NoError(t, err, "an insert by a role granted INSERT on outbox")
+}
