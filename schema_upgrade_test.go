@@ -360,3 +360,28 @@ func TestOldDBHasNoLaterTables(t *testing.T) {
 		require.False(t, exists, "version %d has no outbox_wake_connectors", version)
 	}
 }
+
+// The step from version 4 builds no index, so it takes no lock that stops writers of
+// outbox or outbox_attempts either: an insert and a relay's recorded attempt go on while
+// the migration's transaction is open. (CREATE INDEX IF NOT EXISTS took a SHARE lock on
+// the table before finding its index there, held until the migration committed.)
+func TestUpgradeFromVersion4LetsWritersGoOn(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := oldDB(t, 4)
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	require.NoError(t, migrateFrom(4)(ctx, tx))
+	conn, err := db.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `SET lock_timeout = '2s'`)
+	require.NoError(t, err)
+	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), `RESET lock_timeout`) }()
+	_, err = conn.Exec(ctx, `INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('w-1', 'webhook', '{}')`)
+	require.NoError(t, err, "an insert into outbox waited for the migration")
+	_, err = conn.Exec(ctx, `INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, outcome)
+		VALUES (1, 1, 'r', now(), 'retry')`)
+	require.NoError(t, err, "a recorded attempt waited for the migration")
+}

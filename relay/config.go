@@ -22,7 +22,7 @@ type Config struct {
 	// Concurrency is the most deliveries in flight at once, over all connectors.
 	// Defaults to 128.
 	Concurrency int
-	// MaxClaimedBytes bounds the payload bytes of the rows this relay holds claimed,
+	// MaxClaimedBytes bounds the payload and header bytes of the rows this relay holds claimed,
 	// waiting for a worker or in flight, so that large payloads cannot exhaust its memory:
 	// a claim stops when its rows' payloads and headers, counted as the relay holds them
 	// (their JSON text), reach what is left. While less than a quarter is left, only connector

@@ -60,7 +60,7 @@ type Engine struct {
 	// Concurrency is the most deliveries in flight at once, over all connectors.
 	Concurrency int `env:"OUTBOX_CONCURRENCY" envDefault:"128" desc:"most deliveries in flight at once, over all connector instances"`
 	// MaxClaimedBytes bounds the payload bytes of the rows the relay holds claimed.
-	MaxClaimedBytes int64 `env:"OUTBOX_MAX_CLAIMED_BYTES" envDefault:"134217728" desc:"most payload bytes of the rows the relay holds claimed, waiting for a worker or in flight (128 MiB); a claim always takes at least one row"`
+	MaxClaimedBytes int64 `env:"OUTBOX_MAX_CLAIMED_BYTES" envDefault:"134217728" desc:"most payload and header bytes (as JSON text) of the rows the relay holds claimed, waiting for a worker or in flight (128 MiB); a claim always takes at least one row"`
 	// Lease is how long a claimed row stays with this relay before another may take it.
 	Lease time.Duration `env:"OUTBOX_LEASE" envDefault:"30s" desc:"how long a claimed row stays with one relay before another may take it; at least 1s longer than every connector timeout"`
 	// PollInterval is how often the relay looks for due rows when no NOTIFY arrives.
