@@ -217,37 +217,41 @@ CREATE TABLE IF NOT EXISTS outbox_audit (
 -- The indexes, each created only when missing: CREATE INDEX IF NOT EXISTS takes a SHARE
 -- lock on its table before it finds the index there, which would stop every insert and
 -- every relay's claims and outcomes until the migration commits, even when it builds
--- nothing.
+-- nothing. Each is looked for in the schema of its table, where it is created.
 DO $$
 DECLARE
     ix record;
 BEGIN
     FOR ix IN SELECT * FROM (VALUES
         -- The claim query's index: pending rows of a connector in the order they become due.
-        ('outbox_pending_due', $i$ON outbox (connector, next_attempt_at, id) WHERE status = 'pending'$i$),
+        ('outbox_pending_due', 'outbox', $i$ON outbox (connector, next_attempt_at, id) WHERE status = 'pending'$i$),
         -- Rows in flight, by lease expiry: finds rows whose relay died.
-        ('outbox_delivering_lease', $i$ON outbox (lease_expires_at) WHERE status = 'delivering'$i$),
+        ('outbox_delivering_lease', 'outbox', $i$ON outbox (lease_expires_at) WHERE status = 'delivering'$i$),
         -- Unfinished rows by ordering key: is there an earlier row of this key still to deliver?
-        ('outbox_ordering_unfinished', $i$ON outbox (ordering_key, id)
+        ('outbox_ordering_unfinished', 'outbox', $i$ON outbox (ordering_key, id)
              WHERE ordering_key IS NOT NULL
              AND status IN ('pending', 'delivering', 'held', 'awaiting_approval')$i$),
         -- Rows in flight by ordering key: a row of a key is not claimed while another row of its
         -- key is being delivered, a later one included (an earlier row that finished and was
         -- replayed must not go out alongside it). Version 4.
-        ('outbox_ordering_delivering', $i$ON outbox (ordering_key, id)
+        ('outbox_ordering_delivering', 'outbox', $i$ON outbox (ordering_key, id)
              WHERE ordering_key IS NOT NULL AND status = 'delivering'$i$),
         -- Finished rows by age, for retention and purge.
-        ('outbox_finished_age', $i$ON outbox (updated_at) WHERE status IN ('delivered', 'canceled')$i$),
+        ('outbox_finished_age', 'outbox', $i$ON outbox (updated_at) WHERE status IN ('delivered', 'canceled')$i$),
         -- Operators look at rows that need a person (dead, held, awaiting approval) by status
         -- and age. Rows on their way (pending, delivering) and delivered rows are left out, so
         -- enqueueing and the relay's updates do not maintain this index.
-        ('outbox_needs_attention', $i$ON outbox (status, created_at DESC, id DESC)
+        ('outbox_needs_attention', 'outbox', $i$ON outbox (status, created_at DESC, id DESC)
              WHERE status IN ('dead', 'held', 'awaiting_approval')$i$),
-        ('outbox_attempts_outbox_id', $i$ON outbox_attempts (outbox_id, attempt)$i$),
-        ('outbox_audit_outbox_id', $i$ON outbox_audit (outbox_id, id)$i$)
-    ) AS v(name, definition)
+        ('outbox_attempts_outbox_id', 'outbox_attempts', $i$ON outbox_attempts (outbox_id, attempt)$i$),
+        ('outbox_audit_outbox_id', 'outbox_audit', $i$ON outbox_audit (outbox_id, id)$i$)
+    ) AS v(name, tbl, definition)
     LOOP
-        IF to_regclass(ix.name) IS NULL THEN
+        -- Looked for in its table's schema, as CREATE INDEX IF NOT EXISTS does: not by
+        -- to_regclass, which would find a relation of that name in pg_temp or in another
+        -- schema on the search_path (another installation's index in public).
+        IF NOT EXISTS (SELECT 1 FROM pg_class i JOIN pg_class t ON t.relnamespace = i.relnamespace
+                       WHERE t.oid = ix.tbl::regclass AND i.relname = ix.name) THEN
             EXECUTE format('CREATE INDEX %I %s', ix.name, ix.definition);
         END IF;
     END LOOP;
