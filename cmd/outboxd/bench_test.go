@@ -3,13 +3,17 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/pgcluster"
+	"github.com/outboxd/outboxd/internal/pgtest"
+	"github.com/outboxd/outboxd/internal/receiver"
 )
 
 // TestBenchSmoke runs a tiny `outboxd bench`: it must finish and report its figures.
@@ -148,4 +152,42 @@ func TestBenchHelp(t *testing.T) {
 	require.Contains(t, stdout.String(), "Examples:\n")
 	require.Contains(t, stdout.String(), "  outboxd bench\n")
 	require.NotContains(t, stdout.String(), "cpuprofile", "the profiling flag is hidden")
+}
+
+// TestBenchPayloadAsSent: the relay sends the payload column's text, as PostgreSQL's
+// jsonb gives it back; the raw phase must POST those same bytes, of the size asked.
+func TestBenchPayloadAsSent(t *testing.T) {
+	pool := pgtest.DB(t)
+	for _, n := range []int{64, 100, 500, 4096} {
+		p := benchPayload(n)
+		var asSent string
+		require.NoError(t, pool.QueryRow(t.Context(), `SELECT $1::text::jsonb::text`, string(p)).Scan(&asSent))
+		require.Equal(t, string(p), asSent, "the relay would send %d bytes where the raw phase sends %d", len(asSent), len(p))
+		require.Len(t, asSent, n)
+	}
+}
+
+// TestBenchRawFirstHalfOnOpenConnections: the relay phase runs on the keep-alive
+// connections the raw phase opened, so the timed raw POSTs must not open them either:
+// a handshake per worker inside the raw clock lowers the raw rate and flatters the ratio.
+func TestBenchRawFirstHalfOnOpenConnections(t *testing.T) {
+	t.Parallel()
+	rcv, err := receiver.Start(receiver.Options{NoEffectLog: true})
+	require.NoError(t, err)
+	defer rcv.Close()
+	var before atomic.Int64
+	before.Store(-1)
+	progress := func(format string, args ...any) {
+		// benchRawPhase announces the timed POSTs right before starting the clock.
+		if strings.Contains(fmt.Sprintf(format, args...), "raw keep-alive POSTs") {
+			before.Store(rcv.Connections())
+		}
+	}
+	o := benchOptions{rows: 4000, concurrency: 32}
+	rep := &benchReport{}
+	require.NoError(t, benchRawPhase(t.Context(), o, rep, 0, rcv.URL(), 0, benchPayload(500), "t", progress))
+	require.GreaterOrEqual(t, before.Load(), int64(0), "the timed POSTs were announced")
+	timed := rcv.Connections() - before.Load()
+	require.LessOrEqual(t, timed, int64(o.concurrency/4),
+		"the timed raw POSTs opened %d of the %d connections (%d in all)", timed, o.concurrency, rcv.Connections())
 }

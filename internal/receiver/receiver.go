@@ -95,6 +95,7 @@ type Receiver struct {
 	shards [shardCount]shard
 
 	total atomic.Int64
+	conns atomic.Int64 // connections accepted
 	seq   atomic.Int64 // with NoEffectLog only; otherwise Seq is the log's length
 
 	logMu sync.Mutex
@@ -160,6 +161,11 @@ func Start(opts Options) (*Receiver, error) {
 		ReadHeaderTimeout: 10 * time.Second,
 		// Keep-alive stays on (the default): the connector's shared transport reuses
 		// connections, and the benchmark measures the relay, not TCP handshakes.
+		ConnState: func(_ net.Conn, state http.ConnState) {
+			if state == http.StateNew {
+				r.conns.Add(1)
+			}
+		},
 	}
 	go func() {
 		defer close(r.served)
@@ -213,6 +219,9 @@ func (r *Receiver) Requests(key string) int {
 	}
 	return 0
 }
+
+// Connections is how many connections the receiver has accepted.
+func (r *Receiver) Connections() int64 { return r.conns.Load() }
 
 // TotalEffects reports how many effects were performed, over all keys.
 func (r *Receiver) TotalEffects() int { return int(r.total.Load()) }
