@@ -24,8 +24,8 @@ type Config struct {
 	Concurrency int
 	// MaxClaimedBytes bounds the payload and header bytes of the rows this relay holds claimed,
 	// waiting for a worker or in flight, so that large payloads cannot exhaust its memory:
-	// a claim stops when its rows' payloads and headers, counted as the relay holds them
-	// (their JSON text), reach what is left. While less than a quarter is left, only connector
+	// a claim stops when its rows' payloads and headers (values stored compressed or over
+	// 1 kB at their JSON text, as the relay holds them) reach what is left. While less than a quarter is left, only connector
 	// instances that hold no rows claim, so one instance's large payloads never stop the
 	// others. A claim always takes at least one row, so a payload larger than the bound
 	// is still delivered. The bound may thus be passed by one row per instance. Defaults

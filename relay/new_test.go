@@ -94,3 +94,13 @@ func TestNewRunAfterFailedStart(t *testing.T) {
 	defer cancel2()
 	require.NoError(t, r.Run(ctx))
 }
+
+// A server older than PostgreSQL 14 is refused at start with one clear sentence: the
+// claim needs pg_column_compression, and would otherwise fail in every round.
+func TestCheckServerVersion(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, checkServerVersion(140000))
+	require.NoError(t, checkServerVersion(170004))
+	require.EqualError(t, checkServerVersion(130016),
+		"relay: the database runs PostgreSQL 13.16, and the relay needs PostgreSQL 14 or later")
+}

@@ -538,6 +538,13 @@ func (r *Relay) start(ctx context.Context) error {
 	// A database the relay cannot work with is refused now, rather than retried in
 	// every round while readiness says all is well. A newer schema is accepted: its
 	// changes are additive, and relays are upgraded one at a time.
+	var server int
+	if err := r.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&server); err != nil {
+		return fmt.Errorf("relay: read the server's version: %w", err)
+	}
+	if err := checkServerVersion(server); err != nil {
+		return err
+	}
 	version, err := outboxd.AppliedVersion(ctx, r.pool)
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
@@ -545,6 +552,20 @@ func (r *Relay) start(ctx context.Context) error {
 	if version < outboxd.SchemaVersion {
 		return fmt.Errorf("relay: the database's outbox schema is at version %d and this relay needs version %d: "+
 			"run outboxd migrate (or outboxd.Migrate) first", version, outboxd.SchemaVersion)
+	}
+	return nil
+}
+
+// minServerVersion is the oldest PostgreSQL the relay works with, as server_version_num:
+// its claim asks pg_column_compression (PostgreSQL 14) how a payload is stored.
+const minServerVersion = 140000
+
+// checkServerVersion refuses a server older than minServerVersion (server is its
+// server_version_num).
+func checkServerVersion(server int) error {
+	if server < minServerVersion {
+		return fmt.Errorf("relay: the database runs PostgreSQL %d.%d, and the relay needs PostgreSQL %d or later",
+			server/10000, server%10000, minServerVersion/10000)
 	}
 	return nil
 }
