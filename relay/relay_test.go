@@ -282,7 +282,7 @@ func TestStoppedRelayWithdrawsItsFastPollingMark(t *testing.T) {
 
 	stopFirst()
 	var marked bool
-	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT bool_or(polling_until > clock_timestamp()) FROM outbox_wake_connectors`).Scan(&marked))
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT coalesce(bool_or(polling_until > clock_timestamp()), false) FROM outbox_wake_connectors`).Scan(&marked))
 	require.False(t, marked, "the stopped relay's fast-polling mark is withdrawn")
 
 	enqueue(t, b.pool, "second", "webhook", map[string]any{"n": 2})

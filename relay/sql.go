@@ -9,7 +9,11 @@ package relay
 // back to pending (a replay, a late outcome) must not be sent alongside the row of its key
 // that went on meanwhile. (Only later rows are looked up there, by outbox_ordering_delivering:
 // earlier ones are in the first test, and a lookup by key alone was planned as a hash
-// of every row in flight, dead index entries included.) $2 is the relay's clock.
+// of every row in flight, dead index entries included.) $2 is the relay's clock; a row is
+// due by it or by the database's clock, whichever is later: the relay's correction to the
+// database's clock is off by up to half a round trip either way, and a relay a
+// millisecond behind would take a row stamped now() by its insert, whose NOTIFY woke it,
+// for one not yet due, and leave it for the next poll.
 //
 // The scan starts at next_attempt_at $6 ('-infinity' for the whole index): the head of
 // outbox_pending_due holds the entries of rows claimed since the last vacuum, dead but
@@ -37,7 +41,7 @@ package relay
 //	    ->  Limit
 //	          ->  LockRows
 //	                ->  Index Scan using outbox_pending_due on outbox o_1
-//	                      Index Cond: ((connector = $1) AND (next_attempt_at >= $6) AND (next_attempt_at <= $2))
+//	                      Index Cond: ((connector = $1) AND (next_attempt_at >= $6) AND (next_attempt_at <= GREATEST($2, now())))
 //	                      Filter: ((ordering_key IS NULL) OR ((NOT (SubPlan 1)) AND (NOT (SubPlan 2))))
 //	                      SubPlan 1
 //	                        ->  Index Only Scan using outbox_ordering_unfinished on outbox p
@@ -64,7 +68,7 @@ WITH due AS (
     FROM outbox o
     WHERE o.status = 'pending'
       AND o.connector = $1
-      AND o.next_attempt_at <= $2
+      AND o.next_attempt_at <= greatest($2, now())
       AND o.next_attempt_at >= $6
       AND (o.ordering_key IS NULL OR (NOT EXISTS (
             SELECT 1 FROM outbox p
