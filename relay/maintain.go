@@ -197,17 +197,19 @@ func (r *Relay) refreshStats(ctx context.Context) {
 	if len(unknowns) == 0 {
 		return
 	}
-	slices.SortStableFunc(unknowns, func(a, b unknown) int { return cmp.Compare(b.count, a.count) })
-	var total, others int64
-	named := make([]string, 0, min(len(unknowns), maxUnknownSeries))
-	for i, u := range unknowns {
+	waiting := make(map[string]int64, len(unknowns))
+	var total int64
+	for _, u := range unknowns {
+		waiting[u.connector] = u.count
 		total += u.count
-		if i < maxUnknownSeries {
-			r.metrics.unknownConnector.WithLabelValues(u.connector).Set(float64(u.count))
-			named = append(named, fmt.Sprintf("%s=%d", u.connector, u.count))
-		} else {
-			others += u.count
-		}
+	}
+	others := total
+	top := mostRows(waiting)
+	named := make([]string, 0, len(top))
+	for _, name := range top {
+		r.metrics.unknownConnector.WithLabelValues(name).Set(float64(waiting[name]))
+		named = append(named, fmt.Sprintf("%s=%d", name, waiting[name]))
+		others -= waiting[name]
 	}
 	if others > 0 {
 		r.metrics.unknownConnector.WithLabelValues(otherConnectors).Set(float64(others))
@@ -233,10 +235,8 @@ func (r *Relay) statsLabels(stats []rowStat) func(connector string) string {
 			unknown[s.connector] += s.count
 		}
 	}
-	names := slices.Collect(maps.Keys(unknown))
-	slices.SortFunc(names, func(a, b string) int { return cmp.Or(cmp.Compare(unknown[b], unknown[a]), cmp.Compare(a, b)) })
 	named := map[string]bool{}
-	for _, name := range names[:min(len(names), maxUnknownSeries)] {
+	for _, name := range mostRows(unknown) {
 		named[name] = true
 	}
 	return func(connector string) string {
@@ -245,6 +245,15 @@ func (r *Relay) statsLabels(stats []rowStat) func(connector string) string {
 		}
 		return otherConnectors
 	}
+}
+
+// mostRows returns the maxUnknownSeries connectors of counts with most rows, most first
+// (ties by name): those of the connectors this relay does not have that get series of
+// their own; the rows of the others are counted together as otherConnectors.
+func mostRows(counts map[string]int64) []string {
+	names := slices.Collect(maps.Keys(counts))
+	slices.SortFunc(names, func(a, b string) int { return cmp.Or(cmp.Compare(counts[b], counts[a]), cmp.Compare(a, b)) })
+	return names[:min(len(names), maxUnknownSeries)]
 }
 
 // deleteExpired deletes delivered and canceled rows older than the retention, in small

@@ -588,10 +588,10 @@ const (
 // running but idle would find their rows only at its PollInterval; and while the word
 // that it has them lasted (seenFor), inserts would wake relays with NOTIFY they do not
 // need (the commits of transactions that notify are serialised). It is best effort,
-// bounded by stopFastPollTimeout: a relay that cannot reach the database (or was killed)
+// bounded by withdrawTimeout: a relay that cannot reach the database (or was killed)
 // leaves its words to lapse by themselves.
 func (r *Relay) withdraw(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopFastPollTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), withdrawTimeout)
 	defer cancel()
 	if _, err := r.pool.Exec(ctx, withdrawSQL, r.cfg.ID); err != nil {
 		r.log.WarnContext(ctx, "could not withdraw the fast-polling mark; inserts wake other relays again once it lapses",
@@ -599,8 +599,8 @@ func (r *Relay) withdraw(ctx context.Context) {
 	}
 }
 
-// stopFastPollTimeout bounds withdraw.
-const stopFastPollTimeout = 2 * time.Second
+// withdrawTimeout bounds withdraw.
+const withdrawTimeout = 2 * time.Second
 
 // claimLoop claims rows for the delivery workers and records their outcomes until ctx
 // is done, in rounds. A round writes the outcomes gathered since the last one and claims
@@ -626,7 +626,7 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 	)
 	defer func() {
 		if len(lost) > 0 { // best effort: a stopping relay must not wait long for it
-			_ = r.releaseLost(lost, stopFastPollTimeout)
+			_ = r.releaseLost(lost, withdrawTimeout)
 		}
 		r.withdraw(ctx)
 	}()

@@ -535,6 +535,24 @@ func openBenchPool(ctx context.Context, dsn string, concurrency int) (*pgxpool.P
 	return pool, nil
 }
 
+// awaitRelay checks done at every tick until it reports true, and fails when rr stops or
+// ctx ends first, saying where it was (at()).
+func awaitRelay(ctx context.Context, rr *runningRelay, tick <-chan time.Time, done func() (bool, error), at func() string) error {
+	for {
+		ok, err := done()
+		if err != nil || ok {
+			return err
+		}
+		select {
+		case <-rr.done:
+			return fmt.Errorf("relay stopped %s: %v", at(), rr.err)
+		case <-ctx.Done():
+			return fmt.Errorf("%w %s", context.Cause(ctx), at())
+		case <-tick:
+		}
+	}
+}
+
 // benchPayload returns a webhook body of exactly n bytes of JSON (n ≥ 64): an order
 // event padded with a note.
 // It is written as PostgreSQL's jsonb gives it back (keys shortest first, a space after
@@ -794,34 +812,24 @@ func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool
 	defer func() { _ = rr.stop() }()
 	poll := time.NewTicker(2 * time.Millisecond)
 	defer poll.Stop()
-	for rcv.TotalEffects()-base < o.rows {
-		select {
-		case <-rr.done:
-			return fmt.Errorf("relay stopped after %d of %d deliveries: %v", rcv.TotalEffects()-base, o.rows, rr.err)
-		case <-ctx.Done():
-			return fmt.Errorf("%w after %d of %d deliveries", context.Cause(ctx), rcv.TotalEffects()-base, o.rows)
-		case <-poll.C:
-		}
+	err = awaitRelay(ctx, rr, poll.C, func() (bool, error) { return rcv.TotalEffects()-base >= o.rows, nil },
+		func() string { return fmt.Sprintf("after %d of %d deliveries", rcv.TotalEffects()-base, o.rows) })
+	if err != nil {
+		return err
 	}
 	effects := time.Since(start)
 	// A delivery is done when its outcome is durable, not when the receiver acted: the
 	// clock stops once no row of the phase waits for its outcome (the indexed, partial
 	// pending and delivering rows; cheap, and only polled after the last effect).
-	for {
+	err = awaitRelay(ctx, rr, poll.C, func() (bool, error) {
 		var unrecorded bool
 		if err := pool.QueryRow(ctx, benchUnrecordedSQL, instance).Scan(&unrecorded); err != nil {
-			return fmt.Errorf("look for unrecorded outcomes: %w", err)
+			return false, fmt.Errorf("look for unrecorded outcomes: %w", err)
 		}
-		if !unrecorded {
-			break
-		}
-		select {
-		case <-rr.done:
-			return fmt.Errorf("relay stopped before recording every outcome: %v", rr.err)
-		case <-ctx.Done():
-			return fmt.Errorf("%w while the last outcomes were being recorded", context.Cause(ctx))
-		case <-poll.C:
-		}
+		return !unrecorded, nil
+	}, func() string { return "before recording every outcome" })
+	if err != nil {
+		return err
 	}
 	elapsed := time.Since(start)
 	if err := rr.stop(); err != nil {
