@@ -99,7 +99,7 @@ func BenchmarkClaimAndRecord(b *testing.B) {
 				b.Fatalf("%d rows not delivered", left)
 			}
 			if measured && insertCPU >= 0 {
-				b.ReportMetric(float64(cpu1-cpu0)/float64(time.Microsecond)/float64(b.N), "pg-µs/row")
+				b.ReportMetric(float64(cpu1.Since(cpu0))/float64(time.Microsecond)/float64(b.N), "pg-µs/row")
 				b.ReportMetric(float64(insertCPU)/float64(time.Microsecond)/float64(b.N), "insert-pg-µs/row")
 			}
 		})
@@ -127,5 +127,5 @@ func benchInsert(ctx context.Context, b *testing.B, pool *pgxpool.Pool, pid, n i
 	if !ok {
 		return -1
 	}
-	return cpu1 - cpu0
+	return cpu1.Since(cpu0)
 }

@@ -1124,18 +1124,27 @@ type cpuUse struct {
 	selfOK, pgOK bool
 }
 
+// cpuSample is what cpuNow read: this process's CPU so far, and PostgreSQL's per
+// process.
+type cpuSample struct {
+	self         time.Duration
+	pg           proccpu.Sample
+	selfOK, pgOK bool
+}
+
 // cpuNow returns the CPU used so far (none measured for PostgreSQL when pgPID is 0,
 // as with OUTBOX_DATABASE_URL).
-func cpuNow(pgPID int) cpuUse {
-	var u cpuUse
+func cpuNow(pgPID int) cpuSample {
+	var u cpuSample
 	u.self, u.selfOK = proccpu.Self()
 	u.pg, u.pgOK = proccpu.Tree(pgPID)
 	return u
 }
 
-// since returns the CPU used between start and u.
-func (u cpuUse) since(start cpuUse) cpuUse {
-	return cpuUse{self: u.self - start.self, pg: u.pg - start.pg,
+// since returns the CPU used between start and u; of PostgreSQL's, by the processes
+// running at u (a backend or autovacuum worker that exited meanwhile counts nothing).
+func (u cpuSample) since(start cpuSample) cpuUse {
+	return cpuUse{self: u.self - start.self, pg: u.pg.Since(start.pg),
 		selfOK: u.selfOK && start.selfOK, pgOK: u.pgOK && start.pgOK}
 }
 
@@ -1163,8 +1172,8 @@ func backendPIDs(ctx context.Context, pool *pgxpool.Pool, n int) ([]int, error) 
 func backendsCPU(pids []int) time.Duration {
 	var sum time.Duration
 	for _, pid := range pids {
-		if d, ok := proccpu.Tree(pid); ok {
-			sum += d
+		if s, ok := proccpu.Tree(pid); ok {
+			sum += s.Total()
 		}
 	}
 	return sum
