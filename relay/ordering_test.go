@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/connectors"
@@ -74,14 +73,7 @@ func TestLateRetryDoesNotReviveARowPastItsMaxAge(t *testing.T) {
 	b := setup(t, receiver.Options{})
 	clock, cfg := b.clockedConfig(t)
 	cfg.MaxAge, cfg.Lease = time.Hour, 10*time.Second
-	newRelay := func(id string) *Relay {
-		c := *cfg
-		c.ID, c.Registerer = id, prometheus.NewRegistry()
-		r, err := New(b.pool, &c, map[string]Instance{"webhook": {Connector: b.hook}})
-		require.NoError(t, err)
-		return r
-	}
-	sender, other := newRelay("sender"), newRelay("other")
+	sender, other := b.namedRelay(t, cfg, "sender"), b.namedRelay(t, cfg, "other")
 	enqueueOrdered(t, b.pool, "old-1", "k")
 	enqueueOrdered(t, b.pool, "old-2", "k")
 	got := claimRows(t, sender, "webhook")

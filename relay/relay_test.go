@@ -93,6 +93,15 @@ func (b *testBundle) newRelay(t *testing.T, cfg *Config) *Relay {
 	return r
 }
 
+// namedRelay is newRelay with a copy of cfg under relay id and a registry of its own,
+// for tests that run several relays on one database.
+func (b *testBundle) namedRelay(t *testing.T, cfg *Config, id string) *Relay {
+	t.Helper()
+	c := *cfg
+	c.ID, c.Registerer = id, prometheus.NewRegistry()
+	return b.newRelay(t, &c)
+}
+
 // fastConfig retries within milliseconds, so tests that use the real clock finish fast.
 func (b *testBundle) fastConfig() *Config {
 	return &Config{
@@ -1184,14 +1193,7 @@ func TestLateOutcomeAfterLastAttemptWentDead(t *testing.T) {
 	b := setup(t, receiver.Options{})
 	clock, cfg := b.clockedConfig(t)
 	cfg.MaxAttempts, cfg.Lease = 1, 10*time.Second
-	newRelay := func(id string) *Relay {
-		c := *cfg
-		c.ID, c.Registerer = id, prometheus.NewRegistry()
-		r, err := New(b.pool, &c, map[string]Instance{"webhook": {Connector: b.hook}})
-		require.NoError(t, err)
-		return r
-	}
-	sender, other := newRelay("sender"), newRelay("other")
+	sender, other := b.namedRelay(t, cfg, "sender"), b.namedRelay(t, cfg, "other")
 	enqueue(t, b.pool, "late", "webhook", []int{1})
 	got := claimRows(t, sender, "webhook")
 	require.Len(t, got, 1)

@@ -165,10 +165,12 @@ WHERE o.id = r.id AND o.attempts = r.attempt AND o.status = 'delivering' AND o.l
 
 // reclaimSQL puts back rows of this relay's connectors ($4) whose lease expired (their
 // relay died or lost the database): the abandoned attempt is logged as ambiguous, and the
-// row becomes pending again, held for an operator when its connector is forwarded with the
-// hold policy ($3), or dead when it has used its attempts ($2) or when the next attempt,
-// now, would come later than its connector's maximum age ($5, seconds, in the order of
-// $4), as decide rules for a retry. $1 is the relay's clock.
+// row becomes pending again; held for an operator when its connector is forwarded with the
+// hold policy ($3), whatever its attempts and age, as decide rules for an ambiguous
+// attempt (dead would let the next row of its ordering key go without the operator);
+// else dead when it has used its attempts ($2) or when the next attempt, now, would come
+// later than its connector's maximum age ($5, seconds, in the order of $4), as decide
+// rules for a retry. $1 is the relay's clock.
 // Only relays that have the connector decide, since only they know its policy.
 const reclaimSQL = `
 WITH expired AS (
@@ -181,15 +183,15 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 ), upd AS (
     UPDATE outbox o
-    SET status = CASE WHEN o.attempts >= $2 OR e.too_old THEN 'dead'
-                      WHEN o.connector = ANY($3) THEN 'held'
+    SET status = CASE WHEN o.connector = ANY($3) THEN 'held'
+                      WHEN o.attempts >= $2 OR e.too_old THEN 'dead'
                       ELSE 'pending' END,
         ambiguous = true,
         last_error = 'relay ' || e.lease_owner || ' lost its lease during attempt ' || e.attempts
                      || ' (it stopped or lost the database), so the receiver may or may not have acted'
-                     || CASE WHEN o.attempts >= $2 THEN '; that was the last allowed attempt'
+                     || CASE WHEN o.connector = ANY($3) THEN '; held for an operator to replay or cancel'
+                             WHEN o.attempts >= $2 THEN '; that was the last allowed attempt'
                              WHEN e.too_old THEN '; gave up: another attempt now would be later than the maximum age'
-                             WHEN o.connector = ANY($3) THEN '; held for an operator to replay or cancel'
                              ELSE '' END,
         lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = $1, updated_at = $1
     FROM expired e

@@ -73,8 +73,9 @@ type lockedRow struct {
 
 // lockSQL locks the rows $1 that no other transaction holds. A row a relay is recording
 // an outcome for (or another operator command is changing) is skipped rather than waited
-// for: the caller reports it, so a command never blocks behind a relay and never
-// overwrites what the relay writes. purged says whether the payload was purged.
+// for: the caller reports it, so a command never waits for a relay's delivery and never
+// overwrites what the relay writes (a replay waits only for a claim in progress of a later
+// row of its key: see waitLaterClaimsSQL). purged says whether the payload was purged.
 const lockSQL = `
 SELECT o.id, o.idempotency_key, o.status, coalesce(o.lease_owner, ''), o.lease_expires_at,
        EXISTS (SELECT 1 FROM outbox_audit a WHERE a.outbox_id = o.id AND a.action = 'purge_payload')

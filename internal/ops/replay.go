@@ -88,6 +88,14 @@ SET status = 'pending', next_attempt_at = $2, ambiguous = (status = 'delivering'
     lease_owner = NULL, lease_expires_at = NULL, delivered_at = NULL, updated_at = $2
 WHERE id = ANY($1)`
 
+// waitLaterClaimsSQL waits for the transactions that lock (claim) a pending row that
+// follows one of rows $1 in its ordering key. FOR KEY SHARE conflicts with the claim's
+// FOR UPDATE only; claims never wait, so this cannot deadlock with them.
+const waitLaterClaimsSQL = `
+SELECT 1 FROM outbox l JOIN outbox r ON l.ordering_key = r.ordering_key AND l.id > r.id
+WHERE r.id = ANY($1) AND l.status = 'pending'
+FOR KEY SHARE OF l`
+
 // copySQL reads what a new-key replay copies from row $1, and how many new-key
 // replays the row has had.
 const copySQL = `
@@ -279,6 +287,13 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 		auditIDs, details = append(auditIDs, r.id), append(details, dj)
 	}
 	if len(replayIDs) > 0 {
+		// A relay may be claiming a later row of a replayed row's ordering key right now,
+		// in a transaction begun while this row was still finished: wait for that claim to
+		// commit, so that any claim that can see this row pending also sees the later row
+		// in flight (claimSQL's "no later row of its key delivering").
+		if _, err := tx.Exec(ctx, waitLaterClaimsSQL, replayIDs); err != nil {
+			return fmt.Errorf("wait for claims of later rows: %w", err)
+		}
 		if _, err := tx.Exec(ctx, replaySQL, replayIDs, now); err != nil {
 			return fmt.Errorf("put rows back: %w", err)
 		}
