@@ -436,6 +436,26 @@ func waitFor(t *testing.T, ch <-chan struct{}, what string) {
 	}
 }
 
+// deliverOneOfTwo enqueues rows a and b for a relay with one worker and a gated
+// connector: it returns the row whose delivery started (and waits at the gate) and the
+// other, claimed ahead and waiting for the worker.
+func deliverOneOfTwo(t *testing.T, direct *pgxpool.Pool, r *Relay, conn *gatedConnector) (first, second string) {
+	t.Helper()
+	_, err := outbox.EnqueueBatch(t.Context(), direct, []outbox.Message{
+		{Key: "a", Connector: "webhook", Payload: []int{1}},
+		{Key: "b", Connector: "webhook", Payload: []int{2}},
+	})
+	require.NoError(t, err)
+	select {
+	case first = <-conn.first:
+	case <-time.After(waitTimeout):
+		t.Fatal("nothing was delivered")
+	}
+	second = map[string]string{"a": "b", "b": "a"}[first]
+	require.Eventually(t, func() bool { return r.claimedRows.Load() == 2 }, waitTimeout, time.Millisecond, "both rows claimed")
+	return first, second
+}
+
 // A row claimed ahead waits too long for its worker while the database is down, and is
 // handed back; the release fails. It was never sent, so it must be released once the
 // database answers again, not left leased until its lease expires and then retried as
@@ -449,19 +469,7 @@ func TestFailedHandBackIsReleasedWhenTheDatabaseReturns(t *testing.T) {
 	conn := newGatedConnector()
 	r, _ := start(t, proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
 
-	_, err := outbox.EnqueueBatch(t.Context(), direct, []outbox.Message{
-		{Key: "a", Connector: "webhook", Payload: []int{1}},
-		{Key: "b", Connector: "webhook", Payload: []int{2}},
-	})
-	require.NoError(t, err)
-	var first string
-	select {
-	case first = <-conn.first:
-	case <-time.After(waitTimeout):
-		t.Fatal("nothing was delivered")
-	}
-	second := map[string]string{"a": "b", "b": "a"}[first]
-	require.Eventually(t, func() bool { return r.claimedRows.Load() == 2 }, waitTimeout, time.Millisecond, "both rows claimed")
+	first, second := deliverOneOfTwo(t, direct, r, conn)
 
 	// The database goes away; the waiting row is past its start-by time when the worker
 	// comes to it, and its release fails.

@@ -96,6 +96,16 @@ func (r *Relay) reclaim(ctx context.Context) {
 			return
 		}
 	}
+	// This relay's own rows whose release failed were never sent: hand them back first,
+	// rather than putting them back below as abandoned, ambiguous attempts.
+	if r.anyUnreleased.Load() {
+		r.releaseAgain()
+	}
+	r.releasingMu.Lock()
+	defer r.releasingMu.Unlock()
+	if r.anyUnreleased.Load() {
+		return // the database is still away, or a release failed again: not now
+	}
 	tag, err := r.pool.Exec(ctx, reclaimSQL, r.now(), r.cfg.MaxAttempts, nonNil(r.hold), nonNil(r.names), r.maxAges)
 	if err != nil {
 		if ctx.Err() == nil {

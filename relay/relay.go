@@ -69,7 +69,10 @@ type Relay struct {
 	runCalled atomic.Bool
 	// unreleased holds rows whose release failed (the database was away), to be released
 	// again before the claim loop's next round.
-	unreleasedMu  sync.Mutex
+	unreleasedMu sync.Mutex
+	// releasingMu is held while failed releases are retried, and by reclaim, so that
+	// this relay never puts back as an abandoned attempt a row it knows it never sent.
+	releasingMu   sync.Mutex
 	unreleased    []claimed
 	anyUnreleased atomic.Bool // unreleased is not empty
 	// lastLease is the lease expiry of the claim loop's last round of claims, and
@@ -447,6 +450,17 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer cancelDeliveries(nil)
 	recordCtx, cancelRecords := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRecords()
+	// The shutdown timeout runs from the stop itself, not from when the claim loop has
+	// returned: a round stuck in the database (a lock, a hung connection) may hold the
+	// loop for up to roundTimeout.
+	shutdownTimedOut := make(chan struct{})
+	stopShutdownTimer := context.AfterFunc(ctx, func() {
+		time.AfterFunc(r.cfg.ShutdownTimeout, func() {
+			close(shutdownTimedOut)
+			cancelDeliveries(errors.New("relay shutdown timeout reached"))
+		})
+	})
+	defer stopShutdownTimer() // Run may return on an error before any stop
 
 	var background sync.WaitGroup
 	bgCtx, stopBackground := context.WithCancel(ctx)
@@ -487,15 +501,16 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.writeOutcomes(recordCtx, left)
 		r.record(recordCtx)
 	})
-
 	// Stopping: let in-flight deliveries finish within the shutdown timeout.
 	done := make(chan struct{})
 	go func() { workers.Wait(); close(done) }()
-	timer := time.NewTimer(r.cfg.ShutdownTimeout)
+	// Releases that failed (the database was away) are tried again while the relay is
+	// stopping, as outcomes are: a row never sent must not come back as an ambiguous
+	// attempt once its lease expires.
+	recorder.Go(func() { r.releaseWhileStopping(recordCtx, done) })
 	select {
 	case <-done:
-		timer.Stop()
-	case <-timer.C:
+	case <-shutdownTimedOut:
 		r.log.WarnContext(ctx, "shutdown timeout reached; cancelling deliveries still in flight",
 			"in_flight", len(r.slots), "timeout", r.cfg.ShutdownTimeout)
 		cancelDeliveries(errors.New("relay shutdown timeout reached"))
@@ -516,6 +531,32 @@ func (r *Relay) Run(ctx context.Context) error {
 	background.Wait()
 	r.log.InfoContext(ctx, "relay stopped")
 	return nil
+}
+
+// releaseWhileStopping retries the releases that failed (see release) until none is
+// left once the workers are done (closed done), or ctx ends.
+func (r *Relay) releaseWhileStopping(ctx context.Context, done <-chan struct{}) {
+	failures := 0
+	for ctx.Err() == nil {
+		if r.anyUnreleased.Load() {
+			r.releaseAgain()
+			if r.anyUnreleased.Load() {
+				failures++
+				sleep(ctx, backoff(failures, 100*time.Millisecond, 5*time.Second))
+				continue
+			}
+			failures = 0
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-done:
+			if !r.anyUnreleased.Load() {
+				return // no worker hands a row back any more
+			}
+		case <-time.After(50 * time.Millisecond): // a worker may still hand one back
+		}
+	}
 }
 
 // minRecordDrain is the least time a stopping relay gives its last outcomes to reach a
@@ -1062,6 +1103,8 @@ func (r *Relay) releaseRows(rows []claimed) bool {
 
 // releaseAgain retries the releases that failed (see release).
 func (r *Relay) releaseAgain() {
+	r.releasingMu.Lock()
+	defer r.releasingMu.Unlock()
 	r.unreleasedMu.Lock()
 	rows := r.unreleased
 	r.unreleased = nil
