@@ -44,14 +44,21 @@ type lossyProxy struct {
 	armed  bool
 	named  map[string]bool // prepared statements whose SQL contains match
 	killed chan struct{}
-	down   bool                    // the database is unreachable: connections are refused
-	live   map[*proxyConn]struct{} // connections open through the proxy
+	// cutOnKill: losing the armed reply also makes the database unreachable (see cut),
+	// before the client hears of anything.
+	cutOnKill bool
+	down      bool                    // the database is unreachable: connections are refused
+	live      map[*proxyConn]struct{} // connections open through the proxy
 }
 
 // cut makes the database unreachable: open connections break, new ones are refused.
 func (p *lossyProxy) cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.cutLocked()
+}
+
+func (p *lossyProxy) cutLocked() {
 	p.down = true
 	for pc := range p.live {
 		pc.close()
@@ -253,6 +260,9 @@ func (pc *proxyConn) down() {
 			if ready && p.armed && (p.marker == nil || sawMarker) {
 				p.armed = false
 				close(p.killed)
+				if p.cutOnKill {
+					p.cutLocked()
+				}
 				p.mu.Unlock()
 				return // committed; the client never hears of it
 			}

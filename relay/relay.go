@@ -67,14 +67,17 @@ type Relay struct {
 	running      atomic.Bool
 	// runCalled is set while Run is running or once it has run: a Relay runs once.
 	runCalled atomic.Bool
-	// unreleased holds rows whose release failed (the database was away), to be released
-	// again before the claim loop's next round.
-	unreleasedMu sync.Mutex
-	// releasingMu is held while failed releases are retried, and by reclaim, so that
-	// this relay never puts back as an abandoned attempt a row it knows it never sent.
-	releasingMu   sync.Mutex
+	// Rows this relay claimed and knows it never sent, still leased to it: unreleased
+	// holds rows whose release failed (the database was away), lost the leases of rounds
+	// whose reply was lost (they may have committed, see releaseLost). Both are handed
+	// back before the claim loop's next round, before reclaim, and while stopping.
+	unreleasedMu  sync.Mutex
 	unreleased    []claimed
-	anyUnreleased atomic.Bool // unreleased is not empty
+	lost          []time.Time
+	anyUnreleased atomic.Bool // unreleased or lost is not empty
+	// releasingMu is held while they are handed back, and by reclaim, so that this relay
+	// never puts back as an abandoned attempt a row it knows it never sent.
+	releasingMu sync.Mutex
 	// lastLease is the lease expiry of the claim loop's last round of claims, and
 	// roundLease that of the round in progress (zero: it claims nothing). Each round's is
 	// later than the one before, so that the rows of a round whose reply was lost can be
@@ -659,22 +662,13 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 		failures    int
 		fastUntil   time.Time // this relay polls fast until then (monotonic clock)
 		lastRefresh time.Time
-		outs        []outcome   // outcomes not written yet
-		urgent      bool        // one of outs is of a row with an ordering key
-		lingering   bool        // linger runs for the oldest of outs
-		lingered    bool        // and has fired
-		lost        []time.Time // leases of rounds that failed with claims, maybe committed
+		outs        []outcome // outcomes not written yet
+		urgent      bool      // one of outs is of a row with an ordering key
+		lingering   bool      // linger runs for the oldest of outs
+		lingered    bool      // and has fired
 	)
-	defer func() {
-		if len(lost) > 0 { // best effort: a stopping relay must not wait long for it
-			_ = r.releaseLost(lost, withdrawTimeout)
-		}
-		r.withdraw(ctx)
-	}()
+	defer r.withdraw(ctx)
 	for ctx.Err() == nil {
-		if len(lost) > 0 && r.releaseLost(lost, 10*time.Second) == nil {
-			lost = lost[:0]
-		}
 		if r.anyUnreleased.Load() {
 			r.releaseAgain()
 		}
@@ -704,7 +698,10 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 			if unsure(err) {
 				markMaybeWritten(outs)
 				if !r.roundLease.IsZero() {
-					lost = append(lost, r.roundLease)
+					r.unreleasedMu.Lock()
+					r.lost = append(r.lost, r.roundLease)
+					r.anyUnreleased.Store(true)
+					r.unreleasedMu.Unlock()
 				}
 			}
 			if ctx.Err() != nil {
@@ -1101,21 +1098,30 @@ func (r *Relay) releaseRows(rows []claimed) bool {
 	return true
 }
 
-// releaseAgain retries the releases that failed (see release).
+// releaseAgain hands back the rows of rounds whose reply was lost and retries the
+// releases that failed (see release); what fails again stays for the next call.
 func (r *Relay) releaseAgain() {
 	r.releasingMu.Lock()
 	defer r.releasingMu.Unlock()
 	r.unreleasedMu.Lock()
-	rows := r.unreleased
-	r.unreleased = nil
+	rows, lost := r.unreleased, r.lost
+	r.unreleased, r.lost = nil, nil
 	r.anyUnreleased.Store(false)
 	r.unreleasedMu.Unlock()
+	if len(lost) > 0 {
+		if err := r.releaseLost(lost, 10*time.Second); err != nil {
+			r.unreleasedMu.Lock()
+			r.lost = append(r.lost, lost...)
+			r.anyUnreleased.Store(true)
+			r.unreleasedMu.Unlock()
+		}
+	}
 	r.release(rows)
 }
 
 // releaseLost hands back the rows claimed in rounds whose reply was lost, by their
-// rounds' leases (see releaseLostSQL). Should it fail, it is tried again before the next
-// round; at the latest the rows come back when their lease expires.
+// rounds' leases (see releaseLostSQL). Should it fail, releaseAgain tries again; a relay
+// stopped before it succeeds leaves the rows to their lease.
 func (r *Relay) releaseLost(leases []time.Time, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()

@@ -194,3 +194,38 @@ func TestShutdownTimeoutRunsFromTheStopWhileARoundIsStuck(t *testing.T) {
 		t.Fatal("relay did not stop")
 	}
 }
+
+// A round's claim commits, its reply is lost, and the database then stays away for
+// longer than the lease. When it returns, this relay's own reclaim (every poll
+// interval) must not put back the row that round claimed, which this relay knows it
+// never sent, as an abandoned ambiguous attempt before the claim loop (asleep in its
+// backoff) hands it back.
+func TestOwnReclaimDoesNotTakeARowOfALostRound(t *testing.T) {
+	t.Parallel()
+	direct, proxy, cfg, clock := lossySetup(t)
+	conn := &recordingConnector{}
+	proxy.cutOnKill = true
+	proxy.arm("SET status = 'delivering'", []byte("lost-claim"))
+	r, _ := start(t, proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
+	failed := testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("claim"))
+
+	enqueue(t, direct, "lost-claim", "webhook", map[string]int{"n": 1})
+	waitKilled(t, proxy)
+	in, err := outbox.Get(t.Context(), direct, "lost-claim")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDelivering, in.Status, "the claim committed")
+	clock.Advance(r.cfg.Lease + time.Second) // the outage outlasts the lease
+	// A long outage: the claim loop's backoff has grown (to seconds), while reclaim runs
+	// every poll interval.
+	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("claim")) >= failed+6 },
+		waitTimeout, time.Millisecond, "rounds fail while the database is away")
+	proxy.restore()
+
+	in = waitStatus(t, direct, "lost-claim", outbox.StatusDelivered)
+	att := attemptsOf(t, direct, "lost-claim")
+	got := conn.deliveries("lost-claim")
+	require.Equal(t, 1, in.Attempts, "the claim that was never started is not counted: %+v", att)
+	require.Len(t, att, 1, "no phantom lease_expired attempt")
+	require.Len(t, got, 1)
+	require.False(t, got[0].PreviousAmbiguous)
+}
