@@ -336,6 +336,21 @@ func ValidHeaderValue(v string) bool {
 	return true
 }
 
+// KeyHeaderProblem says why key cannot travel as an Idempotency-Key header (HTTP's or a
+// mail's), or returns "" when it can. A control character could end the header or start
+// another; white space at either end is dropped by the receiver's parser, which would
+// then see another key, perhaps another row's, and answer with that row's stored
+// result. No retry changes either.
+func KeyHeaderProblem(key string) string {
+	if !ValidHeaderValue(key) {
+		return "it has control characters, so it cannot travel as a header"
+	}
+	if trimmed := strings.Trim(key, " \t"); trimmed != key {
+		return fmt.Sprintf("it begins or ends with white space, which a header value does not keep: the receiver would see the key %q", trimmed)
+	}
+	return ""
+}
+
 // RetryableStatus reports whether an HTTP answer with status code is worth retrying, as
 // DESIGN.md classes them: 408, 409, 425, 429 and 5xx. Other 4xx are the request's fault,
 // and retrying cannot change them.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 )
 
 // ParseHTTPURL checks a configured target: an absolute http or https URL with a host.
@@ -12,11 +13,7 @@ import (
 func ParseHTTPURL(field, raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		// url.Parse's error quotes the whole URL, password included; keep only the reason.
-		if ue, ok := errors.AsType[*url.Error](err); ok {
-			err = ue.Err
-		}
-		return nil, fmt.Errorf("%s: does not parse: %w", field, err)
+		return nil, fmt.Errorf("%s: does not parse: %s", field, ParseReason(raw, err))
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return nil, fmt.Errorf("%s: scheme must be http or https, not %q", field, u.Scheme)
@@ -25,6 +22,20 @@ func ParseHTTPURL(field, raw string) (*url.URL, error) {
 		return nil, fmt.Errorf("%s: has no host", field)
 	}
 	return u, nil
+}
+
+// ParseReason is url.Parse's reason for refusing raw, without the URL, which its error
+// quotes whole, password included. When raw may hold a user name or password (it has an
+// '@'), not even the reason is given: url.Parse takes a password holding '/', '?' or '#'
+// for the end of the host, and quotes the password's start as an invalid port.
+func ParseReason(raw string, err error) string {
+	if strings.Contains(raw, "@") {
+		return "the reason is not shown, as it could quote the password; a user name or password with '/', '?', '#' or '@' in it must be percent-encoded"
+	}
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		err = ue.Err
+	}
+	return err.Error()
 }
 
 // ParseAPIBase is [ParseHTTPURL] for the root of an API, which takes no query or

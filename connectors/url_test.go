@@ -21,6 +21,11 @@ func TestParseURLs(t *testing.T) {
 		"http://a b":            "APIBase: does not parse",
 		"https://x/?q=1":        "APIBase: must not have a query or fragment",
 		"http://u:s3cret@a b/x": "APIBase: does not parse",
+		// A password with '/', '?' or '#' ends the host early for url.Parse, whose reason
+		// then quotes the password's start as a port.
+		"https://hook:s3cret/x+Q@example.com/hook":  "APIBase: does not parse: the reason is not shown",
+		"https://hook:s3cret?rest@example.com/hook": "APIBase: does not parse: the reason is not shown",
+		"https://hook:s3cret#rest@example.com/hook": "APIBase: does not parse: the reason is not shown",
 	} {
 		_, err := connectors.ParseAPIBase("APIBase", raw)
 		require.ErrorContains(t, err, want, raw)

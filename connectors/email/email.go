@@ -358,8 +358,8 @@ func (c *Connector) build(d connectors.Delivery) (*message, error) {
 	if d.Key == "" {
 		return nil, errors.New("the row has no idempotency key")
 	}
-	if !connectors.ValidHeaderValue(d.Key) {
-		return nil, errors.New("the idempotency key has control characters, so it cannot travel as a header")
+	if problem := connectors.KeyHeaderProblem(d.Key); problem != "" {
+		return nil, fmt.Errorf("the idempotency key %q cannot be sent: %s", d.Key, problem)
 	}
 	p, err := decodePayload(d.Payload)
 	if err != nil {

@@ -435,6 +435,7 @@ func TestDeliver_BadRow(t *testing.T) {
 	}{
 		{"NoKey", "", `{"to":"a@example.com","text":"x"}`, "no idempotency key"},
 		{"KeyWithNewline", "a\r\nBcc: evil@example.com", `{"to":"a@example.com","text":"x"}`, "control characters"},
+		{"KeyEndsInSpace", "k ", `{"to":"a@example.com","text":"x"}`, `the receiver would see the key "k"`},
 		{"NotJSON", "k", `{"to":`, "payload"},
 		{"NoTo", "k", `{"text":"x"}`, `"to" is required`},
 		{"EmptyToList", "k", `{"to":[],"text":"x"}`, `"to" is required`},
@@ -451,15 +452,14 @@ func TestDeliver_BadRow(t *testing.T) {
 		{"HeaderInjection", "k", `{"to":"a@example.com","text":"x","headers":{"X-A":"v\r\nBcc: evil@example.com"}}`, "control characters"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
+		t.Run(tt.name, func(t *testing.T) { // not parallel: the check below runs after them
 			_, err := b.c.Deliver(t.Context(), delivery(tt.key, tt.payload))
 			require.Error(t, err)
 			require.True(t, connectors.IsPermanent(err), "%v", err)
 			require.Contains(t, err.Error(), tt.want)
 		})
 	}
-	require.Empty(t, b.srv.Messages())
+	require.Empty(t, b.srv.Messages(), "refused before sending")
 }
 
 func TestMessageID(t *testing.T) {

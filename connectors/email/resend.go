@@ -277,8 +277,8 @@ func (c *Resend) build(d connectors.Delivery) ([]byte, error) {
 	if d.Key == "" {
 		return nil, errors.New("the row has no idempotency key")
 	}
-	if !connectors.ValidHeaderValue(d.Key) {
-		return nil, errors.New("the idempotency key has control characters, so it cannot travel as a header")
+	if problem := connectors.KeyHeaderProblem(d.Key); problem != "" {
+		return nil, fmt.Errorf("the idempotency key %q cannot be sent: %s", d.Key, problem)
 	}
 	if len(d.Key) > maxResendKey {
 		return nil, fmt.Errorf("the idempotency key is %d bytes; Resend accepts at most %d", len(d.Key), maxResendKey)

@@ -38,7 +38,8 @@ type Config struct {
 	Timeout time.Duration
 	// Guarantee is what the receiver promises about Idempotency-Key. Set
 	// [connectors.Enforced] only for a receiver that dedupes on it. Defaults to
-	// [connectors.Forwarded].
+	// [connectors.Forwarded]; [connectors.Reconciled] is refused (the connector cannot
+	// ask the receiver what it did).
 	Guarantee connectors.Guarantee
 	// Client's Transport sends the requests (http.DefaultTransport when it has none).
 	// The request goes straight to the transport: redirects are never followed, cookies
@@ -143,9 +144,13 @@ func New(cfg Config) (*Connector, error) {
 		errs = append(errs, fmt.Errorf("MaxResultBody: %d is negative", cfg.MaxResultBody))
 	}
 	switch cfg.Guarantee {
-	case connectors.Enforced, connectors.Reconciled, connectors.Forwarded:
+	case connectors.Enforced, connectors.Forwarded:
+	case connectors.Reconciled:
+		// The connector cannot ask a webhook receiver what it did, so it must not claim
+		// to: the relay would resend ambiguous attempts blindly, hold policy or not.
+		errs = append(errs, errors.New("Guarantee: reconciled is not possible for a webhook (the connector cannot look up what the receiver did); use enforced or forwarded"))
 	default:
-		errs = append(errs, fmt.Errorf("Guarantee: %q is not enforced, reconciled or forwarded", cfg.Guarantee))
+		errs = append(errs, fmt.Errorf("Guarantee: %q is not enforced or forwarded", cfg.Guarantee))
 	}
 	for i, err := range errs {
 		errs[i] = fmt.Errorf("webhook config: %w", err) // one line per problem, each complete
@@ -253,8 +258,8 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	if d.Key == "" {
 		return nil, connectors.Permanent(errors.New("deliver webhook: the row has no idempotency key"))
 	}
-	if !connectors.ValidHeaderValue(d.Key) {
-		return nil, connectors.Permanent(fmt.Errorf("deliver webhook: the idempotency key %q holds a control character, which an HTTP header cannot carry", d.Key))
+	if problem := connectors.KeyHeaderProblem(d.Key); problem != "" {
+		return nil, connectors.Permanent(fmt.Errorf("deliver webhook: the idempotency key %q cannot be sent: %s", d.Key, problem))
 	}
 	if !json.Valid(d.Payload) {
 		return nil, connectors.Permanent(errors.New("deliver webhook: the payload is not valid JSON"))

@@ -489,11 +489,32 @@ func TestDeliver_InvalidRow(t *testing.T) {
 		// The outbox accepts any text as a key; one with a control character cannot be
 		// an Idempotency-Key header, and no retry will change that.
 		"KeyNotAHeader": {Key: "k\nInjected: yes", Payload: json.RawMessage(`{}`)},
+		// HTTP drops white space around a header value: the receiver would see "k".
+		"KeyEndsInSpace":   {Key: "k ", Payload: json.RawMessage(`{}`)},
+		"KeyStartsWithTab": {Key: "\tk", Payload: json.RawMessage(`{}`)},
 	} {
 		_, err := b.c.Deliver(t.Context(), d)
 		require.True(t, connectors.IsPermanent(err), "%s: %v", name, err)
 	}
 	require.Equal(t, 0, b.r.Requests("k"))
+}
+
+// Two rows whose keys differ only by white space at an end are two operations. HTTP
+// drops that white space, so the second reached an enforcing receiver as the first's key
+// and was answered with the first's stored result, marked delivered though nothing was
+// done for it (and its webhook-id signature, over the untrimmed key, never verified).
+func TestDeliver_KeyWithSurroundingSpaceIsNotSentAsAnotherKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{Secret: testSecret}, webhook.Config{Guarantee: connectors.Enforced, Secret: testSecret})
+	_, err := b.c.Deliver(t.Context(), delivery("order-42"))
+	require.NoError(t, err)
+	for _, key := range []string{"order-42 ", " order-42", "order-42\t"} {
+		_, err = b.c.Deliver(t.Context(), delivery(key))
+		require.True(t, connectors.IsPermanent(err), "%q: %v", key, err)
+		require.ErrorContains(t, err, `the receiver would see the key "order-42"`)
+	}
+	require.Equal(t, 1, b.r.TotalEffects())
+	require.Equal(t, 1, b.r.Requests("order-42"), "no second request under the first row's key")
 }
 
 func TestDeliver_ResultExcerpt(t *testing.T) {
@@ -545,7 +566,7 @@ func TestNew_Validation(t *testing.T) {
 		want string
 	}{
 		{"NoURL", webhook.Config{}, "URL: required"},
-		{"BadURL", webhook.Config{URL: "http://a b:pass@x/%zz"}, "URL: does not parse"},
+		{"BadURL", webhook.Config{URL: "http://a b:s3cr3t@x/%zz"}, "URL: does not parse"},
 		{"Relative", webhook.Config{URL: "/hook"}, "URL: scheme must be http or https"},
 		{"FTP", webhook.Config{URL: "ftp://127.0.0.1/hook"}, `URL: scheme must be http or https, not "ftp"`},
 		{"NoHost", webhook.Config{URL: "http:///hook"}, "URL: has no host"},
@@ -555,7 +576,9 @@ func TestNew_Validation(t *testing.T) {
 		{"SecretEmpty", webhook.Config{URL: "http://127.0.0.1/", Secret: "whsec_"}, "Secret: nothing after"},
 		{"Timeout", webhook.Config{URL: "http://127.0.0.1/", Timeout: -time.Second}, "Timeout: -1s is negative"},
 		{"MaxResultBody", webhook.Config{URL: "http://127.0.0.1/", MaxResultBody: -1}, "MaxResultBody: -1 is negative"},
-		{"Guarantee", webhook.Config{URL: "http://127.0.0.1/", Guarantee: "maybe"}, `Guarantee: "maybe" is not enforced, reconciled or forwarded`},
+		{"Guarantee", webhook.Config{URL: "http://127.0.0.1/", Guarantee: "maybe"}, `Guarantee: "maybe" is not enforced or forwarded`},
+		// It never looks up what the receiver did before a retry.
+		{"Reconciled", webhook.Config{URL: "http://127.0.0.1/", Guarantee: connectors.Reconciled}, "Guarantee: reconciled is not possible for a webhook"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -563,7 +586,7 @@ func TestNew_Validation(t *testing.T) {
 			c, err := webhook.New(tt.cfg)
 			require.Nil(t, c)
 			require.ErrorContains(t, err, "webhook config: "+tt.want)
-			require.NotContains(t, err.Error(), "pass", "a password in the URL stays out of errors")
+			require.NotContains(t, err.Error(), "s3cr3t", "a password in the URL stays out of errors")
 			if raw := strings.TrimPrefix(tt.cfg.Secret, "whsec_"); raw != "" {
 				require.NotContains(t, err.Error(), raw)
 			}

@@ -603,3 +603,25 @@ func TestLoadOptionalDatabase(t *testing.T) {
 	require.NotContains(t, err.Error(), "hunter2")
 	require.False(t, given)
 }
+
+// A webhook URL whose password holds a character that ends the authority ('/', '?',
+// '#': common in base64 or generated tokens) does not parse, and url.Parse's reason
+// quotes what it took for the port: the password's start. The problem is printed at
+// start, so it must not carry the reason.
+func TestURLPasswordNeverInProblems(t *testing.T) {
+	t.Parallel()
+	for _, u := range []string{
+		"https://hook:Zm9vYmFy/x+Q@example.com/hook",
+		"https://hook:s3cr3tPart?rest@example.com/hook",
+		"https://hook:s3cr3tPart#rest@example.com/hook",
+	} {
+		_, err := Load(environ(map[string]string{
+			"OUTBOX_DATABASE_URL": "postgres://app@localhost/app",
+			"OUTBOX_WEBHOOK_URL":  u,
+		}))
+		require.ErrorContains(t, err, "OUTBOX_WEBHOOK_URL is not a valid URL: the reason is not shown", u)
+		for _, secret := range []string{"Zm9vYmFy", "s3cr3tPart"} {
+			require.NotContains(t, err.Error(), secret, "URL %s", u)
+		}
+	}
+}

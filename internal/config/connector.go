@@ -1,7 +1,6 @@
 package config
 
 import (
-	"errors"
 	"log/slog"
 	"math"
 	"net/url"
@@ -254,12 +253,7 @@ func checkToken(name string, s Secret, p *problems) {
 // scheme and host, as it may hold a token.
 func checkHTTPURL(name, raw string, p *problems) {
 	if u, err := url.Parse(raw); err != nil {
-		// url.Error repeats the URL, which may hold a token: give only the reason.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		p.addf(name, "%s is not a valid URL: %v", name, err)
+		p.addf(name, "%s is not a valid URL: %s", name, connectors.ParseReason(raw, err))
 	} else if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		p.addf(name, "%s must be an absolute http or https URL, got %q", name, connectors.RedactEndpoint(raw))
 	}

@@ -207,7 +207,7 @@ func TestLoadKindProblems(t *testing.T) {
 				`OUTBOX_PAYMENT_API_BASE must be an absolute http or https URL, got "xxxxx"`,
 				`OUTBOX_PAYMENT_TIMEOUT must be positive, got 0s`,
 				`OUTBOX_PAYMENT_RATE must be requests per second, 0 for no limit, got -1`,
-				`OUTBOX_PAYMENT_A_API_BASE is not a valid URL: invalid port ":x" after host`,
+				`OUTBOX_PAYMENT_A_API_BASE is not a valid URL: the reason is not shown, as it could quote the password; a user name or password with '/', '?', '#' or '@' in it must be percent-encoded`,
 				`OUTBOX_PAYMENT_A_RATE must be requests per second, 0 for no limit, got +Inf`,
 				`OUTBOX_PAYMENT_A_CONCURRENCY must not be negative (0 means OUTBOX_CONCURRENCY), got -3`,
 				`OUTBOX_PAYMENT_A_TIMEOUT (45s) must be at least 1s shorter than OUTBOX_LEASE (30s), or a slow attempt outlives its lease and another relay sends the row again`,
