@@ -203,6 +203,8 @@ func TestEnqueueValidation(t *testing.T) {
 		ok("payment:eu", `{"operation":"refund.create","params":{"payment_intent":"pi_1"}}`),
 		{Key: strings.Repeat("é", 255), Connector: "webhook", Payload: map[string]int{"a": 1}},
 		{Key: "with-headers", Connector: "webhook", Payload: []int{1}, Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}},
+		// Slack carries the key in the message's JSON metadata, which keeps it as it is.
+		{Key: " spaced key\t", Connector: "slack", Payload: map[string]string{"channel": "C1", "text": "hi"}},
 		// A surrogate pair, and an escaped backslash before "u0000", which jsonb stores.
 		ok("webhook", `{"smile":"\ud83d\ude00","text":"\\u0000 and \\ud800"}`),
 	}
@@ -223,6 +225,10 @@ func TestEnqueueValidation(t *testing.T) {
 		{"empty key", outbox.Message{Connector: "webhook", Payload: []int{}}, "key is empty"},
 		{"key too long", outbox.Message{Key: strings.Repeat("k", 256), Connector: "webhook", Payload: []int{}}, "256 characters"},
 		{"empty connector", outbox.Message{Key: "k", Payload: []int{}}, "connector is empty"},
+		// Sent as a header, the key would lose the space, or end the header.
+		{"key ends in space", outbox.Message{Key: "k ", Connector: "webhook", Payload: []int{}}, `idempotency key "k " cannot be sent by the webhook connector: it begins or ends with white space`},
+		{"key starts with tab", outbox.Message{Key: "\tk", Connector: "payment:eu", Payload: map[string]any{}}, "cannot be sent by the payment connector"},
+		{"key with newline", outbox.Message{Key: "a\nb", Connector: "email", Payload: map[string]any{}}, "control characters"},
 		{"unknown kind", ok("fax", `{}`), `unknown kind "fax"`},
 		{"malformed connector", ok("Webhook:CRM", `{}`), "malformed"},
 		{"nil payload", outbox.Message{Key: "k", Connector: "webhook"}, "payload is missing"},

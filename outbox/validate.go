@@ -11,6 +11,8 @@ import (
 	"time"
 	"unicode/utf16"
 	"unicode/utf8"
+
+	"github.com/outboxd/outboxd/connectors"
 )
 
 // MaxKeyLength is the longest idempotency key, and ordering key, in characters.
@@ -69,6 +71,13 @@ func prepare(m Message) (prepared, error) {
 	}
 	if err := checkConnector(m.Connector); err != nil {
 		return p, err
+	}
+	if kind := ConnectorKind(m.Connector); kind != "slack" {
+		// The key travels as a header (Idempotency-Key; Stripe's, a mail's): refused now
+		// rather than sent to dead by the connector on its first attempt.
+		if problem := connectors.KeyHeaderProblem(m.Key); problem != "" {
+			return p, invalid("idempotency key %q cannot be sent by the %s connector: %s", m.Key, kind, problem)
+		}
 	}
 	if m.OrderingKey != "" && utf8.RuneCountInString(m.OrderingKey) > MaxKeyLength {
 		return p, invalid("ordering key is %d characters; the limit is %d", utf8.RuneCountInString(m.OrderingKey), MaxKeyLength)
