@@ -65,9 +65,21 @@ func TestNewRunTwice(t *testing.T) {
 	pool := pgtest.DB(t)
 	r, err := New(pool, &Config{Logger: testLogger(), PollInterval: 10 * time.Millisecond, ShutdownTimeout: time.Second}, map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	// The first Run is stopped only once it has started: stopped by a timeout while it
+	// still waited for the database (a busy machine), it would leave the relay free to
+	// run again, and the second Run below would rightly succeed.
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	require.NoError(t, r.Run(ctx))
+	ran := make(chan error, 1)
+	go func() { ran <- r.Run(ctx) }()
+	require.Eventually(t, r.running.Load, waitTimeout, 10*time.Millisecond, "the first Run never started")
+	cancel()
+	select {
+	case err := <-ran:
+		require.NoError(t, err)
+	case <-time.After(waitTimeout):
+		t.Fatal("the first Run did not stop")
+	}
 	ctx2, cancel2 := context.WithTimeout(t.Context(), 500*time.Millisecond)
 	defer cancel2()
 	var perr any

@@ -545,13 +545,18 @@ func TestThreeRelaysShareOneDatabase(t *testing.T) {
 // from holding the relay's slots, and the rows claimed ahead for it are bounded too.
 func TestSlowInstanceDoesNotStarveOthers(t *testing.T) {
 	t.Parallel()
-	slow, release := blockingReceiver(t)
+	// The slow attempts are stuck until the test lets them go, not for a 5s time limit
+	// that a busy machine can reach while the fast rows go out (the slow rows would then
+	// be retried, and the next ones sent). An hour's limit, with the lease 25s longer as
+	// the default 30s is than 5s, claims as far ahead and gives rows as long to start.
+	slowHook, slow, release := newSlowHook(t)
 	b := setup(t, receiver.Options{})
 	cfg := b.fastConfig()
 	cfg.Concurrency = 8
+	cfg.Lease = time.Hour + 25*time.Second
 	start(t, b.pool, cfg, map[string]Instance{
 		"webhook":      {Connector: b.hook},
-		"webhook:slow": {Connector: newHook(t, slow.URL()), Concurrency: 2, Rate: 50},
+		"webhook:slow": {Connector: slowHook, Concurrency: 2, Rate: 50},
 	})
 
 	var msgs []outbox.Message
@@ -662,8 +667,14 @@ func TestRowClaimedAheadTooLongIsHandedBack(t *testing.T) {
 	t.Cleanup(func() { closeOnce(release) })
 	b := setup(t, receiver.Options{})
 	clock, cfg := b.clockedConfig(t)
-	cfg.Lease = 6 * time.Second // the hook's 5s time limit leaves a row 500ms to wait
-	r, _ := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: newHook(t, slow.URL()), Concurrency: 1}})
+	// ahead-0's attempt must last until the test lets it go, on the real clock too: a
+	// time limit of 5s would end it on its own on a busy machine, and ahead-1 would then
+	// start in time, before the relay's clock moves, and never be handed back. An hour's
+	// limit with a lease a second longer leaves a row 500ms to wait, as 5s and 6s did.
+	cfg.Lease = time.Hour + time.Second
+	hook, err := webhook.New(webhook.Config{URL: slow.URL(), Guarantee: connectors.Enforced, Timeout: time.Hour})
+	require.NoError(t, err)
+	r, _ := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: hook, Concurrency: 1}})
 	require.Equal(t, 500*time.Millisecond, r.instances["webhook"].startBy)
 
 	enqueue(t, b.pool, "ahead-0", "webhook", []int{0})
@@ -697,14 +708,17 @@ func TestRowClaimedAheadTooLongIsHandedBack(t *testing.T) {
 // its way again from another relay.
 func TestRowThatWaitedTooLongForASlotIsHandedBack(t *testing.T) {
 	t.Parallel()
-	slow, release := blockingReceiver(t)
+	// The slow attempt ends only when the test lets it, not at a 5s time limit that a
+	// busy machine can reach before the relay's clock moves (the slot would then free up
+	// while the row is still in time, and it would be sent, not handed back).
+	slowHook, slow, release := newSlowHook(t)
 	b := setup(t, receiver.Options{})
 	clock, cfg := b.clockedConfig(t)
 	cfg.Concurrency = 1
-	cfg.Lease = 6 * time.Second // the hooks' 5s time limit leaves a row 500ms to start
+	cfg.Lease = 6 * time.Second // the webhook hook's 5s time limit leaves a row 500ms to start
 	r, _ := start(t, b.pool, cfg, map[string]Instance{
 		"webhook":      {Connector: b.hook},
-		"webhook:slow": {Connector: newHook(t, slow.URL())},
+		"webhook:slow": {Connector: slowHook},
 	})
 	require.Equal(t, 500*time.Millisecond, r.instances["webhook"].startBy)
 
@@ -740,11 +754,15 @@ func TestRowAlreadyTooLateIsHandedBackWithoutASlot(t *testing.T) {
 	clock, cfg := b.clockedConfig(t)
 	cfg.Concurrency = 1
 	cfg.Lease = 2 * time.Hour // a row may wait 5s to start
-	// The slow instance's attempt ends only when the test lets it, not at a timeout.
+	// Both instances' attempts end only when the test lets them, not at a timeout: x's
+	// too, which a 5s time limit (b.hook's) would end on its own on a busy machine, and
+	// y would then start in time, before the relay's clock moves.
 	slowHook, err := webhook.New(webhook.Config{URL: slow.URL(), Guarantee: connectors.Enforced, Timeout: time.Hour})
 	require.NoError(t, err)
+	hook, err := webhook.New(webhook.Config{URL: b.receiver.URL(), Guarantee: connectors.Enforced, Timeout: time.Hour})
+	require.NoError(t, err)
 	r, _ := start(t, b.pool, cfg, map[string]Instance{
-		"webhook":      {Connector: b.hook},
+		"webhook":      {Connector: hook},
 		"webhook:slow": {Connector: slowHook},
 	})
 

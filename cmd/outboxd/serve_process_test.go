@@ -91,6 +91,12 @@ func TestServeStopsGracefullyOnSIGTERM(t *testing.T) {
 		"OUTBOX_DATABASE_URL="+dsn,
 		"OUTBOX_WEBHOOK_URL="+rcv.URL(),
 		"OUTBOX_WEBHOOK_GUARANTEE=enforced",
+		// The held request stays open from its arrival until after SIGTERM, across
+		// every step below: the default 10s time limit could end it on a busy machine
+		// (a second attempt, not the one delivery this test checks). An hour, with the
+		// lease the default 20s longer, gives rows as long to start as the defaults do.
+		"OUTBOX_WEBHOOK_TIMEOUT=1h",
+		"OUTBOX_LEASE=1h20s",
 		"OUTBOX_HTTP_ADDR=127.0.0.1:0", // the child logs the port it got
 		"OUTBOX_POLL_INTERVAL=50ms",
 		"OUTBOX_SHUTDOWN_TIMEOUT=30s",

@@ -350,7 +350,11 @@ func TestDeliver_SwitchingProtocols(t *testing.T) {
 		<-hangUp // the connection stays open, as a receiver that switched would keep it
 	}))
 	t.Cleanup(srv.Close)
-	c, err := webhook.New(webhook.Config{URL: srv.URL + "/hook", Client: testClient(t), Timeout: 100 * time.Millisecond})
+	// The 101 must reach Deliver within the attempt's timeout (or Deliver rightly fails
+	// with a timeout), so the timeout is generous for a busy machine; it is still well
+	// short of the watchdog below, which a Deliver that reads the handed-over connection
+	// reaches whatever the timeout, since the timeout does not bound that read.
+	c, err := webhook.New(webhook.Config{URL: srv.URL + "/hook", Client: testClient(t), Timeout: 10 * time.Second})
 	require.NoError(t, err)
 
 	type answer struct {
