@@ -49,10 +49,10 @@
 //
 // Failures are classified for the relay:
 //
-//   - Failing to connect, greet, STARTTLS or authenticate is retried, even on a 5xx
-//     reply: nothing was sent, and the fault lies with the server or the configuration,
-//     not the row.
-//   - A 4xx reply to MAIL, RCPT, DATA or the message is retried; a 5xx reply is
+//   - Failing to connect, greet, STARTTLS or authenticate, or a refused MAIL FROM (which
+//     carries only the configured sender), is retried, even on a 5xx reply: nothing was
+//     sent, and the fault lies with the server or the configuration, not the row.
+//   - A 4xx reply to RCPT, DATA or the message is retried; a 5xx reply is
 //     permanent. The reply stays in the error chain as a *[textproto.Error] (errors.As
 //     finds it). A message goes to all its recipients or none: one rejected recipient
 //     fails the attempt.

@@ -519,7 +519,10 @@ func withCause(ctx context.Context, err error) error {
 // send runs the mail transaction on client: MAIL, RCPT for each recipient, DATA.
 func (c *Connector) send(ctx context.Context, client *smtp.Client, m *message) (Result, error) {
 	if err := client.Mail(angle(c.from.Address)); err != nil {
-		return Result{}, c.replyError(ctx, "MAIL FROM", err)
+		// MAIL FROM carries only the configured sender, nothing of the row: a refusal,
+		// even 5xx (530 authentication required, a sender the server does not take), is
+		// about the server or the configuration, and retried as a failed login is.
+		return Result{}, fmt.Errorf("smtp %s: MAIL FROM: %w", c.addr, withCause(ctx, err))
 	}
 	var errs []error
 	for _, rcpt := range m.rcpts {
