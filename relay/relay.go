@@ -93,14 +93,17 @@ type instance struct {
 	conn      connectors.Connector
 	guarantee connectors.Guarantee
 	keyWindow time.Duration // 0: the receiver's memory of keys is not limited (or unknown)
-	maxAge    time.Duration
-	limit     int           // most deliveries in flight
-	ahead     int           // most rows claimed ahead of a free worker
-	startBy   time.Duration // a row claimed ahead that waited longer is handed back
-	took      atomic.Int64  // recent attempts' average duration, in nanoseconds
-	limiter   *rate.Limiter // nil: no rate limit
-	claimed   atomic.Int64  // rows claimed and not finished
-	jobs      chan claimed  // claimed rows waiting for one of the instance's workers
+	// attemptMax is the longest an attempt may last: the connector's time limit, or the
+	// lease when it declares none (an attempt never outlives its lease).
+	attemptMax time.Duration
+	maxAge     time.Duration
+	limit      int           // most deliveries in flight
+	ahead      int           // most rows claimed ahead of a free worker
+	startBy    time.Duration // a row claimed ahead that waited longer is handed back
+	took       atomic.Int64  // recent attempts' average duration, in nanoseconds
+	limiter    *rate.Limiter // nil: no rate limit
+	claimed    atomic.Int64  // rows claimed and not finished
+	jobs       chan claimed  // claimed rows waiting for one of the instance's workers
 	// Where the instance's claims start in outbox_pending_due (zero: at its head), and
 	// when a claim last started at the head; only the claim loop uses them.
 	scanFrom   time.Time
@@ -241,6 +244,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 			conn:             in.Connector,
 			guarantee:        in.Connector.Guarantee(),
 			keyWindow:        connectors.KeyWindow(in.Connector),
+			attemptMax:       min(cmp.Or(connectors.Timeout(in.Connector), cfg.Lease), cfg.Lease),
 			maxAge:           cmp.Or(in.MaxAge, cfg.MaxAge),
 			limit:            min(cmp.Or(in.Concurrency, cfg.Concurrency), cfg.Concurrency),
 			outcomes:         make(map[string]prometheus.Counter, len(outcomeLabels)),
@@ -1275,11 +1279,12 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 	r.results <- o
 }
 
-// forgotten reports whether an attempt of row at t would reach an enforcing receiver
-// after it has forgotten the row's key: the retry would be a blind duplicate.
+// forgotten reports whether an attempt of row started at t could reach an enforcing
+// receiver after it has forgotten the row's key (the attempt may take up to attemptMax):
+// the retry would be a blind duplicate.
 func (inst *instance) forgotten(row claimed, t time.Time) bool {
 	return inst.keyWindow > 0 && inst.guarantee == connectors.Enforced && !row.firstAt.IsZero() &&
-		t.After(row.firstAt.Add(inst.keyWindow))
+		t.Add(inst.attemptMax).After(row.firstAt.Add(inst.keyWindow))
 }
 
 func forgottenReason(inst *instance, row claimed) string {

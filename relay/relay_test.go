@@ -1684,6 +1684,37 @@ func TestNoRetryAfterTheReceiverForgetsTheKey(t *testing.T) {
 	require.Equal(t, time.Hour, r2.instances["webhook"].maxAge)
 }
 
+// An attempt started just inside the key window could still reach the receiver after
+// it, as late as the connector's time limit allows: such an attempt is not sent either.
+func TestKeyWindowCountsTheAttemptsTimeLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	hook, err := webhook.New(webhook.Config{URL: b.receiver.URL(), Guarantee: connectors.Enforced, Timeout: 10 * time.Second})
+	require.NoError(t, err)
+	r, err := New(b.pool, &Config{Registerer: prometheus.NewRegistry()}, map[string]Instance{"webhook": {Connector: windowed{hook, time.Hour}}})
+	require.NoError(t, err)
+	inst := r.instances["webhook"]
+	first := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	row := claimed{firstAt: first}
+	require.False(t, inst.forgotten(row, first.Add(time.Hour-10*time.Second)), "ends by the window's end at the latest")
+	require.True(t, inst.forgotten(row, first.Add(time.Hour-9*time.Second)), "could arrive a second after the window")
+
+	// A connector without a time limit: its attempt may last as long as the lease.
+	r2, err := New(b.pool, &Config{Registerer: prometheus.NewRegistry(), Lease: time.Minute},
+		map[string]Instance{"webhook": {Connector: windowed{hook, time.Hour}}})
+	require.NoError(t, err)
+	require.Equal(t, 10*time.Second, r2.instances["webhook"].attemptMax)
+	r3, err := New(b.pool, &Config{Registerer: prometheus.NewRegistry(), Lease: time.Minute},
+		map[string]Instance{"webhook": {Connector: noTimeout{windowed{hook, time.Hour}}}})
+	require.NoError(t, err)
+	require.Equal(t, time.Minute, r3.instances["webhook"].attemptMax)
+}
+
+// noTimeout hides its connector's time limit.
+type noTimeout struct{ windowed }
+
+func (noTimeout) Timeout() time.Duration { return 0 }
+
 // Rows claimed but never started (the relay stopped in between) go back as they were.
 func TestReleaseUnstartedRows(t *testing.T) {
 	t.Parallel()
