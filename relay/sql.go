@@ -98,8 +98,9 @@ RETURNING o.id, o.idempotency_key, o.payload, o.headers, o.attempts, o.ambiguous
 // attempt) but not yet taken again also accepts the late outcome: the attempt did
 // finish, and its answer is the truth. A row put away as dead accepts only a final
 // answer (delivered, dead): a late retry or hold would bring back a row that reclaim gave
-// up on (its maximum age passed), and with an ordering key, after its key went on. The
-// attempt is logged all the same.
+// up on (its maximum age passed), and with an ordering key, after its key went on. A row an
+// operator canceled after its lease expired (still ambiguous) accepts only a delivery: the
+// receiver acted, whatever the operator meant. The attempt is logged all the same.
 const recordSQL = `
 WITH r AS (
     SELECT *
@@ -144,7 +145,8 @@ const recordWrite = `upd AS (
       AND o.attempts = r.attempt
       AND ((o.status = 'delivering' AND o.lease_owner = $1)
            OR (o.status IN ('pending', 'held') AND o.ambiguous)
-           OR (o.status = 'dead' AND o.ambiguous AND r.status IN ('delivered', 'dead')))
+           OR (o.status = 'dead' AND o.ambiguous AND r.status IN ('delivered', 'dead'))
+           OR (o.status = 'canceled' AND o.ambiguous AND r.status = 'delivered'))
     RETURNING o.id
 )
 INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)

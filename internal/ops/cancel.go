@@ -25,10 +25,13 @@ type CancelResult struct {
 }
 
 // cancelSQL cancels rows $1 at $2. The lease columns are already NULL for the statuses
-// Cancel accepts; clearing them keeps the row tidy if that ever changes.
+// Cancel accepts; clearing them keeps the row tidy if that ever changes. ambiguous is
+// kept: the relay whose lease expired during the row's last attempt may still write that
+// attempt's outcome, and a delivery it reports is recorded over the cancel (relay/sql.go,
+// recordSQL), since the receiver acted.
 const cancelSQL = `
 UPDATE outbox
-SET status = 'canceled', ambiguous = false, lease_owner = NULL, lease_expires_at = NULL, updated_at = $2
+SET status = 'canceled', lease_owner = NULL, lease_expires_at = NULL, updated_at = $2
 WHERE id = ANY($1)`
 
 // Cancel cancels the intents with keys, so they are never sent: pending, held and

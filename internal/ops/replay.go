@@ -72,9 +72,10 @@ var errRollback = errors.New("dry run: roll back")
 // expired) is treated as the relay's reclaim treats it: the abandoned attempt is logged as
 // ambiguous and the row stays marked ambiguous, so the next attempt knows the receiver
 // may already have acted, and a late outcome from the vanished relay is still accepted
-// (relay/sql.go, recordSQL). Other rows were decided by the operator: ambiguous is
-// cleared. last_error, attempts and the attempt log are kept. Both statements read the
-// rows as they were before the UPDATE.
+// (relay/sql.go, recordSQL). A dead or held row keeps its ambiguous mark for the same
+// reason: its relay may still write the outcome of that attempt (it lost the database,
+// and reclaim put the row away), and that answer is the truth. last_error, attempts and
+// the attempt log are kept. Both statements read the rows as they were before the UPDATE.
 const replaySQL = `
 WITH stuck AS (
     INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
@@ -84,7 +85,7 @@ WITH stuck AS (
     WHERE id = ANY($1) AND status = 'delivering'
 )
 UPDATE outbox
-SET status = 'pending', next_attempt_at = $2, ambiguous = (status = 'delivering'),
+SET status = 'pending', next_attempt_at = $2, ambiguous = (status = 'delivering' OR ambiguous),
     lease_owner = NULL, lease_expires_at = NULL, delivered_at = NULL, updated_at = $2
 WHERE id = ANY($1)`
 
@@ -115,14 +116,16 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 //
 // By status:
 //
-//   - dead, held: replayed. ambiguous is cleared (the operator decided); last_error,
-//     attempts and the attempt log are kept.
+//   - dead, held: replayed. ambiguous is kept, so a late outcome of the attempt that
+//     made it ambiguous is still recorded; last_error, attempts and the attempt log are
+//     kept.
 //   - delivering whose lease expired before opts.Now (stuck): replayed like the relay's
 //     own reclaim, the abandoned attempt logged as ambiguous. With a live lease: refused.
 //   - delivered: refused unless opts.Redeliver. Read [GuaranteeNote] first.
 //   - pending: unchanged, so replaying twice is harmless.
-//   - canceled, awaiting_approval: refused; canceled rows stay canceled, and approval
-//     is decided by approve or reject.
+//   - canceled: refused; canceled rows stay canceled. With opts.NewKey a copy
+//     re-executes it (below), the canceled row left as it is.
+//   - awaiting_approval: refused; approval is decided by approve or reject.
 //   - a row whose payload was purged: refused, since there is nothing left to send.
 //
 // Every replayed row gets an outbox_audit row (action replay, opts.Actor, opts.Reason,
@@ -137,7 +140,8 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 // {"new_key": ...}. While the previous copy is still on its way (pending, delivering,
 // held, awaiting approval), replaying again is unchanged rather than a third execution.
 // A stuck delivering row is refused with NewKey (the relay would retry it as well), as
-// is a held row with an ordering key (it would hold its copy back forever).
+// is a held row with an ordering key (it would hold its copy back forever: cancel it, then
+// replay the canceled row with NewKey).
 //
 // The error wraps [ErrInvalidFilter] or [ErrInvalidOptions] for a bad selection or
 // options, in which case nothing was changed. An error from a later batch leaves the
@@ -246,8 +250,8 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 		case r.status == outbox.StatusPending:
 			br.Unchanged = append(br.Unchanged, t.key)
 			continue
-		case r.status == outbox.StatusCanceled:
-			br.Refused[t.key] = "canceled rows stay canceled; enqueue a new intent to act after all"
+		case r.status == outbox.StatusCanceled && !opts.NewKey:
+			br.Refused[t.key] = "canceled rows stay canceled; replay with NewKey (--new-key) to re-execute it as a new intent"
 			continue
 		case r.status == outbox.StatusAwaitingApproval:
 			br.Refused[t.key] = "awaiting approval: approve or reject it instead"
@@ -317,7 +321,7 @@ func replayNewKey(ctx context.Context, tx pgx.Tx, r lockedRow) (newKey string, c
 		return "", false, "", fmt.Errorf("read row %d: %w", r.id, err)
 	}
 	if r.status == outbox.StatusHeld && m.OrderingKey != "" {
-		return "", false, "held with an ordering key, which would hold its copy back; cancel it first or replay without NewKey", nil
+		return "", false, "held with an ordering key, which would hold its copy back; cancel it, then replay it with NewKey", nil
 	}
 	if n > 0 {
 		prev := outbox.Key(r.key, "replay", strconv.Itoa(n))

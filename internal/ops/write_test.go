@@ -43,7 +43,7 @@ func TestReplay(t *testing.T) {
 
 		s := state(t, pool, "d1")
 		require.Equal(t, outbox.StatusPending, s.Status)
-		require.False(t, s.Ambiguous)
+		require.True(t, s.Ambiguous, "kept: a late outcome of its ambiguous attempt is still recorded")
 		require.Equal(t, 5, s.Attempts)
 		require.Equal(t, "500", *s.LastError)
 		require.True(t, s.NextAt.Equal(base))

@@ -1,0 +1,94 @@
+package relay
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/webhook"
+	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// A relay loses the database mid-attempt (the receiver acts); its lease runs out and
+// another relay's reclaim puts the row away as ambiguous. An operator then acts on the
+// row before the first relay's outcome arrives. That outcome is the truth (see
+// TestLateOutcomeAfterLastAttemptWentDead, and replaySQL, which keeps a stuck row
+// ambiguous for exactly this reason): it must still be recorded, not dropped because
+// the operator's action cleared the row's ambiguous mark, after which the row is sent a
+// second time (replay) or reads "canceled" although the receiver acted (cancel).
+func TestLateOutcomeAfterAnOperatorActedOnAReclaimedRow(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name    string
+		hold    bool   // forwarded connector with the hold policy
+		maxAtt  int    // 1: reclaim sends the row to dead
+		reclaim string // status reclaim leaves
+		act     func(t *testing.T, b *testBundle, now time.Time)
+	}{
+		{name: "replay of a row reclaim sent to dead", maxAtt: 1, reclaim: outbox.StatusDead, act: replayIt},
+		{name: "replay of a row reclaim held", hold: true, maxAtt: 5, reclaim: outbox.StatusHeld, act: replayIt},
+		{name: "cancel of a row reclaim put back to pending", maxAtt: 5, reclaim: outbox.StatusPending,
+			act: func(t *testing.T, b *testBundle, now time.Time) {
+				res, err := ops.Cancel(t.Context(), b.pool, []string{"late"}, "op", "customer asked", now)
+				require.NoError(t, err)
+				require.Equal(t, []string{"late"}, res.Canceled)
+			}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, receiver.Options{})
+			clock, cfg := b.clockedConfig(t)
+			cfg.MaxAttempts, cfg.Lease = tc.maxAtt, 10*time.Second
+			inst := map[string]Instance{"webhook": {Connector: b.hook}}
+			if tc.hold {
+				hook, err := webhook.New(webhook.Config{URL: b.receiver.URL(), Guarantee: connectors.Forwarded, Timeout: 5 * time.Second})
+				require.NoError(t, err)
+				inst = map[string]Instance{"webhook": {Connector: hook, OnAmbiguous: AmbiguousHold}}
+			}
+			newR := func(id string) *Relay {
+				c := *cfg
+				c.ID, c.Registerer = id, nil
+				r, err := New(b.pool, &c, inst)
+				require.NoError(t, err)
+				return r
+			}
+			sender, other := newR("sender"), newR("other")
+			enqueue(t, b.pool, "late", "webhook", []int{1})
+			got := claimRows(t, sender, "webhook")
+			require.Len(t, got, 1)
+			row := got[0]
+
+			clock.Advance(cfg.Lease + time.Second)
+			other.reclaim(t.Context())
+			in, err := outbox.Get(t.Context(), b.pool, "late")
+			require.NoError(t, err)
+			require.Equal(t, tc.reclaim, in.Status)
+
+			// The operator acts; then the sender's outcome (the receiver acted) arrives.
+			tc.act(t, b, clock.Now())
+			o := sender.decide(sender.instances["webhook"], row, json.RawMessage(`{"status":200}`), nil, clock.Now())
+			o.started = row.claimedAt
+			sender.writeOutcomes(t.Context(), []outcome{o})
+
+			in, err = outbox.Get(t.Context(), b.pool, "late")
+			require.NoError(t, err)
+			require.Equal(t, outbox.StatusDelivered, in.Status,
+				"the receiver acted and the relay said so, but the row is %s (result %s); a relay would send it again: %v",
+				in.Status, in.Result, claimedKeys(claimRows(t, other, "webhook")))
+			require.JSONEq(t, `{"status":200}`, string(in.Result))
+		})
+	}
+}
+
+func replayIt(t *testing.T, b *testBundle, now time.Time) {
+	t.Helper()
+	res, err := ops.Replay(t.Context(), b.pool, ops.Selection{Keys: []string{"late"}}, ops.ReplayOptions{Actor: "op", Reason: "receiver fixed", Now: now})
+	require.NoError(t, err)
+	require.Equal(t, []string{"late"}, res.Replayed)
+}
