@@ -21,7 +21,7 @@ import (
 var Schema string
 
 // SchemaVersion is the version schema.sql records in outbox_schema_migrations.
-const SchemaVersion = 5
+const SchemaVersion = 6
 
 // ErrSchemaTooNew is returned by [Migrate] when the database was migrated by a newer
 // outboxd than this one: applying an older schema could undo its changes.
@@ -47,7 +47,7 @@ func Migrate(ctx context.Context, db Beginner) (from int, err error) {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrateLockID)); err != nil {
 			return fmt.Errorf("take migration lock: %w", err)
 		}
-		from, err = AppliedVersion(ctx, tx)
+		from, err = versionWhereCreated(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -86,6 +86,34 @@ func AppliedVersion(ctx context.Context, db Queryer) (int, error) {
 	}
 	var v int
 	if err := db.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM outbox_schema_migrations`).Scan(&v); err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	return v, nil
+}
+
+// versionWhereCreated returns the version recorded in the schema where [Schema] creates its
+// tables (the first schema of the search_path that exists, current_schema()), 0 when that
+// schema has no outbox_schema_migrations. [AppliedVersion] finds the table anywhere on the
+// search_path: an installation in a schema later on the path (public) would make Migrate
+// report a new schema current and create nothing there, where schema.sql creates it.
+func versionWhereCreated(ctx context.Context, db Queryer) (int, error) {
+	var schema *string
+	if err := db.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	if schema == nil {
+		return 0, nil // no schema to create in: applying the schema will say so
+	}
+	table := pgx.Identifier{*schema, "outbox_schema_migrations"}.Sanitize()
+	var exists bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v int
+	if err := db.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+table).Scan(&v); err != nil {
 		return 0, fmt.Errorf("read schema version: %w", err)
 	}
 	return v, nil

@@ -1,4 +1,4 @@
--- outboxd schema, version 5.
+-- outboxd schema, version 6.
 --
 -- This file is the whole current schema. It is idempotent: it applies cleanly to an empty
 -- database and again to one that already has it, so `outboxd migrate` can always apply it.
@@ -120,13 +120,22 @@ $$;
 
 -- outbox_delete_attempts deletes the attempts of deleted rows (retention, purge, or a
 -- plain DELETE), once per statement.
-CREATE OR REPLACE FUNCTION outbox_delete_attempts() RETURNS trigger
+-- Its tables are named with the schema of outbox (version 6): a function resolves
+-- unqualified names along the search_path of the session that deletes, which may find
+-- another installation's outbox_attempts first and delete that one's attempts.
+DO $do$
+BEGIN
+    EXECUTE format($f$
+CREATE OR REPLACE FUNCTION %1$s.outbox_delete_attempts() RETURNS trigger
     LANGUAGE plpgsql AS $$
 BEGIN
-    DELETE FROM outbox_attempts a USING deleted_outbox d WHERE a.outbox_id = d.id;
+    DELETE FROM %1$s.outbox_attempts a USING deleted_outbox d WHERE a.outbox_id = d.id;
     RETURN NULL;
 END;
-$$;
+$$$f$, (SELECT quote_ident(n.nspname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE c.oid = 'outbox'::regclass));
+END;
+$do$;
 
 -- outbox_wake_connectors tells the insert trigger, per connector instance and relay,
 -- until when that running relay has the instance (seen_until: each relay renews its rows
@@ -162,19 +171,28 @@ INSERT INTO outbox_wake (id) VALUES (1) ON CONFLICT (id) DO NOTHING;
 -- unless some relay polls fast and none of the instances running relays have is left
 -- without one that does. It runs once per statement, so a bulk insert sends at most one
 -- notification. Replaced without a lock on outbox: its trigger stays as it is.
-CREATE OR REPLACE FUNCTION outbox_notify() RETURNS trigger
+-- Its table is named with the schema of outbox (version 6), not looked up along the
+-- inserting session's search_path, which may not name that schema at all (INSERT INTO
+-- app.outbox) or find another installation's table first.
+DO $do$
+BEGIN
+    EXECUTE format($f$
+CREATE OR REPLACE FUNCTION %1$s.outbox_notify() RETURNS trigger
     LANGUAGE plpgsql AS $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM outbox_wake_connectors WHERE polling_until > clock_timestamp())
-       OR EXISTS (SELECT 1 FROM outbox_wake_connectors s
+    IF NOT EXISTS (SELECT 1 FROM %1$s.outbox_wake_connectors WHERE polling_until > clock_timestamp())
+       OR EXISTS (SELECT 1 FROM %1$s.outbox_wake_connectors s
                   WHERE s.seen_until > clock_timestamp()
-                    AND NOT EXISTS (SELECT 1 FROM outbox_wake_connectors f
+                    AND NOT EXISTS (SELECT 1 FROM %1$s.outbox_wake_connectors f
                                     WHERE f.connector = s.connector AND f.polling_until > clock_timestamp())) THEN
         PERFORM pg_notify('outbox', '');
     END IF;
     RETURN NULL;
 END;
-$$;
+$$$f$, (SELECT quote_ident(n.nspname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE c.oid = 'outbox'::regclass));
+END;
+$do$;
 
 -- The triggers on outbox, created only when missing: DROP TRIGGER takes an ACCESS
 -- EXCLUSIVE lock on outbox (no read, insert or claim until the migration commits) and
@@ -258,4 +276,4 @@ BEGIN
 END;
 $$;
 
-INSERT INTO outbox_schema_migrations (version) VALUES (5) ON CONFLICT (version) DO NOTHING;
+INSERT INTO outbox_schema_migrations (version) VALUES (6) ON CONFLICT (version) DO NOTHING;
