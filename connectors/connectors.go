@@ -336,6 +336,20 @@ func ValidHeaderValue(v string) bool {
 	return true
 }
 
+// ValidMailHeaderName reports whether name is a mail header field name (RFC 5322 section
+// 3.6.8: printable ASCII other than colon).
+func ValidMailHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if ch := name[i]; ch < 33 || ch > 126 || ch == ':' {
+			return false
+		}
+	}
+	return true
+}
+
 // KeyHeaderProblem says why key cannot travel as an Idempotency-Key header (HTTP's or a
 // mail's), or returns "" when it can. A control character could end the header or start
 // another; white space at either end is dropped by the receiver's parser, which would

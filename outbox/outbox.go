@@ -106,10 +106,11 @@ func ScanIntent(row pgx.Row, extra ...any) (Intent, error) {
 	var (
 		in          Intent
 		deliveredAt *time.Time
+		headers     []byte
 	)
 	dest := append([]any{
 		&in.ID, &in.Key, &in.Connector, &in.Payload, &in.Status, &in.Attempts, &in.NextAttemptAt,
-		&in.LastError, &in.Result, &in.OrderingKey, &in.Headers, &in.CreatedBy,
+		&in.LastError, &in.Result, &in.OrderingKey, &headers, &in.CreatedBy,
 		&in.CreatedAt, &in.UpdatedAt, &deliveredAt,
 	}, extra...)
 	if err := row.Scan(dest...); err != nil {
@@ -118,6 +119,7 @@ func ScanIntent(row pgx.Row, extra ...any) (Intent, error) {
 	if deliveredAt != nil {
 		in.DeliveredAt = *deliveredAt
 	}
+	in.Headers = DecodeHeaders(headers)
 	if len(in.Headers) == 0 {
 		in.Headers = nil
 	}
@@ -385,6 +387,10 @@ const getSQL = `SELECT ` + IntentColumns + ` FROM outbox WHERE idempotency_key =
 // stored result. Ask Get instead of acting again. The error wraps [ErrNotFound] when no
 // intent has the key.
 func Get(ctx context.Context, db DB, key string) (Intent, error) {
+	if checkKey(key) != nil {
+		// No row can hold it (and PostgreSQL refuses text that is not UTF-8 or holds NUL).
+		return Intent{}, fmt.Errorf("%w: no intent has key %q", ErrNotFound, key)
+	}
 	in, err := ScanIntent(db.QueryRow(ctx, getSQL, key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Intent{}, fmt.Errorf("%w: no intent has key %q", ErrNotFound, key)
@@ -415,4 +421,23 @@ func headersJSON(h map[string]string) []byte {
 	}
 	b, _ := json.Marshal(h) // a map of strings always encodes
 	return b
+}
+
+// DecodeHeaders reads the headers column, a JSON object. A value that is not a string,
+// which plain SQL can write, is kept as its JSON text, so that one odd row can still be
+// read, re-enqueued, listed and claimed (the connector decides what is valid).
+func DecodeHeaders(b []byte) map[string]string {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil || len(raw) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(raw))
+	for name, v := range raw {
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil {
+			s = string(v)
+		}
+		out[name] = s
+	}
+	return out
 }

@@ -204,7 +204,7 @@ func TestEnqueueValidation(t *testing.T) {
 		{Key: strings.Repeat("é", 255), Connector: "webhook", Payload: map[string]int{"a": 1}},
 		{Key: "with-headers", Connector: "webhook", Payload: []int{1}, Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}},
 		// Slack carries the key in the message's JSON metadata, which keeps it as it is.
-		{Key: " spaced key\t", Connector: "slack", Payload: map[string]string{"channel": "C1", "text": "hi"}},
+		{Key: " spaced key\t", Connector: "slack", Payload: map[string]string{"channel": "C01", "text": "hi"}},
 		// A surrogate pair, and an escaped backslash before "u0000", which jsonb stores.
 		ok("webhook", `{"smile":"\ud83d\ude00","text":"\\u0000 and \\ud800"}`),
 	}
@@ -247,8 +247,8 @@ func TestEnqueueValidation(t *testing.T) {
 		{"email no body", ok("email", `{"to":"a@example.com","subject":"s"}`), `"text" or "html"`},
 		{"email header newline", ok("email", `{"to":"a@example.com","subject":"s","text":"t","headers":{"X":"a\r\nBcc: x"}}`), "one-line"},
 		{"slack no channel", ok("slack", `{"text":"t"}`), "channel"},
-		{"slack no text", ok("slack", `{"channel":"C1"}`), `"text"`},
-		{"slack empty blocks", ok("slack", `{"channel":"C1","blocks":[]}`), "blocks"},
+		{"slack no text", ok("slack", `{"channel":"C01"}`), `"text"`},
+		{"slack empty blocks", ok("slack", `{"channel":"C01","blocks":[]}`), "blocks"},
 		{"payment unknown op", ok("payment", `{"operation":"charge.everything","params":{}}`), "not one of"},
 		{"payment no params", ok("payment", `{"operation":"refund.create"}`), "params"},
 		{"payment params array", ok("payment", `{"operation":"refund.create","params":[]}`), "params"},

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/mail"
+	"net/textproto"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -79,6 +81,20 @@ func prepare(m Message) (prepared, error) {
 			return p, invalid("idempotency key %q cannot be sent by the %s connector: %s", m.Key, kind, problem)
 		}
 	}
+	if ConnectorKind(m.Connector) == "payment" {
+		// Stripe counts bytes, and the payment connector refuses a key with any Unicode
+		// white space at either end.
+		if len(m.Key) > MaxKeyLength {
+			return p, invalid("idempotency key is %d bytes; the payment connector (Stripe) accepts at most %d bytes", len(m.Key), MaxKeyLength)
+		}
+		if strings.TrimSpace(m.Key) != m.Key {
+			return p, invalid("idempotency key %q begins or ends with white space, which the payment connector refuses", m.Key)
+		}
+	}
+	if ConnectorKind(m.Connector) == "email" && len(m.Key) > MaxKeyLength+1 {
+		// Resend, one of the email transports, accepts at most 256 bytes.
+		return p, invalid("idempotency key is %d bytes; the email connector over Resend accepts at most %d bytes", len(m.Key), MaxKeyLength+1)
+	}
 	if m.OrderingKey != "" && utf8.RuneCountInString(m.OrderingKey) > MaxKeyLength {
 		return p, invalid("ordering key is %d characters; the limit is %d", utf8.RuneCountInString(m.OrderingKey), MaxKeyLength)
 	}
@@ -89,7 +105,7 @@ func prepare(m Message) (prepared, error) {
 		if !headerPattern.MatchString(name) {
 			return p, invalid("header name %q must be lowercase letters, digits and '-'", name)
 		}
-		if strings.ContainsAny(value, "\r\n\x00") || !utf8.ValidString(value) {
+		if !connectors.ValidHeaderValue(value) || !utf8.ValidString(value) {
 			return p, invalid("header %q has a value with a line break or invalid characters", name)
 		}
 	}
@@ -195,10 +211,35 @@ func checkPayload(kind string, v any) error {
 	return invalid("unknown connector kind %q", kind)
 }
 
+// knownFields refuses a field the connector of kind does not know. The connectors decode
+// payloads into structs, refusing unknown fields, but encoding/json matches names without
+// regard to case (Unicode folding: "paramſ" is "params") and the last match wins: a
+// field that differs from a known one only in case would replace, at delivery, the value
+// checked here and shown to an approver.
+func knownFields(kind string, obj map[string]any, fields ...string) error {
+	for name := range obj {
+		if !slices.Contains(fields, name) {
+			return invalid("%s payload has the unknown field %q; its fields are %s", kind, name, strings.Join(fields, ", "))
+		}
+	}
+	return nil
+}
+
+// emailReserved are the headers the email connectors set themselves.
+var emailReserved = []string{"Message-Id", "Idempotency-Key", "From", "Sender", "To", "Cc", "Bcc", "Reply-To",
+	"Subject", "Date", "Return-Path", "Mime-Version", "Content-Type", "Content-Transfer-Encoding",
+	"Content-Disposition", "Content-Id", "Dkim-Signature", "Received"}
+
+// slackConversation is what the slack connector accepts as a channel.
+var slackConversation = regexp.MustCompile(`^[CGD][A-Z0-9]{2,}$`)
+
 func checkEmail(v any) error {
 	obj, ok := v.(map[string]any)
 	if !ok {
 		return invalid("email payload must be a JSON object, got %s", jsonType(v))
+	}
+	if err := knownFields("email", obj, "to", "cc", "bcc", "reply_to", "subject", "text", "html", "headers"); err != nil {
+		return err
 	}
 	to, err := addressList(obj, "to")
 	if err != nil {
@@ -225,8 +266,11 @@ func checkEmail(v any) error {
 		}
 		seen := make(map[string]string, len(hm))
 		for name, value := range hm {
-			if s, ok := value.(string); !ok || strings.ContainsAny(s, "\r\n") || strings.ContainsAny(name, ": \r\n") {
-				return invalid("email header %q must be a one-line string", name)
+			if s, ok := value.(string); !ok || !connectors.ValidHeaderValue(s) || !connectors.ValidMailHeaderName(name) {
+				return invalid("email header %q must be a one-line string without control characters, its name printable ASCII without ':'", name)
+			}
+			if slices.Contains(emailReserved, textproto.CanonicalMIMEHeaderKey(name)) {
+				return invalid("email header %q is set by the connector and cannot be overridden", name)
 			}
 			// Header names are case-insensitive: two that differ only in case name one
 			// header, and the connector cannot send both.
@@ -274,8 +318,14 @@ func checkSlack(v any) error {
 	if !ok {
 		return invalid("slack payload must be a JSON object, got %s", jsonType(v))
 	}
+	if err := knownFields("slack", obj, "channel", "text", "blocks", "thread_ts"); err != nil {
+		return err
+	}
 	if !nonEmptyString(obj["channel"]) {
 		return invalid(`slack payload needs a non-empty "channel" string (a channel id such as C0123456789)`)
+	}
+	if ch := obj["channel"].(string); !slackConversation.MatchString(ch) {
+		return invalid(`slack "channel" %q is not a conversation ID (C…, G… or D…); the connector needs one to look a retry up`, ch)
 	}
 	blocks, hasBlocks := obj["blocks"]
 	if hasBlocks {
@@ -296,6 +346,9 @@ func checkPayment(v any) error {
 	obj, ok := v.(map[string]any)
 	if !ok {
 		return invalid("payment payload must be a JSON object, got %s", jsonType(v))
+	}
+	if err := knownFields("payment", obj, "operation", "params"); err != nil {
+		return err
 	}
 	op, _ := obj["operation"].(string)
 	known := false

@@ -189,7 +189,7 @@ func TestScopedTokenCannotStallOtherConnectorsOrderingKey(t *testing.T) {
 	}}}
 	later := time.Now().AddDate(100, 0, 0)
 	_, err := svc.Create(t.Context(), &svc.Policy.Tokens[0], "agent-1", intent.CreateRequest{
-		Connector: "slack", Payload: json.RawMessage(`{"channel":"C1","text":"hi"}`),
+		Connector: "slack", Payload: json.RawMessage(`{"channel":"C01","text":"hi"}`),
 		OrderingKey: "customer-42", NotBefore: &later,
 	})
 	require.NoError(t, err)

@@ -1034,7 +1034,7 @@ func scanClaimed(row pgx.CollectableRow, now time.Time) (claimed, error) {
 	c.createdAt, c.firstAt, c.dueAt = finiteOr(createdAt, now), finiteOr(firstAt, now), finiteOr(due, time.Time{})
 	// Most rows carry no headers ('{}'); decode only those that do.
 	if len(headers) > 2 {
-		c.headers = decodeHeaders(headers)
+		c.headers = outbox.DecodeHeaders(headers)
 	}
 	return c, nil
 }
@@ -1045,25 +1045,6 @@ func finiteOr(t pgtype.Timestamptz, otherwise time.Time) time.Time {
 		return otherwise
 	}
 	return t.Time
-}
-
-// decodeHeaders reads the headers column (a JSON object, by the table's constraint).
-// A value that is not a string, which plain SQL can write, is passed on as its JSON
-// text, so that one odd row never stops a claim; the connector decides what is valid.
-func decodeHeaders(b []byte) map[string]string {
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(b, &raw); err != nil {
-		return nil
-	}
-	out := make(map[string]string, len(raw))
-	for name, v := range raw {
-		var s string
-		if err := json.Unmarshal(v, &s); err != nil {
-			s = string(v)
-		}
-		out[name] = s
-	}
-	return out
 }
 
 // release hands back rows claimed but not started. If it fails, the claim loop tries

@@ -914,7 +914,7 @@ func TestRecorderSalvagesRefusedBatch(t *testing.T) {
 func TestDecodeHeaders(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, map[string]string{"traceparent": "00-abc-01", "x-n": "5", "x-obj": `{"a":1}`},
-		decodeHeaders([]byte(`{"traceparent": "00-abc-01", "x-n": 5, "x-obj": {"a":1}}`)))
+		outbox.DecodeHeaders([]byte(`{"traceparent": "00-abc-01", "x-n": 5, "x-obj": {"a":1}}`)))
 }
 
 // A row whose headers plain SQL wrote with a value that is not a string is still

@@ -28,7 +28,7 @@ func newEnqueueCmd(e *env) *cobra.Command {
 			"--payload is JSON text, @FILE to read it from a file, or - to read it from stdin.",
 		Example: `  outboxd enqueue --connector webhook --key order-42-shipped --payload '{"order": 42, "event": "shipped"}'
   outboxd enqueue --connector email --key welcome-7 --payload @welcome.json --not-before 2030-01-01T09:00:00Z
-  jq -n '{channel: "#ops", text: "deploy done"}' | outboxd enqueue --connector slack --key deploy-991 --payload -`,
+  jq -n '{channel: "C0123OPS", text: "deploy done"}' | outboxd enqueue --connector slack --key deploy-991 --payload -`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, name := range []string{"connector", "key", "payload"} {
 				if !cmd.Flags().Changed(name) {

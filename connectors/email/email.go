@@ -1,7 +1,6 @@
 package email
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -428,13 +427,8 @@ func (c *Connector) build(d connectors.Delivery) (*message, error) {
 // and a body. Its errors are the row's fault.
 func decodePayload(raw json.RawMessage) (Payload, error) {
 	var p Payload
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields() // a misspelt field ("body") would otherwise send an empty mail
-	if err := dec.Decode(&p); err != nil {
-		return Payload{}, fmt.Errorf("payload: %w", err)
-	}
-	if dec.More() {
-		return Payload{}, errors.New("payload: more than one JSON value")
+	if err := connectors.DecodeObject(raw, &p); err != nil { // a misspelt "body" would send an empty mail
+		return Payload{}, err
 	}
 	if len(p.To) == 0 {
 		return Payload{}, errors.New(`payload: "to" is required`)
@@ -596,20 +590,6 @@ func permanentReply(err error) bool {
 
 func angle(addr string) string { return (&mail.Address{Address: addr}).String() }
 
-// validHeaderName reports whether name is a header field name (RFC 5322 section 3.6.8:
-// printable ASCII other than colon).
-func validHeaderName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		if ch := name[i]; ch < 33 || ch > 126 || ch == ':' {
-			return false
-		}
-	}
-	return true
-}
-
 // checkHeaders checks a payload's extra headers and returns them by canonical name. Two
 // names that differ only in case name one header: keeping either value would drop the
 // other silently, and which one depended on map order, so a retry could send another
@@ -638,7 +618,7 @@ func checkHeader(name, value string) (string, error) {
 	if reservedHeaders[canon] {
 		return "", fmt.Errorf("payload: header %q is set by the connector and cannot be overridden", name)
 	}
-	if !validHeaderName(name) {
+	if !connectors.ValidMailHeaderName(name) {
 		return "", fmt.Errorf("payload: header %q is not a valid header name", name)
 	}
 	if !connectors.ValidHeaderValue(value) {

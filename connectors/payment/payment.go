@@ -336,9 +336,7 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 		return nil, connectors.Permanent(fmt.Errorf("deliver payment: the row's key is not a valid Stripe idempotency key (1-%d bytes, no surrounding whitespace, no control characters)", maxKeyLen))
 	}
 	var p payload
-	dec := json.NewDecoder(bytes.NewReader(d.Payload))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&p); err != nil {
+	if err := connectors.DecodeObject(d.Payload, &p); err != nil {
 		return nil, connectors.Permanent(fmt.Errorf(`deliver payment: the payload is not {"operation": "...", "params": {...}}: %w`, err))
 	}
 	op, ok := operations[p.Operation]

@@ -237,13 +237,8 @@ func ValidatePayload(raw json.RawMessage) error {
 
 func parsePayload(raw json.RawMessage) (message, error) {
 	var m message
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields() // a misspelt field would otherwise vanish from the message
-	if err := dec.Decode(&m.Payload); err != nil {
-		return m, fmt.Errorf("payload: %w", err)
-	}
-	if dec.More() {
-		return m, errors.New("payload: trailing data after the JSON object")
+	if err := connectors.DecodeObject(raw, &m.Payload); err != nil {
+		return m, err
 	}
 	if m.Channel == "" {
 		return m, errors.New(`payload: "channel" is required`)

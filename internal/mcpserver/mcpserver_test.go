@@ -218,18 +218,18 @@ func TestMCPTools(t *testing.T) {
 		cs := b.connect(t, "agent")
 		parts := []string{"run-7", "post-summary", "#ops"}
 		out := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, map[string]any{
-			"connector": "slack", "key_parts": parts, "payload": map[string]any{"channel": "#ops", "text": "done"},
+			"connector": "slack", "key_parts": parts, "payload": map[string]any{"channel": "C0OPS", "text": "done"},
 		}))
 		require.Equal(t, outbox.Key(parts...), out.Intent.Key)
 		require.Equal(t, 1, b.count(t, `idempotency_key = $1`, outbox.Key(parts...)))
 
 		// Neither key nor parts, or both: refused, nothing written.
 		msg := toolErr(t, call(t, cs, mcpserver.ToolPropose, map[string]any{
-			"connector": "slack", "payload": map[string]any{"channel": "#ops", "text": "x"},
+			"connector": "slack", "payload": map[string]any{"channel": "C0OPS", "text": "x"},
 		}))
 		require.Contains(t, msg, "key_parts")
 		msg = toolErr(t, call(t, cs, mcpserver.ToolPropose, map[string]any{
-			"connector": "slack", "key": "k", "key_parts": parts, "payload": map[string]any{"channel": "#ops", "text": "x"},
+			"connector": "slack", "key": "k", "key_parts": parts, "payload": map[string]any{"channel": "C0OPS", "text": "x"},
 		}))
 		require.Contains(t, msg, "not both")
 		require.Equal(t, 1, b.count(t, `true`))

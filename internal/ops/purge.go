@@ -63,7 +63,10 @@ WITH victims AS (
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), upd AS (
-    UPDATE outbox o SET payload = '{}'::jsonb FROM victims v WHERE o.id = v.id RETURNING o.id
+    -- A row without a fingerprint (written by plain SQL) gets an empty one: its request
+    -- is no longer known, so no request, {} included, is taken for it.
+    UPDATE outbox o SET payload = '{}'::jsonb, fingerprint = coalesce(o.fingerprint, '\x'::bytea)
+    FROM victims v WHERE o.id = v.id RETURNING o.id
 )
 INSERT INTO outbox_audit (outbox_id, action, actor, reason, at)
 SELECT id, 'purge_payload', $3, NULLIF($4, ''), $5 FROM upd`

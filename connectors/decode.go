@@ -1,0 +1,56 @@
+package connectors
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+)
+
+// DecodeObject decodes a row's JSON object payload into the struct v points to, refusing
+// a field that is not exactly one of v's (by their json tags) and anything after the
+// object. encoding/json alone matches names without regard to case, with Unicode
+// folding, and lets the last match win: a payload with "params" and "paramſ" (a long s)
+// would have the second replace the first, the value that validation checked and an
+// approver saw. Its errors are the row's fault.
+func DecodeObject(raw []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields() // a misspelt field would otherwise vanish
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("payload: %w", err)
+	}
+	if dec.More() {
+		return errors.New("payload: more than one JSON value")
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return fmt.Errorf("payload: %w", err)
+	}
+	names := jsonNames(reflect.TypeOf(v).Elem())
+	for name := range fields {
+		if _, ok := names[name]; !ok {
+			return fmt.Errorf("payload: field %q is not one of %s (names are matched exactly)", name, strings.Join(slices.Sorted(maps.Keys(names)), ", "))
+		}
+	}
+	return nil
+}
+
+// jsonNames returns the JSON names of struct type t's fields.
+func jsonNames(t reflect.Type) map[string]struct{} {
+	names := map[string]struct{}{}
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case name == "-" || !f.IsExported():
+		case name == "":
+			names[f.Name] = struct{}{}
+		default:
+			names[name] = struct{}{}
+		}
+	}
+	return names
+}

@@ -1,0 +1,36 @@
+package connectors_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+)
+
+// encoding/json matches field names without regard to case, with Unicode folding, and
+// the last match wins: "paramſ" (a long s) replaced "params", the value validation
+// checked and an approver saw. A row written by plain SQL never went through validation,
+// so the connectors refuse such a payload themselves.
+func TestDecodeObjectMatchesNamesExactly(t *testing.T) {
+	t.Parallel()
+	type payload struct {
+		Operation string         `json:"operation"`
+		Params    map[string]int `json:"params"`
+		Ignored   string         `json:"-"`
+	}
+	var p payload
+	require.NoError(t, connectors.DecodeObject([]byte(`{"operation":"x","params":{"amount":100}}`), &p))
+	require.Equal(t, payload{Operation: "x", Params: map[string]int{"amount": 100}}, p)
+
+	for raw, want := range map[string]string{
+		`{"operation":"x","params":{"amount":100},"paramſ":{"amount":99999900}}`: `field "paramſ" is not one of operation, params`,
+		`{"Operation":"x","params":{}}`:                                          `field "Operation" is not one of`,
+		`{"operation":"x","note":"y"}`:                                           `unknown field "note"`,
+		`{"operation":"x"} {}`:                                                   "more than one JSON value",
+		`{"operation":"x","-":"y"}`:                                              `unknown field "-"`,
+	} {
+		var p payload
+		require.ErrorContains(t, connectors.DecodeObject([]byte(raw), &p), want, raw)
+	}
+}
