@@ -255,7 +255,9 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 			inst.outcomes[o] = m.deliveries.WithLabelValues(name, o)
 		}
 		if in.MaxAge == 0 && inst.keyWindow > 0 {
-			inst.maxAge = min(inst.maxAge, inst.keyWindow)
+			// Dead before an attempt could reach the receiver after its window (see
+			// forgotten), rather than held there.
+			inst.maxAge = min(inst.maxAge, max(inst.keyWindow-inst.attemptMax, 0))
 		}
 		var ahead int
 		ahead, inst.startBy = claimAhead(inst.limit, cfg.Lease, connectors.Timeout(in.Connector))
