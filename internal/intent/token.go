@@ -156,6 +156,7 @@ func ParseTokens(jsonText string) ([]Token, error) {
 	}
 	var errs []error
 	seen := make(map[string]bool, len(tokens))
+	hashes := make(map[string]string, len(tokens)) // sha256 -> the first token's label
 	for i := range tokens {
 		t := &tokens[i]
 		label := fmt.Sprintf("token %d", i)
@@ -172,6 +173,11 @@ func ParseTokens(jsonText string) ([]Token, error) {
 		t.SHA256 = strings.ToLower(t.SHA256)
 		if !hashPattern.MatchString(t.SHA256) {
 			errs = append(errs, fmt.Errorf("%s: sha256 must be 64 hex digits (the SHA-256 of the token; `outboxd token new` prints it)", label))
+		} else if first, dup := hashes[t.SHA256]; dup {
+			// One secret would act as whichever entry comes first, whatever its scope.
+			errs = append(errs, fmt.Errorf("%s: sha256 is also %s's; each token needs its own secret", label, first))
+		} else {
+			hashes[t.SHA256] = label
 		}
 		if len(t.Connectors) == 0 {
 			errs = append(errs, fmt.Errorf("%s: connectors is empty; name the instances it may use (webhook, webhook:crm, webhook:*, or *)", label))

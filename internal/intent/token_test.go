@@ -43,6 +43,10 @@ func TestParseTokens(t *testing.T) {
 	for _, want := range []string{"sha256 must be 64 hex digits", `connector "Bad!" is malformed`, "names must be unique", "connectors is empty", "token 2: name is empty"} {
 		require.Contains(t, msg, want)
 	}
+	// One secret for two tokens would act as the first listed, an admin here.
+	_, err = intent.ParseTokens(`[{"name":"ops","sha256":"` + h + `","connectors":["*"],"admin":true},` +
+		`{"name":"agent","sha256":"` + strings.ToLower(h) + `","connectors":["webhook"]}]`)
+	require.ErrorContains(t, err, `token "agent": sha256 is also token "ops"'s; each token needs its own secret`)
 	_, err = intent.ParseTokens(`[{"name":"a","sha256":"` + h + `","connectors":["webhook"],"admn":true}]`)
 	require.ErrorContains(t, err, "admn")
 	_, err = intent.ParseTokens(`{}`)
