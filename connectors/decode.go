@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 )
 
 // DecodeObject decodes a row's JSON object payload into the struct v points to, refusing
@@ -53,4 +54,32 @@ func jsonNames(t reflect.Type) map[string]struct{} {
 		}
 	}
 	return names
+}
+
+// payloadChecks are the checks connector packages register for their kind's payloads.
+var (
+	payloadChecksMu sync.RWMutex
+	payloadChecks   = map[string]func(payload []byte) error{}
+)
+
+// RegisterPayloadCheck makes check the test of kind's payloads that [CheckPayload] runs:
+// why the connector would refuse a payload on every attempt, without sending anything.
+// Connector packages register theirs when they are imported, as database/sql drivers
+// do, so that a program that delivers with a connector also refuses, at enqueue, what
+// it would refuse, without every program that enqueues depending on every SDK.
+func RegisterPayloadCheck(kind string, check func(payload []byte) error) {
+	payloadChecksMu.Lock()
+	defer payloadChecksMu.Unlock()
+	payloadChecks[kind] = check
+}
+
+// CheckPayload runs kind's registered payload check, if any.
+func CheckPayload(kind string, payload []byte) error {
+	payloadChecksMu.RLock()
+	check := payloadChecks[kind]
+	payloadChecksMu.RUnlock()
+	if check == nil {
+		return nil
+	}
+	return check(payload)
 }

@@ -134,6 +134,11 @@ func prepare(m Message) (prepared, error) {
 	if err := checkPayload(ConnectorKind(m.Connector), v); err != nil {
 		return p, err
 	}
+	// What the connector itself would refuse on every attempt, where its package is part
+	// of this program (outboxd's API and MCP, for one).
+	if err := connectors.CheckPayload(ConnectorKind(m.Connector), raw); err != nil {
+		return p, invalid("%s payload: %v", ConnectorKind(m.Connector), err)
+	}
 	p.payload = raw
 	p.fingerprint = fingerprint(m.Connector, m.OrderingKey, canonicalJSON(v))
 	return p, nil

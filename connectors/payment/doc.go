@@ -68,12 +68,19 @@
 //     answer carrying Stripe-Should-Retry: true. A 5xx or api_error leaves Stripe's
 //     outcome unknown, so it is also [connectors.Ambiguous]; once Stripe answers a retry
 //     with the 500 it saved for the key (Idempotent-Replayed: true), that is final too.
+//   - An answer carrying Stripe-Should-Retry: false is final, as for Stripe's own
+//     libraries (a retry would replay it): permanent (a 409 too), and also ambiguous
+//     for a 5xx or api_error.
 //   - 3xx is permanent: redirects are not followed.
 //   - idempotency_error otherwise (the key was used with other parameters),
 //     invalid_request_error and other 4xx are permanent ([connectors.Permanent]), with
 //     Stripe's message.
 //   - An unknown operation, a payload or params that do not decode, a missing or
-//     malformed "id", or a key Stripe would refuse are permanent, and nothing is sent.
+//     malformed "id" (letters, digits and '_' only), a metadata key that is empty or holds
+//     square brackets, or a key Stripe would refuse are permanent, and nothing is sent.
+//     [CheckPayload] tells these apart from a payload without sending; it is registered
+//     for outbox.Enqueue. A whole number written with a fraction or an exponent (2000.0,
+//     2e3) goes into an integer parameter as that integer.
 //   - Network errors and timeouts are retried. Once a connection was obtained the
 //     request may have reached Stripe, so those are also marked
 //     [connectors.Ambiguous]; Stripe enforces the key, so the retry is safe. An answer

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/big"
 	"reflect"
+	"strconv"
 	"strings"
 )
 
@@ -91,6 +93,12 @@ func rename(raw json.RawMessage, t reflect.Type, path string) (any, error) {
 		}
 		out := make(map[string]any, len(obj))
 		for k, v := range obj {
+			// A key is one bracketed part of the form key (metadata[k]), and stripe-go keeps
+			// its brackets: "a][b" would go out as metadata[a][b], "" as metadata[]. Stripe
+			// takes no brackets in metadata keys.
+			if k == "" || strings.ContainsAny(k, "[]") {
+				return nil, fmt.Errorf("%s: the key %q is empty or has square brackets, which Stripe does not take", path, k)
+			}
 			// A null value would go out as an empty string, which Stripe reads as "unset
 			// this key" in metadata.
 			if bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
@@ -103,9 +111,37 @@ func rename(raw json.RawMessage, t reflect.Type, path string) (any, error) {
 			out[k] = rv
 		}
 		return out, nil
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		// A JSON number is a value, however it is spelt: 2000.0 and 2e3 are 2000 (the
+		// relay compares payloads by value, and jsonb keeps 2000.0 as written). A value
+		// that is not a whole number is left for the decoder to refuse.
+		if n, ok := integralNumber(trimmed); ok {
+			return n, nil
+		}
+		return raw, nil
 	default:
 		return raw, nil
 	}
+}
+
+// integralNumber returns the JSON number s as an integer literal when its value is a
+// whole number that fits an int64. Exponents are bounded so a hostile 1e999999999
+// costs nothing.
+func integralNumber(s []byte) (json.RawMessage, bool) {
+	if len(s) == 0 || len(s) > 100 || (s[0] != '-' && (s[0] < '0' || s[0] > '9')) {
+		return nil, false
+	}
+	if i := bytes.IndexAny(s, "eE"); i >= 0 {
+		e, err := strconv.Atoi(strings.TrimPrefix(string(s[i+1:]), "+"))
+		if err != nil || e > 100 || e < -100 {
+			return nil, false
+		}
+	}
+	r, ok := new(big.Rat).SetString(string(s))
+	if !ok || !r.IsInt() || !r.Num().IsInt64() {
+		return nil, false
+	}
+	return json.RawMessage(r.Num().String()), true
 }
 
 // formFields maps the form-tag names of t's fields to the fields. Embedded structs

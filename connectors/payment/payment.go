@@ -235,13 +235,15 @@ type ErrorAnswer struct {
 // operation performs one Stripe call with params (without "id") under key.
 type operation struct {
 	needsID bool
-	call    func(ctx context.Context, c *stripe.Client, id string, params json.RawMessage, key string) (*stripe.APIResponse, error)
+	// newParams returns a new params struct of the call, for [CheckPayload].
+	newParams func() any
+	call      func(ctx context.Context, c *stripe.Client, id string, params json.RawMessage, key string) (*stripe.APIResponse, error)
 }
 
 // operations are the calls a row may name. Each decodes its params into stripe-go's
 // params struct for the call, so a misspelt parameter is refused before anything is sent.
 var operations = map[string]operation{
-	"payment_intent.create": {call: func(ctx context.Context, c *stripe.Client, _ string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
+	"payment_intent.create": {newParams: func() any { return &stripe.PaymentIntentCreateParams{} }, call: func(ctx context.Context, c *stripe.Client, _ string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
 		p := &stripe.PaymentIntentCreateParams{}
 		if err := decodeParams(raw, p); err != nil {
 			return nil, err
@@ -250,7 +252,7 @@ var operations = map[string]operation{
 		v, err := c.V1PaymentIntents.Create(ctx, p)
 		return lastResponse(v, err)
 	}},
-	"payment_intent.confirm": {needsID: true, call: func(ctx context.Context, c *stripe.Client, id string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
+	"payment_intent.confirm": {needsID: true, newParams: func() any { return &stripe.PaymentIntentConfirmParams{} }, call: func(ctx context.Context, c *stripe.Client, id string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
 		p := &stripe.PaymentIntentConfirmParams{}
 		if err := decodeParams(raw, p); err != nil {
 			return nil, err
@@ -259,7 +261,7 @@ var operations = map[string]operation{
 		v, err := c.V1PaymentIntents.Confirm(ctx, id, p)
 		return lastResponse(v, err)
 	}},
-	"payment_intent.cancel": {needsID: true, call: func(ctx context.Context, c *stripe.Client, id string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
+	"payment_intent.cancel": {needsID: true, newParams: func() any { return &stripe.PaymentIntentCancelParams{} }, call: func(ctx context.Context, c *stripe.Client, id string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
 		p := &stripe.PaymentIntentCancelParams{}
 		if err := decodeParams(raw, p); err != nil {
 			return nil, err
@@ -268,7 +270,7 @@ var operations = map[string]operation{
 		v, err := c.V1PaymentIntents.Cancel(ctx, id, p)
 		return lastResponse(v, err)
 	}},
-	"refund.create": {call: func(ctx context.Context, c *stripe.Client, _ string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
+	"refund.create": {newParams: func() any { return &stripe.RefundCreateParams{} }, call: func(ctx context.Context, c *stripe.Client, _ string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
 		p := &stripe.RefundCreateParams{}
 		if err := decodeParams(raw, p); err != nil {
 			return nil, err
@@ -277,7 +279,7 @@ var operations = map[string]operation{
 		v, err := c.V1Refunds.Create(ctx, p)
 		return lastResponse(v, err)
 	}},
-	"customer.create": {call: func(ctx context.Context, c *stripe.Client, _ string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
+	"customer.create": {newParams: func() any { return &stripe.CustomerCreateParams{} }, call: func(ctx context.Context, c *stripe.Client, _ string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
 		p := &stripe.CustomerCreateParams{}
 		if err := decodeParams(raw, p); err != nil {
 			return nil, err
@@ -387,7 +389,7 @@ func splitID(raw json.RawMessage, needsID bool) (json.RawMessage, string, error)
 		return nil, "", errors.New(`params: "id" is required`)
 	}
 	var id string
-	if err := json.Unmarshal(rawID, &id); err != nil || id == "" || strings.ContainsAny(id, "/?#% \t\r\n") {
+	if err := json.Unmarshal(rawID, &id); err != nil || !validObjectID(id) {
 		return nil, "", errors.New(`params: "id" must be a non-empty Stripe object id`)
 	}
 	delete(fields, "id")
@@ -396,6 +398,49 @@ func splitID(raw json.RawMessage, needsID bool) (json.RawMessage, string, error)
 		return nil, "", fmt.Errorf("params: %w", err)
 	}
 	return rest, id, nil
+}
+
+// validObjectID reports whether id can be a Stripe object id ("pi_3Mtw..."): letters,
+// digits and '_' only, so that it stays one path segment of the operation's own endpoint
+// ("." and ".." would be dot segments; control characters are in no id).
+func validObjectID(id string) bool {
+	if id == "" || len(id) > 255 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+func init() { connectors.RegisterPayloadCheck("payment", CheckPayload) }
+
+// CheckPayload reports, without sending anything, why the connector would refuse
+// payload on every attempt (a payload that is not {"operation", "params"}, an unknown
+// operation, a missing or malformed "id", params stripe-go's params struct does not
+// take), or returns nil. It is registered for the payment kind (see
+// [connectors.RegisterPayloadCheck]): outbox.Enqueue runs it in programs that import
+// this package, such as outboxd, so that such a row is refused before it is written.
+func CheckPayload(raw []byte) error {
+	var p payload
+	if err := connectors.DecodeObject(raw, &p); err != nil {
+		return fmt.Errorf(`the payload is not {"operation": "...", "params": {...}}: %w`, err)
+	}
+	op, ok := operations[p.Operation]
+	if !ok {
+		return fmt.Errorf("unknown operation %q (want one of %s)", p.Operation, strings.Join(Operations(), ", "))
+	}
+	params, _, err := splitID(p.Params, op.needsID)
+	if err != nil {
+		return fmt.Errorf("%s: %w", p.Operation, err)
+	}
+	if err := decodeParams(params, op.newParams()); err != nil {
+		return fmt.Errorf("%s: %w", p.Operation, err)
+	}
+	return nil
 }
 
 // resultOf turns Stripe's 2xx answer into the stored result.
@@ -472,7 +517,7 @@ func classifyStripe(what string, status int, header http.Header, se *stripe.Erro
 		Param: se.Param, RequestID: se.RequestID, Replayed: header.Get("Idempotent-Replayed") == "true",
 	})
 	switch {
-	case status == http.StatusConflict:
+	case status == http.StatusConflict && header.Get("Stripe-Should-Retry") != "false":
 		// A concurrent request with the same key is still running (Stripe sends this as
 		// an idempotency_error, but it is not a key reused with other parameters).
 		return nil, retryable(errors.New(answered), header)
@@ -493,6 +538,13 @@ func classifyStripe(what string, status int, header http.Header, se *stripe.Erro
 			d.PaymentIntent = se.PaymentIntent.ID
 		}
 		return connectors.MarshalResult(d), nil
+	case header.Get("Stripe-Should-Retry") == "false" && (status >= 500 || se.Type == stripe.ErrorTypeAPI):
+		// Stripe says a retry would be a no-op (it would replay this answer): final, and
+		// Stripe may have acted, as for a replayed 5xx.
+		return stored, connectors.Ambiguous(connectors.Permanent(fmt.Errorf(
+			"%s (Stripe-Should-Retry: false; it may have acted: check the dashboard before replaying with a new key)", answered)))
+	case header.Get("Stripe-Should-Retry") == "false":
+		return stored, connectors.Permanent(fmt.Errorf("%s (Stripe-Should-Retry: false)", answered))
 	case se.Type == stripe.ErrorTypeIdempotency:
 		// The key was used before with different parameters: no retry can fix that.
 		return stored, connectors.Permanent(errors.New(answered))
