@@ -39,8 +39,6 @@ func TestEnqueueRefusesWhatTheConnectorRefuses(t *testing.T) {
 	require.NoError(t, err)
 	pay, err := payment.New(payment.Config{APIKey: "sk_test_1", APIBase: rcv.URL, Timeout: 5 * time.Second})
 	require.NoError(t, err)
-	resend, err := email.NewResend(email.ResendConfig{APIKey: "re_test", APIBase: rcv.URL, From: "shop@example.com", Timeout: 5 * time.Second})
-	require.NoError(t, err)
 	mail, err := email.New(email.Config{Addr: "127.0.0.1:1", From: "shop@example.com", Timeout: 5 * time.Second})
 	require.NoError(t, err)
 
@@ -78,10 +76,6 @@ func TestEnqueueRefusesWhatTheConnectorRefuses(t *testing.T) {
 			Payload: json.RawMessage(`{"operation":"payment_intent.create","params":{"amount":1,"currency":"eur"}}`)},
 			"order-42/charge ",
 			func(d connectors.Delivery) error { _, err := pay.Deliver(t.Context(), d); return err }},
-		{"email (Resend) key of 200 characters, 400 bytes", outbox.Message{Connector: "email",
-			Payload: json.RawMessage(`{"to":"a@example.com","subject":"s","text":"t"}`)},
-			strings.Repeat("\u00e9", 200),
-			func(d connectors.Delivery) error { _, err := resend.Deliver(t.Context(), d); return err }},
 		{"webhook row header with a control character", outbox.Message{Connector: "webhook",
 			Payload: json.RawMessage(`{"a":1}`), Headers: map[string]string{"x-trace": "a\x01b"}},
 			"",

@@ -91,10 +91,8 @@ func prepare(m Message) (prepared, error) {
 			return p, invalid("idempotency key %q begins or ends with white space, which the payment connector refuses", m.Key)
 		}
 	}
-	if ConnectorKind(m.Connector) == "email" && len(m.Key) > MaxKeyLength+1 {
-		// Resend, one of the email transports, accepts at most 256 bytes.
-		return p, invalid("idempotency key is %d bytes; the email connector over Resend accepts at most %d bytes", len(m.Key), MaxKeyLength+1)
-	}
+	// No byte limit for email here: only the Resend transport has one (256 bytes), and
+	// enqueue cannot tell which transport delivers; the SMTP transport takes any key.
 	if m.OrderingKey != "" && utf8.RuneCountInString(m.OrderingKey) > MaxKeyLength {
 		return p, invalid("ordering key is %d characters; the limit is %d", utf8.RuneCountInString(m.OrderingKey), MaxKeyLength)
 	}

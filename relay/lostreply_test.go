@@ -577,7 +577,7 @@ func TestRetriedReleaseLeavesANewerClaimAlone(t *testing.T) {
 	require.Len(t, again, 1)
 	require.Equal(t, first[0].attempt, again[0].attempt)
 
-	r.releaseAgain() // the claim loop, before its next round
+	r.releaseAgain(t.Context()) // the claim loop, before its next round
 	in, err = outbox.Get(t.Context(), direct, "twice")
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatusDelivering, in.Status, "the newer claim, in a worker's hands, stands")

@@ -99,7 +99,7 @@ func (r *Relay) reclaim(ctx context.Context) {
 	// This relay's own rows whose release failed were never sent: hand them back first,
 	// rather than putting them back below as abandoned, ambiguous attempts.
 	if r.anyUnreleased.Load() {
-		r.releaseAgain()
+		r.releaseAgain(ctx)
 	}
 	r.releasingMu.Lock()
 	defer r.releasingMu.Unlock()

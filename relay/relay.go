@@ -548,7 +548,7 @@ func (r *Relay) releaseWhileStopping(ctx context.Context, done <-chan struct{}) 
 	failures := 0
 	for ctx.Err() == nil {
 		if r.anyUnreleased.Load() {
-			r.releaseAgain()
+			r.releaseAgain(ctx)
 			if r.anyUnreleased.Load() {
 				failures++
 				sleep(ctx, backoff(failures, 100*time.Millisecond, 5*time.Second))
@@ -676,7 +676,7 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 	defer r.withdraw(ctx)
 	for ctx.Err() == nil {
 		if r.anyUnreleased.Load() {
-			r.releaseAgain()
+			r.releaseAgain(ctx)
 		}
 		outs, urgent = r.gather(outs, urgent)
 		if len(outs) > 0 && !lingering {
@@ -1052,7 +1052,12 @@ func finiteOr(t pgtype.Timestamptz, otherwise time.Time) time.Time {
 // release hands back rows claimed but not started. If it fails, the claim loop tries
 // again (see releaseAgain); a stopped relay leaves them to their lease.
 func (r *Relay) release(rows []claimed) {
-	if r.releaseRows(rows) {
+	r.releaseWithin(context.Background(), rows)
+}
+
+// releaseWithin is release bounded by ctx as well as its own time limit.
+func (r *Relay) releaseWithin(ctx context.Context, rows []claimed) {
+	if r.releaseRowsWithin(ctx, rows) {
 		r.log.Info("released rows not started", "rows", len(rows))
 	}
 }
@@ -1060,6 +1065,10 @@ func (r *Relay) release(rows []claimed) {
 // releaseRows is release without the log line on success, for a row handed back alone
 // (see handBack); it reports whether it released them.
 func (r *Relay) releaseRows(rows []claimed) bool {
+	return r.releaseRowsWithin(context.Background(), rows)
+}
+
+func (r *Relay) releaseRowsWithin(ctx context.Context, rows []claimed) bool {
 	if len(rows) == 0 {
 		return false
 	}
@@ -1067,7 +1076,7 @@ func (r *Relay) releaseRows(rows []claimed) bool {
 	for i, row := range rows {
 		ids[i], attempts[i], leases[i] = row.id, int32(row.attempt), row.lease
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if _, err := r.pool.Exec(ctx, releaseSQL, r.cfg.ID, ids, r.now(), attempts, leases); err != nil {
 		// Never sent: left to their lease, they would come back as ambiguous attempts
@@ -1086,8 +1095,9 @@ func (r *Relay) releaseRows(rows []claimed) bool {
 }
 
 // releaseAgain hands back the rows of rounds whose reply was lost and retries the
-// releases that failed (see release); what fails again stays for the next call.
-func (r *Relay) releaseAgain() {
+// releases that failed (see release), within ctx; what fails again stays for the next
+// call.
+func (r *Relay) releaseAgain(ctx context.Context) {
 	r.releasingMu.Lock()
 	defer r.releasingMu.Unlock()
 	r.unreleasedMu.Lock()
@@ -1096,21 +1106,21 @@ func (r *Relay) releaseAgain() {
 	r.anyUnreleased.Store(false)
 	r.unreleasedMu.Unlock()
 	if len(lost) > 0 {
-		if err := r.releaseLost(lost, 10*time.Second); err != nil {
+		if err := r.releaseLost(ctx, lost, 10*time.Second); err != nil {
 			r.unreleasedMu.Lock()
 			r.lost = append(r.lost, lost...)
 			r.anyUnreleased.Store(true)
 			r.unreleasedMu.Unlock()
 		}
 	}
-	r.release(rows)
+	r.releaseWithin(ctx, rows)
 }
 
 // releaseLost hands back the rows claimed in rounds whose reply was lost, by their
 // rounds' leases (see releaseLostSQL). Should it fail, releaseAgain tries again; a relay
 // stopped before it succeeds leaves the rows to their lease.
-func (r *Relay) releaseLost(leases []time.Time, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+func (r *Relay) releaseLost(ctx context.Context, leases []time.Time, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	tag, err := r.pool.Exec(ctx, releaseLostSQL, r.cfg.ID, leases, r.now())
 	if err != nil {

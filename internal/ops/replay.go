@@ -123,8 +123,7 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 //     own reclaim, the abandoned attempt logged as ambiguous. With a live lease: refused.
 //   - delivered: refused unless opts.Redeliver. Read [GuaranteeNote] first.
 //   - pending: unchanged, so replaying twice is harmless.
-//   - canceled: refused; canceled rows stay canceled. With opts.NewKey a copy
-//     re-executes it (below), the canceled row left as it is.
+//   - canceled: refused, with NewKey too (it may be one an approver rejected).
 //   - awaiting_approval: refused; approval is decided by approve or reject.
 //   - a row whose payload was purged: refused, since there is nothing left to send.
 //
@@ -140,8 +139,8 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 // {"new_key": ...}. While the previous copy is still on its way (pending, delivering,
 // held, awaiting approval), replaying again is unchanged rather than a third execution.
 // A stuck delivering row is refused with NewKey (the relay would retry it as well), as
-// is a held row with an ordering key (it would hold its copy back forever: cancel it, then
-// replay the canceled row with NewKey).
+// is a held row with an ordering key (it would hold its copy back forever: cancel it and
+// enqueue a new intent).
 //
 // The error wraps [ErrInvalidFilter] or [ErrInvalidOptions] for a bad selection or
 // options, in which case nothing was changed. An error from a later batch leaves the
@@ -250,8 +249,10 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 		case r.status == outbox.StatusPending:
 			br.Unchanged = append(br.Unchanged, t.key)
 			continue
-		case r.status == outbox.StatusCanceled && !opts.NewKey:
-			br.Refused[t.key] = "canceled rows stay canceled; replay with NewKey (--new-key) to re-execute it as a new intent"
+		case r.status == outbox.StatusCanceled:
+			// With NewKey too: a canceled row may be one an approver rejected, and its copy
+			// would go out without approval.
+			br.Refused[t.key] = "canceled rows stay canceled; enqueue a new intent to act after all"
 			continue
 		case r.status == outbox.StatusAwaitingApproval:
 			br.Refused[t.key] = "awaiting approval: approve or reject it instead"
@@ -321,7 +322,7 @@ func replayNewKey(ctx context.Context, tx pgx.Tx, r lockedRow) (newKey string, c
 		return "", false, "", fmt.Errorf("read row %d: %w", r.id, err)
 	}
 	if r.status == outbox.StatusHeld && m.OrderingKey != "" {
-		return "", false, "held with an ordering key, which would hold its copy back; cancel it, then replay it with NewKey", nil
+		return "", false, "held with an ordering key, which would hold its copy back; cancel it, then enqueue a new intent under a new key to act after all", nil
 	}
 	if n > 0 {
 		prev := outbox.Key(r.key, "replay", strconv.Itoa(n))
