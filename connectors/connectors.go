@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -349,6 +350,39 @@ func ValidMailHeaderName(name string) bool {
 	}
 	return true
 }
+
+// ReservedMailHeader reports whether the email connectors set the header with the
+// canonical name (textproto.CanonicalMIMEHeaderKey) themselves, or from the payload's own
+// fields: a payload header of that name is refused.
+func ReservedMailHeader(canonical string) bool { return reservedMailHeaders[canonical] }
+
+var reservedMailHeaders = map[string]bool{
+	"Message-Id":                true,
+	"Idempotency-Key":           true,
+	"From":                      true,
+	"Sender":                    true,
+	"To":                        true,
+	"Cc":                        true,
+	"Bcc":                       true,
+	"Reply-To":                  true,
+	"Subject":                   true,
+	"Date":                      true,
+	"Return-Path":               true,
+	"Mime-Version":              true,
+	"Content-Type":              true,
+	"Content-Transfer-Encoding": true,
+	"Content-Disposition":       true,
+	"Content-Id":                true,
+	"Dkim-Signature":            true,
+	"Received":                  true,
+}
+
+// IsSlackConversationID reports whether channel is what the Slack connector takes as a
+// channel: the ID of a public or private channel, a multi-person or a direct message
+// conversation (a name cannot be looked up for a retry).
+func IsSlackConversationID(channel string) bool { return slackConversationID.MatchString(channel) }
+
+var slackConversationID = regexp.MustCompile(`^[CGD][A-Z0-9]{2,}$`)
 
 // KeyHeaderProblem says why key cannot travel as an Idempotency-Key header (HTTP's or a
 // mail's), or returns "" when it can. A control character could end the header or start

@@ -228,14 +228,6 @@ func knownFields(kind string, obj map[string]any, fields ...string) error {
 	return nil
 }
 
-// emailReserved are the headers the email connectors set themselves.
-var emailReserved = []string{"Message-Id", "Idempotency-Key", "From", "Sender", "To", "Cc", "Bcc", "Reply-To",
-	"Subject", "Date", "Return-Path", "Mime-Version", "Content-Type", "Content-Transfer-Encoding",
-	"Content-Disposition", "Content-Id", "Dkim-Signature", "Received"}
-
-// slackConversation is what the slack connector accepts as a channel.
-var slackConversation = regexp.MustCompile(`^[CGD][A-Z0-9]{2,}$`)
-
 func checkEmail(v any) error {
 	obj, ok := v.(map[string]any)
 	if !ok {
@@ -272,7 +264,7 @@ func checkEmail(v any) error {
 			if s, ok := value.(string); !ok || !connectors.ValidHeaderValue(s) || !connectors.ValidMailHeaderName(name) {
 				return invalid("email header %q must be a one-line string without control characters, its name printable ASCII without ':'", name)
 			}
-			if slices.Contains(emailReserved, textproto.CanonicalMIMEHeaderKey(name)) {
+			if connectors.ReservedMailHeader(textproto.CanonicalMIMEHeaderKey(name)) {
 				return invalid("email header %q is set by the connector and cannot be overridden", name)
 			}
 			// Header names are case-insensitive: two that differ only in case name one
@@ -327,7 +319,7 @@ func checkSlack(v any) error {
 	if !nonEmptyString(obj["channel"]) {
 		return invalid(`slack payload needs a non-empty "channel" string (a channel id such as C0123456789)`)
 	}
-	if ch := obj["channel"].(string); !slackConversation.MatchString(ch) {
+	if ch := obj["channel"].(string); !connectors.IsSlackConversationID(ch) {
 		return invalid(`slack "channel" %q is not a conversation ID (C…, G… or D…); the connector needs one to look a retry up`, ch)
 	}
 	blocks, hasBlocks := obj["blocks"]

@@ -565,7 +565,7 @@ func TestRetriedReleaseLeavesANewerClaimAlone(t *testing.T) {
 	require.Len(t, first, 1)
 
 	proxy.arm("AS r(id, attempt", nil) // releaseSQL
-	r.release(first)
+	r.release(t.Context(), first)
 	waitKilled(t, proxy)
 	require.True(t, r.anyUnreleased.Load(), "the release is to be tried again")
 	in, err := outbox.Get(t.Context(), direct, "twice")

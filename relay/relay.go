@@ -465,8 +465,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	shutdownTimedOut := make(chan struct{})
 	stopShutdownTimer := context.AfterFunc(ctx, func() {
 		time.AfterFunc(r.cfg.ShutdownTimeout, func() {
-			close(shutdownTimedOut)
 			cancelDeliveries(errors.New("relay shutdown timeout reached"))
+			close(shutdownTimedOut)
 		})
 	})
 	defer stopShutdownTimer() // Run may return on an error before any stop
@@ -502,7 +502,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.done(inst, row)
 		}
 	}
-	r.release(queued)
+	r.release(context.Background(), queued)
 	// From now on the recorder writes the outcomes: those the loop left, and those of
 	// the deliveries still in flight.
 	var recorder sync.WaitGroup
@@ -519,10 +519,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	recorder.Go(func() { r.releaseWhileStopping(recordCtx, done) })
 	select {
 	case <-done:
-	case <-shutdownTimedOut:
+	case <-shutdownTimedOut: // deliveries still in flight were cancelled
 		r.log.WarnContext(ctx, "shutdown timeout reached; cancelling deliveries still in flight",
 			"in_flight", len(r.slots), "timeout", r.cfg.ShutdownTimeout)
-		cancelDeliveries(errors.New("relay shutdown timeout reached"))
 		<-done
 	}
 	close(r.results)
@@ -874,7 +873,7 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 	}
 	if ctx.Err() != nil {
 		// Stopping between the claim and the start: hand the rows back.
-		r.release(slices.Concat(got...))
+		r.release(context.Background(), slices.Concat(got...))
 		return 0, wrote, false, 0, nil
 	}
 	for i, p := range plans {
@@ -1049,26 +1048,18 @@ func finiteOr(t pgtype.Timestamptz, otherwise time.Time) time.Time {
 	return t.Time
 }
 
-// release hands back rows claimed but not started. If it fails, the claim loop tries
-// again (see releaseAgain); a stopped relay leaves them to their lease.
-func (r *Relay) release(rows []claimed) {
-	r.releaseWithin(context.Background(), rows)
-}
-
-// releaseWithin is release bounded by ctx as well as its own time limit.
-func (r *Relay) releaseWithin(ctx context.Context, rows []claimed) {
-	if r.releaseRowsWithin(ctx, rows) {
+// release hands back rows claimed but not started, within ctx and a time limit of its
+// own. If it fails, the claim loop tries again (see releaseAgain); a stopped relay leaves
+// them to their lease.
+func (r *Relay) release(ctx context.Context, rows []claimed) {
+	if r.releaseRows(ctx, rows) {
 		r.log.Info("released rows not started", "rows", len(rows))
 	}
 }
 
 // releaseRows is release without the log line on success, for a row handed back alone
 // (see handBack); it reports whether it released them.
-func (r *Relay) releaseRows(rows []claimed) bool {
-	return r.releaseRowsWithin(context.Background(), rows)
-}
-
-func (r *Relay) releaseRowsWithin(ctx context.Context, rows []claimed) bool {
+func (r *Relay) releaseRows(ctx context.Context, rows []claimed) bool {
 	if len(rows) == 0 {
 		return false
 	}
@@ -1113,7 +1104,7 @@ func (r *Relay) releaseAgain(ctx context.Context) {
 			r.unreleasedMu.Unlock()
 		}
 	}
-	r.releaseWithin(ctx, rows)
+	r.release(ctx, rows)
 }
 
 // releaseLost hands back the rows claimed in rounds whose reply was lost, by their
@@ -1214,7 +1205,7 @@ func (r *Relay) done(inst *instance, row claimed) {
 // is stopping, or the row waited too long for a worker or a slot.
 func (r *Relay) handBack(ctx context.Context, inst *instance, row claimed) {
 	if ctx.Err() != nil {
-		r.releaseRows([]claimed{row})
+		r.releaseRows(context.Background(), []claimed{row})
 		return
 	}
 	r.metrics.handedBack.Inc()
@@ -1228,7 +1219,7 @@ func (r *Relay) handBack(ctx context.Context, inst *instance, row claimed) {
 			"connector", inst.name, "id", row.id, "waited", now.Sub(row.local).Round(time.Millisecond), "limit", inst.startBy,
 			"more_since_last_warning", more)
 	}
-	r.releaseRows([]claimed{row})
+	r.releaseRows(context.Background(), []claimed{row})
 }
 
 // handBackWarnEvery is the least time between two warnings about rows of one instance

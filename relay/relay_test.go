@@ -1255,7 +1255,7 @@ func TestReleaseLeavesARowClaimedAgain(t *testing.T) {
 	require.Len(t, second, 1)
 	require.Equal(t, 2, second[0].attempt)
 
-	r.release(first) // the stale copy
+	r.release(t.Context(), first) // the stale copy
 	in, err := outbox.Get(t.Context(), b.pool, "again")
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatusDelivering, in.Status, "the second claim stands")
@@ -1727,7 +1727,7 @@ func TestReleaseUnstartedRows(t *testing.T) {
 	require.NoError(t, err)
 	got := claimRows(t, r, "webhook")
 	require.Len(t, got, 3)
-	r.release(got)
+	r.release(t.Context(), got)
 
 	var n int
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE status = 'pending' AND attempts = 0

@@ -282,29 +282,6 @@ func (a *Addresses) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// reservedHeaders are set by the connector or from the payload's own fields; a payload
-// header of the same name is refused.
-var reservedHeaders = map[string]bool{
-	"Message-Id":                true,
-	"Idempotency-Key":           true,
-	"From":                      true,
-	"Sender":                    true,
-	"To":                        true,
-	"Cc":                        true,
-	"Bcc":                       true,
-	"Reply-To":                  true,
-	"Subject":                   true,
-	"Date":                      true,
-	"Return-Path":               true,
-	"Mime-Version":              true,
-	"Content-Type":              true,
-	"Content-Transfer-Encoding": true,
-	"Content-Disposition":       true,
-	"Content-Id":                true,
-	"Dkim-Signature":            true,
-	"Received":                  true,
-}
-
 // Result is what Deliver returns for the relay to store after a success.
 type Result struct {
 	// MessageID is the Message-ID header sent, angle brackets included.
@@ -615,7 +592,7 @@ func checkHeaders(h map[string]string) (map[string]string, error) {
 // checkHeader checks one of a payload's extra headers and returns its canonical name.
 func checkHeader(name, value string) (string, error) {
 	canon := textproto.CanonicalMIMEHeaderKey(name)
-	if reservedHeaders[canon] {
+	if connectors.ReservedMailHeader(canon) {
 		return "", fmt.Errorf("payload: header %q is set by the connector and cannot be overridden", name)
 	}
 	if !connectors.ValidMailHeaderName(name) {

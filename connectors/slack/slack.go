@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
-	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -218,10 +217,6 @@ type Payload struct {
 	ThreadTS string `json:"thread_ts,omitempty"`
 }
 
-// conversationID is what a channel must look like: a public or private channel, a
-// multi-person or a direct message conversation.
-var conversationID = regexp.MustCompile(`^[CGD][A-Z0-9]{2,}$`)
-
 // message is a payload checked and decoded.
 type message struct {
 	Payload
@@ -243,7 +238,7 @@ func parsePayload(raw json.RawMessage) (message, error) {
 	if m.Channel == "" {
 		return m, errors.New(`payload: "channel" is required`)
 	}
-	if !conversationID.MatchString(m.Channel) {
+	if !connectors.IsSlackConversationID(m.Channel) {
 		return m, fmt.Errorf(`payload: "channel" %q is not a conversation ID (C…, G… or D…); names cannot be reconciled`, m.Channel)
 	}
 	if b := bytes.TrimSpace(m.Blocks); len(b) > 0 && !bytes.Equal(b, []byte("null")) {
