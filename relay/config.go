@@ -44,7 +44,8 @@ type Config struct {
 	// MaxAttempts sends a row to dead after this many attempts. Defaults to 25.
 	MaxAttempts int
 	// MaxAge sends a row to dead when its next attempt would come later than this after
-	// it was created. Defaults to 72h.
+	// its first attempt: it bounds how long a row is retried, however long it waited
+	// before (scheduled with not_before, awaiting approval). Defaults to 72h.
 	MaxAge time.Duration
 	// BackoffBase is the first retry delay, doubled for each attempt. Defaults to 1s.
 	BackoffBase time.Duration

@@ -60,14 +60,7 @@ func TestReclaimHonoursMaxAge(t *testing.T) {
 		"webhook":       {Connector: b.hook, MaxAge: time.Hour},
 		"webhook:young": {Connector: b.hook}, // Config.MaxAge: 72h
 	}
-	newRelay := func(id string) *Relay {
-		c := *cfg
-		c.ID, c.Registerer = id, prometheus.NewRegistry()
-		r, err := New(b.pool, &c, instances)
-		require.NoError(t, err)
-		return r
-	}
-	sender, other := newRelay("sender"), newRelay("other")
+	sender, other := newRelayAs(t, b, cfg, instances, "sender"), newRelayAs(t, b, cfg, instances, "other")
 	enqueue(t, b.pool, "old", "webhook", []int{1})
 	enqueue(t, b.pool, "young", "webhook:young", []int{1})
 	require.Len(t, claimRows(t, sender, "webhook"), 1)
@@ -143,4 +136,15 @@ func TestStopHandsBackRowsWaitingForASlotAtOnce(t *testing.T) {
 	require.Zero(t, in.Attempts)
 	require.Empty(t, attemptsOf(t, b.pool, "waits"))
 	require.Zero(t, b.receiver.Effects("waits"))
+}
+
+// newRelayAs is a relay with cfg and instances under its own id and metrics registry, not
+// running: a test drives its claims and reclaims.
+func newRelayAs(t *testing.T, b *testBundle, cfg *Config, instances map[string]Instance, id string) *Relay {
+	t.Helper()
+	c := *cfg
+	c.ID, c.Registerer = id, prometheus.NewRegistry()
+	r, err := New(b.pool, &c, instances)
+	require.NoError(t, err)
+	return r
 }

@@ -1326,7 +1326,7 @@ func (r *Relay) decide(inst *instance, row claimed, result json.RawMessage, err 
 	default:
 		delay, hasDelay := connectors.RetryDelay(err)
 		next := nextAttemptAt(now, row.attempt, delay, hasDelay, r.cfg.BackoffBase, r.cfg.BackoffMax)
-		if deadline := row.createdAt.Add(inst.maxAge); next.After(deadline) {
+		if deadline := row.firstAt.Add(inst.maxAge); next.After(deadline) {
 			o.status = statusDead
 			msg += fmt.Sprintf(" (gave up: the next attempt at %s would be later than the maximum age %s)",
 				next.UTC().Format(time.RFC3339), inst.maxAge)

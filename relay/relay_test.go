@@ -1914,3 +1914,54 @@ func TestLargePayloadsAreDeliveredWithinTheBound(t *testing.T) {
 	require.Equal(t, 30, b.receiver.TotalEffects())
 	require.Empty(t, b.receiver.DuplicateKeys())
 }
+
+// The maximum age bounds how long a row is retried, from its first attempt: a row
+// scheduled (not_before) or approved later than that after its creation is not sent to
+// dead by its first failure, as it was when the age counted from created_at. The
+// reclaim of an expired lease counts the same way.
+func TestMaxAgeCountsFromTheFirstAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	cfg.MaxAge = time.Hour
+	cfg.BackoffBase, cfg.BackoffMax = time.Minute, time.Hour
+	b.receiver.Plan("scheduled", receiver.Plan{FailFirst: 1})
+	_, err := outbox.Enqueue(t.Context(), b.pool, outbox.Message{
+		Key: "scheduled", Connector: "webhook", Payload: json.RawMessage(`[1]`), NotBefore: clock.Now().Add(3 * time.Hour)})
+	require.NoError(t, err)
+	start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+
+	clock.Advance(3 * time.Hour)
+	require.Eventually(t, func() bool {
+		in, err := outbox.Get(t.Context(), b.pool, "scheduled")
+		return err == nil && in.Attempts == 1 && in.Status != outbox.StatusDelivering
+	}, waitTimeout, 10*time.Millisecond)
+	in, err := outbox.Get(t.Context(), b.pool, "scheduled")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusPending, in.Status, "retried within an hour of its first attempt: %s", in.LastError)
+
+	clock.Advance(2 * time.Minute)
+	waitStatus(t, b.pool, "scheduled", outbox.StatusDelivered)
+}
+
+// reclaimSQL's maximum age counts from the first attempt too.
+func TestReclaimMaxAgeCountsFromTheFirstAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	cfg.Lease = 10 * time.Second
+	cfg.MaxAge = time.Hour
+	instances := map[string]Instance{"webhook": {Connector: b.hook}}
+	sender, other := newRelayAs(t, b, cfg, instances, "sender"), newRelayAs(t, b, cfg, instances, "other")
+	_, err := outbox.Enqueue(t.Context(), b.pool, outbox.Message{
+		Key: "scheduled", Connector: "webhook", Payload: json.RawMessage(`[1]`), NotBefore: clock.Now().Add(3 * time.Hour)})
+	require.NoError(t, err)
+	clock.Advance(3 * time.Hour)
+	require.Len(t, claimRows(t, sender, "webhook"), 1)
+
+	clock.Advance(time.Minute) // the sender vanishes; its lease runs out
+	other.reclaim(t.Context())
+	in, err := outbox.Get(t.Context(), b.pool, "scheduled")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusPending, in.Status, "a minute after its first attempt, within its hour: %s", in.LastError)
+}

@@ -171,13 +171,13 @@ WHERE o.id = r.id AND o.attempts = r.attempt AND o.status = 'delivering' AND o.l
 // hold policy ($3), whatever its attempts and age, as decide rules for an ambiguous
 // attempt (dead would let the next row of its ordering key go without the operator);
 // else dead when it has used its attempts ($2) or when the next attempt, now, would come
-// later than its connector's maximum age ($5, seconds, in the order of $4), as decide
-// rules for a retry. $1 is the relay's clock.
+// later than its connector's maximum age ($5, seconds, in the order of $4) after its
+// first attempt, as decide rules for a retry. $1 is the relay's clock.
 // Only relays that have the connector decide, since only they know its policy.
 const reclaimSQL = `
 WITH expired AS (
     SELECT id, lease_owner, updated_at AS started_at, attempts,
-           created_at + make_interval(secs => ($5::float8[])[array_position($4::text[], connector)]) < $1 AS too_old
+           coalesce(first_attempt_at, created_at) + make_interval(secs => ($5::float8[])[array_position($4::text[], connector)]) < $1 AS too_old
     FROM outbox
     WHERE status = 'delivering' AND lease_expires_at < $1 AND connector = ANY($4)
     ORDER BY lease_expires_at

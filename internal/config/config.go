@@ -68,8 +68,8 @@ type Engine struct {
 	// MaxAttempts sends a row to dead after this many attempts.
 	MaxAttempts int `env:"OUTBOX_MAX_ATTEMPTS" envDefault:"25" desc:"attempts after which a row is dead"`
 	// MaxAge sends a row to dead when its next attempt would come later than this
-	// after it was created.
-	MaxAge time.Duration `env:"OUTBOX_MAX_AGE" envDefault:"72h" desc:"a row whose next attempt would come later than this after its creation is dead"`
+	// after its first attempt.
+	MaxAge time.Duration `env:"OUTBOX_MAX_AGE" envDefault:"72h" desc:"a row whose next attempt would come later than this after its first attempt is dead"`
 	// BackoffBase is the first retry delay, doubled for each attempt.
 	BackoffBase time.Duration `env:"OUTBOX_BACKOFF_BASE" envDefault:"1s" desc:"first retry delay, doubled for each attempt (with jitter)"`
 	// BackoffMax caps the retry delay.
