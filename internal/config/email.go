@@ -6,6 +6,7 @@ import (
 	"net/mail"
 	"reflect"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/outboxd/outboxd/connectors"
@@ -200,7 +201,14 @@ func loadEmail(environment map[string]string, k kind, name string, p *problems) 
 		if checkTransportKey(addrVar, c.Addr, c.Instance(), c.Transport, p) {
 			host, port, err := net.SplitHostPort(c.Addr)
 			if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
-				p.addf(addrVar, "%s must be host:port, such as smtp.example.com:587, got %q", addrVar, c.Addr)
+				if at := strings.LastIndexByte(c.Addr, '@'); at >= 0 {
+					// A URL with credentials (smtp://user:pass@host:587), as other tools
+					// take it: never quote what lies before the host.
+					p.addf(addrVar, "%s must be host:port, such as smtp.example.com:587, without a user name or password (set %s and %s), got %q",
+						addrVar, smtp+"USERNAME", smtp+"PASSWORD", redacted+c.Addr[at:])
+				} else {
+					p.addf(addrVar, "%s must be host:port, such as smtp.example.com:587, got %q", addrVar, c.Addr)
+				}
 			}
 		}
 		// A user name without a password is allowed (some servers take an empty one); a

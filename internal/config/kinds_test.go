@@ -479,3 +479,25 @@ func TestLoadEmailTransportProblems(t *testing.T) {
 		})
 	}
 }
+
+// TestSMTPAddrPasswordNeverInProblems: many tools take the SMTP server as a URL with its
+// credentials (smtp://user:pass@host:587). OUTBOX_SMTP_ADDR is host:port, and the
+// problem that says so quoted the value whole, password included.
+func TestSMTPAddrPasswordNeverInProblems(t *testing.T) {
+	t.Parallel()
+
+	for _, addr := range []string{
+		"smtp://mailer:SMTPPASSW0RD@smtp.example.com:587",
+		"mailer:SMTPPASSW0RD@smtp.example.com:587",
+		"smtps://mailer:SMTPPASSW0RD@smtp.example.com",
+	} {
+		_, err := Load(environ(with(db, map[string]string{
+			"OUTBOX_SMTP_ADDR":  addr,
+			"OUTBOX_EMAIL_FROM": "outbox@example.com",
+		})))
+		require.Equal(t, []string{
+			`OUTBOX_SMTP_ADDR must be host:port, such as smtp.example.com:587, without a user name or password ` +
+				`(set OUTBOX_SMTP_USERNAME and OUTBOX_SMTP_PASSWORD), got "xxxxx` + addr[strings.LastIndex(addr, "@"):] + `"`,
+		}, problemLines(t, err), addr)
+	}
+}
