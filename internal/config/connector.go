@@ -249,14 +249,32 @@ func checkToken(name string, s Secret, p *problems) {
 	}
 }
 
-// checkHTTPURL reports a URL that is not absolute http or https, showing only its
-// scheme and host, as it may hold a token.
-func checkHTTPURL(name, raw string, p *problems) {
-	if u, err := url.Parse(raw); err != nil {
+// checkHTTPURL reports a URL that is not absolute http or https with a host name, as
+// [connectors.ParseHTTPURL] refuses it, showing only its scheme and host, as it may
+// hold a token. It returns the URL when there is no problem.
+func checkHTTPURL(name, raw string, p *problems) *url.URL {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
 		p.addf(name, "%s is not a valid URL: %s", name, connectors.ParseReason(raw, err))
-	} else if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	case (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "":
 		p.addf(name, "%s must be an absolute http or https URL, got %q", name, connectors.RedactEndpoint(raw))
+	default:
+		return u
 	}
+	return nil
+}
+
+// checkAPIBase reports an API's base URL that its connector refuses: what checkHTTPURL
+// does, and a query or fragment, as [connectors.ParseAPIBase] does (request paths are
+// appended to it).
+func checkAPIBase(name, raw string, p *problems) *url.URL {
+	u := checkHTTPURL(name, raw, p)
+	if u != nil && (u.RawQuery != "" || u.Fragment != "") {
+		p.addf(name, "%s must not have a query or fragment, got %q", name, connectors.RedactEndpoint(raw))
+		return nil
+	}
+	return u
 }
 
 func checkTimeout(name string, d time.Duration, p *problems) {

@@ -223,7 +223,7 @@ func loadEmail(environment map[string]string, k kind, name string, p *problems) 
 		if checkTransportKey(keyVar, c.APIKey.Reveal(), c.Instance(), c.Transport, p) {
 			checkToken(keyVar, c.APIKey, p)
 		}
-		checkHTTPURL(email+"API_BASE", c.APIBase, p)
+		checkAPIBase(email+"API_BASE", c.APIBase, p)
 		checkTimeout(email+"API_TIMEOUT", c.APITimeout, p)
 		checkUnused(environment, reflect.TypeFor[SMTP](), smtp, c.Instance(), c.Transport, p)
 	}

@@ -501,3 +501,31 @@ func TestSMTPAddrPasswordNeverInProblems(t *testing.T) {
 		}, problemLines(t, err), addr)
 	}
 }
+
+// TestLoadRefusesWhatConnectorsRefuse: a URL the connector's New refuses is a problem
+// of Load too, reported with every other one and naming its variable. Load used to
+// accept an API base with a query or fragment, a Slack API base with credentials and a
+// URL without a host name ("http://:8080/"); serve then stopped on the first instance's
+// connector error ("payment (OUTBOX_PAYMENT_*): payment config: APIBase: ..."), alone.
+func TestLoadRefusesWhatConnectorsRefuse(t *testing.T) {
+	t.Parallel()
+
+	_, err := Load(environ(with(db, map[string]string{
+		"OUTBOX_LEASE":            "x",
+		"OUTBOX_WEBHOOK_URL":      "http://:8080/hook",
+		"OUTBOX_PAYMENT_API_KEY":  "sk_test_123",
+		"OUTBOX_PAYMENT_API_BASE": "http://127.0.0.1:12111/?tok=abc",
+		"OUTBOX_EMAIL_API_KEY":    "re_123",
+		"OUTBOX_EMAIL_FROM":       "outbox@example.com",
+		"OUTBOX_EMAIL_API_BASE":   "https://api.resend.com/#v1",
+		"OUTBOX_SLACK_TOKEN":      "xoxb-123",
+		"OUTBOX_SLACK_API_BASE":   "https://user:S3CRET@slack.com/api/",
+	})))
+	require.Equal(t, []string{
+		`OUTBOX_LEASE must be a duration such as 500ms, 30s or 1h30m, got "x"`,
+		`OUTBOX_WEBHOOK_URL must be an absolute http or https URL, got "http://:8080/xxxxx"`,
+		`OUTBOX_PAYMENT_API_BASE must not have a query or fragment, got "http://127.0.0.1:12111/xxxxx"`,
+		`OUTBOX_EMAIL_API_BASE must not have a query or fragment, got "https://api.resend.com"`,
+		`OUTBOX_SLACK_API_BASE must not carry a user name or password: the token authenticates`,
+	}, problemLines(t, err))
+}

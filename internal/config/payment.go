@@ -66,7 +66,7 @@ func loadPayment(environment map[string]string, k kind, name string, p *problems
 	if checkRequired(pre+"API_KEY", c.APIKey.Reveal(), c.Instance(), p) {
 		checkToken(pre+"API_KEY", c.APIKey, p)
 	}
-	checkHTTPURL(pre+"API_BASE", c.APIBase, p)
+	checkAPIBase(pre+"API_BASE", c.APIBase, p)
 	checkTimeout(pre+"TIMEOUT", c.Timeout, p)
 	checkRate(pre+"RATE", c.Rate, p)
 	checkConcurrency(pre+"CONCURRENCY", c.Concurrency, p)
