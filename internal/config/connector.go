@@ -241,11 +241,14 @@ func checkRequired(name, value, instance string, p *problems) bool {
 }
 
 // checkToken refuses an API key or token with white space in it (a stray newline
-// from a file, say), which the receiver would refuse on every attempt. It never
-// quotes the value.
+// from a file, say), which the receiver would refuse on every attempt, or another
+// control character, which net/http refuses in the request's header on every attempt.
+// It never quotes the value.
 func checkToken(name string, s Secret, p *problems) {
 	if strings.ContainsAny(s.Reveal(), " \t\r\n") {
 		p.addf(name, "%s must not contain spaces or newlines", name)
+	} else if !connectors.ValidHeaderValue(s.Reveal()) {
+		p.addf(name, "%s must not contain control characters", name)
 	}
 }
 

@@ -529,3 +529,24 @@ func TestLoadRefusesWhatConnectorsRefuse(t *testing.T) {
 		`OUTBOX_SLACK_API_BASE must not carry a user name or password: the token authenticates`,
 	}, problemLines(t, err))
 }
+
+// TestLoadRefusesControlCharactersInKeys: an API key or token goes into a request
+// header, where net/http refuses a control character on every attempt (and the Resend
+// connector's New refuses it, after Load). A stray one from a file or a paste is a
+// problem at start, like a space, and is never quoted.
+func TestLoadRefusesControlCharactersInKeys(t *testing.T) {
+	t.Parallel()
+
+	_, err := Load(environ(with(db, map[string]string{
+		"OUTBOX_CONNECTORS":       "email:re",
+		"OUTBOX_PAYMENT_API_KEY":  "sk_test_S3CRET\x00",
+		"OUTBOX_SLACK_TOKEN":      "xoxb-T0KEN\x1b",
+		"OUTBOX_EMAIL_RE_API_KEY": "re_K3Y\x7f",
+		"OUTBOX_EMAIL_RE_FROM":    "outbox@example.com",
+	})))
+	require.Equal(t, []string{
+		`OUTBOX_PAYMENT_API_KEY must not contain control characters`,
+		`OUTBOX_EMAIL_RE_API_KEY must not contain control characters`,
+		`OUTBOX_SLACK_TOKEN must not contain control characters`,
+	}, problemLines(t, err))
+}
