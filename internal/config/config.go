@@ -58,7 +58,7 @@ type Engine struct {
 	// BatchSize is the most rows one claim takes.
 	BatchSize int `env:"OUTBOX_BATCH_SIZE" envDefault:"1000" desc:"most rows one claim takes"`
 	// Concurrency is the most deliveries in flight at once, over all connectors.
-	Concurrency int `env:"OUTBOX_CONCURRENCY" envDefault:"128" desc:"most deliveries in flight at once, over all connector instances"`
+	Concurrency int `env:"OUTBOX_CONCURRENCY" envDefault:"128" desc:"most deliveries in flight at once, over all connector instances (at most 10000)"`
 	// MaxClaimedBytes bounds the payload bytes of the rows the relay holds claimed.
 	MaxClaimedBytes int64 `env:"OUTBOX_MAX_CLAIMED_BYTES" envDefault:"134217728" desc:"most payload and header bytes (as JSON text) of the rows the relay holds claimed, waiting for a worker or in flight (128 MiB); a claim always takes at least one row"`
 	// Lease is how long a claimed row stays with this relay before another may take it.
@@ -306,6 +306,12 @@ func (l *Log) validate(p *problems) {
 	}
 }
 
+// maxConcurrency is the most OUTBOX_CONCURRENCY: relay.New allocates its queues for up
+// to twenty rounds of deliveries ahead of each worker when it starts, about 8 kB per
+// worker and connector instance (80 MB per instance at this bound), and far more
+// workers made the process die out of memory before it said a word.
+const maxConcurrency = 10000
+
 func (e *Engine) validate(p *problems) {
 	for _, v := range []struct {
 		name  string
@@ -337,6 +343,9 @@ func (e *Engine) validate(p *problems) {
 		if v.value <= 0 {
 			p.addf(v.name, "%s must be positive, got %s", v.name, v.value)
 		}
+	}
+	if p.ok("OUTBOX_CONCURRENCY") && e.Concurrency > maxConcurrency {
+		p.addf("OUTBOX_CONCURRENCY", "OUTBOX_CONCURRENCY must be at most %d, got %d", maxConcurrency, e.Concurrency)
 	}
 	if p.ok("OUTBOX_BACKOFF_BASE", "OUTBOX_BACKOFF_MAX") && e.BackoffBase > e.BackoffMax {
 		p.addf("OUTBOX_BACKOFF_BASE", "OUTBOX_BACKOFF_BASE (%s) must not exceed OUTBOX_BACKOFF_MAX (%s)", e.BackoffBase, e.BackoffMax)
