@@ -625,3 +625,23 @@ func TestURLPasswordNeverInProblems(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadNumberOutOfRange: a whole number too large for its variable was reported as
+// not a whole number ("OUTBOX_CONCURRENCY must be a whole number, got \"1000000000000\""),
+// which sends a reader looking for a typo that is not there.
+func TestLoadNumberOutOfRange(t *testing.T) {
+	t.Parallel()
+
+	_, err := Load(environ(with(minimal, map[string]string{
+		"OUTBOX_CONCURRENCY":  "1000000000000",
+		"OUTBOX_API_MAX_BODY": "-99999999999999999999",
+		"OUTBOX_API_RATE":     "1e400",
+		"OUTBOX_BATCH_SIZE":   "12x",
+	})))
+	require.Equal(t, []string{
+		`OUTBOX_BATCH_SIZE must be a whole number, got "12x"`,
+		`OUTBOX_CONCURRENCY is out of range, got "1000000000000"`,
+		`OUTBOX_API_RATE is out of range, got "1e400"`,
+		`OUTBOX_API_MAX_BODY is out of range, got "-99999999999999999999"`,
+	}, problemLines(t, err))
+}

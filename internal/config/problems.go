@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -133,6 +134,9 @@ func parseEnv[T any](environment map[string]string, prefix string, p *problems) 
 func parseProblem(name, value string, e env.ParseError) string {
 	var want string
 	switch {
+	case errors.Is(e.Err, strconv.ErrRange):
+		// A number, which the words below would deny.
+		return fmt.Sprintf("%s is out of range, got %q", name, value)
 	case e.Type == reflect.TypeFor[time.Duration]():
 		want = "a duration such as 500ms, 30s or 1h30m"
 	case e.Type.Kind() >= reflect.Int && e.Type.Kind() <= reflect.Uint64:
