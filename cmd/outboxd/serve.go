@@ -144,7 +144,7 @@ func serve(ctx context.Context, e *env) (err error) {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		if err := r.Run(gctx); err != nil {
-			return fmt.Errorf("relay: %w", err)
+			return err // it starts "relay: " already
 		}
 		if gctx.Err() == nil {
 			return errors.New("relay: stopped without being asked to")

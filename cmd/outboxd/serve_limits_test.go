@@ -3,12 +3,17 @@ package main
 import (
 	"bytes"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/internal/pgtest"
 )
 
 // TestServeRefusesConcurrencyItCannotHold runs `outboxd serve` as a process with an
@@ -46,4 +51,39 @@ func TestServeRefusesConcurrencyItCannotHold(t *testing.T) {
 		"- OUTBOX_CONCURRENCY must be at most 10000, got 2000000000\n"+
 		"Run 'outboxd --help' for usage.\n", stderr.String())
 	require.Empty(t, stdout.String())
+}
+
+// TestServeRefusesUnmigratedDatabaseInOneLine: serve on a database without the schema
+// stops with one line that says what to do, and leaves nothing behind: no row written,
+// its port free again. The line used to say "relay: relay: ...", the relay's own prefix
+// twice.
+func TestServeRefusesUnmigratedDatabaseInOneLine(t *testing.T) {
+	t.Parallel()
+
+	pool := pgtest.DB(t)
+	_, err := pool.Exec(t.Context(), `DROP TABLE outbox_schema_migrations`)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"serve"}, []string{
+		"OUTBOX_DATABASE_URL=" + pool.Config().ConnString(),
+		"OUTBOX_WEBHOOK_URL=http://127.0.0.1:1/hook",
+		"OUTBOX_HTTP_ADDR=" + addr,
+		"OUTBOX_LOG_LEVEL=warn",
+	}, strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitFailure, code, stderr.String())
+	require.Equal(t, "outboxd: relay: the database's outbox schema is at version 0 and this relay needs version "+
+		strconv.Itoa(outboxd.SchemaVersion)+": run outboxd migrate (or outboxd.Migrate) first\n", stderr.String())
+
+	var wrote int
+	require.NoError(t, pool.QueryRow(t.Context(),
+		`SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM outbox_wake_connectors)`).Scan(&wrote))
+	require.Zero(t, wrote, "serve wrote rows")
+	again, err := net.Listen("tcp", addr)
+	require.NoError(t, err, "serve left its listener open")
+	require.NoError(t, again.Close())
 }
