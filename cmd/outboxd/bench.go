@@ -833,7 +833,7 @@ func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool
 	}
 	elapsed := time.Since(start)
 	if err := rr.stop(); err != nil {
-		return fmt.Errorf("relay: %w", err)
+		return err // it starts "relay: " already
 	}
 	recorded := time.Since(start)
 	cpu := cpuNow(pgPID).since(cpu0)
@@ -1062,7 +1062,7 @@ func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *be
 		}
 	}
 	if err := rr.stop(); err != nil {
-		return fmt.Errorf("relay: %w", err)
+		return err // it starts "relay: " already
 	}
 	rep.Latency.Claims, rep.Latency.RowsPerClaim = claimStats(cfg.Registerer)
 	if pgPID > 0 {

@@ -253,7 +253,7 @@ func demo(ctx context.Context, e *env) (err error) {
 		return err
 	}
 	if err := rr.stop(); err != nil {
-		return fmt.Errorf("relay: %w", err)
+		return err // it starts "relay: " already
 	}
 	out.plain("\n")
 	if err := demoReport(out, intents, final, rcv); err != nil {
@@ -483,7 +483,7 @@ func (rr *runningRelay) waitReady(ctx context.Context) error {
 		select {
 		case <-rr.done:
 			if rr.err != nil {
-				return fmt.Errorf("relay: %w", rr.err)
+				return rr.err // it starts "relay: " already
 			}
 			return errors.New("relay stopped before it was ready")
 		case <-ctx.Done():
