@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -57,6 +58,13 @@ func (s *Service) now() time.Time {
 // connector the token may not use fails with [ErrForbidden]. Intents of connectors in
 // [Policy.ApprovalRequired] start awaiting_approval; created_by is the token's name.
 func (s *Service) Create(ctx context.Context, tok *Token, key string, req CreateRequest) (outbox.Intent, error) {
+	// A name that is no connector instance at all is the request's fault, whatever the
+	// token's scope: checked first, so it is not reported as a connector the token may
+	// not use.
+	if !outbox.ValidConnectorName(req.Connector) || !slices.Contains(outbox.Kinds, outbox.ConnectorKind(req.Connector)) {
+		return outbox.Intent{}, fmt.Errorf("%w: connector %q is not a connector instance: name a kind (%s), or kind:name with lowercase letters, digits and '_'",
+			outbox.ErrInvalidMessage, req.Connector, strings.Join(outbox.Kinds, ", "))
+	}
 	if !tok.Allows(req.Connector) {
 		return outbox.Intent{}, fmt.Errorf("%w: token %q may not use connector %q", ErrForbidden, tok.Name, req.Connector)
 	}
