@@ -355,6 +355,10 @@ func (h *Handler) decide(do func(ctx context.Context, tok *intent.Token, key, re
 				return err
 			}
 		}
+		if strings.ContainsRune(b.Reason, 0) {
+			// PostgreSQL's text cannot hold it: the audit row would fail, as a 500.
+			return fmt.Errorf("%w: the reason must not contain a NUL character", errBadRequest)
+		}
 		in, err := do(r.Context(), tok, r.PathValue("key"), b.Reason)
 		if err != nil {
 			return err

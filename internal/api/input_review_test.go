@@ -31,3 +31,25 @@ func TestBadConnectorIsInvalidForScopedToken(t *testing.T) {
 	r := b.do(t, "POST", "/v1/intents", crmSecret, "k", `{"connector":"webhook:typo","payload":{}}`)
 	require.Equal(t, http.StatusForbidden, r.status, r.raw)
 }
+
+// A reason holding a NUL character, which PostgreSQL's text cannot store, is a bad
+// request (400) that decides nothing: it failed the audit insert, and the API answered
+// 500 internal.
+func TestDecideReasonWithNULIsBadRequest(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	for _, key := range []string{"pay-1", "pay-2", "pay-3"} {
+		r := b.do(t, "POST", "/v1/intents", agentSecret, key, `{"connector":"payment","payload":`+paymentPayload+`}`)
+		require.Equal(t, http.StatusCreated, r.status, r.raw)
+	}
+	for key, action := range map[string]string{"pay-1": "approve", "pay-2": "reject", "pay-3": "cancel"} {
+		r := b.do(t, "POST", "/v1/intents/"+key+"/"+action, adminSecret, "", `{"reason":"a\u0000b"}`)
+		require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", action, r.raw)
+		require.Equal(t, "bad_request", r.errCode(t), action)
+		r = b.do(t, "GET", "/v1/intents/"+key, adminSecret, "", "")
+		require.Equal(t, "awaiting_approval", r.body["status"], action)
+	}
+	var audits int
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox_audit`).Scan(&audits))
+	require.Zero(t, audits)
+}
