@@ -53,3 +53,18 @@ func TestDecideReasonWithNULIsBadRequest(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox_audit`).Scan(&audits))
 	require.Zero(t, audits)
 }
+
+// A connector filter that names no connector instance (a NUL, bytes that are not UTF-8,
+// capitals) is a bad filter (400): the first two reached PostgreSQL, which refused the
+// text, and the API answered 500 internal.
+func TestListBadConnectorFilterIsBadRequest(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	for _, q := range []string{"%00", "%FF", "webhook%00", "Webhook", "webhook:*x"} {
+		for _, secret := range []string{adminSecret, agentSecret} {
+			r := b.do(t, "GET", "/v1/intents?connector="+q, secret, "", "")
+			require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", q, r.raw)
+			require.Equal(t, "invalid_filter", r.errCode(t), q)
+		}
+	}
+}

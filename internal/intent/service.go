@@ -168,8 +168,14 @@ func (s *Service) Get(ctx context.Context, tok *Token, key string) (outbox.Inten
 }
 
 // List returns one page of intents as [ops.List] does, narrowed to the connectors the
-// token may use. Asking for a connector outside them fails with [ErrForbidden].
+// token may use. Asking for a connector outside them fails with [ErrForbidden]; for a
+// connector name no row can hold, with [ops.ErrInvalidFilter].
 func (s *Service) List(ctx context.Context, tok *Token, f ops.Filter) (ops.Page, error) {
+	if f.Connector != "" && !outbox.ValidConnectorName(f.Connector) {
+		// No row can hold it, and PostgreSQL refuses text with NUL or bytes not UTF-8.
+		return ops.Page{}, fmt.Errorf("%w: connector %q is not a connector instance: a kind such as webhook, or kind:name with lowercase letters, digits and '_'",
+			ops.ErrInvalidFilter, f.Connector)
+	}
 	if f.Connector != "" && !tok.Allows(f.Connector) {
 		return ops.Page{}, fmt.Errorf("%w: token %q may not use connector %q", ErrForbidden, tok.Name, f.Connector)
 	}
