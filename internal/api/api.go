@@ -15,6 +15,8 @@
 //   - POST /v1/intents/{key}/approve, /reject and /cancel decide (admin tokens only),
 //     with an optional body {"reason": "..."}.
 //
+// Another method on one of these paths answers 405 with Allow; any other path, 404.
+//
 // Errors are JSON {"error": {"code": "...", "message": "..."}}. Each token is rate
 // limited on its own ([Config.Rate]); a limited request answers 429 with Retry-After.
 // Tokens never appear in logs: requests are logged with the token's name.
@@ -86,9 +88,28 @@ func New(svc *intent.Service, cfg *Config) *Handler {
 	h.mux.Handle("POST /v1/intents/{key}/reject", h.auth(h.decide(svc.Reject)))
 	h.mux.Handle("POST /v1/intents/{key}/cancel", h.auth(h.decide(svc.Cancel)))
 	h.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		// This catch-all matches every method, so the mux never answers 405 itself.
+		if allow := h.allowed(r); allow != "" {
+			w.Header().Set("Allow", allow)
+			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed",
+				r.Method+" is not allowed on "+r.URL.Path+"; use "+allow)
+			return
+		}
 		writeError(w, http.StatusNotFound, "not_found", "no such route: "+r.Method+" "+r.URL.Path)
 	})
 	return h
+}
+
+// allowed returns the methods that a route accepts at r's path, such as "GET, HEAD",
+// or "" when no route has the path.
+func (h *Handler) allowed(r *http.Request) string {
+	var methods []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost} {
+		if _, pattern := h.mux.Handler(&http.Request{Method: m, URL: r.URL, Host: r.Host}); pattern != "/v1/" {
+			methods = append(methods, m)
+		}
+	}
+	return strings.Join(methods, ", ")
 }
 
 // ServeHTTP serves one request.

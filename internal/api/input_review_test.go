@@ -68,3 +68,25 @@ func TestListBadConnectorFilterIsBadRequest(t *testing.T) {
 		}
 	}
 }
+
+// A route that exists answers another method with 405 and Allow (the JSON error
+// shape), as net/http's mux would without the API's catch-all, which answered 404
+// "no such route" for GET /v1/intents/k/approve or DELETE /v1/intents/k.
+func TestWrongMethodIs405(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	for path, tc := range map[string]struct{ method, allow string }{
+		"/v1/intents":           {"DELETE", "GET, HEAD, POST"},
+		"/v1/intents/k":         {"DELETE", "GET, HEAD"},
+		"/v1/intents/k/approve": {"GET", "POST"},
+		"/v1/intents/k/cancel":  {"PUT", "POST"},
+	} {
+		r := b.do(t, tc.method, path, adminSecret, "", "")
+		require.Equal(t, http.StatusMethodNotAllowed, r.status, "%s %s: %s", tc.method, path, r.raw)
+		require.Equal(t, "method_not_allowed", r.errCode(t))
+		require.Equal(t, tc.allow, r.header.Get("Allow"), path)
+	}
+	r := b.do(t, "GET", "/v1/nothing", adminSecret, "", "")
+	require.Equal(t, http.StatusNotFound, r.status, r.raw)
+	require.Empty(t, r.header.Get("Allow"))
+}
