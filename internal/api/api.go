@@ -339,8 +339,10 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, tok *intent.Token
 		}
 	}
 	if l := q.Get("limit"); l != "" {
+		// Past the largest int, Atoi gives that int and ErrRange: a large page, which
+		// List caps like any other.
 		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 {
+		if (err != nil && !errors.Is(err, strconv.ErrRange)) || n < 1 {
 			return fmt.Errorf("%w: limit must be a positive integer, got %q", errBadRequest, l)
 		}
 		f.Limit = n

@@ -90,3 +90,18 @@ func TestWrongMethodIs405(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, r.status, r.raw)
 	require.Empty(t, r.header.Get("Allow"))
 }
+
+// A limit past the largest int is a large page, as a limit of 10000 is (capped at the
+// largest page): it answered 400 "limit must be a positive integer", which it is.
+func TestHugeListLimitIsCapped(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	for _, l := range []string{"10000", "9223372036854775807", "9223372036854775808", "100000000000000000000000"} {
+		r := b.do(t, "GET", "/v1/intents?limit="+l, adminSecret, "", "")
+		require.Equal(t, http.StatusOK, r.status, "%s: %s", l, r.raw)
+	}
+	for _, l := range []string{"0", "-1", "-9223372036854775809", "1.5", "x"} {
+		r := b.do(t, "GET", "/v1/intents?limit="+l, adminSecret, "", "")
+		require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", l, r.raw)
+	}
+}
