@@ -246,6 +246,8 @@ func (e errTooLarge) Error() string {
 func idempotencyKey(r *http.Request) (string, error) {
 	key := r.Header.Get("Idempotency-Key")
 	switch n := utf8.RuneCountInString(key); {
+	case len(r.Header.Values("Idempotency-Key")) > 1:
+		return "", fmt.Errorf("%w: send one Idempotency-Key header; this request has %d", errBadRequest, len(r.Header.Values("Idempotency-Key")))
 	case key == "":
 		return "", fmt.Errorf("%w: the Idempotency-Key header is required: derive it from the decision and reuse it on every retry", errBadRequest)
 	case n > maxKeyLength:

@@ -1,7 +1,9 @@
 package api_test
 
 import (
+	"io"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -104,4 +106,25 @@ func TestHugeListLimitIsCapped(t *testing.T) {
 		r := b.do(t, "GET", "/v1/intents?limit="+l, adminSecret, "", "")
 		require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", l, r.raw)
 	}
+}
+
+// Two Idempotency-Key headers name no one operation: 400, nothing written. The API
+// took the first and ignored the other, so the row's key depended on header order.
+func TestTwoIdempotencyKeysAreBadRequest(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	req, err := http.NewRequestWithContext(t.Context(), "POST", b.url+"/v1/intents",
+		strings.NewReader(`{"connector":"webhook","payload":{}}`))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+agentSecret)
+	req.Header.Add("Idempotency-Key", "first")
+	req.Header.Add("Idempotency-Key", "second")
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	raw, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	require.NoError(t, res.Body.Close())
+	require.Equal(t, http.StatusBadRequest, res.StatusCode, string(raw))
+	require.Contains(t, string(raw), `"bad_request"`)
+	require.Equal(t, 0, b.count(t))
 }
