@@ -212,6 +212,10 @@ func parseCreate(body []byte) (intent.CreateRequest, error) {
 var errBadRequest = errors.New("bad request")
 
 func decodeStrict(body []byte, v any) error {
+	// encoding/json decodes null into a struct as nothing at all.
+	if trimmed := bytes.TrimSpace(body); len(trimmed) > 0 && trimmed[0] != '{' {
+		return fmt.Errorf("%w: the body must be a JSON object", errBadRequest)
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {

@@ -128,3 +128,23 @@ func TestTwoIdempotencyKeysAreBadRequest(t *testing.T) {
 	require.Contains(t, string(raw), `"bad_request"`)
 	require.Equal(t, 0, b.count(t))
 }
+
+// A body that is JSON but not an object ("null") is a bad request (400), as "[]" and
+// "1" are: the decoder took null as an empty request, answered 422 about a missing
+// connector, and the decide routes took it as no reason.
+func TestNullBodyIsBadRequest(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	for _, body := range []string{"null", " null ", "[]", "1"} {
+		r := b.do(t, "POST", "/v1/intents", adminSecret, "k", body)
+		require.Equal(t, http.StatusBadRequest, r.status, "%q: %s", body, r.raw)
+		require.Equal(t, "bad_request", r.errCode(t))
+	}
+	require.Equal(t, 0, b.count(t))
+	r := b.do(t, "POST", "/v1/intents", agentSecret, "pay", `{"connector":"payment","payload":`+paymentPayload+`}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	r = b.do(t, "POST", "/v1/intents/pay/approve", adminSecret, "", "null")
+	require.Equal(t, http.StatusBadRequest, r.status, r.raw)
+	r = b.do(t, "GET", "/v1/intents/pay", adminSecret, "", "")
+	require.Equal(t, "awaiting_approval", r.body["status"])
+}
