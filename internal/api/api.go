@@ -31,8 +31,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -224,7 +227,29 @@ func decodeStrict(body []byte, v any) error {
 	if _, err := dec.Token(); err != io.EOF {
 		return fmt.Errorf("%w: unexpected data after the JSON object", errBadRequest)
 	}
+	// encoding/json matched the names without regard to case ("Connector", and the last
+	// of two such wins); the API's names are exact, as MCP's schema and payloads' are.
+	var fields map[string]json.RawMessage
+	_ = json.Unmarshal(body, &fields) // an object: decoded above
+	known := jsonNames(v)
+	for name := range fields {
+		if !known[name] {
+			return fmt.Errorf("%w: unknown field %q; the fields are %s", errBadRequest, name,
+				strings.Join(slices.Sorted(maps.Keys(known)), ", "))
+		}
+	}
 	return nil
+}
+
+// jsonNames returns the JSON names of the fields of the struct v points to.
+func jsonNames(v any) map[string]bool {
+	t := reflect.TypeOf(v).Elem()
+	names := make(map[string]bool, t.NumField())
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		names[name] = true
+	}
+	return names
 }
 
 // readBody reads the body up to the limit.

@@ -148,3 +148,25 @@ func TestNullBodyIsBadRequest(t *testing.T) {
 	r = b.do(t, "GET", "/v1/intents/pay", adminSecret, "", "")
 	require.Equal(t, "awaiting_approval", r.body["status"])
 }
+
+// Field names match exactly, as MCP's schema and the payload checks match them: Go's
+// decoder took "Connector" or "PAYLOAD" for the documented fields (the last of two
+// such wins), so a body could name one field twice and be read as either.
+func TestFieldNamesMatchExactly(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	for _, body := range []string{
+		`{"Connector":"webhook","payload":{}}`,
+		`{"connector":"webhook","payload":{"a":1},"PAYLOAD":{"a":2}}`,
+		`{"connector":"webhook","payload":{},"Ordering_Key":"x"}`,
+	} {
+		r := b.do(t, "POST", "/v1/intents", adminSecret, "k", body)
+		require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", body, r.raw)
+		require.Equal(t, "bad_request", r.errCode(t))
+	}
+	require.Equal(t, 0, b.count(t))
+	r := b.do(t, "POST", "/v1/intents", adminSecret, "k", `{"connector":"webhook","payload":{}}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	r = b.do(t, "POST", "/v1/intents/k/cancel", adminSecret, "", `{"Reason":"x"}`)
+	require.Equal(t, http.StatusBadRequest, r.status, r.raw)
+}
