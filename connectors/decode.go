@@ -12,29 +12,41 @@ import (
 	"sync"
 )
 
-// DecodeObject decodes a row's JSON object payload into the struct v points to, refusing
-// a field that is not exactly one of v's (by their json tags) and anything after the
-// object. encoding/json alone matches names without regard to case, with Unicode
-// folding, and lets the last match win: a payload with "params" and "paramſ" (a long s)
-// would have the second replace the first, the value that validation checked and an
-// approver saw. Its errors are the row's fault.
+// DecodeObject decodes a row's JSON object payload into the struct v points to, as
+// [DecodeExact] does. Its errors are the row's fault.
 func DecodeObject(raw []byte, v any) error {
+	if err := DecodeExact(raw, v); err != nil {
+		return fmt.Errorf("payload: %w", err)
+	}
+	return nil
+}
+
+// DecodeExact decodes the JSON object raw into the struct v points to, refusing a
+// field that is not exactly one of v's (by their json tags), anything after the object,
+// and a value that is not an object (null would decode as nothing at all).
+// encoding/json alone matches names without regard to case, with Unicode folding, and
+// lets the last match win: a payload with "params" and "paramſ" (a long s) would have
+// the second replace the first, the value that validation checked and an approver saw.
+func DecodeExact(raw []byte, v any) error {
+	if trimmed := bytes.TrimSpace(raw); len(trimmed) > 0 && trimmed[0] != '{' {
+		return errors.New("not a JSON object")
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields() // a misspelt field would otherwise vanish
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("payload: %w", err)
+		return err
 	}
 	if dec.More() {
-		return errors.New("payload: more than one JSON value")
+		return errors.New("more than one JSON value")
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &fields); err != nil {
-		return fmt.Errorf("payload: %w", err)
+		return err
 	}
 	names := jsonNames(reflect.TypeOf(v).Elem())
 	for name := range fields {
 		if _, ok := names[name]; !ok {
-			return fmt.Errorf("payload: field %q is not one of %s (names are matched exactly)", name, strings.Join(slices.Sorted(maps.Keys(names)), ", "))
+			return fmt.Errorf("field %q is not one of %s (names are matched exactly)", name, strings.Join(slices.Sorted(maps.Keys(names)), ", "))
 		}
 	}
 	return nil

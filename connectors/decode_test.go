@@ -34,3 +34,16 @@ func TestDecodeObjectMatchesNamesExactly(t *testing.T) {
 		require.ErrorContains(t, connectors.DecodeObject([]byte(raw), &p), want, raw)
 	}
 }
+
+// A value that is not an object is refused: encoding/json decodes null into a struct as
+// nothing at all.
+func TestDecodeExactRefusesWhatIsNotAnObject(t *testing.T) {
+	var v struct {
+		A int `json:"a"`
+	}
+	for _, raw := range []string{`null`, ` null `, `[]`, `1`, `"a"`} {
+		require.ErrorContains(t, connectors.DecodeExact([]byte(raw), &v), "not a JSON object", raw)
+	}
+	require.NoError(t, connectors.DecodeExact([]byte(` {"a":1} `), &v))
+	require.Equal(t, 1, v.A)
+}

@@ -31,11 +31,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"math"
 	"net/http"
-	"reflect"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,6 +41,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/internal/intent"
 	"github.com/outboxd/outboxd/internal/ops"
 	"github.com/outboxd/outboxd/outbox"
@@ -215,41 +213,10 @@ func parseCreate(body []byte) (intent.CreateRequest, error) {
 var errBadRequest = errors.New("bad request")
 
 func decodeStrict(body []byte, v any) error {
-	// encoding/json decodes null into a struct as nothing at all.
-	if trimmed := bytes.TrimSpace(body); len(trimmed) > 0 && trimmed[0] != '{' {
-		return fmt.Errorf("%w: the body must be a JSON object", errBadRequest)
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if err := connectors.DecodeExact(body, v); err != nil {
 		return fmt.Errorf("%w: the body is not a valid JSON object of this request: %v", errBadRequest, err)
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("%w: unexpected data after the JSON object", errBadRequest)
-	}
-	// encoding/json matched the names without regard to case ("Connector", and the last
-	// of two such wins); the API's names are exact, as MCP's schema and payloads' are.
-	var fields map[string]json.RawMessage
-	_ = json.Unmarshal(body, &fields) // an object: decoded above
-	known := jsonNames(v)
-	for name := range fields {
-		if !known[name] {
-			return fmt.Errorf("%w: unknown field %q; the fields are %s", errBadRequest, name,
-				strings.Join(slices.Sorted(maps.Keys(known)), ", "))
-		}
-	}
 	return nil
-}
-
-// jsonNames returns the JSON names of the fields of the struct v points to.
-func jsonNames(v any) map[string]bool {
-	t := reflect.TypeOf(v).Elem()
-	names := make(map[string]bool, t.NumField())
-	for i := range t.NumField() {
-		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
-		names[name] = true
-	}
-	return names
 }
 
 // readBody reads the body up to the limit.
