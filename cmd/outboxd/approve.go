@@ -65,7 +65,7 @@ func newDecideCmd(e *env, verb string, do decideFunc, short, long, example strin
 			if asJSON {
 				return writeJSON(e.stdout, in)
 			}
-			fmt.Fprintf(e.stdout, "%s: %s\n", in.Key, in.Status)
+			fmt.Fprintf(e.stdout, "%s: %s\n", keyText(in.Key), in.Status)
 			return nil
 		},
 	}

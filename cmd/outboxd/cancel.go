@@ -69,7 +69,7 @@ func reportCancel(e *env, res ops.CancelResult, asJSON bool) error {
 		w := e.stdout
 		fmt.Fprintf(w, "canceled: %d\n", len(res.Canceled))
 		for _, k := range res.Canceled {
-			fmt.Fprintf(w, "  %s\n", k)
+			fmt.Fprintf(w, "  %s\n", keyText(k))
 		}
 		writeLeftAlone(w, res.Unchanged, "already canceled", res.Refused, res.NotFound)
 	}

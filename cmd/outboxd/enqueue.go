@@ -66,7 +66,7 @@ func newEnqueueCmd(e *env) *cobra.Command {
 				verb = "already enqueued"
 			}
 			fmt.Fprintf(e.stdout, "%s %s (id %d, connector %s, status %s, next attempt %s)\n",
-				verb, in.Key, in.ID, in.Connector, in.Status, stamp(in.NextAttemptAt))
+				verb, keyText(in.Key), in.ID, in.Connector, in.Status, stamp(in.NextAttemptAt))
 			return nil
 		},
 	}

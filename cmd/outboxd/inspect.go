@@ -77,26 +77,26 @@ func writeDetail(w io.Writer, d ops.Detail) error {
 	in := d.Intent
 	tw := newTable(w)
 	field := func(name, value string) { fmt.Fprintf(tw, "%s:\t%s\n", name, value) }
-	field("key", in.Key)
+	field("key", keyText(in.Key))
 	field("id", strconv.FormatInt(in.ID, 10))
 	field("connector", in.Connector)
 	field("status", in.Status)
 	field("attempts", strconv.Itoa(in.Attempts))
 	field("ambiguous", yesNo(d.Ambiguous, "yes: the receiver may have acted on the latest attempt"))
-	field("ordering key", cell(in.OrderingKey, 0))
+	field("ordering key", orDash(in.OrderingKey, keyText))
 	field("created", stamp(in.CreatedAt))
 	field("updated", stamp(in.UpdatedAt))
 	field("first attempt", stamp(d.FirstAttemptAt))
 	field("next attempt", stamp(in.NextAttemptAt))
 	field("delivered", stamp(in.DeliveredAt))
 	if d.LeaseOwner != "" {
-		field("lease", fmt.Sprintf("%s until %s", d.LeaseOwner, stamp(d.LeaseExpiresAt)))
+		field("lease", fmt.Sprintf("%s until %s", printable(d.LeaseOwner), stamp(d.LeaseExpiresAt)))
 	}
 	if in.CreatedBy != "" {
-		field("created by", in.CreatedBy)
+		field("created by", printable(in.CreatedBy))
 	}
 	for _, k := range sortedKeys(in.Headers) {
-		field("header "+k, in.Headers[k])
+		field("header "+printable(k), printable(in.Headers[k]))
 	}
 	field("last error", cell(in.LastError, 0))
 	if err := tw.Flush(); err != nil {
@@ -159,6 +159,14 @@ func writeIndentedJSON(w io.Writer, raw json.RawMessage) {
 		return
 	}
 	fmt.Fprintf(w, "  %s\n", b.String())
+}
+
+// orDash is show(s), or "-" when s is empty.
+func orDash(s string, show func(string) string) string {
+	if s == "" {
+		return "-"
+	}
+	return show(s)
 }
 
 func yesNo(v bool, yes string) string {

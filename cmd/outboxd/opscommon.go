@@ -8,9 +8,11 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -81,15 +83,57 @@ func newTable(w io.Writer) *tabwriter.Writer {
 	return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 }
 
-// cell makes s fit one table cell: one line, at most n runes, "-" when empty.
+// cell makes s fit one table cell: one line of printable text (see printable), at most
+// n runes, "-" when empty.
 func cell(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
+	s = printable(strings.Join(strings.Fields(s), " "))
 	if s == "" {
 		return "-"
 	}
+	return truncate(s, n)
+}
+
+// truncate cuts s to at most n runes, marking a cut with "…"; n <= 0 keeps it whole.
+func truncate(s string, n int) string {
 	if n > 0 && utf8.RuneCountInString(s) > n {
 		r := []rune(s)
 		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+// printable replaces each character a terminal would act on instead of showing it
+// (control characters such as ESC, which starts an escape sequence, and invisible
+// format characters such as a right-to-left override) by its Go escape, \x1b or
+// \u202e. Stored text comes from applications, plain SQL and receivers' answers (a
+// row's last error), and must not clear, retitle or redraw the operator's terminal.
+func printable(s string) string {
+	if strings.IndexFunc(s, notGraphic) < 0 {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if notGraphic(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func notGraphic(r rune) bool { return !unicode.IsGraphic(r) }
+
+// keyText shows an idempotency key (or an ordering key) so that a person can read it
+// back exactly: as it is when it is all printable characters without white space, else
+// quoted as a Go string ("order  42", "evil\x1b[2J"), which a table does not collapse
+// into another key and a terminal does not act on. A key that starts with a quote is
+// quoted too, so that it is not taken for the quoted form of another.
+func keyText(s string) string {
+	if s == "" || strings.HasPrefix(s, `"`) ||
+		strings.IndexFunc(s, func(r rune) bool { return notGraphic(r) || unicode.IsSpace(r) }) >= 0 {
+		return strconv.Quote(s)
 	}
 	return s
 }
@@ -268,16 +312,16 @@ func stderrTerminal(w io.Writer) bool {
 func writeLeftAlone(w io.Writer, unchanged []string, why string, refused map[string]string, notFound []string) {
 	fmt.Fprintf(w, "unchanged: %d\n", len(unchanged))
 	for _, k := range unchanged {
-		fmt.Fprintf(w, "  %s (%s)\n", k, why)
+		fmt.Fprintf(w, "  %s (%s)\n", keyText(k), why)
 	}
 	fmt.Fprintf(w, "refused: %d\n", len(refused))
 	for _, k := range sortedKeys(refused) {
-		fmt.Fprintf(w, "  %s: %s\n", k, refused[k])
+		fmt.Fprintf(w, "  %s: %s\n", keyText(k), printable(refused[k]))
 	}
 	if len(notFound) > 0 {
 		fmt.Fprintf(w, "not found: %d\n", len(notFound))
 		for _, k := range notFound {
-			fmt.Fprintf(w, "  %s: no intent has this key\n", k)
+			fmt.Fprintf(w, "  %s: no intent has this key\n", keyText(k))
 		}
 	}
 }

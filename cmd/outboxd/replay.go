@@ -267,9 +267,9 @@ func reportReplay(e *env, res ops.ReplayResult, notes []string, sel ops.Selectio
 		fmt.Fprintf(w, "%s: %d\n", verb, len(res.Replayed))
 		for _, k := range res.Replayed {
 			if nk, ok := res.NewKeys[k]; ok {
-				fmt.Fprintf(w, "  %s -> %s\n", k, nk)
+				fmt.Fprintf(w, "  %s -> %s\n", keyText(k), keyText(nk))
 			} else {
-				fmt.Fprintf(w, "  %s\n", k)
+				fmt.Fprintf(w, "  %s\n", keyText(k))
 			}
 		}
 		writeLeftAlone(w, res.Unchanged, "already pending", res.Refused, res.NotFound)

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// Keys written by plain SQL and receivers' answers (kept in last_error) may hold control
+// characters and terminal escape sequences. The text output of the operator commands must
+// not pass them to the operator's terminal, where they would clear the screen, retitle
+// the window or draw a fake table row, and must show a key so that it can be told from
+// another and typed back.
+func TestTextOutputEscapesControlCharacters(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	const (
+		evilKey   = "evil\x1b[2J\x1b]0;owned\x07key"
+		spacedKey = "order  42" // two spaces: not "order 42"
+		tabKey    = "order\t42"
+	)
+	d.insert(t, fixture{Key: evilKey, Status: outbox.StatusDead, Payload: `{}`,
+		LastError: "POST http://127.0.0.1/hook: receiver answered 400 Bad Request: \x1b[31mok\x1b[0m"})
+	d.insert(t, fixture{Key: spacedKey, Status: outbox.StatusPending})
+	d.insert(t, fixture{Key: "order 42", Status: outbox.StatusPending})
+	d.insert(t, fixture{Key: tabKey, Status: outbox.StatusPending, Payload: `{}`})
+
+	code, out, errOut := d.cli(t, "", "list")
+	require.Equal(t, exitOK, code, errOut)
+	require.NotContains(t, out, "\x1b", "list passes an escape sequence to the terminal:\n%q", out)
+	require.NotContains(t, out, "\x07")
+	require.Contains(t, out, `"evil\x1b[2J\x1b]0;owned\akey"`)
+	require.Contains(t, out, `"order  42"`)
+	require.Contains(t, out, `"order 42"`)
+	require.Contains(t, out, `"order\t42"`)
+
+	code, out, errOut = d.cli(t, "", "inspect", evilKey)
+	require.Equal(t, exitOK, code, errOut)
+	require.NotContains(t, out, "\x1b", "inspect passes an escape sequence to the terminal:\n%q", out)
+	require.Regexp(t, `(?m)^key:\s+"evil\\x1b\[2J\\x1b\]0;owned\\akey"$`, out)
+
+	code, out, errOut = d.cli(t, "", "cancel", evilKey, spacedKey)
+	require.Equal(t, exitFailure, code, errOut) // the dead row is refused
+	require.NotContains(t, out, "\x1b", "cancel passes an escape sequence to the terminal:\n%q", out)
+	require.Contains(t, out, "canceled: 1\n  \"order  42\"\n")
+
+	code, out, errOut = d.cli(t, "", "replay", "--key", evilKey, "--dry-run")
+	require.Equal(t, exitOK, code, errOut)
+	require.NotContains(t, out, "\x1b", "replay passes an escape sequence to the terminal:\n%q", out)
+
+	// A plain key is shown as it is.
+	d.insert(t, fixture{Key: "order-43/notify-crm", Status: outbox.StatusPending})
+	code, out, errOut = d.cli(t, "", "list", "--key-prefix", "order-43")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^order-43/notify-crm\s`, out)
+	require.False(t, strings.Contains(out, `"order-43`))
+}
