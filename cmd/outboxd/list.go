@@ -81,7 +81,7 @@ func writeList(w io.Writer, page ops.Page) error {
 		if in.Status == outbox.StatusPending {
 			next = stamp(in.NextAttemptAt)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", truncate(keyText(in.Key), 60), in.Connector, in.Status,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", keyText(in.Key), in.Connector, in.Status,
 			strconv.Itoa(in.Attempts), stamp(in.CreatedAt), next, cell(in.LastError, 60))
 	}
 	if err := tw.Flush(); err != nil {

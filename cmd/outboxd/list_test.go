@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,4 +93,21 @@ func TestListPages(t *testing.T) {
 		after = page.Next
 	}
 	require.Equal(t, []string{"p-2", "p-1", "p-0"}, seen)
+}
+
+// Keys run to 255 characters, and keys derived from the work share long prefixes
+// (outbox.Key of a run id and step). list must show each key whole: cut at 60
+// characters, two rows showed the same text, and neither could be passed to inspect.
+func TestListShowsLongKeysWhole(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	prefix := strings.Repeat("run-0123456789/", 5) // 75 characters
+	for _, k := range []string{prefix + "notify-crm", prefix + "notify-erp"} {
+		d.insert(t, fixture{Key: k, Status: outbox.StatusDead})
+	}
+	code, out, errOut := d.cli(t, "", "list", "--status", "dead")
+	require.Equal(t, exitOK, code, errOut)
+	for _, k := range []string{prefix + "notify-crm", prefix + "notify-erp"} {
+		require.Regexp(t, `(?m)^`+regexp.QuoteMeta(k)+`\s`, out)
+	}
 }
