@@ -29,7 +29,7 @@ func newListCmd(e *env) *cobra.Command {
   outboxd list --key-prefix order-42 --json | jq '.intents[].key'
   outboxd list --status dead --after eyJjIjoi...   # the next page`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			filter, err := f.filter()
+			filter, err := f.filter(cmd)
 			if err != nil {
 				return err
 			}

@@ -220,8 +220,19 @@ func (f *filterFlags) set(cmd *cobra.Command) bool {
 }
 
 // filter returns the ops.Filter; statuses are trimmed and lowercased, and a negative
-// duration or limit is a usage error here rather than in the library.
-func (f *filterFlags) filter() (ops.Filter, error) {
+// duration or limit is a usage error here rather than in the library. So is a filter
+// given with an empty value (--connector "$UNSET"), which the library takes for no
+// filter: replay would select the rows of every connector.
+func (f *filterFlags) filter(cmd *cobra.Command) (ops.Filter, error) {
+	for _, given := range []struct{ name, value string }{
+		{"status", strings.Trim(strings.Join(f.status, ","), " ,")}, {"connector", f.connector},
+		{"key-prefix", f.keyPrefix}, {"error-contains", f.errorContains}, {"ordering-key", f.orderingKey},
+	} {
+		if given.value == "" && cmd.Flags().Changed(given.name) {
+			return ops.Filter{}, usagef("--%s is empty; leave it out to select rows whatever their %s",
+				given.name, strings.ReplaceAll(given.name, "-", " "))
+		}
+	}
 	if f.olderThan < 0 {
 		return ops.Filter{}, usagef("--older-than: %s is negative", f.olderThan)
 	}

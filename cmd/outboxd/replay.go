@@ -100,7 +100,7 @@ func replaySelection(cmd *cobra.Command, f *filterFlags, keys []string) (ops.Sel
 	case !byFilter:
 		return ops.Selection{}, usagef("say which rows to replay: --key KEY, or filters such as --status dead")
 	}
-	filter, err := f.filter()
+	filter, err := f.filter(cmd)
 	if err != nil {
 		return ops.Selection{}, err
 	}

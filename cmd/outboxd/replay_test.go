@@ -150,3 +150,31 @@ func TestReplayThenRelayDeliversOnce(t *testing.T) {
 	require.Empty(t, rcv.DuplicateKeys())
 	require.Equal(t, 3, strings.Count(out, "\n  dead-"))
 }
+
+// A filter flag given an empty value (a shell variable that was not set: --connector
+// "$CONNECTOR") must be refused, not taken as no filter: replay --connector "" --status
+// dead replayed the dead rows of every connector, and replay --status "" selected rows in
+// every status.
+func TestReplayRefusesEmptyFilterValues(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.seedEveryState(t)
+	for _, args := range [][]string{
+		{"replay", "--connector", "", "--status", "dead", "--yes"},
+		{"replay", "--status", "", "--yes"},
+		{"replay", "--status", ",", "--yes"},
+		{"replay", "--key-prefix", "", "--yes"},
+		{"replay", "--error-contains", "", "--status", "dead", "--yes"},
+		{"replay", "--ordering-key", "", "--yes"},
+		{"list", "--status", ""},
+		{"list", "--connector", ""},
+	} {
+		code, _, errOut := d.cli(t, "", args...)
+		require.Equal(t, exitUsage, code, "%v: %s", args, errOut)
+		require.Contains(t, errOut, "is empty", args)
+	}
+	require.Equal(t, outbox.StatusDead, d.status(t, "k-dead"))
+	require.Equal(t, outbox.StatusDead, d.status(t, "s-dead"))
+	require.Equal(t, outbox.StatusHeld, d.status(t, "k-held"))
+	require.Zero(t, d.count(t, `SELECT count(*) FROM outbox_audit`))
+}
