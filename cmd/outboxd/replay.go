@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 
@@ -57,8 +58,8 @@ func newReplayCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if o.Rate < 0 {
-				return usagef("--rate: %g is negative", o.Rate)
+			if !(o.Rate >= 0) || math.IsInf(o.Rate, 1) { // NaN too, which caps nothing
+				return usagef("--rate: %g is not a number of rows per second (0 for no cap)", o.Rate)
 			}
 			if o.BatchSize < 0 {
 				return usagef("--batch-size: %d is negative", o.BatchSize)

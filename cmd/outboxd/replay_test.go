@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -177,4 +178,25 @@ func TestReplayRefusesEmptyFilterValues(t *testing.T) {
 	require.Equal(t, outbox.StatusDead, d.status(t, "s-dead"))
 	require.Equal(t, outbox.StatusHeld, d.status(t, "k-held"))
 	require.Zero(t, d.count(t, `SELECT count(*) FROM outbox_audit`))
+}
+
+// --rate takes any float, NaN and Inf included. NaN passed the "negative" check and then
+// capped nothing (NaN > 0 is false): replay --rate NaN ran at full speed, the opposite of
+// what an operator pacing the replay asked for.
+func TestReplayRefusesRateThatIsNotANumber(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.seedEveryState(t)
+	for _, rate := range []string{"NaN", "Inf", "+Inf"} {
+		code, _, errOut := d.cli(t, "", "replay", "--status", "dead", "--rate", rate, "--yes")
+		require.Equal(t, exitUsage, code, "%s: %s", rate, errOut)
+		require.Contains(t, errOut, "--rate", rate)
+	}
+	require.Equal(t, outbox.StatusDead, d.status(t, "k-dead"))
+	require.Zero(t, d.count(t, `SELECT count(*) FROM outbox_audit`))
+
+	_, err := ops.Replay(t.Context(), d.pool, ops.Selection{Keys: []string{"k-dead"}},
+		ops.ReplayOptions{Actor: "alice", Rate: math.NaN()})
+	require.ErrorIs(t, err, ops.ErrInvalidOptions)
+	require.Equal(t, outbox.StatusDead, d.status(t, "k-dead"))
 }

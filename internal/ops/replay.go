@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -156,8 +157,8 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayO
 	if opts.Actor == "" {
 		return res, fmt.Errorf("%w: Actor: say who replays, for the audit trail", ErrInvalidOptions)
 	}
-	if opts.Rate < 0 {
-		return res, fmt.Errorf("%w: Rate: %g is negative", ErrInvalidOptions, opts.Rate)
+	if !(opts.Rate >= 0) || math.IsInf(opts.Rate, 1) { // NaN too, which caps nothing
+		return res, fmt.Errorf("%w: Rate: %g is not a number of rows per second", ErrInvalidOptions, opts.Rate)
 	}
 	now, err := dbNowOr(ctx, pool, opts.Now)
 	if err != nil {
