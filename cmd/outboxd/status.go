@@ -93,7 +93,7 @@ func watchStatus(ctx context.Context, w io.Writer, read func(context.Context) (o
 		if err := writeStatus(&b, rep, g); err != nil {
 			return err
 		}
-		fmt.Fprintf(&b, "\nrefreshing every %s at %s; Ctrl-C to stop\n", statusWatchInterval, rep.Now.Format("15:04:05"))
+		fmt.Fprintf(&b, "\nrefreshing every %s at %s; Ctrl-C to stop\n", statusWatchInterval, rep.Now.UTC().Format("15:04:05Z"))
 		if _, err := io.WriteString(w, b.String()); err != nil {
 			return err
 		}

@@ -152,3 +152,20 @@ func TestStatusWatch(t *testing.T) {
 	code, _, _ = d.cli(t, "", "status", "--watch", "--json")
 	require.Equal(t, exitUsage, code)
 }
+
+// Every time the operator commands print is in UTC and says so ("...Z"). The watch
+// footer printed the report's time in the zone the database driver gave it (the
+// process's local zone) without naming the zone: "at 12:00:00" beside a table whose
+// times are UTC.
+func TestStatusWatchFooterTimeIsUTC(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	out := &cancelOnWrite{cancel: cancel}
+	now := time.Date(2030, 6, 1, 12, 0, 0, 0, time.FixedZone("CEST", 2*3600))
+	err := watchStatus(ctx, out, func(context.Context) (ops.Report, error) {
+		return ops.Report{Now: now, Verdict: ops.VerdictHealthy}, nil
+	}, nil)
+	require.NoError(t, err)
+	require.Contains(t, out.buf.String(), " at 10:00:00Z; Ctrl-C to stop")
+}
