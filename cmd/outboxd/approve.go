@@ -63,7 +63,7 @@ func newDecideCmd(e *env, verb string, do decideFunc, short, long, example strin
 				return opsError(err)
 			}
 			if asJSON {
-				return writeJSON(e.stdout, in)
+				return writeJSON(e.stdout, ops.WithoutCredentials(in)) // as the intent API shows it
 			}
 			fmt.Fprintf(e.stdout, "%s: %s\n", keyText(in.Key), in.Status)
 			return nil

@@ -56,6 +56,7 @@ func newInspectCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			d.Intent = ops.WithoutCredentials(d.Intent) // as the intent API shows it
 			if asJSON {
 				if d.Attempts == nil {
 					d.Attempts = []ops.Attempt{}

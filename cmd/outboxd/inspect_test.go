@@ -61,3 +61,30 @@ VALUES ($1, 'replay', 'bob', 'receiver fixed', $2, '{"from_status": "dead"}')`, 
 	require.Contains(t, errOut, `no intent has key "nope"`)
 	require.NotContains(t, errOut, "usage")
 }
+
+// A row's Authorization, Proxy-Authorization and Cookie headers are credentials for the
+// receiver. The intent API shows them to no token, admin included, as REDACTED; inspect,
+// list --json and approve --json printed them in full to the terminal, and from there to
+// tickets and chat.
+func TestReadCommandsRedactCredentialHeaders(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	_, err := d.pool.Exec(t.Context(), `
+INSERT INTO outbox (idempotency_key, connector, payload, status, headers)
+VALUES ('with-creds', 'webhook', '{}', 'awaiting_approval',
+        '{"Authorization": "Bearer s3cret-a", "cookie": "sid=s3cret-c", "X-Trace": "t-1"}')`)
+	require.NoError(t, err)
+
+	for _, args := range [][]string{
+		{"inspect", "with-creds"},
+		{"inspect", "with-creds", "--json"},
+		{"list", "--json"},
+		{"approve", "with-creds", "--json"},
+	} {
+		code, out, errOut := d.cli(t, "", args...)
+		require.Equal(t, exitOK, code, "%v: %s", args, errOut)
+		require.NotContains(t, out, "s3cret", args)
+		require.Contains(t, out, "REDACTED", args)
+		require.Contains(t, out, "t-1", args)
+	}
+}

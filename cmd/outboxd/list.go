@@ -44,7 +44,11 @@ func newListCmd(e *env) *cobra.Command {
 				return opsError(err)
 			}
 			if asJSON {
-				err = writeJSON(e.stdout, listJSON{Intents: append([]outbox.Intent{}, page.Intents...), Next: page.Next})
+				intents := make([]outbox.Intent, 0, len(page.Intents))
+				for _, in := range page.Intents {
+					intents = append(intents, ops.WithoutCredentials(in)) // as the intent API shows them
+				}
+				err = writeJSON(e.stdout, listJSON{Intents: intents, Next: page.Next})
 			} else {
 				err = writeList(e.stdout, page)
 			}

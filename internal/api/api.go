@@ -279,30 +279,8 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, tok *intent.Tok
 		status = http.StatusOK
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
-	writeJSON(w, status, withoutCredentials(in))
+	writeJSON(w, status, ops.WithoutCredentials(in))
 	return nil
-}
-
-// credentialHeaders are row headers whose values are credentials for the receiver (a
-// row's Authorization replaces a webhook instance's own), which no token is shown.
-var credentialHeaders = map[string]bool{"authorization": true, "proxy-authorization": true, "cookie": true}
-
-// withoutCredentials returns in with the values of its credential headers redacted.
-func withoutCredentials(in outbox.Intent) outbox.Intent {
-	for name := range in.Headers {
-		if credentialHeaders[strings.ToLower(name)] {
-			h := make(map[string]string, len(in.Headers))
-			for k, v := range in.Headers {
-				if credentialHeaders[strings.ToLower(k)] {
-					v = "REDACTED"
-				}
-				h[k] = v
-			}
-			in.Headers = h
-			break
-		}
-	}
-	return in
 }
 
 type keyConflict struct {
@@ -322,7 +300,7 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request, tok *intent.Token)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, withoutCredentials(in))
+	writeJSON(w, http.StatusOK, ops.WithoutCredentials(in))
 	return nil
 }
 
@@ -353,7 +331,7 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, tok *intent.Token
 		page.Intents = []outbox.Intent{}
 	}
 	for i := range page.Intents {
-		page.Intents[i] = withoutCredentials(page.Intents[i])
+		page.Intents[i] = ops.WithoutCredentials(page.Intents[i])
 	}
 	writeJSON(w, http.StatusOK, page)
 	return nil
@@ -384,7 +362,7 @@ func (h *Handler) decide(do func(ctx context.Context, tok *intent.Token, key, re
 		if err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusOK, withoutCredentials(in))
+		writeJSON(w, http.StatusOK, ops.WithoutCredentials(in))
 		return nil
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -126,4 +127,27 @@ func Inspect(ctx context.Context, db outbox.DB, key string) (Detail, error) {
 		return Detail{}, fmt.Errorf("inspect %q: audit: %w", key, err)
 	}
 	return d, nil
+}
+
+// credentialHeaders are row headers whose values are credentials for the receiver (a
+// row's Authorization replaces a webhook instance's own), which no API token is shown and
+// the CLI does not print.
+var credentialHeaders = map[string]bool{"authorization": true, "proxy-authorization": true, "cookie": true}
+
+// WithoutCredentials returns in with the values of its credential headers redacted.
+func WithoutCredentials(in outbox.Intent) outbox.Intent {
+	for name := range in.Headers {
+		if credentialHeaders[strings.ToLower(name)] {
+			h := make(map[string]string, len(in.Headers))
+			for k, v := range in.Headers {
+				if credentialHeaders[strings.ToLower(k)] {
+					v = "REDACTED"
+				}
+				h[k] = v
+			}
+			in.Headers = h
+			break
+		}
+	}
+	return in
 }
