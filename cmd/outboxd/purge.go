@@ -34,6 +34,9 @@ func newPurgeCmd(e *env) *cobra.Command {
 			if olderThan < 0 {
 				return usagef("--older-than: %s is negative", olderThan)
 			}
+			if cmd.Flags().Changed("reason") && !o.PayloadOnly {
+				return usagef("--reason is recorded only with --payload-only; deleted rows keep no audit trail")
+			}
 			if o.BatchSize < 0 {
 				return usagef("--batch-size: %d is negative", o.BatchSize)
 			}
@@ -60,7 +63,7 @@ func newPurgeCmd(e *env) *cobra.Command {
 	fs.Duration("older-than", 0, "purge rows delivered or canceled more than this long ago (required), e.g. 168h")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "count the rows and change nothing")
 	fs.BoolVar(&o.PayloadOnly, "payload-only", false, "keep the rows and empty their payload")
-	fs.StringVar(&o.Reason, "reason", "", "why, for the audit trail of --payload-only")
+	fs.StringVar(&o.Reason, "reason", "", "why, for the audit trail (with --payload-only only)")
 	fs.IntVar(&o.BatchSize, "batch-size", 0, "rows per statement (default 500)")
 	fs.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd

@@ -45,3 +45,17 @@ func TestPurge(t *testing.T) {
 	require.Equal(t, 1, d.count(t, `SELECT count(*) FROM outbox WHERE idempotency_key = 'old-pending'`))
 	require.Equal(t, 1, d.count(t, `SELECT count(*) FROM outbox WHERE idempotency_key = 'old-dead'`))
 }
+
+// --reason is recorded only with --payload-only: a deleted row keeps no audit trail. An
+// operator who gave a reason for a delete (purge --older-than 24h --reason "GDPR
+// erasure", meaning to add --payload-only) had the rows deleted and the reason dropped
+// without a word; the flags conflict, which is a usage error before anything changes.
+func TestPurgeReasonNeedsPayloadOnly(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.insert(t, fixture{Key: "old-delivered", Status: "delivered", Age: 48 * time.Hour})
+	code, _, errOut := d.cli(t, "", "purge", "--older-than", "24h", "--reason", "GDPR erasure")
+	require.Equal(t, exitUsage, code, errOut)
+	require.Contains(t, errOut, "--payload-only")
+	require.Equal(t, 1, d.count(t, `SELECT count(*) FROM outbox`))
+}
