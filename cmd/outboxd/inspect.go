@@ -156,10 +156,10 @@ func writeIndentedJSON(w io.Writer, raw json.RawMessage) {
 	}
 	var b bytes.Buffer
 	if err := json.Indent(&b, raw, "  ", "  "); err != nil {
-		fmt.Fprintf(w, "  %s\n", raw)
+		fmt.Fprintf(w, "  %s\n", printable(string(raw)))
 		return
 	}
-	fmt.Fprintf(w, "  %s\n", b.String())
+	fmt.Fprintf(w, "  %s\n", jsonEscaped(b.Bytes()))
 }
 
 // orDash is show(s), or "-" when s is empty.

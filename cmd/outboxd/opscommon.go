@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -70,12 +72,43 @@ func (f *dbFlag) open(ctx context.Context, e *env) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// writeJSON prints v as indented JSON.
+// writeJSON prints v as indented JSON, with the characters a terminal would act on
+// escaped (see jsonEscaped).
 func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := w.Write(jsonEscaped(b.Bytes()))
+	return err
+}
+
+// jsonEscaped writes the characters of JSON text js that are not graphic, other than
+// its line breaks and indentation, as \u escapes, which mean the same characters. JSON
+// and jsonb escape only those below U+0020; a receiver's answer or a payload may also
+// hold C1 controls (U+009B starts an escape sequence on some terminals), DEL or format
+// characters (U+202E makes the text after it read backwards). Outside strings, valid
+// JSON holds no such character.
+func jsonEscaped(js []byte) []byte {
+	if bytes.IndexFunc(js, func(r rune) bool { return notGraphic(r) && r != '\n' && r != ' ' }) < 0 {
+		return js
+	}
+	var b bytes.Buffer
+	for _, r := range string(js) {
+		if !notGraphic(r) || r == '\n' || r == ' ' {
+			b.WriteRune(r)
+			continue
+		}
+		if r1, r2 := utf16.EncodeRune(r); r1 != utf8.RuneError {
+			fmt.Fprintf(&b, "\\u%04x\\u%04x", r1, r2)
+		} else {
+			fmt.Fprintf(&b, "\\u%04x", r)
+		}
+	}
+	return b.Bytes()
 }
 
 // newTable returns a tabwriter for aligned columns; Flush it when done.

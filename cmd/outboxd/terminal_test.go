@@ -1,11 +1,13 @@
 package main
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxd/outboxd/internal/ops"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -57,4 +59,36 @@ func TestTextOutputEscapesControlCharacters(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	require.Regexp(t, `(?m)^order-43/notify-crm\s`, out)
 	require.False(t, strings.Contains(out, `"order-43`))
+}
+
+// A receiver's answer is stored as it came (its result), and jsonb escapes only the
+// control characters below U+0020: C1 controls such as U+009B (CSI, which some terminals
+// take as the start of an escape sequence), DEL and format characters such as U+202E
+// (right-to-left override, which makes the text after it read backwards) came through
+// inspect's payload and result as they were.
+func TestInspectEscapesPayloadAndResult(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	_, err := d.pool.Exec(t.Context(), `
+INSERT INTO outbox (idempotency_key, connector, payload, status, result, delivered_at)
+VALUES ('k', 'webhook', '{"note": "a\u202eb"}', 'delivered', '{"body": "\u009b2J\u007f\u001b"}', now())`)
+	require.NoError(t, err)
+	code, out, errOut := d.cli(t, "", "inspect", "k")
+	require.Equal(t, exitOK, code, errOut)
+	for _, r := range []string{"\u202e", "\u009b", "\u007f", "\x1b"} {
+		require.NotContains(t, out, r, "%q", out)
+	}
+	require.Contains(t, out, `"note": "a\u202eb"`)
+	require.Contains(t, out, `"body": "\u009b2J\u007f\u001b"`)
+
+	// --json too, and it still means the same text.
+	code, out, errOut = d.cli(t, "", "inspect", "k", "--json")
+	require.Equal(t, exitOK, code, errOut)
+	for _, r := range []string{"\u202e", "\u009b", "\u007f", "\x1b"} {
+		require.NotContains(t, out, r, "%q", out)
+	}
+	var got ops.Detail
+	require.NoError(t, json.Unmarshal([]byte(out), &got))
+	require.JSONEq(t, `{"note": "a\u202eb"}`, string(got.Intent.Payload))
+	require.JSONEq(t, `{"body": "\u009b2J\u007f\u001b"}`, string(got.Intent.Result))
 }
