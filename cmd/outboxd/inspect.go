@@ -88,7 +88,11 @@ func writeDetail(w io.Writer, d ops.Detail) error {
 	field("created", stamp(in.CreatedAt))
 	field("updated", stamp(in.UpdatedAt))
 	field("first attempt", stamp(d.FirstAttemptAt))
-	field("next attempt", stamp(in.NextAttemptAt))
+	next := "-" // as in list: only a row waiting to be sent has a next attempt
+	if in.Status == outbox.StatusPending || in.Status == outbox.StatusAwaitingApproval {
+		next = stamp(in.NextAttemptAt) // awaiting approval: not before this, once approved
+	}
+	field("next attempt", next)
 	field("delivered", stamp(in.DeliveredAt))
 	if d.LeaseOwner != "" {
 		field("lease", fmt.Sprintf("%s until %s", printable(d.LeaseOwner), stamp(d.LeaseExpiresAt)))

@@ -88,3 +88,25 @@ VALUES ('with-creds', 'webhook', '{}', 'awaiting_approval',
 		require.Contains(t, out, "t-1", args)
 	}
 }
+
+// A dead, held, delivered or canceled row has no next attempt (replay decides one), yet
+// inspect printed its stale next_attempt_at as "next attempt: <time>", which reads as a
+// retry scheduled; list shows "-" for them. Pending rows, and rows awaiting approval
+// (whose not-before it is), keep it.
+func TestInspectShowsNoNextAttemptForRowsThatWillNotBeAttempted(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.seedEveryState(t)
+	for key, want := range map[string]bool{
+		"k-dead": false, "k-held": false, "k-delivered": false, "k-canceled": false, "k-delivering": false,
+		"k-pending": true, "k-awaiting": true,
+	} {
+		code, out, errOut := d.cli(t, "", "inspect", key)
+		require.Equal(t, exitOK, code, errOut)
+		if want {
+			require.Regexp(t, `(?m)^next attempt:\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ$`, out, key)
+		} else {
+			require.Regexp(t, `(?m)^next attempt:\s+-$`, out, key)
+		}
+	}
+}
