@@ -124,6 +124,13 @@ func replay(ctx context.Context, e *env, pool *pgxpool.Pool, sel ops.Selection, 
 		return opsError(err)
 	}
 	if sel.Filter != nil && len(planKeys(plan)) == 0 {
+		if run.json {
+			// As list does: an empty result, then the failure a script can test for.
+			plan.DryRun = o.DryRun
+			if err := writeJSON(e.stdout, replayJSON{ReplayResult: plan}); err != nil {
+				return err
+			}
+		}
 		return errNoMatch
 	}
 	var notes []string

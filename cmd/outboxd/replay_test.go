@@ -200,3 +200,26 @@ func TestReplayRefusesRateThatIsNotANumber(t *testing.T) {
 	require.ErrorIs(t, err, ops.ErrInvalidOptions)
 	require.Equal(t, outbox.StatusDead, d.status(t, "k-dead"))
 }
+
+// With --json, stdout is JSON whenever the command got as far as selecting rows, as for
+// list, whose empty selection prints {"intents": [], ...} and exits 1. A replay whose
+// filters matched nothing printed nothing at all, so a script reading its JSON (jq
+// .replayed) failed on empty input instead of reading an empty result.
+func TestReplayJSONWithNoMatchIsJSON(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.seedEveryState(t)
+	for _, dry := range []bool{true, false} {
+		args := []string{"replay", "--status", "dead", "--connector", "nope", "--yes", "--json"}
+		if dry {
+			args = append(args, "--dry-run")
+		}
+		code, out, errOut := d.cli(t, "", args...)
+		require.Equal(t, exitFailure, code)
+		require.Equal(t, "outboxd: no intents match the filters; nothing was changed\n", errOut)
+		var res ops.ReplayResult
+		require.NoError(t, json.Unmarshal([]byte(out), &res), "stdout: %q", out)
+		require.Empty(t, res.Replayed)
+		require.Equal(t, dry, res.DryRun)
+	}
+}
