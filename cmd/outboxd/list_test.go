@@ -111,3 +111,24 @@ func TestListShowsLongKeysWhole(t *testing.T) {
 		require.Regexp(t, `(?m)^`+regexp.QuoteMeta(k)+`\s`, out)
 	}
 }
+
+// A --connector that no row can have (the table's constraint allows lowercase kind or
+// kind:name only) is a mistake in the command, such as webhook:CRM for webhook:crm. It
+// answered "no intents match", which tells the operator there is nothing to replay
+// under the connector meant.
+func TestMalformedConnectorFilterIsAUsageError(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.insert(t, fixture{Key: "crm-dead", Connector: "webhook:crm", Status: outbox.StatusDead})
+	for _, args := range [][]string{
+		{"list", "--connector", "webhook:CRM"},
+		{"list", "--connector", "Webhook"},
+		{"replay", "--connector", "webhook:CRM", "--status", "dead", "--yes"},
+		{"replay", "--connector", "webhook crm", "--status", "dead", "--dry-run"},
+	} {
+		code, _, errOut := d.cli(t, "", args...)
+		require.Equal(t, exitUsage, code, "%v: %s", args, errOut)
+		require.Contains(t, errOut, "--connector", args)
+	}
+	require.Equal(t, outbox.StatusDead, d.status(t, "crm-dead"))
+}

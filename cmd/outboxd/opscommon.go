@@ -23,6 +23,7 @@ import (
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/internal/config"
 	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // This file holds what the operator commands (status, list, inspect, replay, cancel,
@@ -265,6 +266,11 @@ func (f *filterFlags) filter(cmd *cobra.Command) (ops.Filter, error) {
 			return ops.Filter{}, usagef("--%s is empty; leave it out to select rows whatever their %s",
 				given.name, strings.ReplaceAll(given.name, "-", " "))
 		}
+	}
+	if f.connector != "" && !outbox.ValidConnectorName(f.connector) {
+		// No row can have it (the table's constraint): a typo, not an empty selection.
+		return ops.Filter{}, usagef("--connector: %q is not a connector instance such as webhook or webhook:crm "+
+			"(lowercase letters, digits and '_')", f.connector)
 	}
 	if f.olderThan < 0 {
 		return ops.Filter{}, usagef("--older-than: %s is negative", f.olderThan)
