@@ -132,3 +132,24 @@ func TestMalformedConnectorFilterIsAUsageError(t *testing.T) {
 	}
 	require.Equal(t, outbox.StatusDead, d.status(t, "crm-dead"))
 }
+
+// --older-than 24h --newer-than 1h (meant: created between one hour and a day ago, the
+// flags swapped) selects rows created before a day ago and after an hour ago: none, ever.
+// It answered "no intents match", as if there were no such rows.
+func TestSwappedAgeFiltersAreAUsageError(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.insert(t, fixture{Key: "six-hours", Status: outbox.StatusDead, Age: 6 * time.Hour})
+	for _, args := range [][]string{
+		{"list", "--older-than", "24h", "--newer-than", "1h"},
+		{"list", "--older-than", "1h", "--newer-than", "1h"},
+		{"replay", "--older-than", "24h", "--newer-than", "1h", "--status", "dead", "--yes"},
+	} {
+		code, _, errOut := d.cli(t, "", args...)
+		require.Equal(t, exitUsage, code, "%v: %s", args, errOut)
+		require.Contains(t, errOut, "--older-than", args)
+	}
+	code, out, errOut := d.cli(t, "", "list", "--older-than", "1h", "--newer-than", "24h")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "six-hours")
+}

@@ -278,6 +278,12 @@ func (f *filterFlags) filter(cmd *cobra.Command) (ops.Filter, error) {
 	if f.newerThan < 0 {
 		return ops.Filter{}, usagef("--newer-than: %s is negative", f.newerThan)
 	}
+	if f.olderThan > 0 && f.newerThan > 0 && f.olderThan >= f.newerThan {
+		// Created before one time and after a later one: no row, ever (the flags swapped).
+		return ops.Filter{}, usagef("--older-than %s --newer-than %s selects no row; rows created between %s and %s ago "+
+			"are --older-than %[3]s --newer-than %[4]s", f.olderThan, f.newerThan,
+			min(f.olderThan, f.newerThan), max(f.olderThan, f.newerThan))
+	}
 	if f.limit < 0 {
 		return ops.Filter{}, usagef("--limit: %d is negative", f.limit)
 	}
