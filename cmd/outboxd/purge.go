@@ -19,7 +19,7 @@ func newPurgeCmd(e *env) *cobra.Command {
 		Short: "Delete delivered and canceled intents older than a given age",
 		Long: "purge deletes delivered and canceled rows last changed more than --older-than ago, with their " +
 			"attempts and audit trail. It never touches a row in any other status. With --payload-only it keeps " +
-			"the rows and their record and empties only their payload. --dry-run counts and changes nothing.",
+			"the rows and their record and empties only their payload and headers. --dry-run counts and changes nothing.",
 		Example: `  outboxd purge --older-than 720h --dry-run
   outboxd purge --older-than 168h
   outboxd purge --older-than 24h --payload-only --reason "GDPR erasure"`,
@@ -62,7 +62,7 @@ func newPurgeCmd(e *env) *cobra.Command {
 	fs := cmd.Flags()
 	fs.Duration("older-than", 0, "purge rows delivered or canceled more than this long ago (required), e.g. 168h")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "count the rows and change nothing")
-	fs.BoolVar(&o.PayloadOnly, "payload-only", false, "keep the rows and empty their payload")
+	fs.BoolVar(&o.PayloadOnly, "payload-only", false, "keep the rows and empty their payload and headers")
 	fs.StringVar(&o.Reason, "reason", "", "why, for the audit trail (with --payload-only only)")
 	fs.IntVar(&o.BatchSize, "batch-size", 0, "rows per statement (default 500)")
 	fs.BoolVar(&asJSON, "json", false, "print JSON")

@@ -12,9 +12,10 @@ import (
 type PurgeOptions struct {
 	// DryRun counts the rows that would be purged and changes nothing.
 	DryRun bool
-	// PayloadOnly keeps the rows and replaces their payload with {}, keeping key,
-	// status, result and attempts: the record of what happened stays, the data that
-	// was sent goes. Each row gets an outbox_audit row (action purge_payload).
+	// PayloadOnly keeps the rows and replaces their payload and headers with {},
+	// keeping key, status, result and attempts: the record of what happened stays, the
+	// data that was sent goes (headers can hold personal data and the receiver's
+	// credentials). Each row gets an outbox_audit row (action purge_payload).
 	PayloadOnly bool
 	// BatchSize is how many rows each statement purges. Defaults to 500.
 	BatchSize int
@@ -33,10 +34,11 @@ type PurgeResult struct {
 }
 
 // purgeCountSQL counts finished rows last changed before $1; with $2, only those whose
-// payload is still there.
+// payload or headers are still there.
 const purgeCountSQL = `
 SELECT count(*) FROM outbox
-WHERE status IN ('delivered', 'canceled') AND updated_at < $1 AND (NOT $2 OR payload <> '{}'::jsonb)`
+WHERE status IN ('delivered', 'canceled') AND updated_at < $1
+  AND (NOT $2 OR payload <> '{}'::jsonb OR headers <> '{}'::jsonb)`
 
 // purgeDeleteSQL deletes up to $2 finished rows last changed before $1 (attempts and
 // audit rows cascade). Rows another transaction holds are skipped: a replay with
@@ -51,21 +53,22 @@ WITH victims AS (
 )
 DELETE FROM outbox o USING victims v WHERE o.id = v.id`
 
-// purgePayloadSQL empties the payload of up to $2 finished rows last changed before $1
-// and records it for each ($3 actor, $4 reason, $5 time). updated_at is left alone so
-// retention still counts from when the row finished. A row whose payload is already {}
-// has nothing to purge, which also makes a second run a no-op.
+// purgePayloadSQL empties the payload and headers of up to $2 finished rows last changed
+// before $1 and records it for each ($3 actor, $4 reason, $5 time). updated_at is left
+// alone so retention still counts from when the row finished. A row whose payload and
+// headers are already {} has nothing to purge, which also makes a second run a no-op.
 const purgePayloadSQL = `
 WITH victims AS (
     SELECT id FROM outbox
-    WHERE status IN ('delivered', 'canceled') AND updated_at < $1 AND payload <> '{}'::jsonb
+    WHERE status IN ('delivered', 'canceled') AND updated_at < $1
+      AND (payload <> '{}'::jsonb OR headers <> '{}'::jsonb)
     ORDER BY updated_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), upd AS (
     -- A row without a fingerprint (written by plain SQL) gets an empty one: its request
     -- is no longer known, so no request, {} included, is taken for it.
-    UPDATE outbox o SET payload = '{}'::jsonb, fingerprint = coalesce(o.fingerprint, '\x'::bytea)
+    UPDATE outbox o SET payload = '{}'::jsonb, headers = '{}'::jsonb, fingerprint = coalesce(o.fingerprint, '\x'::bytea)
     FROM victims v WHERE o.id = v.id RETURNING o.id
 )
 INSERT INTO outbox_audit (outbox_id, action, actor, reason, at)

@@ -439,3 +439,28 @@ func TestListConnectors(t *testing.T) {
 	require.Equal(t, []string{"p", "w"}, keys(ops.Filter{Connectors: []string{"webhook", "payment"}}))
 	require.Empty(t, keys(ops.Filter{Connectors: []string{"slack"}}))
 }
+
+// purge --payload-only drops what was sent, the row's headers with its payload: they
+// can hold personal data and the receiver's credentials (an Authorization header). A row
+// whose payload is already empty but whose headers are not still has something to purge.
+func TestPurgePayloadOnlyDropsHeaders(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	insertRow(t, pool, row{Key: "sent", Status: outbox.StatusDelivered, Age: 48 * time.Hour})
+	insertRow(t, pool, row{Key: "empty", Status: outbox.StatusDelivered, Age: 48 * time.Hour})
+	_, err := pool.Exec(t.Context(), `UPDATE outbox SET headers = '{"Authorization": "Bearer s3cret", "X-User": "alice@example.com"}'`)
+	require.NoError(t, err)
+	_, err = pool.Exec(t.Context(), `UPDATE outbox SET payload = '{}' WHERE idempotency_key = 'empty'`)
+	require.NoError(t, err)
+
+	res, err := ops.Purge(t.Context(), pool, 24*time.Hour, ops.PurgeOptions{PayloadOnly: true, DryRun: true, Now: base})
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Rows)
+	res, err = ops.Purge(t.Context(), pool, 24*time.Hour, ops.PurgeOptions{PayloadOnly: true, Now: base})
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Rows)
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM outbox WHERE headers <> '{}' OR payload <> '{}'`))
+	res, err = ops.Purge(t.Context(), pool, 24*time.Hour, ops.PurgeOptions{PayloadOnly: true, Now: base})
+	require.NoError(t, err)
+	require.Zero(t, res.Rows, "a second run has nothing left to purge")
+}
