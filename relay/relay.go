@@ -102,6 +102,7 @@ type instance struct {
 	startBy    time.Duration // a row claimed ahead that waited longer is handed back
 	took       atomic.Int64  // recent attempts' average duration, in nanoseconds
 	limiter    *rate.Limiter // nil: no rate limit
+	unsent     atomic.Int64  // rows of a rate-limited instance claimed, not yet sent nor handed back
 	claimed    atomic.Int64  // rows claimed and not finished
 	jobs       chan claimed  // claimed rows waiting for one of the instance's workers
 	// Where the instance's claims start in outbox_pending_due (zero: at its head), and
@@ -820,10 +821,14 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 			}
 			limit := min(r.cfg.BatchSize, room, inst.room())
 			if inst.limiter != nil {
-				now := r.now()
-				tokens := int(inst.limiter.TokensAt(now))
-				if tokens < 1 {
-					wait := time.Duration(float64(time.Second) * (1 - inst.limiter.TokensAt(now)) / float64(inst.limiter.Limit()))
+				// A row takes its token as its request goes (see deliver): the tokens of
+				// rows claimed and not yet sent are spoken for. Read in this order, the
+				// opposite of deliver's, a row going meanwhile is never counted twice.
+				unsent := float64(inst.unsent.Load())
+				free := inst.limiter.TokensAt(r.now()) - unsent
+				tokens := int(free)
+				if free < 1 {
+					wait := time.Duration(float64(time.Second) * (1 - free) / float64(inst.limiter.Limit()))
 					if retryIn == 0 || wait < retryIn {
 						retryIn = max(wait, time.Millisecond)
 					}
@@ -879,8 +884,8 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 	for i, p := range plans {
 		rows := got[i]
 		claimed += len(rows)
-		if p.inst.limiter != nil && len(rows) > 0 {
-			p.inst.limiter.AllowN(r.now(), len(rows))
+		if p.inst.limiter != nil {
+			p.inst.unsent.Add(int64(len(rows)))
 		}
 		r.metrics.claimBatch.Observe(float64(len(rows)))
 		p.inst.scanFound(rows)
@@ -1204,6 +1209,9 @@ func (r *Relay) done(inst *instance, row claimed) {
 // handBack gives up a claimed row without an attempt, and releases it at once: the relay
 // is stopping, or the row waited too long for a worker or a slot.
 func (r *Relay) handBack(ctx context.Context, inst *instance, row claimed) {
+	if inst.limiter != nil {
+		inst.unsent.Add(-1) // its token is left for the next claim
+	}
 	if ctx.Err() != nil {
 		r.releaseRows(context.Background(), []claimed{row})
 		return
@@ -1242,6 +1250,14 @@ func (inst *instance) handBackWarning(now time.Time) (more int64, ok bool) {
 // deliver makes one attempt and queues its outcome.
 func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 	started := r.now()
+	if inst.limiter != nil {
+		// The token its claim left it, taken as the request goes rather than at the
+		// claim: a row that waited for a delivery slot (other instances' attempts held
+		// them all) would otherwise go out together with the rows claimed on the tokens
+		// that came meanwhile, faster than the rate, which the receiver answers with 429.
+		inst.limiter.AllowN(started, 1)
+		inst.unsent.Add(-1)
+	}
 	if inst.forgotten(row, started) {
 		// Not sent: the receiver no longer knows the key (see decide).
 		r.results <- r.holdForgotten(inst, row, started)
