@@ -30,17 +30,14 @@ func backoff(attempt int, base, max time.Duration) time.Duration {
 }
 
 // nextAttemptAt is when a row that just failed may be tried again: the receiver's delay
-// when it named one (Retry-After wins), else the backoff for this attempt.
+// when it named one (Retry-After wins), else the backoff for this attempt. A delay of
+// zero or less (Retry-After: 0, or a date already past, as a receiver's clock a little
+// behind gives) names no wait, and the backoff applies: a retry at once would be claimed
+// again as soon as its outcome landed, and a receiver answering so for a moment would
+// use up every attempt within milliseconds.
 func nextAttemptAt(now time.Time, attempt int, receiverDelay time.Duration, hasDelay bool, base, max time.Duration) time.Time {
-	if hasDelay {
-		return now.Add(max0(receiverDelay))
+	if hasDelay && receiverDelay > 0 {
+		return now.Add(receiverDelay)
 	}
 	return now.Add(backoff(attempt, base, max))
-}
-
-func max0(d time.Duration) time.Duration {
-	if d < 0 {
-		return 0
-	}
-	return d
 }

@@ -36,7 +36,10 @@ func TestNextAttemptAtRetryAfterWins(t *testing.T) {
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	require.Equal(t, now.Add(90*time.Second), nextAttemptAt(now, 1, 90*time.Second, true, time.Second, time.Minute),
 		"Retry-After wins even over the cap")
-	require.Equal(t, now, nextAttemptAt(now, 3, -time.Second, true, time.Second, time.Minute), "a date in the past means now")
+	require.WithinRange(t, nextAttemptAt(now, 3, -time.Second, true, time.Second, time.Minute),
+		now.Add(3200*time.Millisecond), now.Add(4800*time.Millisecond), "a date in the past names no wait: the backoff applies")
+	require.WithinRange(t, nextAttemptAt(now, 3, 0, true, time.Second, time.Minute),
+		now.Add(3200*time.Millisecond), now.Add(4800*time.Millisecond), "nor does Retry-After: 0")
 	got := nextAttemptAt(now, 2, 0, false, time.Second, time.Minute)
 	require.WithinRange(t, got, now.Add(1600*time.Millisecond), now.Add(2400*time.Millisecond))
 }

@@ -83,9 +83,9 @@
 // next round, and that of a row with an ordering key none. A connector classifies a failure (see package
 // connectors): permanent goes to dead at once; anything else is retried at
 // now + backoff (exponential from Config.BackoffBase, ±20% jitter, capped at
-// Config.BackoffMax), or at the receiver's Retry-After when it gave one, until
-// Config.MaxAttempts or Config.MaxAge sends the row to dead. last_error says what
-// happened in a sentence.
+// Config.BackoffMax), or at the receiver's Retry-After when it named a wait (0 or a
+// date already past names none), until Config.MaxAttempts or Config.MaxAge sends the
+// row to dead. last_error says what happened in a sentence.
 //
 // # Ambiguous attempts
 //

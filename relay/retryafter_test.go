@@ -1,0 +1,48 @@
+package relay
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/webhook"
+	"github.com/outboxd/outboxd/internal/receiver"
+)
+
+// A Retry-After that names no wait (0, or a date already past: the receiver's clock a
+// little behind the relay's is enough) used to schedule the retry at once, so a row was
+// claimed again as soon as its outcome landed, and a receiver answering 503 with it for a
+// moment used up every attempt within milliseconds and sent the row to dead. Such a row
+// waits for its backoff, as without the header.
+func TestRetryAfterOfNoWaitBacksOff(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	cfg.BackoffBase, cfg.BackoffMax = 10*time.Second, time.Hour
+	hook, err := webhook.New(webhook.Config{URL: b.receiver.URL(), Guarantee: connectors.Enforced, NowFunc: clock.Now})
+	require.NoError(t, err)
+	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: hook}})
+	require.NoError(t, err)
+	inst := r.instances["webhook"]
+
+	for key, retryAfter := range map[string]string{
+		"zero": "0",
+		"past": clock.Now().Add(-time.Minute).UTC().Format(http.TimeFormat),
+	} {
+		b.receiver.Plan(key, receiver.Plan{FailFirst: 100, RetryAfter: retryAfter})
+		enqueue(t, b.pool, key, "webhook", []string{key})
+	}
+	rows := claimRows(t, r, "webhook")
+	require.Len(t, rows, 2)
+	for _, row := range rows {
+		r.deliver(t.Context(), inst, row)
+		o := <-r.results
+		require.Equal(t, statusPending, o.status, "%s: %s", row.key, *o.lastError)
+		require.NotNil(t, o.nextAt)
+		require.GreaterOrEqual(t, o.nextAt.Sub(clock.Now()), 8*time.Second,
+			"%s: retried after the backoff (10s ±20%%), not at once: %s", row.key, *o.lastError)
+	}
+}
