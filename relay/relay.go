@@ -1342,17 +1342,22 @@ func (r *Relay) decide(inst *instance, row claimed, result json.RawMessage, err 
 	default:
 		delay, hasDelay := connectors.RetryDelay(err)
 		next := nextAttemptAt(now, row.attempt, delay, hasDelay, r.cfg.BackoffBase, r.cfg.BackoffMax)
+		// Say when the receiver set the time: a retry days away (or a row dead for it)
+		// otherwise reads as the relay's own doing.
+		at := next.UTC().Format(time.RFC3339)
+		if hasDelay && delay > 0 {
+			at += fmt.Sprintf(", %s later as the receiver's Retry-After asked", delay)
+		}
 		if deadline := row.firstAt.Add(inst.maxAge); next.After(deadline) {
 			o.status = statusDead
-			msg += fmt.Sprintf(" (gave up: the next attempt at %s would be later than the maximum age %s)",
-				next.UTC().Format(time.RFC3339), inst.maxAge)
+			msg += fmt.Sprintf(" (gave up: the next attempt, at %s, would be later than the maximum age %s)", at, inst.maxAge)
 		} else if inst.forgotten(row, next) {
 			o.status = statusHeld
 			msg += " (" + forgottenReason(inst, row) + ")"
 		} else {
 			o.status = statusPending
 			o.nextAt = &next
-			msg += fmt.Sprintf(" (retrying at %s)", next.UTC().Format(time.RFC3339))
+			msg += fmt.Sprintf(" (retrying at %s)", at)
 		}
 	}
 	msg = storableText(msg)

@@ -46,3 +46,31 @@ func TestRetryAfterOfNoWaitBacksOff(t *testing.T) {
 			"%s: retried after the backoff (10s ±20%%), not at once: %s", row.key, *o.lastError)
 	}
 }
+
+// last_error says when the receiver set the time of the next attempt. It used to read
+// "retrying at <a time ten days away>", or "gave up: the next attempt at <that time>
+// would be later than the maximum age", with nothing to tell the person reading it that
+// the receiver's Retry-After, not the relay's backoff, had asked for that wait.
+func TestLastErrorNamesTheReceiversRetryAfter(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	_, cfg := b.clockedConfig(t)
+	cfg.MaxAge = 72 * time.Hour
+	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	inst := r.instances["webhook"]
+
+	b.receiver.Plan("soon", receiver.Plan{FailFirst: 1, FailStatus: http.StatusTooManyRequests, RetryAfter: "120"})
+	b.receiver.Plan("days", receiver.Plan{FailFirst: 1, RetryAfter: "864000"})
+	enqueue(t, b.pool, "soon", "webhook", []int{1})
+	enqueue(t, b.pool, "days", "webhook", []int{2})
+	want := map[string]string{"soon": statusPending, "days": statusDead}
+	rows := claimRows(t, r, "webhook")
+	require.Len(t, rows, 2)
+	for _, row := range rows {
+		r.deliver(t.Context(), inst, row)
+		o := <-r.results
+		require.Equal(t, want[row.key], o.status, *o.lastError)
+		require.Contains(t, *o.lastError, "Retry-After", "%s: %s", row.key, *o.lastError)
+	}
+}
