@@ -29,9 +29,11 @@
 // row. The relay works in rounds: each round writes the outcomes gathered since the last
 // one and claims for every instance with room, in one transaction and one round trip.
 //
-// Deliveries in flight never exceed Config.Concurrency, nor an instance's Concurrency,
-// so one slow or strict receiver never holds slots the others could use; a rate-limited
-// instance is claimed no faster than its rate. So that workers do not idle while a claim
+// Deliveries in flight never exceed Config.Concurrency, nor an instance's Concurrency;
+// with two or more instances (and at least two slots for each), each keeps one of the
+// Config.Concurrency slots to itself, so one slow receiver, whose attempts take every
+// slot they may, never starves the others. A rate-limited instance is claimed no faster
+// than its rate. So that workers do not idle while a claim
 // is on its way, a relay claims up to twenty rounds of an instance's deliveries ahead,
 // fewer when its recent attempts are slow: a row waits only while the instance's workers
 // are busy. Only connectors that declare their time limit (connectors.Timeouter) are

@@ -135,3 +135,36 @@ func TestRateLimitPacesRequestsAfterASlowAnswer(t *testing.T) {
 		require.GreaterOrEqual(t, at[i].Sub(at[i-1]), time.Second, "requests %d and %d at rate 1/s: %v", i-1, i, at)
 	}
 }
+
+// One slow receiver does not starve the others, with every instance's concurrency left
+// at its default (Config.Concurrency): the slow instance's attempts used to take every
+// slot, and another instance's rows waited for one of them to end (up to its time
+// limit). Each instance now keeps a slot to itself.
+func TestSlowInstanceLeavesASlotForEachOther(t *testing.T) {
+	t.Parallel()
+	slowHook, slow, release := newSlowHook(t)
+	b := setup(t, receiver.Options{})
+	cfg := b.fastConfig()
+	cfg.Concurrency = 4
+	r, _ := start(t, b.pool, cfg, map[string]Instance{
+		"webhook":      {Connector: b.hook},
+		"webhook:slow": {Connector: slowHook},
+	})
+	for i := range 10 {
+		enqueue(t, b.pool, fmt.Sprintf("slow-%d", i), "webhook:slow", []int{i})
+	}
+	require.Eventually(t, func() bool { return slow.TotalEffects() >= 3 }, waitTimeout, 10*time.Millisecond,
+		"the slow instance takes the slots")
+	for i := range 5 {
+		enqueue(t, b.pool, fmt.Sprintf("fast-%d", i), "webhook", []int{i})
+	}
+	for i := range 5 {
+		waitStatus(t, b.pool, fmt.Sprintf("fast-%d", i), outbox.StatusDelivered)
+	}
+	require.Equal(t, 3, slow.TotalEffects(), "the slow instance took every slot but the one kept for the other, and still holds them")
+	require.Equal(t, 3.0, testutil.ToFloat64(r.metrics.inFlight), "their slots counted as in flight")
+	release()
+	for i := range 10 {
+		waitStatus(t, b.pool, fmt.Sprintf("slow-%d", i), outbox.StatusDelivered)
+	}
+}

@@ -47,8 +47,8 @@ type Relay struct {
 	slotFreed chan struct{} // a claimed row finished, or was handed back
 	results   chan outcome
 	// claimedRows counts rows claimed and not finished (waiting for a worker or in
-	// flight), at most maxClaimed and one row per instance (see share); slots holds a token per delivery in flight, at most
-	// Config.Concurrency.
+	// flight), at most maxClaimed and one row per instance (see share); slots holds a
+	// token per delivery in flight in the slots the instances share (see reserveSlots).
 	claimedRows atomic.Int64
 	maxClaimed  int
 	// claimedBytes is the payload and headers bytes of those rows, bounded by Config.MaxClaimedBytes.
@@ -102,6 +102,7 @@ type instance struct {
 	startBy    time.Duration // a row claimed ahead that waited longer is handed back
 	took       atomic.Int64  // recent attempts' average duration, in nanoseconds
 	limiter    *rate.Limiter // nil: no rate limit
+	ownSlot    chan struct{} // the delivery slot kept for the instance (see reserveSlots); nil: none
 	unsent     atomic.Int64  // rows of a rate-limited instance claimed, not yet sent nor handed back
 	claimed    atomic.Int64  // rows claimed and not finished
 	jobs       chan claimed  // claimed rows waiting for one of the instance's workers
@@ -224,7 +225,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		instances: make(map[string]*instance, len(instances)),
 		wake:      make(chan struct{}, 1),
 		slotFreed: make(chan struct{}, 1),
-		slots:     make(chan struct{}, cfg.Concurrency),
+		slots:     make(chan struct{}, cfg.Concurrency-reserveSlots(cfg.Concurrency, len(instances))),
 		probe:     "probe:" + cfg.ID,
 
 		probeTimeout: defaultProbeTimeout,
@@ -232,7 +233,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 	m, err := newMetrics(cfg.Registerer, holdings{
 		claimedBytes: func() float64 { return float64(r.claimedBytes.Load()) },
 		claimedRows:  func() float64 { return float64(r.claimedRows.Load()) },
-		inFlight:     func() float64 { return float64(len(r.slots)) },
+		inFlight:     func() float64 { return float64(r.inFlight()) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("relay metrics: %w", err)
@@ -277,6 +278,9 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 			inst.ahead = ahead
 		}
 		inst.jobs = make(chan claimed, inst.limit+inst.ahead)
+		if reserveSlots(cfg.Concurrency, len(instances)) > 0 {
+			inst.ownSlot = make(chan struct{}, 1)
+		}
 		r.maxClaimed += inst.ahead
 		if in.Rate > 0 {
 			// A burst of a tenth of a second's worth: a second's worth, after a quiet
@@ -522,7 +526,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	case <-done:
 	case <-shutdownTimedOut: // deliveries still in flight were cancelled
 		r.log.WarnContext(ctx, "shutdown timeout reached; cancelling deliveries still in flight",
-			"in_flight", len(r.slots), "timeout", r.cfg.ShutdownTimeout)
+			"in_flight", r.inFlight(), "timeout", r.cfg.ShutdownTimeout)
 		<-done
 	}
 	close(r.results)
@@ -1148,11 +1152,13 @@ func (r *Relay) work(ctx, deliverCtx context.Context, inst *instance) {
 		// can hold every slot for longer than a lease, and a row sent after its lease ran
 		// out may already be on its way from another relay.
 		inTime := func() bool { return ctx.Err() == nil && r.cfg.NowFunc().Sub(row.local) <= inst.startBy }
-		if inTime() && r.takeSlot(ctx, inst, row) {
-			if started = inTime(); started {
-				r.deliver(deliverCtx, inst, row)
+		if inTime() {
+			if slot := r.takeSlot(ctx, inst, row); slot != nil {
+				if started = inTime(); started {
+					r.deliver(deliverCtx, inst, row)
+				}
+				<-slot
 			}
-			<-r.slots
 		}
 		if !started {
 			r.handBack(ctx, inst, row)
@@ -1161,36 +1167,63 @@ func (r *Relay) work(ctx, deliverCtx context.Context, inst *instance) {
 	}
 }
 
-// takeSlot waits for a delivery slot for row and reports whether it got one. It gives up
+// takeSlot waits for a delivery slot for row and returns the slots' channel it took one
+// of (the shared slots, or the instance's own), nil when it got none. It gives up
 // when the relay stops, and once the row can no longer start within inst.startBy of its
-// claim: other instances' attempts can hold every slot for longer than a lease (a slow
-// attempt, or several queued for the slot before this one), and a row still waiting when
-// its lease ran out would come back as an ambiguous attempt that never happened.
-func (r *Relay) takeSlot(ctx context.Context, inst *instance, row claimed) bool {
+// claim: other instances' attempts can hold every shared slot for longer than a lease (a
+// slow attempt, or several queued for the slot before this one), and a row still waiting
+// when its lease ran out would come back as an ambiguous attempt that never happened.
+func (r *Relay) takeSlot(ctx context.Context, inst *instance, row claimed) chan struct{} {
 	select {
 	case r.slots <- struct{}{}:
-		return true
+		return r.slots
+	case inst.ownSlot <- struct{}{}: // never ready when nil
+		return inst.ownSlot
 	default:
 	}
 	for {
 		left := row.local.Add(inst.startBy).Sub(r.cfg.NowFunc())
 		if left < 0 || ctx.Err() != nil {
-			return false
+			return nil
 		}
 		// At least minSlotRecheck: an injected clock may not move while the worker waits.
 		t := time.NewTimer(max(left, minSlotRecheck))
 		select {
 		case r.slots <- struct{}{}:
 			t.Stop()
-			return true
+			return r.slots
+		case inst.ownSlot <- struct{}{}:
+			t.Stop()
+			return inst.ownSlot
 		case <-ctx.Done():
 			// Stopping: the slot may stay taken until the attempts in flight end,
 			// and the row would not start then anyway.
 			t.Stop()
-			return false
+			return nil
 		case <-t.C:
 		}
 	}
+}
+
+// reserveSlots returns how many of concurrency's delivery slots are kept one for each of
+// n instances, so that one slow receiver, whose attempts would hold every slot they may
+// (an instance's Concurrency defaults to Config.Concurrency), never starves the others:
+// each instance always has a slot no other can take. None with one instance, or with
+// fewer than two slots for each (the shared slots would be too few).
+func reserveSlots(concurrency, n int) int {
+	if n < 2 || concurrency < 2*n {
+		return 0
+	}
+	return n
+}
+
+// inFlight returns how many deliveries are in flight: the slots taken, shared and own.
+func (r *Relay) inFlight() int {
+	n := len(r.slots)
+	for _, inst := range r.instances {
+		n += len(inst.ownSlot)
+	}
+	return n
 }
 
 // minSlotRecheck is the shortest wait between two looks at whether a row waiting for a
