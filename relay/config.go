@@ -75,7 +75,8 @@ type Instance struct {
 	// Concurrency is the most deliveries in flight to this instance. Defaults to
 	// Config.Concurrency.
 	Concurrency int
-	// Rate is the most requests per second to this instance; 0 means no limit. Requests
+	// Rate is the most requests per second this relay sends to the instance (relays
+	// sharing it do not coordinate); 0 means no limit. Requests
 	// are paced: no more than a tenth of a second's worth (at least one) go at once.
 	Rate float64
 	// OnAmbiguous is what a forwarded connector does after an attempt whose effect is
