@@ -388,6 +388,11 @@ func keysLeftError(verb string, notFound []string, refused map[string]string) er
 	if len(notFound) == 0 && len(refused) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%d of the keys given were not %s (%d not found, %d refused)",
-		len(notFound)+len(refused), verb, len(notFound), len(refused))
+	n := len(notFound) + len(refused)
+	were := "were"
+	if n == 1 {
+		were = "was"
+	}
+	return fmt.Errorf("%d of the keys given %s not %s (%d not found, %d refused)",
+		n, were, verb, len(notFound), len(refused))
 }

@@ -211,3 +211,9 @@ func TestUnknownCommandIsAUsageError(t *testing.T) {
 		require.Contains(t, out, "Available Commands:", args)
 	}
 }
+
+func TestKeysLeftErrorAgrees(t *testing.T) {
+	require.NoError(t, keysLeftError("replayed", nil, nil))
+	require.EqualError(t, keysLeftError("replayed", []string{"a"}, nil), "1 of the keys given was not replayed (1 not found, 0 refused)")
+	require.EqualError(t, keysLeftError("canceled", []string{"a"}, map[string]string{"b": "x"}), "2 of the keys given were not canceled (1 not found, 1 refused)")
+}

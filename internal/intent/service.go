@@ -92,7 +92,7 @@ func (s *Service) Create(ctx context.Context, tok *Token, key string, req Create
 		}
 	}
 	if err != nil {
-		return outbox.Intent{}, fmt.Errorf("create: %w", err)
+		return outbox.Intent{}, err // outbox's errors say what was refused
 	}
 	return in, nil
 }
