@@ -72,8 +72,9 @@ type Config struct {
 type Instance struct {
 	// Connector delivers the rows.
 	Connector connectors.Connector
-	// Concurrency is the most deliveries in flight to this instance. Defaults to
-	// Config.Concurrency.
+	// Concurrency is the most deliveries in flight to this instance. Defaults to, and is
+	// at most, the slots it can take: Config.Concurrency, less the one each other
+	// instance keeps when there are slots to keep (see the package doc).
 	Concurrency int
 	// Rate is the most requests per second this relay sends to the instance (relays
 	// sharing it do not coordinate); 0 means no limit. Requests

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/webhook"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -165,6 +166,39 @@ func TestSlowInstanceLeavesASlotForEachOther(t *testing.T) {
 	require.Equal(t, 3.0, testutil.ToFloat64(r.metrics.inFlight), "their slots counted as in flight")
 	release()
 	for i := range 10 {
+		waitStatus(t, b.pool, fmt.Sprintf("slow-%d", i), outbox.StatusDelivered)
+	}
+}
+
+// An instance claims no more rows than it can have in flight. With its slot kept for
+// each instance, one can hold the shared slots and its own, not Config.Concurrency, and
+// its Concurrency defaulted to Config.Concurrency all the same: while its attempts held
+// every slot it may take, a worker sat on a claimed row that only those attempts'
+// end could let go, handed it back after startBy, claimed it again, and so on. A row of
+// a hold instance claimed that way comes back held, for a person, should the relay die.
+func TestInstanceClaimsNoMoreRowsThanItsSlots(t *testing.T) {
+	t.Parallel()
+	rcv, release := blockingReceiver(t)
+	hook, err := webhook.New(webhook.Config{URL: rcv.URL(), Timeout: time.Hour})
+	require.NoError(t, err)
+	b := setup(t, receiver.Options{})
+	_, cfg := b.clockedConfig(t) // the clock stands still: no row waits out its startBy
+	cfg.Concurrency = 4
+	cfg.Lease = 2 * time.Hour
+	for i := range 6 {
+		enqueue(t, b.pool, fmt.Sprintf("slow-%d", i), "webhook:slow", []int{i})
+	}
+	r, _ := start(t, b.pool, cfg, map[string]Instance{
+		"webhook":      {Connector: b.hook},
+		"webhook:slow": {Connector: hook, OnAmbiguous: AmbiguousHold}, // no rows ahead
+	})
+	t.Cleanup(release) // before the relay stops
+	require.Eventually(t, func() bool { return rcv.TotalEffects() == 3 }, waitTimeout, 10*time.Millisecond,
+		"the two shared slots and its own")
+	require.Equal(t, 3, countStatus(t, b.pool)[outbox.StatusDelivering], "no row is claimed that no slot can take")
+	require.EqualValues(t, 3, r.instances["webhook:slow"].claimed.Load())
+	release()
+	for i := range 6 {
 		waitStatus(t, b.pool, fmt.Sprintf("slow-%d", i), outbox.StatusDelivered)
 	}
 }

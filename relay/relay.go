@@ -218,6 +218,10 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		}
 	}
 	cfg = cfg.withDefaults()
+	reserved := reserveSlots(cfg.Concurrency, len(instances))
+	// The most slots one instance can hold: the shared ones, and its own. A worker more
+	// would only ever wait for its instance's own attempts, on a row claimed meanwhile.
+	mostSlots := cfg.Concurrency - reserved + min(reserved, 1)
 	r := &Relay{
 		pool:      pool,
 		cfg:       cfg,
@@ -225,7 +229,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		instances: make(map[string]*instance, len(instances)),
 		wake:      make(chan struct{}, 1),
 		slotFreed: make(chan struct{}, 1),
-		slots:     make(chan struct{}, cfg.Concurrency-reserveSlots(cfg.Concurrency, len(instances))),
+		slots:     make(chan struct{}, cfg.Concurrency-reserved),
 		probe:     "probe:" + cfg.ID,
 
 		probeTimeout: defaultProbeTimeout,
@@ -248,7 +252,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 			keyWindow:        connectors.KeyWindow(in.Connector),
 			attemptMax:       min(cmp.Or(connectors.Timeout(in.Connector), cfg.Lease), cfg.Lease),
 			maxAge:           cmp.Or(in.MaxAge, cfg.MaxAge),
-			limit:            min(cmp.Or(in.Concurrency, cfg.Concurrency), cfg.Concurrency),
+			limit:            min(cmp.Or(in.Concurrency, cfg.Concurrency), mostSlots),
 			outcomes:         make(map[string]prometheus.Counter, len(outcomeLabels)),
 			duration:         m.deliveryDuration.WithLabelValues(name),
 			commitToDelivery: m.commitToDelivery.WithLabelValues(name),
@@ -278,7 +282,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 			inst.ahead = ahead
 		}
 		inst.jobs = make(chan claimed, inst.limit+inst.ahead)
-		if reserveSlots(cfg.Concurrency, len(instances)) > 0 {
+		if reserved > 0 {
 			inst.ownSlot = make(chan struct{}, 1)
 		}
 		r.maxClaimed += inst.ahead
