@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -176,4 +177,38 @@ func TestUnknownConnectorRowsLeftLeasedAreReported(t *testing.T) {
 	require.NoError(t, err)
 	r.refreshStats(t.Context())
 	require.Zero(t, testutil.CollectAndCount(r.metrics.unknownConnector), "no series once the rows are gone")
+}
+
+// The in-flight gauge may be read as soon as New has registered it: a registry that a
+// running /metrics handler serves already (prometheus.DefaultRegisterer in a program that
+// embeds the relay, say) is gathered at any moment. The gauge counted the instances'
+// own slots through the instances map, which New goes on filling after registering it,
+// so a scrape then raced with New: a fatal "concurrent map iteration and map write" when
+// the two met.
+func TestInFlightGaugeMayBeReadWhileNewRuns(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	instances := map[string]Instance{}
+	for i := range 20 {
+		instances[fmt.Sprintf("webhook:w%d", i)] = Instance{Connector: newHook(t, "http://127.0.0.1:1/")}
+	}
+	reg := prometheus.NewRegistry()
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		for {
+			mfs, err := reg.Gather()
+			if err != nil {
+				return
+			}
+			for _, mf := range mfs {
+				if mf.GetName() == "outboxd_deliveries_in_flight" {
+					return // read once registered
+				}
+			}
+		}
+	}()
+	_, err := New(pool, &Config{Registerer: reg, Logger: testLogger(), Concurrency: 100}, instances)
+	require.NoError(t, err)
+	<-read
 }

@@ -48,12 +48,15 @@ type Relay struct {
 	results   chan outcome
 	// claimedRows counts rows claimed and not finished (waiting for a worker or in
 	// flight), at most maxClaimed and one row per instance (see share); slots holds a
-	// token per delivery in flight in the slots the instances share (see reserveSlots).
+	// token per delivery in flight in the slots the instances share (see reserveSlots),
+	// and ownSlots one in each instance's own slot (their instance.ownSlot), made before
+	// the in-flight gauge that reads them is registered.
 	claimedRows atomic.Int64
 	maxClaimed  int
 	// claimedBytes is the payload and headers bytes of those rows, bounded by Config.MaxClaimedBytes.
 	claimedBytes atomic.Int64
 	slots        chan struct{}
+	ownSlots     []chan struct{}
 	// rescan is set when rows may have turned due behind where claims start (this relay
 	// released or reclaimed rows, wrote an ordered row's outcome without a claim, or a
 	// NOTIFY came), so that the next claims start at the head of the index.
@@ -230,9 +233,13 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		wake:      make(chan struct{}, 1),
 		slotFreed: make(chan struct{}, 1),
 		slots:     make(chan struct{}, cfg.Concurrency-reserved),
+		ownSlots:  make([]chan struct{}, reserved),
 		probe:     "probe:" + cfg.ID,
 
 		probeTimeout: defaultProbeTimeout,
+	}
+	for i := range r.ownSlots {
+		r.ownSlots[i] = make(chan struct{}, 1)
 	}
 	m, err := newMetrics(cfg.Registerer, holdings{
 		claimedBytes: func() float64 { return float64(r.claimedBytes.Load()) },
@@ -283,7 +290,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		}
 		inst.jobs = make(chan claimed, inst.limit+inst.ahead)
 		if reserved > 0 {
-			inst.ownSlot = make(chan struct{}, 1)
+			inst.ownSlot = r.ownSlots[len(r.names)]
 		}
 		r.maxClaimed += inst.ahead
 		if in.Rate > 0 {
@@ -1224,8 +1231,8 @@ func reserveSlots(concurrency, n int) int {
 // inFlight returns how many deliveries are in flight: the slots taken, shared and own.
 func (r *Relay) inFlight() int {
 	n := len(r.slots)
-	for _, inst := range r.instances {
-		n += len(inst.ownSlot)
+	for _, own := range r.ownSlots {
+		n += len(own)
 	}
 	return n
 }
