@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/outboxd/outboxd/internal/ops"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -59,7 +60,9 @@ func newEnqueueCmd(e *env) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSON(e.stdout, enqueueJSON{Intent: in, Inserted: in.Inserted})
+				// A key already there answers with its row, whose headers the caller may not have
+				// written: shown as the intent API shows them.
+				return writeJSON(e.stdout, enqueueJSON{Intent: ops.WithoutCredentials(in), Inserted: in.Inserted})
 			}
 			verb := "enqueued"
 			if !in.Inserted {

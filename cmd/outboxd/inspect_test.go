@@ -64,8 +64,8 @@ VALUES ($1, 'replay', 'bob', 'receiver fixed', $2, '{"from_status": "dead"}')`, 
 
 // A row's Authorization, Proxy-Authorization and Cookie headers are credentials for the
 // receiver. The intent API shows them to no token, admin included, as REDACTED; inspect,
-// list --json and approve --json printed them in full to the terminal, and from there to
-// tickets and chat.
+// list --json, approve --json and enqueue --json (of a key already there) printed them in
+// full to the terminal, and from there to tickets and chat.
 func TestReadCommandsRedactCredentialHeaders(t *testing.T) {
 	t.Parallel()
 	d := newOpsDB(t)
@@ -80,6 +80,8 @@ VALUES ('with-creds', 'webhook', '{}', 'awaiting_approval',
 		{"inspect", "with-creds", "--json"},
 		{"list", "--json"},
 		{"approve", "with-creds", "--json"},
+		// The same request again: enqueue prints the row that has the key, headers and all.
+		{"enqueue", "--connector", "webhook", "--key", "with-creds", "--payload", "{}", "--json"},
 	} {
 		code, out, errOut := d.cli(t, "", args...)
 		require.Equal(t, exitOK, code, "%v: %s", args, errOut)
