@@ -73,7 +73,7 @@ func newMetrics(reg prometheus.Registerer, h holdings) (*metrics, error) {
 			Name: "outboxd_claimed_rows", Help: "Rows this relay holds claimed, waiting for a worker or in flight.",
 		}, h.claimedRows),
 		inFlight: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "outboxd_deliveries_in_flight", Help: "Deliveries in flight, at most OUTBOX_CONCURRENCY. Below it while rows are pending and outboxd_claimed_rows is low, the workers wait for claims: the database, not the receivers, limits the rate.",
+			Name: "outboxd_deliveries_in_flight", Help: "Deliveries in flight, at most OUTBOX_CONCURRENCY (one busy instance among several: less a slot kept for each other instance). Below it while rows are pending and outboxd_claimed_rows is low, the workers wait for claims: the database, not the receivers, limits the rate.",
 		}, h.inFlight),
 	}
 	var registered []prometheus.Collector

@@ -838,7 +838,9 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 			if inst.limiter != nil {
 				// A row takes its token as its request goes (see deliver): the tokens of
 				// rows claimed and not yet sent are spoken for. Read in this order, the
-				// opposite of deliver's, a row going meanwhile is never counted twice.
+				// opposite of deliver's (token taken, then unsent lowered), a row going
+				// meanwhile is never left out of both, which would claim one row too many;
+				// at worst it is counted in both, and the claim takes one row too few.
 				unsent := float64(inst.unsent.Load())
 				free := inst.limiter.TokensAt(r.now()) - unsent
 				tokens := int(free)
