@@ -51,6 +51,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Version is the server version reported to clients. Defaults to "dev".
 	Version string
+	// CallTimeout bounds one tool call, so a database that does not answer gives the
+	// agent a tool error instead of a call that never ends (pgx waits on a connection
+	// without a deadline of its own). Defaults to 20s, within the HTTP server's 30s
+	// write timeout.
+	CallTimeout time.Duration
 }
 
 func (c *Config) withDefaults() Config {
@@ -63,6 +68,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.Version == "" {
 		out.Version = "dev"
+	}
+	if out.CallTimeout <= 0 {
+		out.CallTimeout = 20 * time.Second
 	}
 	return out
 }
@@ -165,6 +173,7 @@ type tools struct {
 	svc      *intent.Service
 	tokenFor TokenFunc
 	log      *slog.Logger
+	timeout  time.Duration
 }
 
 // New returns an MCP server with the tools propose_intent, get_intent and
@@ -175,25 +184,37 @@ func New(svc *intent.Service, tokenFor TokenFunc, cfg *Config) *mcp.Server {
 		panic("mcpserver.New: svc and tokenFor are required")
 	}
 	c := cfg.withDefaults()
-	t := &tools{svc: svc, tokenFor: tokenFor, log: c.Logger.With("component", "mcp")}
+	t := &tools{svc: svc, tokenFor: tokenFor, log: c.Logger.With("component", "mcp"), timeout: c.CallTimeout}
 	s := mcp.NewServer(&mcp.Implementation{Name: "outboxd", Title: "outboxd intents", Version: c.Version},
 		&mcp.ServerOptions{Instructions: instructions})
 	mcp.AddTool(s, &mcp.Tool{
 		Name: ToolPropose, Title: "Propose an intent", Description: proposeDescription,
 		Annotations: &mcp.ToolAnnotations{IdempotentHint: true, DestructiveHint: ptr(false), OpenWorldHint: ptr(true)},
-	}, t.propose)
+	}, withTimeout(t, t.propose))
 	mcp.AddTool(s, &mcp.Tool{
 		Name: ToolGet, Title: "Read an intent", Description: getDescription,
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
-	}, t.get)
+	}, withTimeout(t, t.get))
 	mcp.AddTool(s, &mcp.Tool{
 		Name: ToolList, Title: "List intents", Description: listDescription,
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
-	}, t.list)
+	}, withTimeout(t, t.list))
 	return s
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// errCallTimeout is the cause of a tool call's context ending at [Config.CallTimeout].
+var errCallTimeout = errors.New("tool call timed out")
+
+// withTimeout bounds each call of h by t.timeout.
+func withTimeout[In, Out any](t *tools, h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
+	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		ctx, cancel := context.WithTimeoutCause(ctx, t.timeout, errCallTimeout)
+		defer cancel()
+		return h(ctx, req, in)
+	}
+}
 
 // token returns the caller's token, or a tool error.
 func (t *tools) token(ctx context.Context, req *mcp.CallToolRequest) (*intent.Token, error) {
@@ -351,6 +372,12 @@ func (t *tools) toolError(ctx context.Context, tool, key string, err error) erro
 		return fmt.Errorf("%w (or it belongs to a connector this token may not use)", err)
 	case errors.Is(err, ops.ErrInvalidFilter):
 		return err
+	case errors.Is(context.Cause(ctx), errCallTimeout):
+		t.log.ErrorContext(ctx, "tool timed out", "tool", tool, "key", key, "timeout", t.timeout.String(), "err", err)
+		if key != "" {
+			return fmt.Errorf("%s: the database did not answer within %s; calling again later with the same key %q is safe", tool, t.timeout, key)
+		}
+		return fmt.Errorf("%s: the database did not answer within %s; try again later", tool, t.timeout)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%s: %w", tool, err)
 	default:

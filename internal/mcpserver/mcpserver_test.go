@@ -6,10 +6,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -477,4 +480,71 @@ func TestReplayComparesNumbersAndPurgedPayloads(t *testing.T) {
 	r := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, prop("pw", `{"email":"a@example.com"}`)))
 	require.True(t, r.Replayed)
 	toolErr(t, call(t, cs, mcpserver.ToolPropose, prop("pw", `{}`)))
+}
+
+// A database that accepts connections but never answers (a hung server, a stalled
+// network path) must give the agent a tool error within Config.CallTimeout, not a call
+// that never returns: pgx has no deadline of its own without connect_timeout.
+func TestMCPDatabaseNotAnswering(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // held open, never answered
+			mu.Unlock()
+		}
+	}()
+	pool, err := pgxpool.New(t.Context(), "postgres://app:hunter2@"+ln.Addr().String()+"/app")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = ln.Close()
+		<-accepted
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		pool.Close()
+	})
+	svc := &intent.Service{Pool: pool, Policy: testPolicy()}
+	tok := &svc.Policy.Tokens[0]
+	server := mcpserver.New(svc, func(context.Context, *mcp.CallToolRequest) (*intent.Token, error) { return tok, nil },
+		&mcpserver.Config{CallTimeout: 100 * time.Millisecond})
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := server.Connect(t.Context(), st, nil)
+	require.NoError(t, err)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(t.Context(), ct, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = cs.Close()
+		_ = ss.Wait()
+	})
+
+	for tool, args := range map[string]map[string]any{
+		mcpserver.ToolPropose: {"connector": "webhook", "key": "k-1", "payload": map[string]any{}},
+		mcpserver.ToolGet:     {"key": "k-1"},
+		mcpserver.ToolList:    {},
+	} {
+		// The bound is the test's, far above CallTimeout: without one the call would
+		// wait for ever.
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+		cancel()
+		require.NoError(t, err, tool)
+		msg := toolErr(t, res)
+		require.Contains(t, msg, "did not answer", tool)
+		require.NotContains(t, msg, "hunter2", tool)
+	}
 }
