@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/outboxd/outboxd/internal/intent"
@@ -380,6 +381,14 @@ func (t *tools) toolError(ctx context.Context, tool, key string, err error) erro
 		return fmt.Errorf("%s: the database did not answer within %s; try again later", tool, t.timeout)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%s: %w", tool, err)
+	case errors.As(err, new(*pgconn.ConnectError)):
+		// The database is down or unreachable: worth saying, so the agent waits instead
+		// of treating it as a fault of its request. The details (host, user) stay in the log.
+		t.log.ErrorContext(ctx, "tool failed: database unavailable", "tool", tool, "key", key, "err", err)
+		if key != "" {
+			return fmt.Errorf("%s: the database is unavailable, so nothing was written; calling again later with the same key %q is safe", tool, key)
+		}
+		return fmt.Errorf("%s: the database is unavailable; try again later", tool)
 	default:
 		t.log.ErrorContext(ctx, "tool failed", "tool", tool, "key", key, "err", err)
 		if key != "" {

@@ -548,3 +548,28 @@ func TestMCPDatabaseNotAnswering(t *testing.T) {
 		require.NotContains(t, msg, "hunter2", tool)
 	}
 }
+
+// A database that refuses connections is a tool error that says so, without the
+// connection's details, not a bare "internal error".
+func TestMCPDatabaseDown(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens there now
+	pool, err := pgxpool.New(t.Context(), "postgres://app:hunter2@"+addr+"/app")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b := &testBundle{pool: pool, svc: &intent.Service{Pool: pool, Policy: testPolicy()}}
+	cs := b.connect(t, "agent")
+	for tool, args := range map[string]map[string]any{
+		mcpserver.ToolPropose: {"connector": "webhook", "key": "k-1", "payload": map[string]any{}},
+		mcpserver.ToolGet:     {"key": "k-1"},
+		mcpserver.ToolList:    {},
+	} {
+		msg := toolErr(t, call(t, cs, tool, args))
+		require.Contains(t, msg, "database is unavailable", tool)
+		require.NotContains(t, msg, "hunter2", tool)
+		require.NotContains(t, msg, addr, tool)
+	}
+}
