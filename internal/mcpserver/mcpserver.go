@@ -91,7 +91,9 @@ type ProposeInput struct {
 	Payload     map[string]any `json:"payload" jsonschema:"what the connector needs, as a JSON object (webhook: any object; email: to, subject, text or html; slack: channel, text or blocks; payment: operation and params)"`
 	Reason      string         `json:"reason,omitempty" jsonschema:"why this effect is wanted, in a sentence a person reviewing it understands"`
 	OrderingKey string         `json:"ordering_key,omitempty" jsonschema:"intents sharing an ordering key are delivered one at a time, in the order proposed (a token scoped to some connectors has ordering keys of its own, shown as token:<name>/<key>)"`
-	NotBefore   *time.Time     `json:"not_before,omitempty" jsonschema:"do not perform it before this RFC 3339 time"`
+	// NotBefore is parsed by propose rather than decoded as a time.Time, whose decoding
+	// error would name this Go struct instead of saying what to send.
+	NotBefore string `json:"not_before,omitempty" jsonschema:"do not perform it before this RFC 3339 time, such as 2030-01-02T15:04:05Z"`
 }
 
 // GetInput is the input of get_intent.
@@ -242,8 +244,16 @@ func (t *tools) propose(ctx context.Context, req *mcp.CallToolRequest, in Propos
 	if err != nil {
 		return nil, ProposeOutput{}, err
 	}
+	var notBefore *time.Time
+	if in.NotBefore != "" {
+		nb, err := time.Parse(time.RFC3339, in.NotBefore)
+		if err != nil {
+			return nil, ProposeOutput{}, fmt.Errorf("not_before %q is not an RFC 3339 time such as 2030-01-02T15:04:05Z (a date, a time and a zone); nothing was written", in.NotBefore)
+		}
+		notBefore = &nb
+	}
 	created, err := t.svc.Create(ctx, tok, key, intent.CreateRequest{
-		Connector: in.Connector, Payload: payload, OrderingKey: in.OrderingKey, NotBefore: in.NotBefore,
+		Connector: in.Connector, Payload: payload, OrderingKey: in.OrderingKey, NotBefore: notBefore,
 	})
 	if err != nil {
 		return nil, ProposeOutput{}, t.toolError(ctx, ToolPropose, key, err)

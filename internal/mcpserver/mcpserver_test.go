@@ -261,6 +261,29 @@ func TestMCPTools(t *testing.T) {
 		require.Equal(t, 0, b.count(t, `true`))
 	})
 
+	t.Run("NotBefore", func(t *testing.T) {
+		t.Parallel()
+		b := setupService(t)
+		cs := b.connect(t, "agent")
+		// The schema says an RFC 3339 string; anything else is a tool error saying so,
+		// not a Go decoding error, and nothing is written.
+		for _, nb := range []string{"tomorrow", "2030-01-02", "2030-01-02 15:04:05"} {
+			msg := toolErr(t, call(t, cs, mcpserver.ToolPropose, map[string]any{
+				"connector": "webhook", "key": "later-1", "payload": map[string]any{}, "not_before": nb,
+			}))
+			require.Contains(t, msg, "RFC 3339", nb)
+			require.Contains(t, msg, "not_before", nb)
+			require.NotContains(t, msg, "Go struct", nb)
+			require.NotContains(t, msg, "ProposeInput", nb)
+		}
+		require.Equal(t, 0, b.count(t, `true`))
+
+		out := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, map[string]any{
+			"connector": "webhook", "key": "later-1", "payload": map[string]any{}, "not_before": "2030-01-02T15:04:05+01:00",
+		}))
+		require.True(t, out.Intent.NextAttemptAt.Equal(time.Date(2030, 1, 2, 14, 4, 5, 0, time.UTC)), out.Intent.NextAttemptAt)
+	})
+
 	t.Run("ApprovalRequired", func(t *testing.T) {
 		t.Parallel()
 		b := setupService(t)
