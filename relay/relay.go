@@ -1351,11 +1351,13 @@ func (r *Relay) holdForgotten(inst *instance, row claimed, now time.Time) outcom
 		started: now, finished: now, record: statusHeld, ordered: row.ordered}
 }
 
-// safeDeliver turns a connector's panic into a retryable error.
+// safeDeliver turns a connector's panic into an ambiguous error: the connector may have
+// sent its request before it panicked (reading the answer, say), so the receiver may have
+// acted, as when a relay dies mid-attempt.
 func safeDeliver(ctx context.Context, c connectors.Connector, d connectors.Delivery) (res json.RawMessage, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			res, err = nil, fmt.Errorf("connector panicked: %v", p)
+			res, err = nil, connectors.Ambiguous(fmt.Errorf("connector panicked: %v", p))
 		}
 	}()
 	return c.Deliver(ctx, d)
