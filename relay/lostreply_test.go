@@ -47,8 +47,11 @@ type lossyProxy struct {
 	// cutOnKill: losing the armed reply also makes the database unreachable (see cut),
 	// before the client hears of anything.
 	cutOnKill bool
-	down      bool                    // the database is unreachable: connections are refused
-	live      map[*proxyConn]struct{} // connections open through the proxy
+	down      bool // the database is unreachable: connections are refused
+	// dropCancels loses every cancel request, as a network partition does: a statement
+	// the client gave up on runs on in the database.
+	dropCancels bool
+	live        map[*proxyConn]struct{} // connections open through the proxy
 }
 
 // cut makes the database unreachable: open connections break, new ones are refused.
@@ -178,6 +181,14 @@ func (pc *proxyConn) startup() bool {
 	if _, ok := msg.(*pgproto3.SSLRequest); ok { // refused: the client goes on in the clear
 		if _, err = pc.c.Write([]byte{'N'}); err == nil {
 			msg, err = pc.be.ReceiveStartupMessage()
+		}
+	}
+	if _, ok := msg.(*pgproto3.CancelRequest); ok {
+		pc.p.mu.Lock()
+		drop := pc.p.dropCancels
+		pc.p.mu.Unlock()
+		if drop {
+			return false
 		}
 	}
 	if err != nil || !pc.toServer(msg) {

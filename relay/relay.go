@@ -989,8 +989,9 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 	local := r.cfg.NowFunc()
 	now := r.corrected(local)
 	b := &pgx.Batch{}
+	records := 0
 	if len(outs) > 0 {
-		b.Queue(recordStmt(outs), r.recordArgs(outs)...)
+		records = queueRecord(b, outs, r.recordArgs(outs))
 	}
 	if len(plans) > 0 {
 		// The round's lease expiry, as PostgreSQL stores it (microseconds), and later
@@ -1009,7 +1010,7 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 		b.Queue(claimSQL, p.inst.name, now, p.limit, r.cfg.ID, r.roundLease, from, p.bytes)
 	}
 	br := r.pool.SendBatch(ctx, b)
-	if len(outs) > 0 {
+	for range records {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			return nil, &outcomesError{fmt.Errorf("record %d outcomes: %w", len(outs), err)}
@@ -1481,7 +1482,7 @@ func refused(err error) bool {
 // retried with the others.
 func (r *Relay) salvage(ctx context.Context, outs []outcome, refusal error) []outcome {
 	write := func(batch []outcome) error {
-		_, err := r.pool.Exec(ctx, recordStmt(batch), r.recordArgs(batch)...)
+		err := r.execRecord(ctx, batch, r.recordArgs(batch))
 		if unsure(err) {
 			markMaybeWritten(batch)
 		}
@@ -1575,7 +1576,7 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 	args := r.recordArgs(batch)
 	b := retry.WithCappedDuration(5*time.Second, retry.NewExponential(50*time.Millisecond))
 	err := retry.Do(ctx, b, func(ctx context.Context) error {
-		if _, err := r.pool.Exec(ctx, recordStmt(batch), args...); err != nil {
+		if err := r.execRecord(ctx, batch, args); err != nil {
 			if unsure(err) {
 				markMaybeWritten(batch)
 			}
@@ -1597,13 +1598,37 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 	}
 }
 
-// recordStmt is the statement that writes batch: recordSQL, or recordAgainSQL when an
-// earlier write of some of it may have committed.
-func recordStmt(batch []outcome) string {
-	if slices.ContainsFunc(batch, func(o outcome) bool { return o.maybeWritten }) {
-		return recordAgainSQL
+// queueRecord queues on b what writes batch, whose recordSQL arguments are args, and
+// returns how many statements that is: recordSQL; or, when an earlier write of some of it
+// may have committed, lockAgainSQL and then recordAgainSQL. The earlier write may also
+// still be running in the database (its connection broke and the cancel was lost):
+// recordAgainSQL, a statement of its own that starts once the earlier write has ended,
+// then sees the attempts it logged.
+func queueRecord(b *pgx.Batch, batch []outcome, args []any) int {
+	if !anyMaybeWritten(batch) {
+		b.Queue(recordSQL, args...)
+		return 1
 	}
-	return recordSQL
+	b.Queue(lockAgainSQL, args[1])
+	b.Queue(recordAgainSQL, args...)
+	return 2
+}
+
+// execRecord writes batch, whose recordSQL arguments are args, in one transaction (see
+// queueRecord).
+func (r *Relay) execRecord(ctx context.Context, batch []outcome, args []any) error {
+	if !anyMaybeWritten(batch) {
+		_, err := r.pool.Exec(ctx, recordSQL, args...)
+		return err
+	}
+	b := &pgx.Batch{}
+	queueRecord(b, batch, args)
+	return r.pool.SendBatch(ctx, b).Close()
+}
+
+// anyMaybeWritten reports whether an earlier write of one of outs may have committed.
+func anyMaybeWritten(outs []outcome) bool {
+	return slices.ContainsFunc(outs, func(o outcome) bool { return o.maybeWritten })
 }
 
 // anyOrdered reports whether one of outs is of a row with an ordering key: writing it

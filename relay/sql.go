@@ -123,6 +123,14 @@ WITH r AS (
           AND a.outcome = t.outcome AND a.finished_at = t.finished_at)
 ), ` + recordWrite
 
+// lockAgainSQL locks the rows $1 of outcomes about to be written with recordAgainSQL,
+// in the same transaction: a write of them still running in the database holds their
+// locks until it ends, and recordAgainSQL, which starts after, sees what it logged.
+// Looked for in the statement that waited for the locks, the attempts that write logged
+// were not seen (the statement's snapshot is older than their commit), and they were
+// logged twice.
+const lockAgainSQL = `SELECT 1 FROM outbox WHERE id = ANY($1::bigint[]) ORDER BY id FOR NO KEY UPDATE`
+
 // recordUnnest is the outcomes of recordSQL's arguments, one row each, as t.
 const recordUnnest = `unnest($2::bigint[], $3::int[], $4::text[], $5::timestamptz[], $6::text[], $7::jsonb[],
                 $8::bool[], $9::timestamptz[], $10::timestamptz[], $11::text[])

@@ -1,0 +1,71 @@
+package relay
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// An outcome's write is still running in the database (waiting at its commit for a lock)
+// when the network breaks, so the relay writes it again with recordAgainSQL once the
+// database answers. The second write waits for the first's row lock; the first then
+// commits. recordAgainSQL's check for an attempt already logged ran before that commit,
+// so the attempt was logged twice.
+func TestOutcomeWrittenAgainWhileTheFirstWriteRunsIsLoggedOnce(t *testing.T) {
+	t.Parallel()
+	direct, proxy, cfg, clock := lossySetup(t)
+	ctx := t.Context()
+	r, err := New(proxy.pool, cfg, map[string]Instance{"webhook": {Connector: &recordingConnector{}}})
+	require.NoError(t, err)
+	_, err = direct.Exec(ctx, `
+CREATE FUNCTION test_block_record() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.idempotency_key = 'twice' AND NEW.status = 'delivered' THEN
+        PERFORM pg_advisory_xact_lock_shared(4343);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER test_block_record AFTER UPDATE ON outbox
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_block_record();`)
+	require.NoError(t, err)
+	locker, err := direct.Acquire(ctx)
+	require.NoError(t, err)
+	defer locker.Release()
+	_, err = locker.Exec(ctx, `SELECT pg_advisory_lock(4343)`)
+	require.NoError(t, err)
+	waiting := func(event string) int {
+		var n int
+		require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = $1`, event).Scan(&n))
+		return n
+	}
+
+	enqueue(t, direct, "twice", "webhook", []int{1})
+	got := claimRows(t, r, "webhook")
+	require.Len(t, got, 1)
+	now := clock.Now()
+	o := outcome{id: got[0].id, attempt: got[0].attempt, status: statusDelivered, result: []byte(`{"ok":true}`),
+		started: now, finished: now, record: statusDelivered}
+
+	done := make(chan struct{})
+	go func() { defer close(done); r.writeOutcomes(ctx, []outcome{o}) }()
+	require.Eventually(t, func() bool { return waiting("advisory") == 1 }, waitTimeout, 10*time.Millisecond, "the first write waits at its commit")
+	proxy.mu.Lock()
+	proxy.dropCancels = true
+	proxy.mu.Unlock()
+	proxy.cut() // the relay writes it again once the database answers
+	proxy.restore()
+	require.Eventually(t, func() bool { return waiting("transactionid") == 1 }, waitTimeout, 10*time.Millisecond,
+		"the second write waits for the first")
+	_, err = locker.Exec(ctx, `SELECT pg_advisory_unlock(4343)`)
+	require.NoError(t, err)
+	<-done
+
+	in, err := outbox.Get(ctx, direct, "twice")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDelivered, in.Status)
+	att := attemptsOf(t, direct, "twice")
+	require.Len(t, att, 1, "attempts log: %+v", att)
+}
