@@ -77,6 +77,7 @@ type Relay struct {
 	unreleasedMu  sync.Mutex
 	unreleased    []claimed
 	lost          []time.Time
+	lostSessions  []session   // the database sessions those rounds ran in (see fence)
 	anyUnreleased atomic.Bool // unreleased or lost is not empty
 	// releasingMu is held while they are handed back, and by reclaim, so that this relay
 	// never puts back as an abandoned attempt a row it knows it never sent.
@@ -86,6 +87,9 @@ type Relay struct {
 	// later than the one before, so that the rows of a round whose reply was lost can be
 	// found and handed back (see releaseLost). Only the claim loop uses them.
 	lastLease, roundLease time.Time
+	// roundSession is the database session of the round in progress, read when its reply
+	// is lost. Only the claim loop uses it.
+	roundSession session
 	// runDone is Run's ctx.Done(), so that Ready says the relay is stopping as soon as
 	// it is closed.
 	runDone atomic.Pointer[<-chan struct{}]
@@ -718,12 +722,7 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 			// will ever see, are handed back as soon as the database answers.
 			if unsure(err) {
 				markMaybeWritten(outs)
-				if !r.roundLease.IsZero() {
-					r.unreleasedMu.Lock()
-					r.lost = append(r.lost, r.roundLease)
-					r.anyUnreleased.Store(true)
-					r.unreleasedMu.Unlock()
-				}
+				r.roundLost()
 			}
 			if ctx.Err() != nil {
 				return outs
@@ -1009,7 +1008,25 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 		}
 		b.Queue(claimSQL, p.inst.name, now, p.limit, r.cfg.ID, r.roundLease, from, p.bytes)
 	}
-	br := r.pool.SendBatch(ctx, b)
+	r.roundSession = session{}
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("claim and record: %w", err)
+	}
+	defer conn.Release()
+	sess, err := sessionOf(ctx, conn)
+	if err != nil {
+		return nil, fmt.Errorf("claim and record: %w", err)
+	}
+	defer func() {
+		// A round whose connection broke may still run in the database, and commit
+		// after the relay hands its rows back (see fence): its session is kept for
+		// that. A connection still open has ended the round either way.
+		if conn.Conn().PgConn().IsClosed() {
+			r.roundSession = sess
+		}
+	}()
+	br := conn.SendBatch(ctx, b)
 	for range records {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
@@ -1115,20 +1132,104 @@ func (r *Relay) releaseAgain(ctx context.Context) {
 	r.releasingMu.Lock()
 	defer r.releasingMu.Unlock()
 	r.unreleasedMu.Lock()
-	rows, lost := r.unreleased, r.lost
-	r.unreleased, r.lost = nil, nil
+	rows, lost, sessions := r.unreleased, r.lost, r.lostSessions
+	r.unreleased, r.lost, r.lostSessions = nil, nil, nil
 	r.anyUnreleased.Store(false)
 	r.unreleasedMu.Unlock()
 	if len(lost) > 0 {
-		if err := r.releaseLost(ctx, lost, 10*time.Second); err != nil {
+		err := r.fence(ctx, sessions)
+		if err == nil {
+			sessions = nil
+			err = r.releaseLost(ctx, lost, 10*time.Second)
+		}
+		if err != nil {
 			r.unreleasedMu.Lock()
 			r.lost = append(r.lost, lost...)
+			r.lostSessions = append(r.lostSessions, sessions...)
 			r.anyUnreleased.Store(true)
 			r.unreleasedMu.Unlock()
 		}
 	}
 	r.release(ctx, rows)
 }
+
+// roundLost notes that the reply of the claim loop's last round was lost: the rows it
+// may have claimed are handed back before the next round (see releaseAgain).
+func (r *Relay) roundLost() {
+	if r.roundLease.IsZero() {
+		return // it claimed nothing
+	}
+	r.unreleasedMu.Lock()
+	defer r.unreleasedMu.Unlock()
+	r.lost = append(r.lost, r.roundLease)
+	r.lostSessions = append(r.lostSessions, r.roundSession)
+	r.anyUnreleased.Store(true)
+}
+
+// session is a database session the relay ran a round in: its backend's process id and
+// start. Zero: one the relay cannot end (a connection pooler's, see sessionOf).
+type session struct {
+	pid   uint32
+	start time.Time
+}
+
+// sessionOf returns the session of conn, read from the database on the connection's
+// first round and kept with it. Behind a connection pooler the process id the client
+// was given is the pooler's, not the backend's that answers: such a session is zero,
+// and fence leaves it alone.
+func sessionOf(ctx context.Context, conn *pgxpool.Conn) (session, error) {
+	const key = "outboxd.relay.session"
+	pc := conn.Conn().PgConn()
+	if s, ok := pc.CustomData()[key].(session); ok {
+		return s, nil
+	}
+	var (
+		pid   int64
+		start time.Time
+	)
+	if err := conn.QueryRow(ctx, sessionSQL).Scan(&pid, &start); err != nil {
+		return session{}, fmt.Errorf("read the session: %w", err)
+	}
+	var s session
+	if pid == int64(pc.PID()) {
+		s = session{pid: pc.PID(), start: start}
+	}
+	pc.CustomData()[key] = s
+	return s, nil
+}
+
+// fence ends the sessions of rounds whose reply was lost, and waits until they have
+// ended, before their rows are handed back: a round whose connection broke may still run
+// in the database (waiting for a lock, its cancel request lost with the network) and
+// commit its claims after the hand-back found nothing, leaving rows leased to this relay
+// that no worker will see, to come back as ambiguous attempts when the lease expires.
+// Ended, the round has committed or never will. A session is known by its backend's
+// process id and start, and only this relay's own role's are ended (see fenceSQL). It
+// fails when a session did not end within fenceWait.
+func (r *Relay) fence(ctx context.Context, sessions []session) error {
+	pids, starts := make([]int64, 0, len(sessions)), make([]time.Time, 0, len(sessions))
+	for _, s := range sessions {
+		if s.pid != 0 {
+			pids, starts = append(pids, int64(s.pid)), append(starts, s.start)
+		}
+	}
+	if len(pids) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, fenceWait+10*time.Second)
+	defer cancel()
+	var ended bool
+	if err := r.pool.QueryRow(ctx, fenceSQL, pids, starts, fenceWait.Milliseconds()).Scan(&ended); err != nil {
+		return fmt.Errorf("end the sessions of rounds whose reply was lost: %w", err)
+	}
+	if !ended {
+		return fmt.Errorf("the sessions of rounds whose reply was lost did not end within %s", fenceWait)
+	}
+	return nil
+}
+
+// fenceWait bounds how long fence waits for a session to end.
+const fenceWait = 5 * time.Second
 
 // releaseLost hands back the rows claimed in rounds whose reply was lost, by their
 // rounds' leases (see releaseLostSQL). Should it fail, releaseAgain tries again; a relay

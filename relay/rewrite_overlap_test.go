@@ -1,9 +1,11 @@
 package relay
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/outbox"
@@ -20,27 +22,7 @@ func TestOutcomeWrittenAgainWhileTheFirstWriteRunsIsLoggedOnce(t *testing.T) {
 	ctx := t.Context()
 	r, err := New(proxy.pool, cfg, map[string]Instance{"webhook": {Connector: &recordingConnector{}}})
 	require.NoError(t, err)
-	_, err = direct.Exec(ctx, `
-CREATE FUNCTION test_block_record() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF NEW.idempotency_key = 'twice' AND NEW.status = 'delivered' THEN
-        PERFORM pg_advisory_xact_lock_shared(4343);
-    END IF;
-    RETURN NULL;
-END $$;
-CREATE CONSTRAINT TRIGGER test_block_record AFTER UPDATE ON outbox
-    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_block_record();`)
-	require.NoError(t, err)
-	locker, err := direct.Acquire(ctx)
-	require.NoError(t, err)
-	defer locker.Release()
-	_, err = locker.Exec(ctx, `SELECT pg_advisory_lock(4343)`)
-	require.NoError(t, err)
-	waiting := func(event string) int {
-		var n int
-		require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = $1`, event).Scan(&n))
-		return n
-	}
+	unlock, waiting := blockAtCommit(t, direct, "twice", "delivered")
 
 	enqueue(t, direct, "twice", "webhook", []int{1})
 	got := claimRows(t, r, "webhook")
@@ -59,8 +41,7 @@ CREATE CONSTRAINT TRIGGER test_block_record AFTER UPDATE ON outbox
 	proxy.restore()
 	require.Eventually(t, func() bool { return waiting("transactionid") == 1 }, waitTimeout, 10*time.Millisecond,
 		"the second write waits for the first")
-	_, err = locker.Exec(ctx, `SELECT pg_advisory_unlock(4343)`)
-	require.NoError(t, err)
+	unlock()
 	<-done
 
 	in, err := outbox.Get(ctx, direct, "twice")
@@ -68,4 +49,38 @@ CREATE CONSTRAINT TRIGGER test_block_record AFTER UPDATE ON outbox
 	require.Equal(t, outbox.StatusDelivered, in.Status)
 	att := attemptsOf(t, direct, "twice")
 	require.Len(t, att, 1, "attempts log: %+v", att)
+}
+
+// blockAtCommit holds every transaction that writes status to the row of key at its
+// commit until unlock is called (a deferred constraint trigger waits for an advisory lock
+// the test holds); waiting counts the sessions waiting for event (advisory: held there).
+func blockAtCommit(t *testing.T, pool *pgxpool.Pool, key, status string) (unlock func(), waiting func(event string) int) {
+	t.Helper()
+	ctx := t.Context()
+	_, err := pool.Exec(ctx, fmt.Sprintf(`
+CREATE FUNCTION test_block_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.idempotency_key = '%s' AND NEW.status = '%s' THEN
+        PERFORM pg_advisory_xact_lock_shared(4343);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER test_block_commit AFTER UPDATE ON outbox
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_block_commit();`, key, status))
+	require.NoError(t, err)
+	locker, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	t.Cleanup(locker.Release)
+	_, err = locker.Exec(ctx, `SELECT pg_advisory_lock(4343)`)
+	require.NoError(t, err)
+	unlock = func() {
+		_, err := locker.Exec(ctx, `SELECT pg_advisory_unlock(4343)`)
+		require.NoError(t, err)
+	}
+	waiting = func(event string) int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = $1`, event).Scan(&n))
+		return n
+	}
+	return unlock, waiting
 }

@@ -219,6 +219,18 @@ const releaseSet = `SET status = 'pending', lease_owner = NULL, lease_expires_at
     first_attempt_at = CASE WHEN o.attempts = 1 THEN NULL ELSE o.first_attempt_at END
 `
 
+// fenceSQL ends the backends of sessions $1 (process ids) started at $2, if they still
+// run as this role, waiting up to $3 milliseconds for each to exit, and reports whether
+// all did (see Relay.fence).
+const fenceSQL = `
+SELECT coalesce(bool_and(pg_terminate_backend(a.pid, $3)), true)
+FROM pg_stat_activity a
+JOIN unnest($1::int[], $2::timestamptz[]) AS s(pid, start) ON a.pid = s.pid AND a.backend_start = s.start
+WHERE a.usename = current_user AND a.pid <> pg_backend_pid()`
+
+// sessionSQL reads the session's backend process id and start (see sessionOf).
+const sessionSQL = `SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`
+
 // releaseLostSQL hands back the rows this relay ($1) claimed in rounds whose reply it
 // never got (the connection broke around the commit), found by their lease's expiry,
 // which is unique to each round of a relay ($2): they return to pending as releaseSQL
