@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(serveChildEnv) == "1" {
 		os.Exit(runProcess([]string{"serve"}))
 	}
+	if args := os.Getenv(childArgsEnv); args != "" {
+		os.Exit(runProcess(strings.Fields(args)))
+	}
 	pgtest.Main(m)
 }
 

@@ -229,7 +229,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	// Files, not pipes: no goroutine copies output, and nothing waits for the
 	// server's backends to close a pipe.
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = withParentDeathSignal(c.owner.sysProcAttr())
+	cmd.SysProcAttr = withParentDeathSignal(withOwnProcessGroup(c.owner.sysProcAttr()))
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start postgres: %w", err)
 	}
