@@ -1012,9 +1012,16 @@ func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *be
 					return
 				}
 				// Open loop: row i is due at start + i/rate, whether or not earlier rows
-				// have been delivered.
+				// have been delivered. The wait ends with the phase: at a low --rate, rows
+				// are minutes apart, and an interrupt must not wait for the next one.
 				if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
-					time.Sleep(wait)
+					due := time.NewTimer(wait)
+					select {
+					case <-pctx.Done():
+						due.Stop()
+						return
+					case <-due.C:
+					}
 				}
 				key := lat.prefix + strconv.Itoa(i)
 				err := pgx.BeginFunc(pctx, app, func(tx pgx.Tx) error {

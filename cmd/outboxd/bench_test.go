@@ -2,13 +2,16 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/pgcluster"
@@ -190,4 +193,48 @@ func TestBenchRawFirstHalfOnOpenConnections(t *testing.T) {
 	timed := rcv.Connections() - before.Load()
 	require.LessOrEqual(t, timed, int64(o.concurrency/4),
 		"the timed raw POSTs opened %d of the %d connections (%d in all)", timed, o.concurrency, rcv.Connections())
+}
+
+// TestBenchInterruptedWhileProducersWait: an interrupt must stop the latency phase at
+// once, even while its producers wait for their rows' scheduled times, which at a low
+// --rate are far apart: here row 0 is due at once and row 1 in 2,000 s.
+func TestBenchInterruptedWhileProducersWait(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.URL(t)
+	pool, err := pgxpool.New(t.Context(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var stdout, stderr lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"bench", "--rows", "10", "--concurrency", "2", "--rate", "0.0005", "--duration", "1h"},
+			[]string{"OUTBOX_DATABASE_URL=" + dsn}, strings.NewReader(""), &stdout, &stderr)
+	}()
+	// Row 0 committed: its producer is done, and the other waits for row 1.
+	deadline := time.After(processWait)
+	for tick := time.Tick(20 * time.Millisecond); ; {
+		var committed bool
+		require.NoError(t, pool.QueryRow(t.Context(),
+			`SELECT EXISTS (SELECT 1 FROM outbox WHERE idempotency_key LIKE 'bench-%-lat-0')`).Scan(&committed))
+		if committed {
+			break
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("bench exited with %d before its latency phase's first row; stderr:\n%s", code, stderr.String())
+		case <-deadline:
+			t.Fatalf("no latency row within %s; stderr:\n%s", processWait, stderr.String())
+		case <-tick:
+		}
+	}
+	cancel()
+	select {
+	case code := <-done:
+		require.Equal(t, exitFailure, code, "stderr:\n%s", stderr.String())
+	case <-time.After(processWait):
+		t.Fatalf("bench did not stop within %s of its interrupt; stderr:\n%s", processWait, stderr.String())
+	}
 }
