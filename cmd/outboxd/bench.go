@@ -71,6 +71,9 @@ const (
 	// benchRateReached is the share of the offered rate the producers must reach for
 	// the latency targets to count as met at that rate.
 	benchRateReached = 0.95
+	// benchMaxDuration bounds --duration: the latency phase's own bound is
+	// benchPhaseTimeout beyond it, which must not overflow a time.Duration.
+	benchMaxDuration = 24 * time.Hour
 )
 
 // Targets from the performance issue, shown beside the figures. They are meant for the
@@ -175,8 +178,11 @@ func (o benchOptions) validate() error {
 	if o.producers < 0 {
 		errs = append(errs, fmt.Errorf("--producers must not be negative, got %d", o.producers))
 	}
-	if o.duration <= 0 {
+	switch {
+	case o.duration <= 0:
 		errs = append(errs, fmt.Errorf("--duration must be positive, got %s", o.duration))
+	case o.duration > benchMaxDuration:
+		errs = append(errs, fmt.Errorf("--duration must be at most %s, got %s", benchMaxDuration, o.duration))
 	}
 	if o.rate > 0 && o.duration > 0 && o.rate*o.duration.Seconds() > 10_000_000 {
 		errs = append(errs, errors.New("--rate × --duration must stay under 10,000,000 rows"))

@@ -120,6 +120,10 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"NoRows", []string{"bench", "--rows", "0"}, "--rows must be at least 1, got 0"},
 		{"NegativeRate", []string{"bench", "--rate", "-5"}, "--rate must be a positive number of rows/s, got -5"},
 		{"ZeroDuration", []string{"bench", "--duration", "0s"}, "--duration must be positive, got 0s"},
+		// benchPhaseTimeout + --duration bounds the latency phase: it must not overflow,
+		// which would fail the phase at once, after the throughput phase ran.
+		{"HugeDuration", []string{"bench", "--rows", "10", "--concurrency", "2", "--rate", "0.000001", "--duration", "2562047h47m"},
+			"--duration must be at most 24h0m0s, got 2562047h47m0s"},
 		{"TinyPayload", []string{"bench", "--payload-bytes", "10"}, "--payload-bytes must be between 64 and 1048576, got 10"},
 		{"BadFlag", []string{"bench", "--rows", "many"}, `invalid argument "many" for "--rows"`},
 		{"Arguments", []string{"bench", "now"}, `outboxd bench takes no arguments, got "now"`},
