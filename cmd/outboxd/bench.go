@@ -187,6 +187,11 @@ func (o benchOptions) validate() error {
 	if o.rate > 0 && o.duration > 0 && o.rate*o.duration.Seconds() > 10_000_000 {
 		errs = append(errs, errors.New("--rate × --duration must stay under 10,000,000 rows"))
 	}
+	// Less than a row offered, the phase would still send one, and report as achieved
+	// that row over its own commit's time: a rate far above the one asked.
+	if o.rate > 0 && o.duration > 0 && o.rate*o.duration.Seconds() < 1 {
+		errs = append(errs, fmt.Errorf("--rate × --duration must give at least 1 row, got %g", o.rate*o.duration.Seconds()))
+	}
 	if len(errs) > 0 {
 		return usageError{errors.Join(errs...)}
 	}

@@ -124,6 +124,9 @@ func TestBenchUsageErrors(t *testing.T) {
 		// which would fail the phase at once, after the throughput phase ran.
 		{"HugeDuration", []string{"bench", "--rows", "10", "--concurrency", "2", "--rate", "0.000001", "--duration", "2562047h47m"},
 			"--duration must be at most 24h0m0s, got 2562047h47m0s"},
+		// Fewer than one row offered: the phase would send one anyway and report its rate.
+		{"NoLatencyRows", []string{"bench", "--rows", "10", "--concurrency", "2", "--rate", "0.1", "--duration", "1s"},
+			"--rate × --duration must give at least 1 row, got 0.1"},
 		{"TinyPayload", []string{"bench", "--payload-bytes", "10"}, "--payload-bytes must be between 64 and 1048576, got 10"},
 		{"BadFlag", []string{"bench", "--rows", "many"}, `invalid argument "many" for "--rows"`},
 		{"Arguments", []string{"bench", "now"}, `outboxd bench takes no arguments, got "now"`},
