@@ -32,6 +32,7 @@ import (
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/connectors/webhook"
 	"github.com/outboxd/outboxd/internal/config"
+	"github.com/outboxd/outboxd/internal/ops"
 	"github.com/outboxd/outboxd/internal/pgcluster"
 	"github.com/outboxd/outboxd/internal/proccpu"
 	"github.com/outboxd/outboxd/internal/receiver"
@@ -132,7 +133,8 @@ func newBenchCmd(e *env) *cobra.Command {
 			"how busy that kept the machine, and how long PostgreSQL's WAL flushes took, for which every " +
 			"durable COMMIT waits.\n\n" +
 			"Progress goes to stderr, the report to stdout (JSON with --json). With OUTBOX_DATABASE_URL the " +
-			"rows stay in that database, under connector instances of their own (webhook:bench_<run id>_*).",
+			"rows stay in that database, under connector instances of their own (webhook:bench_<run id>_*); a bench " +
+			"stopped before they finish cancels the ones left, which no relay would ever deliver.",
 		Example: `  # the issue's benchmark: 50,000 rows of ~500 bytes, then 1,000 rows/s for 10s
   outboxd bench
 
@@ -303,7 +305,7 @@ type benchTarget struct {
 }
 
 // bench runs the benchmark; see newBenchCmd.
-func bench(ctx context.Context, e *env, o benchOptions) error {
+func bench(ctx context.Context, e *env, o benchOptions) (err error) {
 	if err := o.validate(); err != nil {
 		return err
 	}
@@ -337,6 +339,17 @@ func bench(ctx context.Context, e *env, o benchOptions) error {
 
 	payload := benchPayload(o.payloadBytes)
 	lat := &latencyRecorder{prefix: "bench-" + runID + "-lat-"}
+	if dbs.cluster == nil {
+		// On the user's database, a bench stopped before its rows finished (a signal, a
+		// failure) cancels the rest: no relay has its instances, so they would wait there
+		// for good, and every relay would warn about them. This runs after the phases
+		// returned, and with them their relays.
+		defer func() {
+			if err != nil {
+				cancelBenchRows(ctx, e.stderr, dbs.throughput, o.rows, runID, lat, progress)
+			}
+		}()
+	}
 	rcv, err := receiver.Start(receiver.Options{NoEffectLog: true, OnEffect: lat.onEffect})
 	if err != nil {
 		return fmt.Errorf("start receiver: %w", err)
@@ -485,6 +498,36 @@ func benchDatabases(ctx context.Context, e *env, runID string, progress func(str
 	}
 	progress("PostgreSQL ready on 127.0.0.1:%d after %s", cluster.Port(), time.Since(started).Round(10*time.Millisecond))
 	return d, nil
+}
+
+// cancelBenchRows cancels the rows of a bench stopped early that still wait for a relay,
+// in the database at dsn: phase 2's rows and those phase 3 committed.
+func cancelBenchRows(ctx context.Context, stderr io.Writer, dsn string, tputRows int, runID string, lat *latencyRecorder,
+	progress func(string, ...any),
+) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	keys := make([]string, 0, tputRows)
+	for j := range tputRows {
+		keys = append(keys, fmt.Sprintf("bench-%s-t-%07d", runID, j))
+	}
+	if n := lat.rows.Load(); n != nil {
+		for i := range *n {
+			keys = append(keys, lat.prefix+strconv.FormatInt(i, 10))
+		}
+	}
+	pool, err := pgxpool.New(ctx, dsn)
+	if err == nil {
+		defer pool.Close()
+		var res ops.CancelResult
+		if res, err = ops.Cancel(ctx, pool, keys, "outboxd bench", "the bench stopped before it finished", time.Time{}); err == nil {
+			if len(res.Canceled) > 0 {
+				progress("stopped before its rows finished; canceled the %d still waiting, so no relay waits for them", len(res.Canceled))
+			}
+			return
+		}
+	}
+	fmt.Fprintln(stderr, "outboxd: cancel the bench's unfinished rows:", err)
 }
 
 // postgresPID is the throwaway cluster's postmaster, or 0 with OUTBOX_DATABASE_URL.

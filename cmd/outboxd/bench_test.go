@@ -245,3 +245,28 @@ func TestBenchInterruptedWhileProducersWait(t *testing.T) {
 		t.Fatalf("bench did not stop within %s of its interrupt; stderr:\n%s", processWait, stderr.String())
 	}
 }
+
+// TestBenchInterruptedLeavesNoPendingRows: a bench stopped on a user's database must not
+// leave pending rows under its own connector instances, which no relay will ever have:
+// every relay on that database would warn about them, and status count them, for good.
+func TestBenchInterruptedLeavesNoPendingRows(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.URL(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	// Phase 2's rows are inserted, and its relay has not started.
+	stderr := &cancelOnWriter{marker: "bench: phase 2:", cancel: cancel}
+	var stdout bytes.Buffer
+	code := run(ctx, []string{"bench", "--rows", "200", "--concurrency", "2", "--rate", "10", "--duration", "1s"},
+		[]string{"OUTBOX_DATABASE_URL=" + dsn}, strings.NewReader(""), &stdout, stderr)
+	require.Equal(t, exitFailure, code, "stderr:\n%s", stderr.String())
+
+	pool, err := pgxpool.New(t.Context(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	var rows, unfinished int
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT count(*),
+		count(*) FILTER (WHERE status NOT IN ('delivered', 'dead', 'canceled')) FROM outbox`).Scan(&rows, &unfinished))
+	require.Equal(t, 200, rows, "phase 2's rows were inserted")
+	require.Zero(t, unfinished, "rows left waiting for a connector instance that no relay has\nstderr:\n%s", stderr.String())
+}
