@@ -270,3 +270,18 @@ func TestBenchInterruptedLeavesNoPendingRows(t *testing.T) {
 	require.Equal(t, 200, rows, "phase 2's rows were inserted")
 	require.Zero(t, unfinished, "rows left waiting for a connector instance that no relay has\nstderr:\n%s", stderr.String())
 }
+
+// TestBenchAchievedRateNeverAboveOffered: the producers never commit a row before it is
+// due, so the achieved rate cannot exceed the offered one. Row i is due at i/rate: the
+// last of n rows at (n-1)/rate, and the n rows fill n slots of 1/rate.
+func TestBenchAchievedRateNeverAboveOffered(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"bench", "--rows", "10", "--concurrency", "2", "--rate", "4", "--duration", "1s", "--json"},
+		[]string{"OUTBOX_DATABASE_URL=" + pgtest.URL(t)}, strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitOK, code, "stderr:\n%s", stderr.String())
+	var rep benchReport
+	require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep), stdout.String())
+	require.Equal(t, 4, rep.Latency.Samples)
+	require.LessOrEqual(t, rep.Latency.AchievedRate, rep.Latency.OfferedRate)
+}
