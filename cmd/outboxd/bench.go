@@ -330,7 +330,7 @@ func bench(ctx context.Context, e *env, o benchOptions) (err error) {
 	rep.Machine.GC = e.tuneGC(relay.DefaultMaxClaimedBytes)
 
 	runID := randomHex(4)
-	dbs, err := benchDatabases(ctx, e, runID, progress)
+	dbs, err := benchDatabases(ctx, e, o, runID, progress)
 	if err != nil {
 		return err
 	}
@@ -442,7 +442,7 @@ type benchDBs struct {
 // benchDatabases starts a durable throwaway cluster with one fresh database per phase,
 // or uses OUTBOX_DATABASE_URL with a connector instance of its own per phase, so that
 // neither phase sees the other's rows, nor the relays any other row.
-func benchDatabases(ctx context.Context, e *env, runID string, progress func(string, ...any)) (*benchDBs, error) {
+func benchDatabases(ctx context.Context, e *env, o benchOptions, runID string, progress func(string, ...any)) (*benchDBs, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, benchSetupTimeout, errors.New("setting up the databases took too long"))
 	defer cancel()
 	db, given, err := config.LoadOptionalDatabase(e.environ)
@@ -469,11 +469,16 @@ func benchDatabases(ctx context.Context, e *env, runID string, progress func(str
 	}
 	progress("starting a throwaway PostgreSQL from %s with fsync=on, synchronous_commit=on", binDir)
 	started := time.Now()
+	// Room for the relays' pools (the throughput phase's opens every connection to warm
+	// it), the latency phase's producers and this function's own, with pgcluster's 300
+	// as the least.
+	maxConns := max(300, 2*int(defaultMaxConns(o.concurrency))+max(o.producers, benchMaxProducers)+10)
 	cluster, err := pgcluster.Start(ctx, pgcluster.Options{
 		// Durable commits, as production pays for them: the issue forbids weakening them.
 		// The WAL flushes are timed, so that the latency phase can say what they cost.
-		Fsync:         true,
-		ExtraSettings: map[string]string{"synchronous_commit": "on", "track_wal_io_timing": "on"},
+		Fsync: true,
+		ExtraSettings: map[string]string{"synchronous_commit": "on", "track_wal_io_timing": "on",
+			"max_connections": strconv.Itoa(maxConns)},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start PostgreSQL: %w", err)

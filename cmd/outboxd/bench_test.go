@@ -285,3 +285,17 @@ func TestBenchAchievedRateNeverAboveOffered(t *testing.T) {
 	require.Equal(t, 4, rep.Latency.Samples)
 	require.LessOrEqual(t, rep.Latency.AchievedRate, rep.Latency.OfferedRate)
 }
+
+// TestBenchHighConcurrency: the bench's own cluster must take the connections its pools
+// open for --concurrency, which above about 4,700 are more than its 300 default
+// max_connections (every one of the throughput pool's is opened to warm it).
+func TestBenchHighConcurrency(t *testing.T) {
+	t.Parallel()
+	if _, err := pgcluster.FindBinDir(); err != nil {
+		t.Fatalf("bench needs the PostgreSQL server binaries (apt-get install postgresql): %v", err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"bench", "--rows", "10", "--concurrency", "4800", "--rate", "10", "--duration", "1s"},
+		nil, strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitOK, code, "stderr:\n%s", stderr.String())
+}

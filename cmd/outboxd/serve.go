@@ -266,7 +266,13 @@ func poolConfig(dsn string, concurrency int) (*pgxpool.Config, error) {
 		return nil, err
 	}
 	if _, set := connCfg.RuntimeParams["pool_max_conns"]; !set {
-		cfg.MaxConns = int32(min(max(8, 4+concurrency/16), math.MaxInt32))
+		cfg.MaxConns = defaultMaxConns(concurrency)
 	}
 	return cfg, nil
+}
+
+// defaultMaxConns is the pool size poolConfig gives a relay of this concurrency when the
+// DSN does not set pool_max_conns.
+func defaultMaxConns(concurrency int) int32 {
+	return int32(min(max(8, 4+concurrency/16), math.MaxInt32))
 }
