@@ -393,7 +393,7 @@ func bench(ctx context.Context, e *env, o benchOptions) (err error) {
 	if err := raw(0); err != nil {
 		return err
 	}
-	if err := benchThroughput(ctx, o, rep, tput, dbs.tputInstance, dbs.postgresPID(), rcv, hook, relayCfg(), progress); err != nil {
+	if err := benchThroughput(ctx, o, rep, tput, dbs.tputInstance, runID, dbs.postgresPID(), rcv, hook, relayCfg(), progress); err != nil {
 		return fmt.Errorf("throughput phase: %w", err)
 	}
 	// Before the pool closes: its 128 backends exiting would take CPU from the POSTs.
@@ -505,6 +505,9 @@ func benchDatabases(ctx context.Context, e *env, o benchOptions, runID string, p
 	return d, nil
 }
 
+// throughputKey is the key of phase 2's row j.
+func throughputKey(runID string, j int) string { return fmt.Sprintf("bench-%s-t-%07d", runID, j) }
+
 // cancelBenchRows cancels the rows of a bench stopped early that still wait for a relay,
 // in the database at dsn: phase 2's rows and those phase 3 committed.
 func cancelBenchRows(ctx context.Context, stderr io.Writer, dsn string, tputRows int, runID string, lat *latencyRecorder,
@@ -514,7 +517,7 @@ func cancelBenchRows(ctx context.Context, stderr io.Writer, dsn string, tputRows
 	defer cancel()
 	keys := make([]string, 0, tputRows)
 	for j := range tputRows {
-		keys = append(keys, fmt.Sprintf("bench-%s-t-%07d", runID, j))
+		keys = append(keys, throughputKey(runID, j))
 	}
 	if n := lat.rows.Load(); n != nil {
 		for i := range *n {
@@ -822,7 +825,7 @@ func insertThroughputRows(ctx context.Context, o benchOptions, rep *benchReport,
 	for i := 0; i < o.rows; i += benchInsertBatch {
 		msgs = msgs[:0]
 		for j := i; j < min(i+benchInsertBatch, o.rows); j++ {
-			msgs = append(msgs, outbox.Message{Key: fmt.Sprintf("bench-%s-t-%07d", runID, j), Connector: instance, Payload: payload})
+			msgs = append(msgs, outbox.Message{Key: throughputKey(runID, j), Connector: instance, Payload: payload})
 		}
 		if _, err := outbox.EnqueueBatch(ctx, pool, msgs); err != nil {
 			return fmt.Errorf("insert rows: %w", err)
@@ -841,7 +844,7 @@ func insertThroughputRows(ctx context.Context, o benchOptions, rep *benchReport,
 
 // benchThroughput is phase 2: time a relay delivering the rows insertThroughputRows
 // inserted.
-func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool *pgxpool.Pool, instance string, pgPID int,
+func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool *pgxpool.Pool, instance, runID string, pgPID int,
 	rcv *receiver.Receiver, hook connectors.Connector, cfg *relay.Config, progress func(string, ...any),
 ) error {
 	ctx, cancel := context.WithTimeoutCause(ctx, benchPhaseTimeout, errors.New("the throughput phase took too long"))
@@ -917,6 +920,11 @@ func benchThroughput(ctx context.Context, o benchOptions, rep *benchReport, pool
 	}
 	if dups := rcv.DuplicateKeys(); len(dups) > 0 {
 		return fmt.Errorf("the receiver performed %d keys' effects more than once, such as %s", len(dups), dups[0])
+	}
+	for j := range o.rows {
+		if n := rcv.Effects(throughputKey(runID, j)); n != 1 {
+			return fmt.Errorf("the receiver performed %d effects for the row %s, not one", n, throughputKey(runID, j))
+		}
 	}
 	rows, err := pool.Query(ctx, benchStatusSQL, instance)
 	if err != nil {
