@@ -1176,7 +1176,8 @@ type session struct {
 // sessionOf returns the session of conn, read from the database on the connection's
 // first round and kept with it. Behind a connection pooler the process id the client
 // was given is the pooler's, not the backend's that answers: such a session is zero,
-// and fence leaves it alone.
+// and fence leaves it alone. So is one whose start the relay's role may not read (see
+// sessionSQL).
 func sessionOf(ctx context.Context, conn *pgxpool.Conn) (session, error) {
 	const key = "outboxd.relay.session"
 	pc := conn.Conn().PgConn()
@@ -1185,14 +1186,14 @@ func sessionOf(ctx context.Context, conn *pgxpool.Conn) (session, error) {
 	}
 	var (
 		pid   int64
-		start time.Time
+		start *time.Time
 	)
 	if err := conn.QueryRow(ctx, sessionSQL).Scan(&pid, &start); err != nil {
 		return session{}, fmt.Errorf("read the session: %w", err)
 	}
 	var s session
-	if pid == int64(pc.PID()) {
-		s = session{pid: pc.PID(), start: start}
+	if pid == int64(pc.PID()) && start != nil {
+		s = session{pid: pc.PID(), start: *start}
 	}
 	pc.CustomData()[key] = s
 	return s, nil

@@ -228,7 +228,10 @@ FROM pg_stat_activity a
 JOIN unnest($1::int[], $2::timestamptz[]) AS s(pid, start) ON a.pid = s.pid AND a.backend_start = s.start
 WHERE a.usename = current_user AND a.pid <> pg_backend_pid()`
 
-// sessionSQL reads the session's backend process id and start (see sessionOf).
+// sessionSQL reads the session's backend process id and start (see sessionOf). The
+// start is NULL when the current role lacks the privileges of the role the session
+// logged in as, as after SET ROLE (options=-c role=…, or ALTER ROLE … SET role):
+// pg_stat_activity hides it then, even for the session itself.
 const sessionSQL = `SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`
 
 // releaseLostSQL hands back the rows this relay ($1) claimed in rounds whose reply it

@@ -1,0 +1,63 @@
+package relay
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// A relay that logs in as one role and works as another (options=-c role=…, or ALTER
+// ROLE … SET role) may not read its own session's backend_start in pg_stat_activity:
+// PostgreSQL shows it only to roles with the privileges of the session's login role.
+// Reading the session for fence must not stop the relay from claiming: such a session
+// cannot be fenced, as one behind a pooler cannot.
+func TestRelayWorksAsARoleItSets(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	ctx := t.Context()
+	var mayCreate bool
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user`).Scan(&mayCreate))
+	if !mayCreate {
+		t.Skip("the test database's role may not create roles")
+	}
+	suffix := randomSuffix()
+	login, worker := "outboxd_login_"+suffix, "outboxd_worker_"+suffix
+	for _, stmt := range []string{
+		`CREATE ROLE ` + pgx.Identifier{worker}.Sanitize() + ` NOLOGIN`,
+		`CREATE ROLE ` + pgx.Identifier{login}.Sanitize() + ` LOGIN IN ROLE ` + pgx.Identifier{worker}.Sanitize(),
+		`GRANT USAGE ON SCHEMA public TO ` + pgx.Identifier{worker}.Sanitize(),
+		`GRANT ALL ON ALL TABLES IN SCHEMA public TO ` + pgx.Identifier{worker}.Sanitize(),
+		`GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO ` + pgx.Identifier{worker}.Sanitize(),
+	} {
+		_, err := b.pool.Exec(ctx, stmt)
+		require.NoError(t, err, stmt)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, err := b.pool.Exec(ctx, `DROP OWNED BY `+pgx.Identifier{login}.Sanitize()+`, `+pgx.Identifier{worker}.Sanitize())
+		require.NoError(t, err)
+		_, err = b.pool.Exec(ctx, `DROP ROLE `+pgx.Identifier{login}.Sanitize()+`, `+pgx.Identifier{worker}.Sanitize())
+		require.NoError(t, err)
+	})
+	pcfg := b.pool.Config().Copy()
+	pcfg.ConnConfig.User = login
+	pcfg.ConnConfig.RuntimeParams["options"] = "-c role=" + worker
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	var user string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT current_user`).Scan(&user))
+	require.Equal(t, worker, user)
+
+	_, cfg := b.clockedConfig(t)
+	start(t, pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	enqueue(t, b.pool, "as-a-role", "webhook", map[string]int{"n": 1})
+	in := waitStatus(t, b.pool, "as-a-role", outbox.StatusDelivered)
+	require.Equal(t, 1, in.Attempts)
+}
