@@ -201,7 +201,7 @@ func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 	// A row deleted between the conflict and the lookup (retention) makes the lookup
 	// miss; inserting again then succeeds, so a second pass settles it.
 	for range 2 {
-		in, err := scanInserted(db.QueryRow(ctx, insertSQL, p.Key, p.Connector, p.payload, p.OrderingKey,
+		in, err := scanInserted(db.QueryRow(ctx, insertSQL, p.Key, p.Connector, string(p.payload), p.OrderingKey,
 			notBefore(p.NotBefore), p.fingerprint, headersJSON(p.Headers), initialStatus(p.Message), p.CreatedBy),
 			func(string) prepared { return p })
 		if err == nil {
@@ -259,12 +259,13 @@ func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) 
 func enqueueBatch(ctx context.Context, tx DB, ps []prepared, first map[string]prepared) ([]Intent, error) {
 	var (
 		keys, connectors, orderingKeys, statuses, createdBy = make([]string, len(ps)), make([]string, len(ps)), make([]string, len(ps)), make([]string, len(ps)), make([]string, len(ps))
-		payloads, headers, fingerprints                     = make([][]byte, len(ps)), make([][]byte, len(ps)), make([][]byte, len(ps))
+		payloads, headers                                   = make([]string, len(ps)), make([]string, len(ps))
+		fingerprints                                        = make([][]byte, len(ps))
 		notBefores                                          = make([]*time.Time, len(ps))
 	)
 	for i, p := range ps {
 		keys[i], connectors[i], orderingKeys[i], statuses[i], createdBy[i] = p.Key, p.Connector, p.OrderingKey, initialStatus(p.Message), p.CreatedBy
-		payloads[i], headers[i], fingerprints[i] = p.payload, headersJSON(p.Headers), p.fingerprint
+		payloads[i], headers[i], fingerprints[i] = string(p.payload), headersJSON(p.Headers), p.fingerprint
 		notBefores[i] = notBefore(p.NotBefore)
 	}
 
@@ -349,9 +350,9 @@ func existing(ctx context.Context, db DB, ps []prepared) (map[string]Intent, err
 		return nil, nil
 	}
 	keys, conns, ords := make([]string, len(ps)), make([]string, len(ps)), make([]string, len(ps))
-	payloads, fps := make([][]byte, len(ps)), make([][]byte, len(ps))
+	payloads, fps := make([]string, len(ps)), make([][]byte, len(ps))
 	for i, p := range ps {
-		keys[i], conns[i], ords[i], payloads[i], fps[i] = p.Key, p.Connector, p.OrderingKey, p.payload, p.fingerprint
+		keys[i], conns[i], ords[i], payloads[i], fps[i] = p.Key, p.Connector, p.OrderingKey, string(p.payload), p.fingerprint
 	}
 	rows, err := db.Query(ctx, existingSQL, keys, conns, payloads, ords, fps)
 	if err != nil {
@@ -415,12 +416,14 @@ func notBefore(t time.Time) *time.Time {
 	return &t
 }
 
-func headersJSON(h map[string]string) []byte {
+// headersJSON is the headers column's value for h, as JSON text: the simple protocol
+// sends a []byte argument as bytea, which jsonb refuses.
+func headersJSON(h map[string]string) string {
 	if len(h) == 0 {
-		return []byte(`{}`)
+		return `{}`
 	}
 	b, _ := json.Marshal(h) // a map of strings always encodes
-	return b
+	return string(b)
 }
 
 // DecodeHeaders reads the headers column, a JSON object. A value that is not a string,

@@ -1766,13 +1766,17 @@ func (r *Relay) recordArgs(batch []outcome) []any {
 		statuses, records     = make([]string, n), make([]string, n)
 		nexts                 = make([]*time.Time, n)
 		errs                  = make([]*string, n)
-		results               = make([][]byte, n)
+		results               = make([]*string, n) // as text: the simple protocol sends [][]byte as bytea
 		ambiguous             = make([]bool, n)
 		startedAt, finishedAt = make([]time.Time, n), make([]time.Time, n)
 	)
 	for i, o := range batch {
 		ids[i], attempts[i], statuses[i], records[i] = o.id, int32(o.attempt), o.status, o.record
-		nexts[i], errs[i], results[i], ambiguous[i] = o.nextAt, o.lastError, o.result, o.ambiguous
+		nexts[i], errs[i], ambiguous[i] = o.nextAt, o.lastError, o.ambiguous
+		if o.result != nil {
+			res := string(o.result)
+			results[i] = &res
+		}
 		startedAt[i], finishedAt[i] = o.started, o.finished
 	}
 	return []any{r.cfg.ID, ids, attempts, statuses, nexts, errs, results, ambiguous, startedAt, finishedAt, records}

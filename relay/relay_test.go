@@ -1965,3 +1965,20 @@ func TestReclaimMaxAgeCountsFromTheFirstAttempt(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatusPending, in.Status, "a minute after its first attempt, within its hour: %s", in.LastError)
 }
+
+// A relay on a pool in the simple protocol (as behind a transaction pooler) or the exec
+// mode stores the receiver's answer: the answers went as [][]byte, which those modes send
+// as bytea text, which PostgreSQL refused as jsonb; the write was salvaged without them.
+func TestReceiversAnswerIsStoredInEveryQueryExecMode(t *testing.T) {
+	t.Parallel()
+	for _, mode := range pgtest.ExecModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, receiver.Options{})
+			start(t, pgtest.InMode(t, b.pool, mode), b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+			enqueue(t, b.pool, "answered", "webhook", []int{1})
+			in := waitStatus(t, b.pool, "answered", outbox.StatusDelivered)
+			require.Contains(t, string(in.Result), `"status"`, "the receiver's answer is stored: %s", in.Result)
+		})
+	}
+}

@@ -84,7 +84,7 @@ func decide(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, 
 			return fmt.Errorf("%s %q: %w", action, key, err)
 		}
 		d, _ := json.Marshal(map[string]string{"from_status": in.Status}) // always encodes
-		if err := audit(ctx, tx, action, actor, reason, now, []int64{in.ID}, [][]byte{d}); err != nil {
+		if err := audit(ctx, tx, action, actor, reason, now, []int64{in.ID}, []string{string(d)}); err != nil {
 			return err
 		}
 		// Wake relays at commit, as an insert would: an approved row is due, and a

@@ -79,7 +79,7 @@ func cancelBatch(ctx context.Context, tx pgx.Tx, b []target, actor, reason strin
 	}
 	var (
 		cancelIDs []int64
-		details   [][]byte
+		details   []string
 	)
 	for _, t := range b {
 		r, ok := locked[t.id]
@@ -93,7 +93,7 @@ func cancelBatch(ctx context.Context, tx pgx.Tx, b []target, actor, reason strin
 		case outbox.StatusPending, outbox.StatusHeld, outbox.StatusAwaitingApproval:
 			br.Canceled = append(br.Canceled, t.key)
 			d, _ := json.Marshal(map[string]string{"from_status": r.status}) // always encodes
-			cancelIDs, details = append(cancelIDs, r.id), append(details, d)
+			cancelIDs, details = append(cancelIDs, r.id), append(details, string(d))
 		case outbox.StatusCanceled:
 			br.Unchanged = append(br.Unchanged, t.key)
 		case outbox.StatusDelivering:

@@ -177,7 +177,8 @@ SELECT t.id, $3, $4, NULLIF($5, ''), $6, t.details
 FROM unnest($1::bigint[], $2::jsonb[]) AS t(id, details)`
 
 // audit writes audit rows in tx.
-func audit(ctx context.Context, tx pgx.Tx, action, actor, reason string, at time.Time, ids []int64, details [][]byte) error {
+// details go as JSON text: the simple protocol sends []byte as bytea, which jsonb refuses.
+func audit(ctx context.Context, tx pgx.Tx, action, actor, reason string, at time.Time, ids []int64, details []string) error {
 	if len(ids) == 0 {
 		return nil
 	}

@@ -235,7 +235,7 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 	var (
 		replayIDs []int64
 		auditIDs  []int64
-		details   [][]byte
+		details   []string
 	)
 	for _, t := range b {
 		r, ok := locked[t.id]
@@ -290,7 +290,7 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 		}
 		br.Replayed = append(br.Replayed, t.key)
 		dj, _ := json.Marshal(d) // a map of strings always encodes
-		auditIDs, details = append(auditIDs, r.id), append(details, dj)
+		auditIDs, details = append(auditIDs, r.id), append(details, string(dj))
 	}
 	if len(replayIDs) > 0 {
 		// A relay may be claiming a later row of a replayed row's ordering key right now,

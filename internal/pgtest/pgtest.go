@@ -113,6 +113,23 @@ func DB(t testing.TB) *pgxpool.Pool {
 	return pool
 }
 
+// InMode returns a second pool on pool's database whose connections use mode, such as
+// the simple protocol a transaction pooler needs; it is closed when the test ends.
+func InMode(t testing.TB, pool *pgxpool.Pool, mode pgx.QueryExecMode) *pgxpool.Pool {
+	t.Helper()
+	cfg := pool.Config()
+	cfg.ConnConfig.DefaultQueryExecMode = mode
+	p, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatalf("pgtest: open pool: %v", err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// ExecModes are the query exec modes other than pgx's default, to run a test in each.
+var ExecModes = []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec}
+
 // Tx begins a transaction on a database shared by every Tx caller in the test binary,
 // migrated like the template, and rolls it back when the test ends. Nothing commits, so
 // parallel tests don't see each other's rows. They can still wait on each other: a row

@@ -1,0 +1,39 @@
+package ops_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/internal/pgtest"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// The operator's writes work on a pool in every query exec mode: their audit details
+// went as [][]byte, which the simple protocol (a transaction pooler's usual setting)
+// sends as bytea, and PostgreSQL refused them as jsonb.
+func TestOperatorWritesInEveryQueryExecMode(t *testing.T) {
+	t.Parallel()
+	for _, mode := range pgtest.ExecModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			pool := pgtest.InMode(t, pgtest.DB(t), mode)
+			insertRow(t, pool, row{Key: "pending", Status: outbox.StatusPending})
+			insertRow(t, pool, row{Key: "waiting", Status: outbox.StatusAwaitingApproval})
+			insertRow(t, pool, row{Key: "dead", Status: outbox.StatusDead, Attempts: 1})
+
+			res, err := ops.Cancel(t.Context(), pool, []string{"pending"}, "alice", "no longer needed", base)
+			require.NoError(t, err)
+			require.Equal(t, []string{"pending"}, res.Canceled)
+			_, err = ops.Approve(t.Context(), pool, "waiting", "alice", "", base)
+			require.NoError(t, err)
+			rep, err := ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{"dead"}}, ops.ReplayOptions{Actor: "alice"})
+			require.NoError(t, err)
+			require.Equal(t, []string{"dead"}, rep.Replayed)
+			require.Len(t, auditRows(t, pool, "pending"), 1)
+			require.Len(t, auditRows(t, pool, "waiting"), 1)
+			require.Len(t, auditRows(t, pool, "dead"), 1)
+		})
+	}
+}
