@@ -74,10 +74,13 @@ type Relay struct {
 	// holds rows whose release failed (the database was away), lost the leases of rounds
 	// whose reply was lost (they may have committed, see releaseLost). Both are handed
 	// back before the claim loop's next round, before reclaim, and while stopping.
-	unreleasedMu  sync.Mutex
-	unreleased    []claimed
-	lost          []time.Time
-	lostSessions  []session   // the database sessions those rounds ran in (see fence)
+	unreleasedMu sync.Mutex
+	unreleased   []claimed
+	lost         []time.Time
+	// unfenced holds the database sessions of writes whose reply was lost (claim rounds,
+	// outcomes), which may still run in the database: each is ended (see fence) before
+	// the rows of a lost round are handed back or a lost outcome is written again.
+	unfenced      []session
 	anyUnreleased atomic.Bool // unreleased or lost is not empty
 	// releasingMu is held while they are handed back, and by reclaim, so that this relay
 	// never puts back as an abandoned attempt a row it knows it never sent.
@@ -984,7 +987,15 @@ func share(plans []claimPlan, room int) {
 // claimAndRecord writes outs and runs claimSQL for each plan in one transaction and one
 // round trip, and returns each plan's rows. The rows are returned only once the
 // transaction has committed: a row is never sent on a claim that did not.
-func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []outcome) ([][]claimed, error) {
+func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []outcome) (_ [][]claimed, err error) {
+	r.roundSession = session{}
+	if anyMaybeWritten(outs) {
+		// An earlier write of some of outs whose reply was lost may still run in the
+		// database: it is ended first (see fence).
+		if err := r.fencePending(ctx); err != nil {
+			return nil, err
+		}
+	}
 	local := r.cfg.NowFunc()
 	now := r.corrected(local)
 	b := &pgx.Batch{}
@@ -1008,7 +1019,6 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 		}
 		b.Queue(claimSQL, p.inst.name, now, p.limit, r.cfg.ID, r.roundLease, from, p.bytes)
 	}
-	r.roundSession = session{}
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("claim and record: %w", err)
@@ -1022,8 +1032,8 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 		// A round whose connection broke may still run in the database, and commit
 		// after the relay hands its rows back (see fence): its session is kept for
 		// that. A connection still open has ended the round either way.
-		if conn.Conn().PgConn().IsClosed() {
-			r.roundSession = sess
+		if err != nil && conn.Conn().PgConn().IsClosed() {
+			r.roundSession, err = sess, lostReply(err)
 		}
 	}()
 	br := conn.SendBatch(ctx, b)
@@ -1132,20 +1142,18 @@ func (r *Relay) releaseAgain(ctx context.Context) {
 	r.releasingMu.Lock()
 	defer r.releasingMu.Unlock()
 	r.unreleasedMu.Lock()
-	rows, lost, sessions := r.unreleased, r.lost, r.lostSessions
-	r.unreleased, r.lost, r.lostSessions = nil, nil, nil
+	rows, lost := r.unreleased, r.lost
+	r.unreleased, r.lost = nil, nil
 	r.anyUnreleased.Store(false)
 	r.unreleasedMu.Unlock()
 	if len(lost) > 0 {
-		err := r.fence(ctx, sessions)
+		err := r.fencePending(ctx)
 		if err == nil {
-			sessions = nil
 			err = r.releaseLost(ctx, lost, 10*time.Second)
 		}
 		if err != nil {
 			r.unreleasedMu.Lock()
 			r.lost = append(r.lost, lost...)
-			r.lostSessions = append(r.lostSessions, sessions...)
 			r.anyUnreleased.Store(true)
 			r.unreleasedMu.Unlock()
 		}
@@ -1153,16 +1161,46 @@ func (r *Relay) releaseAgain(ctx context.Context) {
 	r.release(ctx, rows)
 }
 
+// sessionLost notes the session of a write whose reply was lost, to be ended before
+// anything that depends on whether it committed (see fence); a zero session is left.
+func (r *Relay) sessionLost(s session) {
+	if s.pid == 0 {
+		return
+	}
+	r.unreleasedMu.Lock()
+	defer r.unreleasedMu.Unlock()
+	r.unfenced = append(r.unfenced, s)
+}
+
+// fencePending ends the sessions of the writes whose reply was lost (see fence); those
+// it could not end stay for the next call.
+func (r *Relay) fencePending(ctx context.Context) error {
+	r.unreleasedMu.Lock()
+	sessions := r.unfenced
+	r.unfenced = nil
+	r.unreleasedMu.Unlock()
+	if len(sessions) == 0 {
+		return nil
+	}
+	if err := r.fence(ctx, sessions); err != nil {
+		r.unreleasedMu.Lock()
+		r.unfenced = append(r.unfenced, sessions...)
+		r.unreleasedMu.Unlock()
+		return err
+	}
+	return nil
+}
+
 // roundLost notes that the reply of the claim loop's last round was lost: the rows it
 // may have claimed are handed back before the next round (see releaseAgain).
 func (r *Relay) roundLost() {
+	r.sessionLost(r.roundSession)
 	if r.roundLease.IsZero() {
 		return // it claimed nothing
 	}
 	r.unreleasedMu.Lock()
 	defer r.unreleasedMu.Unlock()
 	r.lost = append(r.lost, r.roundLease)
-	r.lostSessions = append(r.lostSessions, r.roundSession)
 	r.anyUnreleased.Store(true)
 }
 
@@ -1719,13 +1757,30 @@ func queueRecord(b *pgx.Batch, batch []outcome, args []any) int {
 // execRecord writes batch, whose recordSQL arguments are args, in one transaction (see
 // queueRecord).
 func (r *Relay) execRecord(ctx context.Context, batch []outcome, args []any) error {
-	if !anyMaybeWritten(batch) {
-		_, err := r.pool.Exec(ctx, recordSQL, args...)
+	if anyMaybeWritten(batch) {
+		// An earlier write of some of batch whose reply was lost may still run in the
+		// database: it is ended first (see fence), so that it cannot log the attempts
+		// again after this write.
+		if err := r.fencePending(ctx); err != nil {
+			return err
+		}
+	}
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	sess, err := sessionOf(ctx, conn)
+	if err != nil {
 		return err
 	}
 	b := &pgx.Batch{}
 	queueRecord(b, batch, args)
-	return r.pool.SendBatch(ctx, b).Close()
+	if err = conn.SendBatch(ctx, b).Close(); err != nil && conn.Conn().PgConn().IsClosed() {
+		r.sessionLost(sess)
+		return lostReply(err)
+	}
+	return err
 }
 
 // anyMaybeWritten reports whether an earlier write of one of outs may have committed.
@@ -1746,12 +1801,33 @@ func markMaybeWritten(outs []outcome) {
 	}
 }
 
+// lostReplyError is the error of a write whose connection is closed after it, which
+// unsure takes as such whatever pgx called it: pgx reports the broken connection of a
+// batch sent in the exec or simple protocol as "conn closed", which reads as never sent.
+// A write whose connection was dead before it went out is taken as unsure too: what
+// follows (fence, recordAgainSQL, releaseLostSQL) is right either way.
+type lostReplyError struct{ err error }
+
+func (e *lostReplyError) Error() string { return e.err.Error() }
+func (e *lostReplyError) Unwrap() error { return e.err }
+
+// lostReply wraps err as a lostReplyError unless PostgreSQL answered it.
+func lostReply(err error) error {
+	if errors.As(err, new(*pgconn.PgError)) {
+		return err
+	}
+	return &lostReplyError{err}
+}
+
 // unsure reports whether err leaves unknown whether the statement or batch committed:
 // it was sent, and no answer from PostgreSQL came back (the connection broke, or the
 // wait timed out). An error PostgreSQL sent means the transaction rolled back.
 func unsure(err error) bool {
 	if err == nil {
 		return false
+	}
+	if errors.As(err, new(*lostReplyError)) {
+		return true
 	}
 	var pgErr *pgconn.PgError
 	return !errors.As(err, &pgErr) && !pgconn.SafeToRetry(err)

@@ -15,7 +15,9 @@ import (
 // when the network breaks, so the relay writes it again with recordAgainSQL once the
 // database answers. The second write waits for the first's row lock; the first then
 // commits. recordAgainSQL's check for an attempt already logged ran before that commit,
-// so the attempt was logged twice.
+// so the attempt was logged twice. The relay now ends the first write's session before it
+// writes again (see fence); lockAgainSQL still covers a pooler's sessions, which it
+// cannot end.
 func TestOutcomeWrittenAgainWhileTheFirstWriteRunsIsLoggedOnce(t *testing.T) {
 	t.Parallel()
 	direct, proxy, cfg, clock := lossySetup(t)
@@ -34,13 +36,15 @@ func TestOutcomeWrittenAgainWhileTheFirstWriteRunsIsLoggedOnce(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); r.writeOutcomes(ctx, []outcome{o}) }()
 	require.Eventually(t, func() bool { return waiting("advisory") == 1 }, waitTimeout, 10*time.Millisecond, "the first write waits at its commit")
+	first := waitingPID(t, direct, "advisory")
 	proxy.mu.Lock()
 	proxy.dropCancels = true
 	proxy.mu.Unlock()
 	proxy.cut() // the relay writes it again once the database answers
 	proxy.restore()
-	require.Eventually(t, func() bool { return waiting("transactionid") == 1 }, waitTimeout, 10*time.Millisecond,
-		"the second write waits for the first")
+	require.Eventually(t, func() bool {
+		return sessionGone(t, direct, first) && waiting("advisory") == 1
+	}, waitTimeout, 10*time.Millisecond, "the first write's session is ended, and the second write waits at its commit")
 	unlock()
 	<-done
 
@@ -79,8 +83,26 @@ CREATE CONSTRAINT TRIGGER test_block_commit AFTER UPDATE ON outbox
 	}
 	waiting = func(event string) int {
 		var n int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = $1`, event).Scan(&n))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = $1 AND datname = current_database()`, event).Scan(&n))
 		return n
 	}
 	return unlock, waiting
+}
+
+// waitingPID returns the process id of the one session of pool's database waiting for
+// event.
+func waitingPID(t *testing.T, pool *pgxpool.Pool, event string) int {
+	t.Helper()
+	var pid int
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT pid FROM pg_stat_activity WHERE wait_event = $1 AND datname = current_database()`,
+		event).Scan(&pid))
+	return pid
+}
+
+// sessionGone reports whether the session of process pid has ended.
+func sessionGone(t *testing.T, pool *pgxpool.Pool, pid int) bool {
+	t.Helper()
+	var gone bool
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&gone))
+	return gone
 }
