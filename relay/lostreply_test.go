@@ -52,6 +52,23 @@ type lossyProxy struct {
 	// the client gave up on runs on in the database.
 	dropCancels bool
 	live        map[*proxyConn]struct{} // connections open through the proxy
+	// hold: the first request whose SQL contains it is held, unsent, until gate is
+	// closed; held is closed when it is (see holdOnce).
+	hold       string
+	held, gate chan struct{}
+}
+
+// holdOnce holds the next request whose SQL contains match until release is called,
+// and returns a channel closed once that request is held.
+func (p *lossyProxy) holdOnce(t *testing.T, match string) (held <-chan struct{}, release func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hold, p.held, p.gate = match, make(chan struct{}), make(chan struct{})
+	gate := p.gate
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	return p.held, release
 }
 
 // cut makes the database unreachable: open connections break, new ones are refused.
@@ -243,11 +260,30 @@ func (pc *proxyConn) up() {
 				pc.pending.Store(true)
 			}
 		}
+		var gate chan struct{}
+		if sql := queryOf(msg); p.hold != "" && strings.Contains(sql, p.hold) {
+			p.hold, gate = "", p.gate
+			close(p.held)
+		}
 		p.mu.Unlock()
+		if gate != nil {
+			<-gate
+		}
 		if !pc.toServer(msg) {
 			return
 		}
 	}
+}
+
+// queryOf is the SQL of a Parse or Query message, else "".
+func queryOf(msg pgproto3.FrontendMessage) string {
+	switch m := msg.(type) {
+	case *pgproto3.Parse:
+		return m.Query
+	case *pgproto3.Query:
+		return m.String
+	}
+	return ""
 }
 
 // down forwards the server's messages, except the reply it was armed to lose. The reply

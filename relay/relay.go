@@ -1173,21 +1173,23 @@ func (r *Relay) sessionLost(s session) {
 }
 
 // fencePending ends the sessions of the writes whose reply was lost (see fence); those
-// it could not end stay for the next call.
+// it could not end stay for the next call. A session stays listed until it has ended:
+// a caller that comes while another's fence runs (reclaim's releaseAgain and the claim
+// loop, the stopping relay's releases and its recorder) ends it too, rather than going
+// on while it may still run.
 func (r *Relay) fencePending(ctx context.Context) error {
 	r.unreleasedMu.Lock()
-	sessions := r.unfenced
-	r.unfenced = nil
+	sessions := slices.Clone(r.unfenced)
 	r.unreleasedMu.Unlock()
 	if len(sessions) == 0 {
 		return nil
 	}
 	if err := r.fence(ctx, sessions); err != nil {
-		r.unreleasedMu.Lock()
-		r.unfenced = append(r.unfenced, sessions...)
-		r.unreleasedMu.Unlock()
 		return err
 	}
+	r.unreleasedMu.Lock()
+	r.unfenced = slices.DeleteFunc(r.unfenced, func(s session) bool { return slices.Contains(sessions, s) })
+	r.unreleasedMu.Unlock()
 	return nil
 }
 
