@@ -1021,12 +1021,12 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 	}
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("claim and record: %w", err)
+		return nil, &notSentError{fmt.Errorf("claim and record: %w", err)}
 	}
 	defer conn.Release()
 	sess, err := sessionOf(ctx, conn)
 	if err != nil {
-		return nil, fmt.Errorf("claim and record: %w", err)
+		return nil, &notSentError{fmt.Errorf("claim and record: %w", err)}
 	}
 	defer func() {
 		// A round whose connection broke may still run in the database, and commit
@@ -1769,12 +1769,12 @@ func (r *Relay) execRecord(ctx context.Context, batch []outcome, args []any) err
 	}
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return err
+		return &notSentError{err}
 	}
 	defer conn.Release()
 	sess, err := sessionOf(ctx, conn)
 	if err != nil {
-		return err
+		return &notSentError{err}
 	}
 	b := &pgx.Batch{}
 	queueRecord(b, batch, args)
@@ -1820,6 +1820,17 @@ func lostReply(err error) error {
 	}
 	return &lostReplyError{err}
 }
+
+// notSentError is the error of a write that failed before it went out: no connection
+// could be had (the database is unreachable, or the write's context ended while it
+// waited for one), or its session could not be read (see sessionOf). pgxpool reports
+// the first two as errors pgconn does not call safe to retry, which unsure would take
+// as a lost reply.
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string     { return e.err.Error() }
+func (e *notSentError) Unwrap() error     { return e.err }
+func (e *notSentError) SafeToRetry() bool { return true }
 
 // unsure reports whether err leaves unknown whether the statement or batch committed:
 // it was sent, and no answer from PostgreSQL came back (the connection broke, or the
