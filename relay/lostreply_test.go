@@ -390,10 +390,10 @@ func TestLostClaimReplyHandsTheRowsBack(t *testing.T) {
 	start(t, proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
 
 	enqueue(t, direct, "lost-claim", "webhook", map[string]int{"n": 1})
+	// The claim committed: the proxy lost a reply holding the row, read up to its
+	// ReadyForQuery. (Its status is not looked at here: the relay may already have
+	// handed the row back, or delivered it, by the time the test would read it.)
 	waitKilled(t, proxy)
-	in, err := outbox.Get(t.Context(), direct, "lost-claim")
-	require.NoError(t, err)
-	require.Equal(t, outbox.StatusDelivering, in.Status, "the claim committed")
 
 	// The relay goes on: a later row is delivered.
 	enqueue(t, direct, "after", "webhook", map[string]int{"n": 2})
@@ -401,7 +401,7 @@ func TestLostClaimReplyHandsTheRowsBack(t *testing.T) {
 
 	// Without the fix, the row claimed in the lost round stays leased, unsent, until its
 	// lease expires, which the tests' clock never reaches.
-	in = waitStatus(t, direct, "lost-claim", outbox.StatusDelivered)
+	in := waitStatus(t, direct, "lost-claim", outbox.StatusDelivered)
 	require.Equal(t, 1, in.Attempts, "the claim that was never started is not counted")
 	got := conn.deliveries("lost-claim")
 	require.Len(t, got, 1)
