@@ -129,7 +129,7 @@ func serve(ctx context.Context, e *env) (err error) {
 		})
 		srv.Handle("/v1/", apiHandler)
 		// The MCP endpoint serves the same tokens, under the same limits.
-		srv.Handle("/mcp", apiHandler.Limit(mcpserver.Handler(svc, &mcpserver.Config{Logger: logger.With("component", "mcp"), Version: buildVersion()})))
+		srv.Handle("/mcp", apiHandler.Limit(mcpserver.Handler(svc, &mcpserver.Config{Logger: logger, Version: buildVersion()}))) // mcpserver names its component
 	}
 	// Listen before the relay starts, so a taken port fails before any row is claimed.
 	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", cfg.HTTPAddr)
