@@ -22,12 +22,7 @@ func TestOutcomeWrittenAgainDuringAnotherFenceWaitsForTheLostWrite(t *testing.T)
 	ctx := t.Context()
 	r, err := New(pgtest.InMode(t, proxy.pool, pgx.QueryExecModeExec), cfg, map[string]Instance{"webhook": {Connector: &recordingConnector{}}})
 	require.NoError(t, err)
-	enqueue(t, direct, "fenced", "webhook", []int{1})
-	got := claimRows(t, r, "webhook")
-	require.Len(t, got, 1)
-	now := clock.Now()
-	o := outcome{id: got[0].id, attempt: got[0].attempt, status: statusDelivered,
-		started: now, finished: now, record: statusDelivered}
+	o := claimedOutcome(t, r, direct, clock, "fenced")
 	args := r.recordArgs([]outcome{o})
 
 	locker, err := direct.Begin(ctx)
@@ -47,10 +42,7 @@ func TestOutcomeWrittenAgainDuringAnotherFenceWaitsForTheLostWrite(t *testing.T)
 	go func() { first <- r.execRecord(ctx, []outcome{o}, args) }()
 	require.Eventually(t, func() bool { return waitingBut(0) == 1 }, waitTimeout, 10*time.Millisecond, "the first write waits for the table")
 	lost := waitingPID(t, direct, "relation")
-	proxy.mu.Lock()
-	proxy.dropCancels = true
-	proxy.mu.Unlock()
-	proxy.cut()
+	proxy.partition()
 	proxy.restore()
 	require.True(t, unsure(<-first), "the first write's fate is unknown")
 

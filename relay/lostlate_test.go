@@ -38,10 +38,7 @@ func TestLostClaimIsEndedBeforeItsRowsAreHandedBack(t *testing.T) {
 	require.Eventually(t, func() bool { return waiting("advisory") == 1 }, waitTimeout, 10*time.Millisecond, "the claim waits at its commit")
 	// The network between relay and database breaks (and so does pgx's cancel request,
 	// which would otherwise abort the claim), then heals.
-	proxy.mu.Lock()
-	proxy.dropCancels = true
-	proxy.mu.Unlock()
-	proxy.cut()
+	proxy.partition()
 	err = <-done
 	require.Error(t, err)
 	require.True(t, unsure(err), "%v", err)

@@ -78,6 +78,16 @@ func (p *lossyProxy) cut() {
 	p.cutLocked()
 }
 
+// partition breaks the network between relay and database as a partition does: open
+// connections break, new ones are refused, and pgx's cancel requests are lost too, so a
+// statement still running in the database goes on.
+func (p *lossyProxy) partition() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dropCancels = true
+	p.cutLocked()
+}
+
 func (p *lossyProxy) cutLocked() {
 	p.down = true
 	for pc := range p.live {
@@ -638,12 +648,7 @@ func TestSalvagedOutcomeWrittenAgainIsLoggedOnce(t *testing.T) {
 	direct, proxy, cfg, clock := lossySetup(t)
 	r, err := New(proxy.pool, cfg, map[string]Instance{"webhook": {Connector: &recordingConnector{}}})
 	require.NoError(t, err)
-	enqueue(t, direct, "salvaged", "webhook", []int{1})
-	got := claimRows(t, r, "webhook")
-	require.Len(t, got, 1)
-	now := clock.Now()
-	o := outcome{id: got[0].id, attempt: got[0].attempt, status: statusDelivered, result: []byte(`{"ok":true}`),
-		started: now, finished: now, record: statusDelivered}
+	o := claimedOutcome(t, r, direct, clock, "salvaged")
 
 	proxy.arm("AS t(id, attempt, status", nil) // recordSQL
 	left := r.salvage(t.Context(), []outcome{o}, errors.New("refused"))
@@ -656,4 +661,16 @@ func TestSalvagedOutcomeWrittenAgainIsLoggedOnce(t *testing.T) {
 	require.Equal(t, outbox.StatusDelivered, in.Status)
 	att := attemptsOf(t, direct, "salvaged")
 	require.Len(t, att, 1, "attempts log: %+v", att)
+}
+
+// claimedOutcome enqueues key, has r claim it, and returns the outcome of its attempt,
+// delivered at clock's time, for a test to write.
+func claimedOutcome(t *testing.T, r *Relay, db outbox.DB, clock *testClock, key string) outcome {
+	t.Helper()
+	enqueue(t, db, key, "webhook", []int{1})
+	got := claimRows(t, r, "webhook")
+	require.Len(t, got, 1)
+	now := clock.Now()
+	return outcome{id: got[0].id, attempt: got[0].attempt, status: statusDelivered, result: []byte(`{"ok":true}`),
+		started: now, finished: now, record: statusDelivered}
 }

@@ -26,21 +26,13 @@ func TestOutcomeWrittenAgainWhileTheFirstWriteRunsIsLoggedOnce(t *testing.T) {
 	require.NoError(t, err)
 	unlock, waiting := blockAtCommit(t, direct, "twice", "delivered")
 
-	enqueue(t, direct, "twice", "webhook", []int{1})
-	got := claimRows(t, r, "webhook")
-	require.Len(t, got, 1)
-	now := clock.Now()
-	o := outcome{id: got[0].id, attempt: got[0].attempt, status: statusDelivered, result: []byte(`{"ok":true}`),
-		started: now, finished: now, record: statusDelivered}
+	o := claimedOutcome(t, r, direct, clock, "twice")
 
 	done := make(chan struct{})
 	go func() { defer close(done); r.writeOutcomes(ctx, []outcome{o}) }()
 	require.Eventually(t, func() bool { return waiting("advisory") == 1 }, waitTimeout, 10*time.Millisecond, "the first write waits at its commit")
 	first := waitingPID(t, direct, "advisory")
-	proxy.mu.Lock()
-	proxy.dropCancels = true
-	proxy.mu.Unlock()
-	proxy.cut() // the relay writes it again once the database answers
+	proxy.partition() // the relay writes it again once the database answers
 	proxy.restore()
 	require.Eventually(t, func() bool {
 		return sessionGone(t, direct, first) && waiting("advisory") == 1

@@ -29,12 +29,7 @@ func TestOutcomeWrittenAgainWhileTheFirstWriteIsQueuedIsLoggedOnce(t *testing.T)
 	// statements take their locks one after the other.
 	r, err := New(pgtest.InMode(t, proxy.pool, pgx.QueryExecModeExec), cfg, map[string]Instance{"webhook": {Connector: &recordingConnector{}}})
 	require.NoError(t, err)
-	enqueue(t, direct, "queued", "webhook", []int{1})
-	got := claimRows(t, r, "webhook")
-	require.Len(t, got, 1)
-	now := clock.Now()
-	o := outcome{id: got[0].id, attempt: got[0].attempt, status: statusDelivered,
-		started: now, finished: now, record: statusDelivered}
+	o := claimedOutcome(t, r, direct, clock, "queued")
 
 	locker, err := direct.Begin(ctx)
 	require.NoError(t, err)
@@ -51,10 +46,7 @@ func TestOutcomeWrittenAgainWhileTheFirstWriteIsQueuedIsLoggedOnce(t *testing.T)
 	go func() { defer close(done); r.writeOutcomes(ctx, []outcome{o}) }()
 	require.Eventually(t, func() bool { return waiting("relation") == 1 }, waitTimeout, 10*time.Millisecond, "the first write waits for the table")
 	first := waitingPID(t, direct, "relation")
-	proxy.mu.Lock()
-	proxy.dropCancels = true
-	proxy.mu.Unlock()
-	proxy.cut() // the relay writes it again once the database answers
+	proxy.partition() // the relay writes it again once the database answers
 	proxy.restore()
 	require.Eventually(t, func() bool {
 		return sessionGone(t, direct, first) && waiting("relation") == 1
