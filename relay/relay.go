@@ -90,9 +90,6 @@ type Relay struct {
 	// later than the one before, so that the rows of a round whose reply was lost can be
 	// found and handed back (see releaseLost). Only the claim loop uses them.
 	lastLease, roundLease time.Time
-	// roundSession is the database session of the round in progress, read when its reply
-	// is lost. Only the claim loop uses it.
-	roundSession session
 	// runDone is Run's ctx.Done(), so that Ready says the relay is stopping as soon as
 	// it is closed.
 	runDone atomic.Pointer[<-chan struct{}]
@@ -987,15 +984,7 @@ func share(plans []claimPlan, room int) {
 // claimAndRecord writes outs and runs claimSQL for each plan in one transaction and one
 // round trip, and returns each plan's rows. The rows are returned only once the
 // transaction has committed: a row is never sent on a claim that did not.
-func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []outcome) (_ [][]claimed, err error) {
-	r.roundSession = session{}
-	if anyMaybeWritten(outs) {
-		// An earlier write of some of outs whose reply was lost may still run in the
-		// database: it is ended first (see fence).
-		if err := r.fencePending(ctx); err != nil {
-			return nil, err
-		}
-	}
+func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []outcome) ([][]claimed, error) {
 	local := r.cfg.NowFunc()
 	now := r.corrected(local)
 	b := &pgx.Batch{}
@@ -1019,53 +1008,70 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 		}
 		b.Queue(claimSQL, p.inst.name, now, p.limit, r.cfg.ID, r.roundLease, from, p.bytes)
 	}
+	got := make([][]claimed, len(plans))
+	err := r.sendWrite(ctx, outs, b, func(br pgx.BatchResults) error {
+		for range records {
+			if _, err := br.Exec(); err != nil {
+				_ = br.Close()
+				return &outcomesError{fmt.Errorf("record %d outcomes: %w", len(outs), err)}
+			}
+		}
+		for i, p := range plans {
+			rows, err := br.Query()
+			if err == nil {
+				// Not sized for the limit: an idle relay polling every few milliseconds
+				// claims a row or none, and zeroing room for a full batch every round
+				// cost it more CPU than anything else it does.
+				got[i], err = pgx.AppendRows(make([]claimed, 0, min(p.limit, 16)), rows,
+					func(row pgx.CollectableRow) (claimed, error) {
+						c, err := scanClaimed(row, now)
+						c.lease, c.local = r.roundLease, local
+						return c, err
+					})
+			}
+			if err != nil {
+				_ = br.Close()
+				return fmt.Errorf("claim %s: %w", p.inst.name, err)
+			}
+		}
+		if err := br.Close(); err != nil {
+			return fmt.Errorf("commit claims and outcomes: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return got, nil
+}
+
+// sendWrite sends b, a write of outs (and claims), as one transaction on a connection
+// of its own, and reads its results with read, which closes them. When some of outs
+// may have been written already by a write whose reply was lost, that write's session
+// is ended first (see fence), so that it cannot commit after this one. An error before
+// b went out is a notSentError; one after which the connection is closed, a
+// lostReplyError, and the connection's session is kept to be ended before whatever
+// depends on whether it committed.
+func (r *Relay) sendWrite(ctx context.Context, outs []outcome, b *pgx.Batch, read func(pgx.BatchResults) error) error {
+	if anyMaybeWritten(outs) {
+		if err := r.fencePending(ctx); err != nil {
+			return err
+		}
+	}
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return nil, &notSentError{fmt.Errorf("claim and record: %w", err)}
+		return &notSentError{err}
 	}
 	defer conn.Release()
 	sess, err := sessionOf(ctx, conn)
 	if err != nil {
-		return nil, &notSentError{fmt.Errorf("claim and record: %w", err)}
+		return &notSentError{err}
 	}
-	defer func() {
-		// A round whose connection broke may still run in the database, and commit
-		// after the relay hands its rows back (see fence): its session is kept for
-		// that. A connection still open has ended the round either way.
-		if err != nil && conn.Conn().PgConn().IsClosed() {
-			r.roundSession, err = sess, lostReply(err)
-		}
-	}()
-	br := conn.SendBatch(ctx, b)
-	for range records {
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return nil, &outcomesError{fmt.Errorf("record %d outcomes: %w", len(outs), err)}
-		}
+	if err = read(conn.SendBatch(ctx, b)); err != nil && conn.Conn().PgConn().IsClosed() {
+		r.sessionLost(sess)
+		return lostReply(err)
 	}
-	got := make([][]claimed, len(plans))
-	for i, p := range plans {
-		rows, err := br.Query()
-		if err == nil {
-			// Not sized for the limit: an idle relay polling every few milliseconds
-			// claims a row or none, and zeroing room for a full batch every round
-			// cost it more CPU than anything else it does.
-			got[i], err = pgx.AppendRows(make([]claimed, 0, min(p.limit, 16)), rows,
-				func(row pgx.CollectableRow) (claimed, error) {
-					c, err := scanClaimed(row, now)
-					c.lease, c.local = r.roundLease, local
-					return c, err
-				})
-		}
-		if err != nil {
-			_ = br.Close()
-			return nil, fmt.Errorf("claim %s: %w", p.inst.name, err)
-		}
-	}
-	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("commit claims and outcomes: %w", err)
-	}
-	return got, nil
+	return err
 }
 
 // scanClaimed reads one row of claimSQL, claimed at now.
@@ -1196,7 +1202,6 @@ func (r *Relay) fencePending(ctx context.Context) error {
 // roundLost notes that the reply of the claim loop's last round was lost: the rows it
 // may have claimed are handed back before the next round (see releaseAgain).
 func (r *Relay) roundLost() {
-	r.sessionLost(r.roundSession)
 	if r.roundLease.IsZero() {
 		return // it claimed nothing
 	}
@@ -1764,30 +1769,9 @@ func queueRecord(b *pgx.Batch, batch []outcome, args []any) int {
 // execRecord writes batch, whose recordSQL arguments are args, in one transaction (see
 // queueRecord).
 func (r *Relay) execRecord(ctx context.Context, batch []outcome, args []any) error {
-	if anyMaybeWritten(batch) {
-		// An earlier write of some of batch whose reply was lost may still run in the
-		// database: it is ended first (see fence), so that it cannot log the attempts
-		// again after this write.
-		if err := r.fencePending(ctx); err != nil {
-			return err
-		}
-	}
-	conn, err := r.pool.Acquire(ctx)
-	if err != nil {
-		return &notSentError{err}
-	}
-	defer conn.Release()
-	sess, err := sessionOf(ctx, conn)
-	if err != nil {
-		return &notSentError{err}
-	}
 	b := &pgx.Batch{}
 	queueRecord(b, batch, args)
-	if err = conn.SendBatch(ctx, b).Close(); err != nil && conn.Conn().PgConn().IsClosed() {
-		r.sessionLost(sess)
-		return lostReply(err)
-	}
-	return err
+	return r.sendWrite(ctx, batch, b, pgx.BatchResults.Close)
 }
 
 // anyMaybeWritten reports whether an earlier write of one of outs may have committed.
