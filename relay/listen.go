@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/sethvargo/go-retry"
 )
 
 // notifyChannel is the channel schema.sql's insert trigger notifies.
@@ -88,11 +89,22 @@ const defaultProbeTimeout = 5 * time.Second
 // it. Behind a transaction-mode connection pooler it will not, and the relay must say so
 // loudly: it then wakes only every PollInterval.
 func (r *Relay) checkNotify(ctx context.Context, seen <-chan struct{}) {
-	if _, err := r.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, notifyChannel, r.probe); err != nil {
-		if ctx.Err() == nil {
-			r.log.WarnContext(ctx, "could not send the NOTIFY self-test", "err", err)
+	// Sent again while it fails (the pool's connections break for a while after
+	// PostgreSQL restarts): given up, the gauge would say 0 for as long as this LISTEN
+	// connection lasts, though NOTIFY may work.
+	b := retry.WithCappedDuration(5*time.Second, retry.NewExponential(100*time.Millisecond))
+	err := retry.Do(ctx, b, func(ctx context.Context) error {
+		if _, err := r.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, notifyChannel, r.probe); err != nil {
+			if ctx.Err() == nil {
+				r.metrics.dbErrors.WithLabelValues("listen").Inc()
+				r.log.WarnContext(ctx, "could not send the NOTIFY self-test; trying again", "err", err)
+			}
+			return retry.RetryableError(err)
 		}
-		return
+		return nil
+	})
+	if err != nil {
+		return // the LISTEN connection is gone, or the relay stops
 	}
 	t := time.NewTimer(r.probeTimeout)
 	defer t.Stop()
