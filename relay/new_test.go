@@ -116,3 +116,36 @@ func TestCheckServerVersion(t *testing.T) {
 	require.EqualError(t, checkServerVersion(130016),
 		"relay: the database runs PostgreSQL 13.16, and the relay needs PostgreSQL 14 or later")
 }
+
+// PostgreSQL restarts while the relay starts: the connection it reached the database on
+// breaks just after, as it reads the server's version. Only the first statement was
+// retried, so Run failed ("relay: read the server's version: ...") and serve exited 1,
+// rather than waiting for the database as it does when the first statement fails.
+func TestRunStartsThroughARestartAfterTheFirstStatement(t *testing.T) {
+	t.Parallel()
+	_, proxy, cfg, _ := lossySetup(t)
+	r, err := New(proxy.pool, cfg, map[string]Instance{"webhook": {Connector: &recordingConnector{}}})
+	require.NoError(t, err)
+	held, release := proxy.holdOnce(t, "server_version_num")
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	defer cancel()
+	ran := make(chan error, 1)
+	go func() { ran <- r.Run(ctx) }()
+
+	waitFor(t, held, "the relay never read the server's version")
+	proxy.cut() // PostgreSQL restarts
+	release()
+	proxy.restore()
+	deadline := time.After(waitTimeout)
+	for r.Ready(t.Context()) != nil {
+		select {
+		case err := <-ran:
+			t.Fatalf("Run returned at start: %v", err)
+		case <-deadline:
+			t.Fatal("the relay did not start once the database was back")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	cancel()
+	require.NoError(t, <-ran)
+}

@@ -592,31 +592,33 @@ func (r *Relay) releaseWhileStopping(ctx context.Context, done <-chan struct{}) 
 const minRecordDrain = 5 * time.Second
 
 // start pings the database (the pool connects lazily), retrying briefly so that a relay
-// started alongside its database waits for it, and measures clock skew.
+// started alongside its database waits for it, measures clock skew, and checks the
+// server's version and the schema's. The reads are retried together: PostgreSQL
+// restarting just after the first answered breaks the connection the others run on.
 func (r *Relay) start(ctx context.Context) error {
+	var server, version int
 	b := retry.WithMaxDuration(30*time.Second, retry.WithCappedDuration(2*time.Second, retry.NewExponential(100*time.Millisecond)))
 	err := retry.Do(ctx, b, func(ctx context.Context) error {
 		if err := r.readClock(ctx); err != nil {
+			return retry.RetryableError(fmt.Errorf("reach database: %w", err))
+		}
+		if err := r.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&server); err != nil {
+			return retry.RetryableError(fmt.Errorf("read the server's version: %w", err))
+		}
+		var err error
+		if version, err = outboxd.AppliedVersion(ctx, r.pool); err != nil {
 			return retry.RetryableError(err)
 		}
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("relay: reach database: %w", err)
+		return fmt.Errorf("relay: %w", err)
 	}
 	// A database the relay cannot work with is refused now, rather than retried in
 	// every round while readiness says all is well. A newer schema is accepted: its
 	// changes are additive, and relays are upgraded one at a time.
-	var server int
-	if err := r.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&server); err != nil {
-		return fmt.Errorf("relay: read the server's version: %w", err)
-	}
 	if err := checkServerVersion(server); err != nil {
 		return err
-	}
-	version, err := outboxd.AppliedVersion(ctx, r.pool)
-	if err != nil {
-		return fmt.Errorf("relay: %w", err)
 	}
 	if version < outboxd.SchemaVersion {
 		return fmt.Errorf("relay: the database's outbox schema is at version %d and this relay needs version %d: "+
