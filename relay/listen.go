@@ -37,7 +37,16 @@ func (r *Relay) listen(ctx context.Context) {
 }
 
 func (r *Relay) listenOnce(ctx context.Context) error {
-	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+	// Connected as the pool connects: its BeforeConnect may set what the DSN does not
+	// hold (a password that expires, such as an IAM token, or the current primary).
+	poolCfg := r.pool.Config()
+	connCfg := poolCfg.ConnConfig
+	if poolCfg.BeforeConnect != nil {
+		if err := poolCfg.BeforeConnect(ctx, connCfg); err != nil {
+			return fmt.Errorf("connect: %w", err)
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, connCfg)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}

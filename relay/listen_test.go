@@ -1,11 +1,18 @@
 package relay
 
 import (
+	"context"
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/receiver"
 )
 
 // The NOTIFY self-test's own statement fails (the pool's connection breaks, as it does
@@ -25,4 +32,40 @@ func TestNotifySelfTestIsSentAgainAfterItFails(t *testing.T) {
 	require.Eventually(t, func() bool { return r.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.notifyWorking) == 1 }, 10*time.Second, 10*time.Millisecond,
 		"the self-test is sent again, and NOTIFY is found to work")
+}
+
+// An application's pool may set each connection up in BeforeConnect (a fresh IAM token
+// as the password, the host of the current primary). The LISTEN connection was made
+// from the pool's bare ConnConfig instead: it could not connect, so /readyz never said
+// ready and NOTIFY never woke the relay, while the pool's own connections worked.
+func TestListenConnectsAsThePoolDoes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	pcfg := b.pool.Config().Copy()
+	database := pcfg.ConnConfig.Database
+	pcfg.ConnConfig.Database = "outboxd_no_such_database" // BeforeConnect knows the real one
+	pcfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		cc.Database = database
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(t.Context(), pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	lost := make(chan struct{})
+	cfg := b.fastConfig()
+	cfg.Logger = slog.New(signalHandler{want: "LISTEN connection lost", once: &sync.Once{}, seen: lost})
+	r, err := New(pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	run(t, r)
+
+	deadline := time.After(waitTimeout)
+	for r.Ready(t.Context()) != nil {
+		select {
+		case <-lost:
+			t.Fatalf("the LISTEN connection failed: %v", r.Ready(t.Context()))
+		case <-deadline:
+			t.Fatalf("the relay never got ready: %v", r.Ready(t.Context()))
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
