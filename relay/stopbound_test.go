@@ -13,7 +13,7 @@ import (
 // releaseWhileStopping runs under recordCtx, which Run cancels when the drain time is
 // up, and then waits for it. The releases it retried ran under context.Background() with
 // 10 s each, so against a database that does not answer, Run returned up to 20 s after it
-// cancelled recordCtx (the README promises about 12 s). They end with its context now:
+// cancelled recordCtx (the README bounds a stop by the drain time). They end with its context now:
 // here it is cancelled once the release has connected to a listener that never answers,
 // and the call must return before a release's own 10 s limit could have ended it.
 func TestReleaseWhileStoppingEndsWithItsContext(t *testing.T) {
