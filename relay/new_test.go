@@ -115,6 +115,9 @@ func TestCheckServerVersion(t *testing.T) {
 	require.NoError(t, checkServerVersion(170004))
 	require.EqualError(t, checkServerVersion(130016),
 		"relay: the database runs PostgreSQL 13.16, and the relay needs PostgreSQL 14 or later")
+	// Before PostgreSQL 10 the version had three parts (90624 is 9.6.24), not "9.624".
+	require.EqualError(t, checkServerVersion(90624),
+		"relay: the database runs PostgreSQL 9.6.24, and the relay needs PostgreSQL 14 or later")
 }
 
 // PostgreSQL restarts while the relay starts: the connection it reached the database on

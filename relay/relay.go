@@ -634,11 +634,15 @@ const minServerVersion = 140000
 // checkServerVersion refuses a server older than minServerVersion (server is its
 // server_version_num).
 func checkServerVersion(server int) error {
-	if server < minServerVersion {
-		return fmt.Errorf("relay: the database runs PostgreSQL %d.%d, and the relay needs PostgreSQL %d or later",
-			server/10000, server%10000, minServerVersion/10000)
+	if server >= minServerVersion {
+		return nil
 	}
-	return nil
+	version := fmt.Sprintf("%d.%d", server/10000, server%10000)
+	if server < 100000 { // before PostgreSQL 10, three parts: 90624 is 9.6.24
+		version = fmt.Sprintf("%d.%d.%d", server/10000, server/100%100, server%100)
+	}
+	return fmt.Errorf("relay: the database runs PostgreSQL %s, and the relay needs PostgreSQL %d or later",
+		version, minServerVersion/10000)
 }
 
 // Fast polling. A relay that claimed rows within the last fastPollWindow looks for more
