@@ -426,10 +426,17 @@ func (r *Relay) readClock(ctx context.Context) error {
 	return nil
 }
 
-// Ready reports whether the relay can work: it runs and has not been asked to stop, the
-// database answers and the LISTEN connection is up.
+// Ready reports whether the relay can work: it runs (it has started) and has not been
+// asked to stop, the database answers and the LISTEN connection is up.
 func (r *Relay) Ready(ctx context.Context) error {
 	if !r.running.Load() {
+		if r.runCalled.Load() && r.runDone.Load() == nil {
+			// Run waits for the database at start (see start), and logs nothing meanwhile.
+			if err := r.pool.Ping(ctx); err != nil {
+				return fmt.Errorf("relay is starting: database unreachable: %w", err)
+			}
+			return errors.New("relay is starting")
+		}
 		return errors.New("relay is not running")
 	}
 	if done := r.runDone.Load(); done != nil && isClosed(*done) {
