@@ -610,11 +610,11 @@ func (r *Relay) start(ctx context.Context) error {
 			return retry.RetryableError(fmt.Errorf("reach database: %w", err))
 		}
 		if err := r.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&server); err != nil {
-			return retry.RetryableError(fmt.Errorf("read the server's version: %w", err))
+			return retryUnlessRefused(fmt.Errorf("read the server's version: %w", err))
 		}
 		var err error
 		if version, err = outboxd.AppliedVersion(ctx, r.pool); err != nil {
-			return retry.RetryableError(err)
+			return retryUnlessRefused(err)
 		}
 		return nil
 	})
@@ -632,6 +632,22 @@ func (r *Relay) start(ctx context.Context) error {
 			"run outboxd migrate (or outboxd.Migrate) first", version, outboxd.SchemaVersion)
 	}
 	return nil
+}
+
+// retryUnlessRefused marks err to be retried at start unless the database answered it
+// with a refusal waiting will not change (permission denied, say): those fail Run at
+// once. Lost connections, and a server shutting down, starting or out of connections
+// (SQLSTATE classes 08, 57 and 53), are retried.
+func retryUnlessRefused(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "53", "57":
+		default:
+			return err
+		}
+	}
+	return retry.RetryableError(err)
 }
 
 // minServerVersion is the oldest PostgreSQL the relay works with, as server_version_num:

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -60,4 +61,39 @@ func TestRelayWorksAsARoleItSets(t *testing.T) {
 	enqueue(t, b.pool, "as-a-role", "webhook", map[string]int{"n": 1})
 	in := waitStatus(t, b.pool, "as-a-role", outbox.StatusDelivered)
 	require.Equal(t, 1, in.Attempts)
+}
+
+// A role the database refuses the outbox's tables (no privileges granted) fails Run at
+// once with the database's reason, rather than after the half minute the relay waits
+// for a database that is not up yet.
+func TestRunFailsAtOnceWhenTheSchemaIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	ctx := t.Context()
+	var mayCreate bool
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user`).Scan(&mayCreate))
+	if !mayCreate {
+		t.Skip("the test database's role may not create roles")
+	}
+	login := "outboxd_refused_" + randomSuffix()
+	_, err := b.pool.Exec(ctx, `CREATE ROLE `+pgx.Identifier{login}.Sanitize()+` LOGIN`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := b.pool.Exec(context.Background(), `DROP ROLE `+pgx.Identifier{login}.Sanitize())
+		require.NoError(t, err)
+	})
+	pcfg := b.pool.Config().Copy()
+	pcfg.ConnConfig.User = login
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	_, cfg := b.clockedConfig(t)
+	r, err := New(pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	// Well inside the relay's wait for a database that is not up (30 s).
+	runCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	err = r.Run(runCtx)
+	require.ErrorContains(t, err, "permission denied for table outbox_schema_migrations")
 }
