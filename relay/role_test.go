@@ -20,13 +20,8 @@ import (
 // cannot be fenced, as one behind a pooler cannot.
 func TestRelayWorksAsARoleItSets(t *testing.T) {
 	t.Parallel()
-	b := setup(t, receiver.Options{})
+	b := setupRoles(t)
 	ctx := t.Context()
-	var mayCreate bool
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user`).Scan(&mayCreate))
-	if !mayCreate {
-		t.Skip("the test database's role may not create roles")
-	}
 	suffix := randomSuffix()
 	login, worker := "outboxd_login_"+suffix, "outboxd_worker_"+suffix
 	for _, stmt := range []string{
@@ -68,13 +63,8 @@ func TestRelayWorksAsARoleItSets(t *testing.T) {
 // for a database that is not up yet.
 func TestRunFailsAtOnceWhenTheSchemaIsRefused(t *testing.T) {
 	t.Parallel()
-	b := setup(t, receiver.Options{})
+	b := setupRoles(t)
 	ctx := t.Context()
-	var mayCreate bool
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user`).Scan(&mayCreate))
-	if !mayCreate {
-		t.Skip("the test database's role may not create roles")
-	}
 	login := "outboxd_refused_" + randomSuffix()
 	_, err := b.pool.Exec(ctx, `CREATE ROLE `+pgx.Identifier{login}.Sanitize()+` LOGIN`)
 	require.NoError(t, err)
@@ -96,4 +86,17 @@ func TestRunFailsAtOnceWhenTheSchemaIsRefused(t *testing.T) {
 	defer cancel()
 	err = r.Run(runCtx)
 	require.ErrorContains(t, err, "permission denied for table outbox_schema_migrations")
+}
+
+// setupRoles is setup for a test that creates roles: skipped where the test database's
+// role may not.
+func setupRoles(t *testing.T) *testBundle {
+	t.Helper()
+	b := setup(t, receiver.Options{})
+	var mayCreate bool
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user`).Scan(&mayCreate))
+	if !mayCreate {
+		t.Skip("the test database's role may not create roles")
+	}
+	return b
 }
