@@ -20,7 +20,8 @@
 // overwrite the work of the relay that took the row after it. One exception: the late
 // outcome of an attempt whose lease expired is still recorded while the row, put back
 // as ambiguous (pending, held, or dead when that was its last attempt), has not been
-// taken again; the attempt did finish, and its answer is the truth.
+// taken again; the attempt did finish, and its answer is the truth. Once an operator has
+// replayed or canceled such a row, only a delivery is recorded over their decision.
 //
 // # Claiming
 //

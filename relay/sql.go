@@ -100,7 +100,10 @@ RETURNING o.id, o.idempotency_key, o.payload, o.headers, o.attempts, o.ambiguous
 // answer (delivered, dead): a late retry or hold would bring back a row that reclaim gave
 // up on (its maximum age passed), and with an ordering key, after its key went on. A row an
 // operator canceled after its lease expired (still ambiguous) accepts only a delivery: the
-// receiver acted, whatever the operator meant. The attempt is logged all the same.
+// receiver acted, whatever the operator meant. So does a row an operator replayed since
+// the attempt started (an outbox_audit row): any other answer is no news the operator
+// lacked, and would undo the replay (held or dead again, never sent). The attempt is
+// logged all the same.
 const recordSQL = `
 WITH r AS (
     SELECT *
@@ -152,7 +155,10 @@ const recordWrite = `upd AS (
     WHERE o.id = r.id
       AND o.attempts = r.attempt
       AND ((o.status = 'delivering' AND o.lease_owner = $1)
-           OR (o.status IN ('pending', 'held') AND o.ambiguous)
+           OR (o.status IN ('pending', 'held') AND o.ambiguous
+               AND (r.status = 'delivered' OR NOT EXISTS (
+                   SELECT 1 FROM outbox_audit a
+                   WHERE a.outbox_id = o.id AND a.action = 'replay' AND a.at >= r.started_at)))
            OR (o.status = 'dead' AND o.ambiguous AND r.status IN ('delivered', 'dead'))
            OR (o.status = 'canceled' AND o.ambiguous AND r.status = 'delivered'))
     RETURNING o.id

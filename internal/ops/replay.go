@@ -75,7 +75,8 @@ var errRollback = errors.New("dry run: roll back")
 // may already have acted, and a late outcome from the vanished relay is still accepted
 // (relay/sql.go, recordSQL). A dead or held row keeps its ambiguous mark for the same
 // reason: its relay may still write the outcome of that attempt (it lost the database,
-// and reclaim put the row away), and that answer is the truth. last_error, attempts and
+// and reclaim put the row away), and a delivery is the truth. (Any other late answer
+// is logged but leaves the replayed row pending.) last_error, attempts and
 // the attempt log are kept. Both statements read the rows as they were before the UPDATE.
 const replaySQL = `
 WITH stuck AS (
@@ -117,9 +118,9 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 //
 // By status:
 //
-//   - dead, held: replayed. ambiguous is kept, so a late outcome of the attempt that
-//     made it ambiguous is still recorded; last_error, attempts and the attempt log are
-//     kept.
+//   - dead, held: replayed. ambiguous is kept, so a late delivery of the attempt that
+//     made it ambiguous is still recorded (a late failure is logged, and the row stays
+//     replayed); last_error, attempts and the attempt log are kept.
 //   - delivering whose lease expired before opts.Now (stuck): replayed like the relay's
 //     own reclaim, the abandoned attempt logged as ambiguous. With a live lease: refused.
 //   - delivered: refused unless opts.Redeliver. Read [GuaranteeNote] first.
