@@ -47,7 +47,11 @@ func Cancel(ctx context.Context, pool *pgxpool.Pool, keys []string, actor, reaso
 	if actor == "" {
 		return res, fmt.Errorf("%w: actor: say who cancels, for the audit trail", ErrInvalidOptions)
 	}
-	now = nowOr(now)
+	// On the database's clock when not given, as leases are (see dbNowOr).
+	now, err := dbNowOr(ctx, pool, now)
+	if err != nil {
+		return res, err
+	}
 	targets, notFound, err := resolveKeys(ctx, pool, keys)
 	if err != nil {
 		return res, err
@@ -97,6 +101,13 @@ func cancelBatch(ctx context.Context, tx pgx.Tx, b []target, actor, reason strin
 		case outbox.StatusCanceled:
 			br.Unchanged = append(br.Unchanged, t.key)
 		case outbox.StatusDelivering:
+			if r.leaseExpiresAt != nil && r.leaseExpiresAt.Before(now) {
+				br.Refused[t.key] = fmt.Sprintf("stuck: relay %s's lease expired at %s (it stopped or lost the database mid-attempt, "+
+					"so the receiver may or may not have acted); it can be canceled once it is back to pending: a relay with its "+
+					"connector puts it back, as replay does, and may then send it again at once",
+					r.leaseOwner, r.leaseExpiresAt.UTC().Format(time.RFC3339))
+				break
+			}
 			br.Refused[t.key] = fmt.Sprintf("in flight: relay %s is delivering it; its outcome decides", r.leaseOwner)
 		case outbox.StatusDelivered:
 			br.Refused[t.key] = "already delivered; cancel cannot undo a delivery"
