@@ -117,6 +117,9 @@ type instance struct {
 	// when a claim last started at the head; only the claim loop uses them.
 	scanFrom   time.Time
 	fullScanAt time.Time
+	// When it last claimed while the room for claimed rows was tight (see claimRound);
+	// only the claim loop uses it.
+	tightClaimAt time.Time
 
 	// When the last warning about a row handed back was logged, and how many were
 	// handed back since (see handBack).
@@ -856,11 +859,23 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 	bytesLeft := r.cfg.MaxClaimedBytes - r.claimedBytes.Load()
 	bytesTight := bytesLeft < r.cfg.MaxClaimedBytes/4
 	// Under load, wait for a quarter of the room before claiming, so claims stay batches.
-	if room >= max(1, r.maxClaimed/4) {
+	// An instance that holds no rows claims all the same, every tightClaimEvery at most:
+	// the rows of another, claimed ahead of a receiver that hangs (before its attempts'
+	// pace is known), can keep the room below a quarter until they are handed back, and
+	// its rows would wait as long.
+	roomTight := room < max(1, r.maxClaimed/4)
+	if room > 0 {
 		for _, name := range r.names {
 			inst := r.instances[name]
-			if bytesTight && inst.claimed.Load() > 0 {
+			if (bytesTight || roomTight) && inst.claimed.Load() > 0 {
 				continue
+			}
+			if roomTight {
+				now := time.Now()
+				if now.Sub(inst.tightClaimAt) < tightClaimEvery {
+					continue
+				}
+				inst.tightClaimAt = now
 			}
 			limit := min(r.cfg.BatchSize, room, inst.room())
 			if inst.limiter != nil {
@@ -947,6 +962,11 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 	}
 	return claimed, wrote, more, retryIn, nil
 }
+
+// tightClaimEvery is the least time between two claims of an instance that holds no
+// rows while the room for claimed rows is below a quarter: the claim loop turns on every
+// attempt that ends, and the others' attempts end all the time under load.
+const tightClaimEvery = 10 * time.Millisecond
 
 // Where claims start. The entries of outbox_pending_due for rows already claimed stay in
 // the index, dead, until VACUUM removes them, and autovacuum comes seldom to a table that
