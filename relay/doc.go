@@ -101,8 +101,9 @@
 // attempt was ambiguous and look for the effect before acting; forwarded connectors retry,
 // or, with the hold policy, leave the row held for an operator.
 //
-// Rows for connectors the relay does not have stay pending and are reported in the log
-// and the outboxd_unknown_connector_rows metric: never dead, never lost.
+// Rows for connectors the relay does not have stay pending and, while no other running
+// relay has them either, are reported in the log and the outboxd_unknown_connector_rows
+// metric: never dead, never lost.
 //
 // # Stopping and failures
 //

@@ -224,7 +224,7 @@ func (r *Relay) refreshStats(ctx context.Context) {
 	if others > 0 {
 		r.metrics.unknownConnector.WithLabelValues(otherConnectors).Set(float64(others))
 	}
-	r.log.WarnContext(ctx, "rows waiting for connectors this relay does not have (pending, or left delivering by a relay that stopped); they wait (never dead, never lost) until a relay with them runs",
+	r.log.WarnContext(ctx, "rows waiting for connectors this relay does not have, nor any other running relay (pending, or left delivering by a relay that stopped); they wait (never dead, never lost) until a relay with them runs",
 		"connectors", len(unknowns), "rows", total, "most_rows", named, "configured", r.names)
 }
 

@@ -58,7 +58,7 @@ func newMetrics(reg prometheus.Registerer, h holdings) (*metrics, error) {
 			Name: "outboxd_oldest_pending_age_seconds", Help: "Age of the oldest pending row by connector (those this relay does not have as in outboxd_rows).",
 		}, []string{"connector"}),
 		unknownConnector: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "outboxd_unknown_connector_rows", Help: "Rows for connectors this relay does not have, pending or left delivering by a relay that stopped (lease expired); they wait for a relay with the connector, never lost. The 20 connectors with most rows have a series each, the others' rows are counted together as connector=\"(others)\".",
+			Name: "outboxd_unknown_connector_rows", Help: "Rows for connectors neither this relay nor another running relay has, pending or left delivering by a relay that stopped (lease expired); they wait for a relay with the connector, never lost. The 20 connectors with most rows have a series each, the others' rows are counted together as connector=\"(others)\".",
 		}, []string{"connector"}),
 		notifyWorking: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outboxd_notify_working", Help: "1 when NOTIFY wake-ups reach this relay, 0 when it relies on polling.",

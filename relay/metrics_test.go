@@ -3,6 +3,9 @@ package relay
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -211,4 +214,49 @@ func TestInFlightGaugeMayBeReadWhileNewRuns(t *testing.T) {
 	_, err := New(pool, &Config{Registerer: reg, Logger: testLogger(), Concurrency: 100}, instances)
 	require.NoError(t, err)
 	<-read
+}
+
+// unknownWarnings counts the relay's warnings about rows for connectors it does not have.
+type unknownWarnings struct{ n *atomic.Int64 }
+
+func (h unknownWarnings) Enabled(context.Context, slog.Level) bool { return true }
+func (h unknownWarnings) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h unknownWarnings) WithGroup(string) slog.Handler            { return h }
+
+func (h unknownWarnings) Handle(_ context.Context, rec slog.Record) error {
+	if strings.Contains(rec.Message, "connectors this relay does not have") {
+		h.n.Add(1)
+	}
+	return nil
+}
+
+// Relays that share one database with different connector instances (a payment relay
+// that alone holds the Stripe key, and another for the webhooks) do not report each
+// other's rows as waiting for a relay with their connector: those rows have one. The
+// webhook relay used to warn every refresh, and count them in
+// outboxd_unknown_connector_rows, for as long as any payment row was pending, which on
+// a busy database is always. Once no running relay has the instance, its rows are
+// reported again.
+func TestRowsOfAnotherRunningRelaysConnectorAreNotUnknown(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	enqueue(t, pool, "charge", "webhook:billing", []int{1})
+	var warnings atomic.Int64
+	r, err := New(pool, &Config{Registerer: prometheus.NewRegistry(), Logger: slog.New(unknownWarnings{&warnings})},
+		map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	other, err := New(pool, &Config{ID: "billing-relay", Registerer: prometheus.NewRegistry(), Logger: testLogger()},
+		map[string]Instance{"webhook:billing": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	other.seen(t.Context()) // it runs, with its instance
+
+	r.refreshStats(t.Context())
+	require.Zero(t, testutil.CollectAndCount(r.metrics.unknownConnector), "a running relay has webhook:billing")
+	require.Zero(t, warnings.Load(), "nothing to warn about")
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.rows.WithLabelValues("webhook:billing", "pending")), "the row is still counted")
+
+	other.withdraw(t.Context()) // it stopped
+	r.refreshStats(t.Context())
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.unknownConnector.WithLabelValues("webhook:billing")))
+	require.Equal(t, int64(1), warnings.Load())
 }
