@@ -260,3 +260,26 @@ func TestRowsOfAnotherRunningRelaysConnectorAreNotUnknown(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.unknownConnector.WithLabelValues("webhook:billing")))
 	require.Equal(t, int64(1), warnings.Load())
 }
+
+// outboxd_delivery_duration_seconds measures an attempt on the relay's own clock, not
+// on its correction to the database's: a new correction while the attempt is in flight
+// (readClock measures it every poll interval; after a step of the local clock, NTP or a
+// VM resumed, it changes by the step) used to be added to the attempt's duration, a
+// sample seconds off, or negative.
+func TestDeliveryDurationIgnoresANewClockCorrection(t *testing.T) {
+	t.Parallel()
+	slow, release := blockingReceiver(t)
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	r, _ := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: newHook(t, slow.URL())}})
+	enqueue(t, b.pool, "timed", "webhook", []int{1})
+	require.Eventually(t, func() bool { return slow.TotalEffects() == 1 }, waitTimeout, 10*time.Millisecond)
+
+	clock.Advance(200 * time.Millisecond) // the attempt takes 200ms
+	r.skew.Add(int64(3 * time.Second))    // and the correction is measured anew meanwhile
+	release()
+	waitStatus(t, b.pool, "timed", outbox.StatusDelivered)
+	n, sum := histogramOf(t, b.registry, "outboxd_delivery_duration_seconds", "webhook")
+	require.EqualValues(t, 1, n)
+	require.InDelta(t, 0.2, sum, 0.001, "the attempt's own 200ms")
+}

@@ -1502,7 +1502,11 @@ func (inst *instance) handBackWarning(now time.Time) (more int64, ok bool) {
 
 // deliver makes one attempt and queues its outcome.
 func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
-	started := r.now()
+	// The attempt's times are on the relay's clock, for the attempts log; how long it
+	// took is measured on the uncorrected readings, as a claimed row's wait is (see
+	// claimed.local): a new correction meanwhile (readClock) is no part of it.
+	local := r.cfg.NowFunc()
+	started := r.corrected(local)
 	if inst.limiter != nil {
 		// The token its claim left it, taken as the request goes rather than at the
 		// claim: a row that waited for a delivery slot (other instances' attempts held
@@ -1520,15 +1524,17 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 		Key: row.key, Attempt: row.attempt, Payload: row.payload, Headers: row.headers, PreviousAmbiguous: row.ambiguous,
 		FirstAttemptAt: row.firstAt,
 	})
-	finished := r.now()
+	finishedLocal := r.cfg.NowFunc()
+	finished := r.corrected(finishedLocal)
 	if err != nil && ctx.Err() != nil {
 		// Cancelled at the shutdown timeout: the request may have been sent.
 		err = connectors.Ambiguous(fmt.Errorf("%w (cancelled: %v)", err, context.Cause(ctx)))
 	}
 	o := r.decide(inst, row, result, err, finished)
 	o.started = started
-	inst.observe(o.record, finished.Sub(started), finished.Sub(row.committedFor()))
-	inst.observeTook(finished.Sub(started))
+	took := finishedLocal.Sub(local)
+	inst.observe(o.record, took, finished.Sub(row.committedFor()))
+	inst.observeTook(took)
 	r.results <- o
 }
 
