@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -282,4 +283,34 @@ func TestDeliveryDurationIgnoresANewClockCorrection(t *testing.T) {
 	n, sum := histogramOf(t, b.registry, "outboxd_delivery_duration_seconds", "webhook")
 	require.EqualValues(t, 1, n)
 	require.InDelta(t, 0.2, sum, 0.001, "the attempt's own 200ms")
+}
+
+// A row that plain SQL wrote with its created_at at ±infinity, which the relay claims and
+// delivers like any other (TestInfiniteTimestampsDoNotStopClaims), does not stop the row
+// gauges: their refresh subtracted created_at from the clock, which PostgreSQL before 17
+// refuses for an infinite timestamp, so one such row (a dead one stays for good) kept
+// every gauge at its last value, or at nothing, and warned every refresh. A row created
+// at -infinity is infinitely old, as PostgreSQL 17 has it.
+func TestInfiniteCreationTimesDoNotStopTheRowGauges(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	_, err := pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, status, created_at)
+		VALUES ('born-never', 'webhook', '{}', 'dead', '-infinity'),
+		       ('born-later', 'webhook', '{}', 'pending', 'infinity'),
+		       ('now', 'webhook', '{}', 'pending', now()),
+		       ('crm-born-never', 'webhook:crm', '{}', 'pending', '-infinity')`)
+	require.NoError(t, err)
+	r, err := New(pool, &Config{Registerer: prometheus.NewRegistry(), Logger: testLogger()},
+		map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	r.refreshStats(t.Context())
+
+	require.Zero(t, testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("stats")), "the refresh succeeds")
+	require.Equal(t, 2.0, testutil.ToFloat64(r.metrics.rows.WithLabelValues("webhook", "pending")))
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.rows.WithLabelValues("webhook", "dead")))
+	oldest := testutil.ToFloat64(r.metrics.oldestPending.WithLabelValues("webhook"))
+	require.GreaterOrEqual(t, oldest, 0.0)
+	require.False(t, math.IsInf(oldest, 0), "the row created now is the oldest with a time")
+	require.True(t, math.IsInf(testutil.ToFloat64(r.metrics.oldestPending.WithLabelValues("webhook:crm")), 1))
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.unknownConnector.WithLabelValues("webhook:crm")))
 }

@@ -283,10 +283,13 @@ ORDER BY connector`
 // would visit each one's row (150 ms for the 10,000 claimed in ten seconds at 1,000
 // rows/s, while the claims waited); each relay reports the rows it holds as
 // outboxd_claimed_rows. The dead entries of outbox_pending_due cost little: the claims
-// that scan it from its head mark them as such.
+// that scan it from its head mark them as such. The age is a difference of epochs, not
+// of timestamps: PostgreSQL before 17 refuses to subtract an infinite one (a created_at
+// plain SQL wrote), and one such row would stop every refresh; a row created at
+// -infinity is infinitely old, as PostgreSQL 17 has it.
 const statsSQL = `
 SELECT connector, status, count(*),
-       coalesce(extract(epoch FROM $1 - min(created_at)), 0)::float8
+       coalesce(extract(epoch FROM $1::timestamptz) - extract(epoch FROM min(created_at)), 0)::float8
 FROM (
     SELECT connector, status, created_at FROM outbox WHERE status = 'pending'
     UNION ALL
