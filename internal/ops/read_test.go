@@ -2,6 +2,7 @@ package ops_test
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -261,4 +262,31 @@ func TestStatusRowsWaitingForTheirOrderingKeyAreNoBacklog(t *testing.T) {
 	require.Equal(t, ops.VerdictBacklog, by["webhook:crm"].Verdict)
 	require.Equal(t, 5*time.Minute, by["webhook:crm"].OldestDueWait)
 	require.Equal(t, ops.VerdictBacklog, rep.Verdict)
+}
+
+// Plain SQL may write created_at or next_attempt_at as ±infinity (the relay claims such
+// rows). PostgreSQL before 17 refuses to subtract an infinite timestamp, and status failed
+// outright ("cannot subtract infinite timestamps"); a row created at -infinity is the
+// oldest there can be.
+func TestStatusWithInfiniteTimes(t *testing.T) {
+	t.Parallel()
+	tx := pgtest.Tx(t)
+	insertRow(t, tx, row{Key: "now", Age: time.Minute})
+	for _, stmt := range []string{
+		`INSERT INTO outbox (idempotency_key, connector, payload, created_at, next_attempt_at)
+		 VALUES ('ancient', 'webhook', '{}', '-infinity', '-infinity')`,
+		`INSERT INTO outbox (idempotency_key, connector, payload, created_at, next_attempt_at)
+		 VALUES ('future', 'webhook', '{}', 'infinity', 'infinity')`,
+	} {
+		_, err := tx.Exec(t.Context(), stmt)
+		require.NoError(t, err)
+	}
+	rep, err := ops.Status(t.Context(), tx, base)
+	require.NoError(t, err)
+	require.Len(t, rep.Connectors, 1)
+	cs := rep.Connectors[0]
+	require.Equal(t, 3, cs.Counts.Pending)
+	require.Equal(t, time.Duration(math.MaxInt64), cs.OldestPendingAge)
+	require.Equal(t, time.Duration(math.MaxInt64), cs.OldestDueWait)
+	require.Equal(t, ops.VerdictBacklog, cs.Verdict)
 }

@@ -3,6 +3,7 @@ package ops
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/outboxd/outboxd/outbox"
@@ -65,6 +66,10 @@ type Report struct {
 }
 
 // statusSQL summarises the table by connector against the clock $1, in one pass.
+// Ages are differences of epochs, not of timestamps: PostgreSQL before 17 refuses to
+// subtract an infinite timestamp, which plain SQL may write into created_at or
+// next_attempt_at, and one such row would fail the whole report; -infinity reads as an
+// age of +Inf (see seconds).
 // Each FILTER reads the same scan, so the cost is one sequential (or index-only) read.
 // A due row counts for the backlog only when a relay could claim it: not while an
 // earlier row of its ordering key is unfinished (the claim's own rule, relay/sql.go), for
@@ -78,8 +83,8 @@ SELECT connector,
        count(*) FILTER (WHERE status = 'canceled'),
        count(*) FILTER (WHERE status = 'awaiting_approval'),
        count(*) FILTER (WHERE status = 'held'),
-       coalesce(extract(epoch FROM $1 - min(created_at) FILTER (WHERE status = 'pending')), 0)::float8,
-       coalesce(extract(epoch FROM $1 - min(next_attempt_at) FILTER (WHERE status = 'pending' AND next_attempt_at <= $1
+       coalesce(extract(epoch FROM $1::timestamptz) - extract(epoch FROM min(created_at) FILTER (WHERE status = 'pending')), 0)::float8,
+       coalesce(extract(epoch FROM $1::timestamptz) - extract(epoch FROM min(next_attempt_at) FILTER (WHERE status = 'pending' AND next_attempt_at <= $1
            AND (ordering_key IS NULL OR NOT EXISTS (
                  SELECT 1 FROM outbox p
                  WHERE p.ordering_key = o.ordering_key AND p.id < o.id
@@ -167,10 +172,14 @@ func severity(v string) int {
 }
 
 // seconds converts a non-negative number of seconds to a duration, rounded to the
-// microsecond (PostgreSQL's resolution).
+// microsecond (PostgreSQL's resolution); past the longest duration (+Inf: a row created
+// at -infinity), the longest.
 func seconds(s float64) time.Duration {
 	if s <= 0 {
 		return 0
+	}
+	if s >= float64(math.MaxInt64/int64(time.Second)) { // +Inf included
+		return math.MaxInt64
 	}
 	return (time.Duration(s * float64(time.Second))).Round(time.Microsecond)
 }
