@@ -178,6 +178,7 @@ func (r *Relay) refreshStats(ctx context.Context) {
 		for _, st := range knownStatuses {
 			r.metrics.rows.WithLabelValues(name, st).Set(0)
 		}
+		r.metrics.oldestPending.WithLabelValues(name).Set(0)
 	}
 	// Connectors this relay does not have get a series each only for the
 	// maxUnknownSeries with most rows, as in outboxd_unknown_connector_rows; the rows of

@@ -314,3 +314,25 @@ func TestInfiniteCreationTimesDoNotStopTheRowGauges(t *testing.T) {
 	require.True(t, math.IsInf(testutil.ToFloat64(r.metrics.oldestPending.WithLabelValues("webhook:crm")), 1))
 	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.unknownConnector.WithLabelValues("webhook:crm")))
 }
+
+// outboxd_oldest_pending_age_seconds goes to 0 for an instance of the relay's with no
+// pending row, as outboxd_rows does; its series used to vanish, so a dashboard showed
+// no data and an absent() alert fired once the backlog was gone.
+func TestOldestPendingAgeGoesToZero(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	enqueue(t, pool, "waiting", "webhook", []int{1})
+	cfg := &Config{Registerer: prometheus.NewRegistry(), Logger: testLogger()}
+	hook := newHook(t, "http://127.0.0.1:1/")
+	r, err := New(pool, cfg, map[string]Instance{"webhook": {Connector: hook}, "webhook:idle": {Connector: hook}})
+	require.NoError(t, err)
+	r.refreshStats(t.Context())
+	require.Equal(t, 2, testutil.CollectAndCount(r.metrics.oldestPending), "a series for each instance")
+	require.Positive(t, testutil.ToFloat64(r.metrics.oldestPending.WithLabelValues("webhook")))
+
+	_, err = pool.Exec(t.Context(), `DELETE FROM outbox`)
+	require.NoError(t, err)
+	r.refreshStats(t.Context())
+	require.Equal(t, 2, testutil.CollectAndCount(r.metrics.oldestPending), "the series stay")
+	require.Zero(t, testutil.ToFloat64(r.metrics.oldestPending.WithLabelValues("webhook")))
+}
