@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 )
 
@@ -21,7 +22,24 @@ func ParseHTTPURL(field, raw string) (*url.URL, error) {
 	if u.Hostname() == "" {
 		return nil, fmt.Errorf("%s: has no host", field)
 	}
+	if problem := PortProblem(u); problem != "" {
+		return nil, fmt.Errorf("%s: %s", field, problem)
+	}
 	return u, nil
+}
+
+// PortProblem says why u's port cannot be connected to, or returns "" when it can or
+// u has none (the scheme's default). url.Parse takes any digits for a port: one out of
+// range would fail every attempt as a network error, retried until the row is dead.
+func PortProblem(u *url.URL) string {
+	p := u.Port()
+	if p == "" {
+		return ""
+	}
+	if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+		return "port " + p + " is not between 1 and 65535"
+	}
+	return ""
 }
 
 // ParseReason is url.Parse's reason for refusing raw, without the URL, which its error

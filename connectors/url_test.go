@@ -34,3 +34,20 @@ func TestParseURLs(t *testing.T) {
 	_, err = connectors.ParseHTTPURL("URL", "https://x/?q=1")
 	require.NoError(t, err, "a target URL may have a query")
 }
+
+// A port url.Parse takes but no connection can use (0, or past 65535) is refused with
+// the configuration, rather than failing every attempt as a network error, retried for
+// days until each row is dead.
+func TestParseHTTPURLRefusesPortOutOfRange(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{"http://127.0.0.1:99999/hook", "https://hooks.example.com:0/in", "http://u:s3cret@example.com:65536/", "http://[::1]:123456789012345678901234567890/"} {
+		_, err := connectors.ParseHTTPURL("URL", raw)
+		require.ErrorContains(t, err, "URL: port ", raw)
+		require.ErrorContains(t, err, " is not between 1 and 65535", raw)
+		require.NotContains(t, err.Error(), "s3cret")
+	}
+	for _, raw := range []string{"http://127.0.0.1:65535/hook", "https://example.com:1/", "https://example.com:/", "https://example.com/"} {
+		_, err := connectors.ParseHTTPURL("URL", raw)
+		require.NoError(t, err, raw)
+	}
+}

@@ -645,3 +645,18 @@ func TestLoadNumberOutOfRange(t *testing.T) {
 		`OUTBOX_API_MAX_BODY is out of range, got "-99999999999999999999"`,
 	}, problemLines(t, err))
 }
+
+// TestLoadURLPortOutOfRange: url.Parse takes any digits for a port, so a mistyped one
+// (99999) passed the start and every attempt then failed as a network error, retried
+// for days until each row was dead.
+func TestLoadURLPortOutOfRange(t *testing.T) {
+	t.Parallel()
+	_, err := Load(environ(with(minimal, map[string]string{
+		"OUTBOX_WEBHOOK_URL":    "https://hooks.example.com:99999/in",
+		"OUTBOX_SLACK_TOKEN":    "xoxb-1",
+		"OUTBOX_SLACK_API_BASE": "http://127.0.0.1:0/api/",
+	})))
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "OUTBOX_WEBHOOK_URL is not a valid URL: port 99999 is not between 1 and 65535")
+	require.Contains(t, err.Error(), "OUTBOX_SLACK_API_BASE is not a valid URL: port 0 is not between 1 and 65535")
+}

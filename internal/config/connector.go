@@ -252,9 +252,9 @@ func checkToken(name string, s Secret, p *problems) {
 	}
 }
 
-// checkHTTPURL reports a URL that is not absolute http or https with a host name, as
-// [connectors.ParseHTTPURL] refuses it, showing only its scheme and host, as it may
-// hold a token. It returns the URL when there is no problem.
+// checkHTTPURL reports a URL that is not absolute http or https with a host name and a
+// usable port, as [connectors.ParseHTTPURL] refuses it, showing only its scheme and
+// host, as it may hold a token. It returns the URL when there is no problem.
 func checkHTTPURL(name, raw string, p *problems) *url.URL {
 	u, err := url.Parse(raw)
 	switch {
@@ -262,6 +262,8 @@ func checkHTTPURL(name, raw string, p *problems) *url.URL {
 		p.addf(name, "%s is not a valid URL: %s", name, connectors.ParseReason(raw, err))
 	case (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "":
 		p.addf(name, "%s must be an absolute http or https URL, got %q", name, connectors.RedactEndpoint(raw))
+	case connectors.PortProblem(u) != "":
+		p.addf(name, "%s is not a valid URL: %s", name, connectors.PortProblem(u))
 	default:
 		return u
 	}
