@@ -251,6 +251,9 @@ func checkEmail(v any) error {
 	if s, _ := obj["subject"].(string); strings.TrimSpace(s) == "" {
 		return invalid(`email payload needs a non-empty "subject" string`)
 	}
+	if err := stringFields("email", obj, "text", "html"); err != nil {
+		return err
+	}
 	if !nonEmptyString(obj["text"]) && !nonEmptyString(obj["html"]) {
 		return invalid(`email payload needs "text" or "html" (a non-empty string)`)
 	}
@@ -316,6 +319,9 @@ func checkSlack(v any) error {
 	if err := knownFields("slack", obj, "channel", "text", "blocks", "thread_ts"); err != nil {
 		return err
 	}
+	if err := stringFields("slack", obj, "text"); err != nil {
+		return err
+	}
 	if !nonEmptyString(obj["channel"]) {
 		return invalid(`slack payload needs a non-empty "channel" string (a channel id such as C0123456789)`)
 	}
@@ -355,6 +361,19 @@ func checkPayment(v any) error {
 	}
 	if _, ok := obj["params"].(map[string]any); !ok {
 		return invalid(`payment payload needs a "params" object`)
+	}
+	return nil
+}
+
+// stringFields refuses a field of obj that is neither a string nor null: the connector
+// decodes it into a string, and would refuse the row on its first attempt.
+func stringFields(kind string, obj map[string]any, fields ...string) error {
+	for _, name := range fields {
+		switch v := obj[name].(type) {
+		case string, nil:
+		default:
+			return invalid("%s %q must be a string, got %s", kind, name, jsonType(v))
+		}
 	}
 	return nil
 }
