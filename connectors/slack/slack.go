@@ -223,8 +223,15 @@ type message struct {
 	blocks slackgo.Blocks
 }
 
+func init() {
+	connectors.RegisterPayloadCheck("slack", func(raw []byte) error { return ValidatePayload(raw) })
+}
+
 // ValidatePayload reports whether raw is a payload this connector can post, and if not,
-// why. Deliver refuses such a payload as permanent.
+// why. Deliver refuses such a payload as permanent. It is registered for the slack kind
+// (see [connectors.RegisterPayloadCheck]): outbox.Enqueue runs it in programs that import
+// this package, such as outboxd, so that blocks Block Kit does not take are refused
+// before the row is written.
 func ValidatePayload(raw json.RawMessage) error {
 	_, err := parsePayload(raw)
 	return err
