@@ -32,6 +32,12 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
+// txOptionsBeginner starts a transaction with options; [pgx.Conn] and [pgxpool.Pool]
+// satisfy it, [pgx.Tx] does not.
+type txOptionsBeginner interface {
+	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+}
+
 // migrateLockID is the advisory lock that serialises concurrent migrations
 // (several relays starting at once). The number is arbitrary but fixed.
 const migrateLockID = 7_345_120_001
@@ -42,8 +48,12 @@ const migrateLockID = 7_345_120_001
 // [ErrSchemaTooNew]. Rows are never dropped: every schema change is additive.
 //
 // It returns the version the database had before (0 for an empty database).
+//
+// Its own transaction is READ COMMITTED whatever the server's default isolation, so that
+// a migration that waited on the lock sees what the one before it committed. Given a
+// [pgx.Tx], it runs in that transaction's isolation.
 func Migrate(ctx context.Context, db Beginner) (from int, err error) {
-	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	migrate := func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrateLockID)); err != nil {
 			return fmt.Errorf("take migration lock: %w", err)
 		}
@@ -63,7 +73,16 @@ func Migrate(ctx context.Context, db Beginner) (from int, err error) {
 			return fmt.Errorf("apply schema version %d: %w", SchemaVersion, err)
 		}
 		return nil
-	})
+	}
+	if b, ok := db.(txOptionsBeginner); ok {
+		// Not the default isolation: under REPEATABLE READ or SERIALIZABLE (ALTER DATABASE
+		// ... SET default_transaction_isolation) the snapshot is taken before the lock is
+		// granted, and the second of two migrations would miss the first's tables and
+		// version and fail on them.
+		err = pgx.BeginTxFunc(ctx, b, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, migrate)
+	} else {
+		err = pgx.BeginFunc(ctx, db, migrate)
+	}
 	return from, err
 }
 

@@ -303,6 +303,56 @@ func TestTwoMigrationsAtOnceFromVersion3(t *testing.T) {
 	require.Equal(t, 1, rows)
 }
 
+// Two migrations at once where the server's default isolation is serializable (ALTER
+// DATABASE ... SET default_transaction_isolation): the second, whose snapshot was taken
+// before it waited on the advisory lock, did not see the first's work and failed with a
+// serialization failure instead of finding nothing to do.
+func TestTwoMigrationsAtOnceUnderSerializableDefault(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := oldDB(t, 3)
+	holder, err := db.Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	const lockID = 7_345_120_001 // schema.go's migrateLockID
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(lockID))
+	require.NoError(t, err)
+
+	type result struct {
+		from int
+		err  error
+	}
+	results := make(chan result, 2)
+	for range 2 {
+		cfg := db.Config().ConnConfig.Copy()
+		cfg.RuntimeParams["default_transaction_isolation"] = "serializable"
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		require.NoError(t, err)
+		defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+		go func() {
+			from, err := outboxd.Migrate(ctx, conn)
+			results <- result{from, err}
+		}()
+	}
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := db.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&waiting)
+		return err == nil && waiting == 2
+	}, time.Minute, 5*time.Millisecond)
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_unlock($1)`, int64(lockID))
+	require.NoError(t, err)
+
+	var froms []int
+	for range 2 {
+		r := <-results
+		require.NoError(t, r.err)
+		froms = append(froms, r.from)
+	}
+	sort.Ints(froms)
+	require.Equal(t, []int{3, outboxd.SchemaVersion}, froms)
+}
+
 // AppliedVersion and Migrate at the edges: an empty migrations table, none at all, and
 // versions with gaps.
 func TestAppliedVersionEdges(t *testing.T) {
