@@ -123,17 +123,20 @@ $$;
 -- Its tables are named with the schema of outbox (version 6): a function resolves
 -- unqualified names along the search_path of the session that deletes, which may find
 -- another installation's outbox_attempts first and delete that one's attempts.
+-- The body is given as a literal (%2$L), not between $$: the schema's name may hold $$.
 DO $do$
+DECLARE
+    nsp text := (SELECT quote_ident(n.nspname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+               WHERE c.oid = 'outbox'::regclass);
 BEGIN
     EXECUTE format($f$
 CREATE OR REPLACE FUNCTION %1$s.outbox_delete_attempts() RETURNS trigger
-    LANGUAGE plpgsql AS $$
+    LANGUAGE plpgsql AS %2$L$f$, nsp, format($b$
 BEGIN
     DELETE FROM %1$s.outbox_attempts a USING deleted_outbox d WHERE a.outbox_id = d.id;
     RETURN NULL;
 END;
-$$$f$, (SELECT quote_ident(n.nspname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-            WHERE c.oid = 'outbox'::regclass));
+$b$, nsp));
 END;
 $do$;
 
@@ -175,10 +178,13 @@ INSERT INTO outbox_wake (id) VALUES (1) ON CONFLICT (id) DO NOTHING;
 -- inserting session's search_path, which may not name that schema at all (INSERT INTO
 -- app.outbox) or find another installation's table first.
 DO $do$
+DECLARE
+    nsp text := (SELECT quote_ident(n.nspname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+               WHERE c.oid = 'outbox'::regclass);
 BEGIN
     EXECUTE format($f$
 CREATE OR REPLACE FUNCTION %1$s.outbox_notify() RETURNS trigger
-    LANGUAGE plpgsql AS $$
+    LANGUAGE plpgsql AS %2$L$f$, nsp, format($b$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM %1$s.outbox_wake_connectors WHERE polling_until > clock_timestamp())
        OR EXISTS (SELECT 1 FROM %1$s.outbox_wake_connectors s
@@ -189,8 +195,7 @@ BEGIN
     END IF;
     RETURN NULL;
 END;
-$$$f$, (SELECT quote_ident(n.nspname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-            WHERE c.oid = 'outbox'::regclass));
+$b$, nsp));
 END;
 $do$;
 

@@ -84,3 +84,31 @@ func TestMigrateIntoNewSchemaBesidesAnotherInstallation(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'app1'`).Scan(&n))
 	require.NotZero(t, n, "Migrate created app1's tables")
 }
+
+// Migrate into a schema whose name holds "$$", which PostgreSQL allows in a quoted
+// identifier: the trigger functions' bodies were written between $$ with the schema's
+// name inside, which ended the body there, and the migration failed with a syntax error.
+func TestMigrateIntoSchemaWithDollarsInItsName(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pgtest.DB(t)
+	_, err := pool.Exec(ctx, `CREATE SCHEMA "app$$1"`)
+	require.NoError(t, err)
+	conn := connWithSearchPath(t, pool, `"app$$1"`)
+	from, err := outboxd.Migrate(ctx, conn)
+	require.NoError(t, err)
+	require.Equal(t, 0, from)
+
+	// Its triggers work: an insert, and a delete that takes the row's attempts with it.
+	_, err = conn.Exec(ctx, `INSERT INTO outbox (id, idempotency_key, connector, payload, status, attempts)
+		VALUES (1, 'k', 'webhook', '{}', 'dead', 1)`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, outcome)
+		VALUES (1, 1, 'r', now(), 'dead')`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `DELETE FROM outbox WHERE id = 1`)
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM outbox_attempts`).Scan(&n))
+	require.Zero(t, n, "the deleted row's attempts go with it")
+}
