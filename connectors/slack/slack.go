@@ -224,7 +224,13 @@ type message struct {
 }
 
 func init() {
-	connectors.RegisterPayloadCheck("slack", func(raw []byte) error { return ValidatePayload(raw) })
+	connectors.RegisterPayloadCheck("slack", func(raw []byte) error {
+		if err := ValidatePayload(raw); err != nil {
+			// outbox.Enqueue names the payload itself ("slack payload: ...").
+			return errors.New(strings.TrimPrefix(err.Error(), "payload: "))
+		}
+		return nil
+	})
 }
 
 // ValidatePayload reports whether raw is a payload this connector can post, and if not,
