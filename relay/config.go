@@ -70,7 +70,8 @@ type Config struct {
 
 // Instance is one configured connector instance and its limits.
 type Instance struct {
-	// Connector delivers the rows.
+	// Connector delivers the rows. Its Guarantee must be [connectors.Enforced],
+	// [connectors.Reconciled] or [connectors.Forwarded].
 	Connector connectors.Connector
 	// Concurrency is the most deliveries in flight to this instance. Defaults to, and is
 	// at most, the slots it can take: Config.Concurrency, less the one each other

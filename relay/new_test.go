@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/internal/pgtest"
 )
 
@@ -182,4 +184,28 @@ func TestReadyWhileStartingSaysWhy(t *testing.T) {
 	cancel()
 	require.NoError(t, <-ran)
 	require.EqualError(t, r.Ready(t.Context()), "relay is not running")
+}
+
+// guaranteed is a connector that declares guarantee g and delivers nothing.
+type guaranteed struct{ g connectors.Guarantee }
+
+func (c guaranteed) Deliver(context.Context, connectors.Delivery) (json.RawMessage, error) {
+	return nil, nil
+}
+func (c guaranteed) Guarantee() connectors.Guarantee { return c.g }
+
+// A connector whose Guarantee is none of the three (left empty, or misspelt) is refused:
+// the relay read it as enforced and retried its ambiguous attempts blindly, even with
+// the hold policy, when the receiver may not dedupe at all.
+func TestNewRejectsUnknownGuarantee(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	for _, g := range []connectors.Guarantee{"", "Forwarded", "exactly-once"} {
+		_, err := New(pool, nil, map[string]Instance{"webhook:own": {Connector: guaranteed{g}, OnAmbiguous: AmbiguousHold}})
+		require.ErrorContains(t, err, `relay: connector instance "webhook:own": its Guarantee is `, "guarantee %q", g)
+	}
+	for _, g := range []connectors.Guarantee{connectors.Enforced, connectors.Reconciled, connectors.Forwarded} {
+		_, err := New(pool, &Config{Registerer: prometheus.NewRegistry()}, map[string]Instance{"webhook:own": {Connector: guaranteed{g}}})
+		require.NoError(t, err, "guarantee %q", g)
+	}
 }

@@ -217,6 +217,14 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		if in.Connector == nil {
 			return nil, fmt.Errorf("relay: connector instance %q has no Connector", name)
 		}
+		// Any other value would be read as enforced: ambiguous attempts retried blindly,
+		// the hold policy ignored, though nothing says the receiver dedupes.
+		switch g := in.Connector.Guarantee(); g {
+		case connectors.Enforced, connectors.Reconciled, connectors.Forwarded:
+		default:
+			return nil, fmt.Errorf("relay: connector instance %q: its Guarantee is %q; it must be %q, %q or %q",
+				name, g, connectors.Enforced, connectors.Reconciled, connectors.Forwarded)
+		}
 		if in.Concurrency < 0 || in.Rate < 0 || math.IsNaN(in.Rate) || math.IsInf(in.Rate, 0) {
 			return nil, fmt.Errorf("relay: connector instance %q: Concurrency and Rate must not be negative, and Rate must be finite", name)
 		}
