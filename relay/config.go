@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -15,7 +17,8 @@ import (
 
 // Config tunes a [Relay]. A zero field means its default.
 type Config struct {
-	// ID names this relay in leases and the attempts log. Defaults to host-pid-random.
+	// ID names this relay in leases and the attempts log: UTF-8 text without NUL, which
+	// PostgreSQL can store. Defaults to host-pid-random.
 	ID string
 	// BatchSize is the most rows one claim takes. Defaults to 1000.
 	BatchSize int
@@ -127,6 +130,10 @@ func (c *Config) withDefaults() *Config {
 
 func (c *Config) validate() error {
 	var errs []error
+	if !utf8.ValidString(c.ID) || strings.IndexByte(c.ID, 0) >= 0 {
+		// PostgreSQL refuses it in every claim: the relay would run and deliver nothing.
+		errs = append(errs, fmt.Errorf("ID must be UTF-8 text without NUL, got %q", c.ID))
+	}
 	positive := func(name string, v int64) {
 		if v < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %d", name, v))

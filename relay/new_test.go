@@ -209,3 +209,15 @@ func TestNewRejectsUnknownGuarantee(t *testing.T) {
 		require.NoError(t, err, "guarantee %q", g)
 	}
 }
+
+// An ID PostgreSQL cannot store as text is refused: the relay started, said it was
+// ready, and failed every claim ("invalid byte sequence for encoding UTF8"), delivering
+// nothing.
+func TestNewRejectsUnstorableID(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	for _, id := range []string{"relay\x00a", "relay-\xff"} {
+		_, err := New(pool, &Config{ID: id}, nil)
+		require.ErrorContains(t, err, "relay config: ID must be UTF-8 text without NUL", "id %q", id)
+	}
+}
