@@ -22,8 +22,8 @@ type Config struct {
 	ID string
 	// BatchSize is the most rows one claim takes. Defaults to 1000.
 	BatchSize int
-	// Concurrency is the most deliveries in flight at once, over all connectors.
-	// Defaults to 128.
+	// Concurrency is the most deliveries in flight at once, over all connectors, at most
+	// [MaxConcurrency]. Defaults to 128.
 	Concurrency int
 	// MaxClaimedBytes bounds the payload and header bytes of the rows this relay holds claimed,
 	// waiting for a worker or in flight, so that large payloads cannot exhaust its memory:
@@ -93,6 +93,12 @@ type Instance struct {
 	MaxAge time.Duration
 }
 
+// MaxConcurrency is the most [Config.Concurrency]: New allocates queues for up to twenty
+// rounds of deliveries ahead of each worker, about 8 kB per worker and connector instance
+// (80 MB per instance at this bound); far more made the process die out of memory before
+// it said a word, or New panic.
+const MaxConcurrency = 10000
+
 // DefaultMaxClaimedBytes is [Config.MaxClaimedBytes]'s default: 128 MiB.
 const DefaultMaxClaimedBytes = 128 << 20
 
@@ -143,6 +149,9 @@ func (c *Config) validate() error {
 	positive("Concurrency", int64(c.Concurrency))
 	positive("MaxAttempts", int64(c.MaxAttempts))
 	positive("MaxClaimedBytes", c.MaxClaimedBytes)
+	if c.Concurrency > MaxConcurrency {
+		errs = append(errs, fmt.Errorf("Concurrency must be at most %d, got %d", MaxConcurrency, c.Concurrency))
+	}
 	for name, d := range map[string]time.Duration{
 		"Lease": c.Lease, "PollInterval": c.PollInterval, "MaxAge": c.MaxAge, "BackoffBase": c.BackoffBase,
 		"BackoffMax": c.BackoffMax, "Retention": c.Retention, "ShutdownTimeout": c.ShutdownTimeout,

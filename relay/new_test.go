@@ -221,3 +221,19 @@ func TestNewRejectsUnstorableID(t *testing.T) {
 		require.ErrorContains(t, err, "relay config: ID must be UTF-8 text without NUL", "id %q", id)
 	}
 }
+
+// A Concurrency beyond what the relay can allocate queues for is refused with an error
+// naming it: New panicked ("makechan: size out of range"), or took so much memory for
+// its queues that the process died before it said a word.
+func TestNewRejectsHugeConcurrency(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	for _, n := range []int{10001, 1 << 40} {
+		require.NotPanics(t, func() {
+			_, err := New(pool, &Config{Concurrency: n}, map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+			require.ErrorContains(t, err, fmt.Sprintf("relay config: Concurrency must be at most 10000, got %d", n))
+		})
+	}
+	_, err := New(pool, &Config{Concurrency: 10000}, map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+}

@@ -306,11 +306,8 @@ func (l *Log) validate(p *problems) {
 	}
 }
 
-// maxConcurrency is the most OUTBOX_CONCURRENCY: relay.New allocates its queues for up
-// to twenty rounds of deliveries ahead of each worker when it starts, about 8 kB per
-// worker and connector instance (80 MB per instance at this bound), and far more
-// workers made the process die out of memory before it said a word.
-const maxConcurrency = 10000
+// maxConcurrency is the most OUTBOX_CONCURRENCY, the relay's (see relay.MaxConcurrency).
+const maxConcurrency = relay.MaxConcurrency
 
 func (e *Engine) validate(p *problems) {
 	for _, v := range []struct {
