@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -44,7 +45,8 @@ type Config struct {
 	// PollInterval is how often the relay looks for due rows when no NOTIFY arrives
 	// (scheduled retries, or NOTIFY blocked by a pooler). Defaults to 1s.
 	PollInterval time.Duration
-	// MaxAttempts sends a row to dead after this many attempts. Defaults to 25.
+	// MaxAttempts sends a row to dead after this many attempts, at most math.MaxInt32
+	// (the attempts column is an integer). Defaults to 25.
 	MaxAttempts int
 	// MaxAge sends a row to dead when its next attempt would come later than this after
 	// its first attempt: it bounds how long a row is retried, however long it waited
@@ -149,6 +151,10 @@ func (c *Config) validate() error {
 	positive("Concurrency", int64(c.Concurrency))
 	positive("MaxAttempts", int64(c.MaxAttempts))
 	positive("MaxClaimedBytes", c.MaxClaimedBytes)
+	if c.MaxAttempts > math.MaxInt32 {
+		// Compared with the attempts column in SQL, it would fail every reclaim.
+		errs = append(errs, fmt.Errorf("MaxAttempts must be at most %d, got %d", math.MaxInt32, c.MaxAttempts))
+	}
 	if c.Concurrency > MaxConcurrency {
 		errs = append(errs, fmt.Errorf("Concurrency must be at most %d, got %d", MaxConcurrency, c.Concurrency))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"strings"
 	"testing"
@@ -235,5 +236,18 @@ func TestNewRejectsHugeConcurrency(t *testing.T) {
 		})
 	}
 	_, err := New(pool, &Config{Concurrency: 10000}, map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+}
+
+// MaxAttempts beyond an int4 (math.MaxInt, say, for "never give up on attempts") is
+// refused: the reclaim sends it as a parameter compared with the attempts column, and
+// failed in every poll ("greater than maximum value for int4"), so the rows of a relay
+// that died stayed delivering for ever.
+func TestNewRejectsMaxAttemptsBeyondInt4(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	_, err := New(pool, &Config{MaxAttempts: math.MaxInt}, nil)
+	require.ErrorContains(t, err, "relay config: MaxAttempts must be at most 2147483647")
+	_, err = New(pool, &Config{MaxAttempts: math.MaxInt32}, nil)
 	require.NoError(t, err)
 }
