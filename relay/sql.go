@@ -145,7 +145,9 @@ const recordWrite = `upd AS (
     SET status = r.status,
         next_attempt_at = coalesce(r.next_attempt_at, o.next_attempt_at),
         last_error = coalesce(r.last_error, o.last_error),
-        result = coalesce(r.result, o.result),
+        -- A delivery's answer is its own, or none: an earlier failed attempt's answer
+        -- would read as the receiver's answer to the delivery.
+        result = CASE WHEN r.status = 'delivered' THEN r.result ELSE coalesce(r.result, o.result) END,
         ambiguous = r.ambiguous,
         lease_owner = NULL,
         lease_expires_at = NULL,
