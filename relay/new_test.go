@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/internal/pgtest"
+	"github.com/outboxd/outboxd/internal/receiver"
 )
 
 // A failed New leaves the Registerer as it found it: the embedder can fix the input
@@ -250,4 +251,18 @@ func TestNewRejectsMaxAttemptsBeyondInt4(t *testing.T) {
 	require.ErrorContains(t, err, "relay config: MaxAttempts must be at most 2147483647")
 	_, err = New(pool, &Config{MaxAttempts: math.MaxInt32}, nil)
 	require.NoError(t, err)
+}
+
+// A Rate too large to matter (beyond what an int holds, a tenth of it) is no limit: its
+// burst overflowed to one row, and the instance was claimed one row per round.
+func TestNewHugeRateClaimsFullBatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	_, cfg := b.clockedConfig(t)
+	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook, Rate: 1e20}})
+	require.NoError(t, err)
+	for i := range 10 {
+		enqueue(t, b.pool, fmt.Sprint("k", i), "webhook", []int{i})
+	}
+	require.Equal(t, 10, claimOnce(t, r))
 }

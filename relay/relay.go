@@ -312,7 +312,9 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 			// A burst of a tenth of a second's worth: a second's worth, after a quiet
 			// spell, let a receiver see up to twice its rate within one second, which a
 			// receiver that enforces its limit answers with 429.
-			inst.limiter = rate.NewLimiter(rate.Limit(in.Rate), max(1, int(in.Rate/10)))
+			// Bounded before the conversion: a tenth of a rate beyond an int would come out
+			// of it as a burst of one row.
+			inst.limiter = rate.NewLimiter(rate.Limit(in.Rate), max(1, int(min(in.Rate/10, math.MaxInt32))))
 		}
 		r.instances[name] = inst
 		r.names = append(r.names, name)
