@@ -660,3 +660,14 @@ func TestLoadURLPortOutOfRange(t *testing.T) {
 	require.Contains(t, err.Error(), "OUTBOX_WEBHOOK_URL is not a valid URL: port 99999 is not between 1 and 65535")
 	require.Contains(t, err.Error(), "OUTBOX_SLACK_API_BASE is not a valid URL: port 0 is not between 1 and 65535")
 }
+
+// TestLoadMaxAttemptsBeyondInt4: attempts is an int4 column, and relay.New refuses a
+// larger MaxAttempts; serve refuses it with the configuration's problems (exit 2), not
+// from relay.New (exit 1).
+func TestLoadMaxAttemptsBeyondInt4(t *testing.T) {
+	t.Parallel()
+	_, err := Load(environ(with(minimal, map[string]string{"OUTBOX_MAX_ATTEMPTS": "2147483648"})))
+	require.Equal(t, []string{`OUTBOX_MAX_ATTEMPTS is out of range, got "2147483648"`}, problemLines(t, err))
+	_, err = Load(environ(with(minimal, map[string]string{"OUTBOX_MAX_ATTEMPTS": "2147483647"})))
+	require.NoError(t, err)
+}
