@@ -19,7 +19,7 @@ import (
 // Config tunes a [Relay]. A zero field means its default.
 type Config struct {
 	// ID names this relay in leases and the attempts log: UTF-8 text without NUL, which
-	// PostgreSQL can store. Defaults to host-pid-random.
+	// PostgreSQL can store, of at most [MaxIDLength] bytes. Defaults to host-pid-random.
 	ID string
 	// BatchSize is the most rows one claim takes. Defaults to 1000.
 	BatchSize int
@@ -95,6 +95,9 @@ type Instance struct {
 	MaxAge time.Duration
 }
 
+// MaxIDLength is the most bytes of [Config.ID].
+const MaxIDLength = 255
+
 // MaxConcurrency is the most [Config.Concurrency]: New allocates queues for up to twenty
 // rounds of deliveries ahead of each worker, about 8 kB per worker and connector instance
 // (80 MB per instance at this bound); far more made the process die out of memory before
@@ -141,6 +144,11 @@ func (c *Config) validate() error {
 	if !utf8.ValidString(c.ID) || strings.IndexByte(c.ID, 0) >= 0 {
 		// PostgreSQL refuses it in every claim: the relay would run and deliver nothing.
 		errs = append(errs, fmt.Errorf("ID must be UTF-8 text without NUL, got %q", c.ID))
+	}
+	if len(c.ID) > MaxIDLength {
+		// It is part of a primary key (outbox_wake_connectors), whose entries PostgreSQL
+		// bounds, and of the NOTIFY self-test's payload (under 8000 bytes).
+		errs = append(errs, fmt.Errorf("ID must be at most %d bytes, got %d", MaxIDLength, len(c.ID)))
 	}
 	positive := func(name string, v int64) {
 		if v < 0 {

@@ -222,6 +222,12 @@ func TestNewRejectsUnstorableID(t *testing.T) {
 		_, err := New(pool, &Config{ID: id}, nil)
 		require.ErrorContains(t, err, "relay config: ID must be UTF-8 text without NUL", "id %q", id)
 	}
+	// A longer one broke the relay's row in outbox_wake_connectors (past 2.7 kB: the
+	// primary key's entry) and its NOTIFY self-test (past 8 kB: the payload).
+	_, err := New(pool, &Config{ID: strings.Repeat("r", 256)}, nil)
+	require.ErrorContains(t, err, "relay config: ID must be at most 255 bytes, got 256")
+	_, err = New(pool, &Config{ID: strings.Repeat("é", 127)}, nil)
+	require.NoError(t, err)
 }
 
 // A Concurrency beyond what the relay can allocate queues for is refused with an error

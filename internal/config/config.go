@@ -350,4 +350,7 @@ func (e *Engine) validate(p *problems) {
 	if strings.TrimSpace(e.RelayID) != e.RelayID {
 		p.addf("OUTBOX_RELAY_ID", "OUTBOX_RELAY_ID must not start or end with spaces, got %q", e.RelayID)
 	}
+	if len(e.RelayID) > relay.MaxIDLength {
+		p.addf("OUTBOX_RELAY_ID", "OUTBOX_RELAY_ID must be at most %d bytes, got %d", relay.MaxIDLength, len(e.RelayID))
+	}
 }

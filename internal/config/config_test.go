@@ -671,3 +671,11 @@ func TestLoadMaxAttemptsBeyondInt4(t *testing.T) {
 	_, err = Load(environ(with(minimal, map[string]string{"OUTBOX_MAX_ATTEMPTS": "2147483647"})))
 	require.NoError(t, err)
 }
+
+// TestLoadRelayIDTooLong: the relay refuses an ID past relay.MaxIDLength bytes; serve
+// says so with the configuration's problems.
+func TestLoadRelayIDTooLong(t *testing.T) {
+	t.Parallel()
+	_, err := Load(environ(with(minimal, map[string]string{"OUTBOX_RELAY_ID": strings.Repeat("r", 256)})))
+	require.Equal(t, []string{`OUTBOX_RELAY_ID must be at most 255 bytes, got 256`}, problemLines(t, err))
+}
