@@ -8,10 +8,12 @@ import (
 	"os/signal"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -115,8 +117,11 @@ func TestRelayKilledAfterEffectBeforeRecord(t *testing.T) {
 	require.True(t, att[0].Ambiguous)
 }
 
-// PostgreSQL restarts under a running relay: it rides it out, nothing is lost, and
-// delivery resumes by itself.
+// PostgreSQL restarts under a running relay, mid-delivery: requests are out at the
+// receiver, which holds their answers until the server has gone down, so the relay has
+// outcomes in hand while the database is away, rows claimed behind them, and rows still
+// pending. It rides the restart out, nothing is lost or sent twice, and delivery resumes
+// by itself.
 func TestSurvivesPostgresRestart(t *testing.T) {
 	t.Parallel()
 	cluster := pgtest.Cluster(t)
@@ -127,14 +132,34 @@ func TestSurvivesPostgresRestart(t *testing.T) {
 	_, err = outboxd.Migrate(ctx, pool)
 	require.NoError(t, err)
 	// Every request is an effect: a row sent again (its outcome lost with the connection,
-	// and the row retried when its lease expired) would show as a second one.
-	rcv, err := receiver.Start(receiver.Options{IgnoreKeys: true})
+	// and the row retried when its lease expired) would show as a second one. The first
+	// inFlight effects wait for release before they are answered.
+	const inFlight = 8
+	var (
+		effects atomic.Int32
+		allIn   = make(chan struct{})
+		release = make(chan struct{})
+	)
+	rcv, err := receiver.Start(receiver.Options{IgnoreKeys: true, OnEffect: func(receiver.Effect) {
+		if n := effects.Add(1); n <= inFlight {
+			if n == inFlight {
+				close(allIn)
+			}
+			<-release
+		}
+	}})
 	require.NoError(t, err)
 	t.Cleanup(rcv.Close)
+	t.Cleanup(func() { closeOnce(release) })
 
+	// The held requests stay open across the restart: their time limit, and the lease
+	// above it, must not end them on a busy machine (a second attempt, hence a second
+	// effect, that this test would take for a lost outcome).
+	hook, err := webhook.New(webhook.Config{URL: rcv.URL(), Guarantee: connectors.Enforced, Timeout: waitTimeout})
+	require.NoError(t, err)
 	start(t, pool, &Config{PollInterval: 50 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
-		Registerer: prometheus.NewRegistry(), Logger: testLogger()},
-		map[string]Instance{"webhook": {Connector: newHook(t, rcv.URL())}})
+		Lease: waitTimeout + 5*time.Second, Registerer: prometheus.NewRegistry(), Logger: testLogger()},
+		map[string]Instance{"webhook": {Connector: hook}})
 
 	enqueueN := func(prefix string, n int) {
 		msgs := make([]outbox.Message, n)
@@ -147,8 +172,35 @@ func TestSurvivesPostgresRestart(t *testing.T) {
 		}, waitTimeout, 50*time.Millisecond)
 	}
 	enqueueN("before", 300)
-	require.Eventually(t, func() bool { return rcv.TotalEffects() > 0 }, waitTimeout, 5*time.Millisecond)
-	require.NoError(t, cluster.Restart(ctx))
+	select {
+	case <-allIn:
+	case <-time.After(waitTimeout):
+		t.Fatalf("the relay never had %d deliveries in flight", inFlight)
+	}
+	var delivering, pending int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'delivering'), count(*) FILTER (WHERE status = 'pending')
+		FROM outbox`).Scan(&delivering, &pending))
+	require.GreaterOrEqual(t, delivering, inFlight, "the held deliveries are in flight when PostgreSQL goes down")
+	require.Positive(t, delivering+pending-inFlight, "rows wait behind them")
+
+	// Restart the server, and let the held answers go once it refuses connections (or,
+	// on a machine too busy to see it down, once it is back).
+	restarted := make(chan error, 1)
+	go func() { restarted <- cluster.Restart(ctx) }()
+	for down := false; !down; {
+		select {
+		case err := <-restarted:
+			restarted <- err
+			down = true
+		default:
+			conn, err := pgx.Connect(ctx, cluster.URL("postgres"))
+			if down = err != nil; !down {
+				_ = conn.Close(ctx)
+			}
+		}
+	}
+	closeOnce(release)
+	require.NoError(t, <-restarted)
 	enqueueN("after", 300)
 
 	require.Eventually(t, func() bool {
@@ -157,4 +209,8 @@ func TestSurvivesPostgresRestart(t *testing.T) {
 	}, waitTimeout, 20*time.Millisecond)
 	require.Equal(t, 600, rcv.TotalEffects(), "every row sent once: the outcomes in hand when PostgreSQL went away were written after")
 	require.Empty(t, rcv.DuplicateKeys())
+	var attempts, ambiguous int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE ambiguous) FROM outbox_attempts`).Scan(&attempts, &ambiguous))
+	require.Equal(t, 600, attempts, "one attempt logged a row, none lost and none twice")
+	require.Zero(t, ambiguous)
 }
