@@ -488,13 +488,49 @@ func TestOrderingKeysUnderRandomFailures(t *testing.T) {
 }
 
 // Three relays against one database and thousands of rows: one effect per key, no row
-// lost or stuck.
+// lost or stuck. Each relay posts to its own path on a loopback server in front of the
+// receiver, which holds the first requests until every relay has perRelay of them in
+// flight at once: the relays really deliver side by side, each rows of its own, which
+// the test checks rather than hopes for.
 func TestThreeRelaysShareOneDatabase(t *testing.T) {
 	t.Parallel()
 	// The receiver ignores keys, so every request it takes is an effect: a row that two
 	// relays sent would show as two, where a receiver that enforces keys would hide it.
 	b := setup(t, receiver.Options{FailRate: 0.05, Seed: 3, IgnoreKeys: true})
-	const rows = 3000
+	const rows, relays, perRelay = 3000, 3, 8
+	var (
+		mu       sync.Mutex
+		inFlight = map[string]int{} // by path, until all meet
+		met      = make(chan struct{})
+	)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		select {
+		case <-met:
+		default:
+			mu.Lock()
+			inFlight[req.URL.Path]++
+			all := len(inFlight) == relays
+			for _, n := range inFlight {
+				all = all && n >= perRelay
+			}
+			if all {
+				closeOnce(met)
+			}
+			mu.Unlock()
+			select {
+			case <-met:
+			case <-req.Context().Done(): // the sender gave up: as if it never arrived
+				mu.Lock()
+				inFlight[req.URL.Path]--
+				mu.Unlock()
+				return
+			}
+		}
+		b.receiver.ServeHTTP(w, req)
+	}))
+	t.Cleanup(front.Close)
+	t.Cleanup(func() { closeOnce(met) })
+
 	msgs := make([]outbox.Message, rows)
 	for i := range msgs {
 		msgs[i] = outbox.Message{Key: outbox.Key("three", fmt.Sprint(i)), Connector: "webhook", Payload: map[string]int{"i": i}}
@@ -509,13 +545,23 @@ func TestThreeRelaysShareOneDatabase(t *testing.T) {
 		dropped[msgs[i*100].Key] = true
 	}
 	ids := map[string]bool{}
-	for range 3 {
+	for i := range relays {
 		cfg := b.fastConfig()
 		cfg.Registerer = prometheus.NewRegistry()
 		cfg.BatchSize = 50
 		cfg.Concurrency = 16
-		r, _ := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+		hook, err := webhook.New(webhook.Config{URL: fmt.Sprintf("%s/relay-%d", front.URL, i), Guarantee: connectors.Enforced, Timeout: 20 * time.Second})
+		require.NoError(t, err)
+		r, _ := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: hook}})
 		ids[r.ID()] = true
+	}
+	require.Len(t, ids, relays)
+	select {
+	case <-met:
+	case <-time.After(waitTimeout):
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("the relays never had %d deliveries each in flight at once: %v", perRelay, inFlight)
 	}
 
 	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == rows }, waitTimeout, 20*time.Millisecond)
@@ -529,16 +575,26 @@ func TestThreeRelaysShareOneDatabase(t *testing.T) {
 	}
 	require.ElementsMatch(t, slices.Collect(maps.Keys(dropped)), b.receiver.DuplicateKeys(),
 		"no row was sent by two relays; only the dropped ones were sent again")
-	var relays []string
-	rs, err := b.pool.Query(t.Context(), `SELECT DISTINCT relay_id FROM outbox_attempts`)
+	delivered := map[string]int{}
+	rs, err := b.pool.Query(t.Context(), `SELECT relay_id, count(*) FROM outbox_attempts WHERE outcome = 'delivered' GROUP BY relay_id`)
 	require.NoError(t, err)
 	for rs.Next() {
-		var id string
-		require.NoError(t, rs.Scan(&id))
-		relays = append(relays, id)
+		var (
+			id string
+			n  int
+		)
+		require.NoError(t, rs.Scan(&id, &n))
+		require.True(t, ids[id], "an attempt logged by relay %q, not one of the three", id)
+		delivered[id] = n
 	}
 	require.NoError(t, rs.Err())
-	require.Len(t, relays, 3, "all three relays took part")
+	t.Logf("rows delivered by each relay: %v", delivered)
+	require.Len(t, delivered, relays, "all three relays delivered rows")
+	var total int
+	for _, n := range delivered {
+		total += n
+	}
+	require.Equal(t, rows, total, "one delivered attempt logged per row")
 }
 
 // One slow receiver never starves the others: its instance's concurrency limit keeps it
