@@ -442,13 +442,61 @@ func TestMaxAgeSendsToDead(t *testing.T) {
 }
 
 // Rows sharing an ordering key are delivered one at a time in id order, even when
-// deliveries fail at random; a failing head holds back only its own key.
+// deliveries fail at random; a failing head holds back only its own key. The order is
+// checked over every request, not only over the effects: a loopback server in front of
+// the receiver sees each attempt, and a key's next row may be sent only once the one
+// before it was answered 200, never beside it.
 func TestOrderingKeysUnderRandomFailures(t *testing.T) {
 	t.Parallel()
 	b := setup(t, receiver.Options{FailRate: 0.3, Seed: 7})
-	start(t, b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
-
 	const keys, perKey = 6, 25
+	var (
+		mu         sync.Mutex
+		open       = map[int]bool{} // by key: a request in flight
+		next       = map[int]int{}  // by key: the seq its next request must carry
+		violations []string
+		failures   int
+	)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, err := io.ReadAll(req.Body)
+		if err != nil {
+			return
+		}
+		req.Body = io.NopCloser(strings.NewReader(string(body)))
+		var p struct{ K, Seq int }
+		ordered := json.Unmarshal(body, &p) == nil // the blocked rows' payloads are arrays
+		if ordered {
+			mu.Lock()
+			if open[p.K] {
+				violations = append(violations, fmt.Sprintf("key %d: seq %d sent while another of its rows was in flight", p.K, p.Seq))
+			}
+			if p.Seq != next[p.K] {
+				violations = append(violations, fmt.Sprintf("key %d: seq %d sent when seq %d was due", p.K, p.Seq, next[p.K]))
+			}
+			open[p.K] = true
+			mu.Unlock()
+		}
+		// The answer is passed on only once the request is marked done, so the relay
+		// cannot send the key's next row before then.
+		rec := httptest.NewRecorder()
+		b.receiver.ServeHTTP(rec, req)
+		if ordered {
+			mu.Lock()
+			open[p.K] = false
+			if rec.Code == http.StatusOK {
+				next[p.K] = p.Seq + 1
+			} else {
+				failures++
+			}
+			mu.Unlock()
+		}
+		maps.Copy(w.Header(), rec.Header())
+		w.WriteHeader(rec.Code)
+		_, _ = w.Write(rec.Body.Bytes())
+	}))
+	t.Cleanup(front.Close)
+	start(t, b.pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: newHook(t, front.URL)}})
+
 	var msgs []outbox.Message
 	for i := range perKey {
 		for k := range keys {
@@ -469,6 +517,13 @@ func TestOrderingKeysUnderRandomFailures(t *testing.T) {
 	require.Eventually(t, func() bool { return countStatus(t, b.pool)[outbox.StatusDelivered] == keys*perKey },
 		waitTimeout, 20*time.Millisecond)
 
+	mu.Lock()
+	require.Empty(t, violations[:min(len(violations), 5)], "the order of a key's requests (%d breaks)", len(violations))
+	require.Positive(t, failures, "requests failed at random")
+	for k := range keys {
+		require.Equal(t, perKey, next[k], "key %d: every row answered 200", k)
+	}
+	mu.Unlock()
 	last := map[int]int{}
 	for k := range keys {
 		last[k] = -1
@@ -485,6 +540,7 @@ func TestOrderingKeysUnderRandomFailures(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatusPending, tail.Status)
 	require.Equal(t, 0, tail.Attempts, "the tail waits for its failing head")
+	require.Zero(t, b.receiver.Requests("blocked-tail"))
 }
 
 // Three relays against one database and thousands of rows: one effect per key, no row
