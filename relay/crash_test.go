@@ -56,8 +56,11 @@ func runChild() int {
 }
 
 // The failure that matters most, with a real process: the relay is killed (SIGKILL) after
-// the receiver performed the write but before the outcome was recorded. After a restart
-// and the lease's expiry, there is still exactly one effect.
+// the receiver performed the write but before the outcome was recorded. The receiver
+// holds its answer until the process is dead, so the relay cannot have recorded it, and
+// the test checks that nothing was. The process is then started again, under the same
+// relay id as a fixed OUTBOX_RELAY_ID gives it: once the lease expires, it sends the row
+// again with the same key, and there is still exactly one effect.
 func TestRelayKilledAfterEffectBeforeRecord(t *testing.T) {
 	t.Parallel()
 	var (
@@ -79,11 +82,20 @@ func TestRelayKilledAfterEffectBeforeRecord(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), childEnv+"=1", "OUTBOX_TEST_CHILD_DSN="+dsn, "OUTBOX_TEST_CHILD_URL="+rcv.URL())
-	child.Stderr = os.Stderr
-	require.NoError(t, child.Start())
-	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	startChild := func() (*exec.Cmd, chan error) {
+		child := exec.Command(os.Args[0], "-test.run=^$")
+		child.Env = append(os.Environ(), childEnv+"=1", "OUTBOX_TEST_CHILD_DSN="+dsn, "OUTBOX_TEST_CHILD_URL="+rcv.URL())
+		child.Stderr = os.Stderr
+		require.NoError(t, child.Start())
+		exited := make(chan error, 1)
+		go func() { exited <- child.Wait() }()
+		t.Cleanup(func() {
+			_ = child.Process.Kill()
+			<-exited
+		})
+		return child, exited
+	}
+	child, exited := startChild()
 
 	enqueue(t, pool, "charge-once", "webhook", map[string]int{"amount": 500})
 	select {
@@ -93,28 +105,38 @@ func TestRelayKilledAfterEffectBeforeRecord(t *testing.T) {
 	}
 	// The receiver has performed the effect; the relay has not seen the answer.
 	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
-	_ = child.Wait()
+	err = <-exited
+	exited <- err // for the cleanup
+	require.Equal(t, syscall.SIGKILL, child.ProcessState.Sys().(syscall.WaitStatus).Signal(), "the child died of the SIGKILL: %v", err)
 	closeOnce(release)
 
 	in, err := outbox.Get(t.Context(), pool, "charge-once")
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatusDelivering, in.Status, "the dead relay's lease is still on the row")
+	require.Empty(t, attemptsOf(t, pool, "charge-once"), "no outcome was recorded")
 	require.Equal(t, 1, rcv.Effects("charge-once"))
 
-	// A new relay takes the row once the lease expires, and the receiver answers from
-	// its store: still one effect.
-	hook, err := webhook.New(webhook.Config{URL: rcv.URL(), Guarantee: connectors.Enforced})
-	require.NoError(t, err)
-	start(t, pool, &Config{PollInterval: 50 * time.Millisecond, Registerer: prometheus.NewRegistry(), Logger: testLogger()},
-		map[string]Instance{"webhook": {Connector: hook}})
+	// The relay comes back; it takes the row once the lease expires, and the receiver
+	// answers from its store: still one effect.
+	child, exited = startChild()
 	in = waitStatus(t, pool, "charge-once", outbox.StatusDelivered)
 	require.Equal(t, 1, rcv.Effects("charge-once"))
-	require.Equal(t, 2, rcv.Requests("charge-once"))
+	require.Equal(t, 2, rcv.Requests("charge-once"), "the retry reached the receiver, which answered from its store")
 	require.Equal(t, 2, in.Attempts)
 	att := attemptsOf(t, pool, "charge-once")
-	require.Equal(t, "lease_expired", att[0].Outcome)
-	require.Equal(t, "child", att[0].RelayID)
-	require.True(t, att[0].Ambiguous)
+	require.Len(t, att, 2)
+	require.Equal(t, attemptRow{Attempt: 1, Outcome: "lease_expired", Ambiguous: true, Error: "lease expired before the outcome was recorded", RelayID: "child"}, att[0])
+	require.Equal(t, attemptRow{Attempt: 2, Outcome: "delivered", RelayID: "child"}, att[1])
+
+	// And it stops cleanly.
+	require.NoError(t, child.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		exited <- err
+		require.NoError(t, err, "the child exits 0 on SIGTERM")
+	case <-time.After(waitTimeout):
+		t.Fatal("the child did not stop on SIGTERM")
+	}
 }
 
 // PostgreSQL restarts under a running relay, mid-delivery: requests are out at the
