@@ -42,30 +42,30 @@ func TestMain(m *testing.M) {
 	pgtest.Main(m)
 }
 
-// TestServeStopsGracefullyOnSIGTERM runs `outboxd serve` as a process, stops it with
-// SIGTERM while a delivery is in flight, and checks that the delivery finishes and is
-// recorded, that no row is left leased, and that the process exits 0.
+// TestServeStopsGracefullyOnSIGTERM runs `outboxd serve` as a process with two workers,
+// stops it with SIGTERM while both deliveries are in flight and rows claimed behind them
+// wait for a worker, and checks that the deliveries finish and are recorded, that the
+// waiting rows are handed back unattempted, that no row is left leased, and that the
+// process exits 0.
 func TestServeStopsGracefullyOnSIGTERM(t *testing.T) {
 	t.Parallel()
-	const inFlightKey = "in-flight"
+	const inFlightKey, secondKey = "in-flight", "in-flight-2"
 	others := []string{"other-1", "other-2", "other-3"}
 	keys := append([]string{inFlightKey}, others...)
+	waiting := []string{"waiting-1", "waiting-2", "waiting-3"}
 
 	var (
-		firstOnce   sync.Once
 		releaseOnce sync.Once
-		arrived     = make(chan struct{})
+		arrived     = map[string]chan struct{}{inFlightKey: make(chan struct{}), secondKey: make(chan struct{})}
 		release     = make(chan struct{})
 	)
 	releaseHeld := func() { releaseOnce.Do(func() { close(release) }) }
 	rcv, err := receiver.Start(receiver.Options{OnEffect: func(e receiver.Effect) {
-		if e.Key != inFlightKey {
-			return
-		}
-		first := false
-		firstOnce.Do(func() { first = true; close(arrived) })
-		if first {
-			<-release // hold the first request open until the test lets it go
+		if ch, ok := arrived[e.Key]; ok {
+			// Each key has one effect (the receiver enforces keys), so this runs once
+			// a key.
+			close(ch)
+			<-release // hold the request open until the test lets it go
 		}
 	}})
 	require.NoError(t, err)
@@ -102,6 +102,7 @@ func TestServeStopsGracefullyOnSIGTERM(t *testing.T) {
 		"OUTBOX_LEASE=1h20s",
 		"OUTBOX_HTTP_ADDR=127.0.0.1:0", // the child logs the port it got
 		"OUTBOX_POLL_INTERVAL=50ms",
+		"OUTBOX_CONCURRENCY=2", // in-flight and then in-flight-2 hold both workers
 		"OUTBOX_SHUTDOWN_TIMEOUT=30s",
 		"OUTBOX_LOG_FORMAT=json",
 	)
@@ -178,7 +179,7 @@ func TestServeStopsGracefullyOnSIGTERM(t *testing.T) {
 		require.NoError(t, err)
 	}
 	select {
-	case <-arrived:
+	case <-arrived[inFlightKey]:
 	case <-exited:
 		t.Fatalf("the child exited (%v) before delivering %q", waitErr, inFlightKey)
 	case <-time.After(processWait):
@@ -225,12 +226,39 @@ func TestServeStopsGracefullyOnSIGTERM(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, code, "/mcp wants a bearer token")
 	require.NotContains(t, stderr.String(), secret, "the token never reaches the logs")
 
+	// The second worker takes a held row too, and the rows enqueued after it are
+	// claimed behind the two, waiting for a worker.
+	_, err = outbox.Enqueue(t.Context(), pool, outbox.Message{Key: secondKey, Connector: "webhook", Payload: map[string]int{"n": len(keys)}})
+	require.NoError(t, err)
+	select {
+	case <-arrived[secondKey]:
+	case <-exited:
+		t.Fatalf("the child exited (%v) before delivering %q", waitErr, secondKey)
+	case <-time.After(processWait):
+		t.Fatalf("the child never delivered %q", secondKey)
+	}
+	for i, key := range waiting {
+		_, err := outbox.Enqueue(t.Context(), pool, outbox.Message{Key: key, Connector: "webhook", Payload: map[string]int{"w": i}})
+		require.NoError(t, err)
+	}
+	waitFor("the waiting rows to be claimed", func() bool {
+		var n int
+		return pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE idempotency_key = ANY($1) AND status = 'delivering'`, waiting).
+			Scan(&n) == nil && n == len(waiting)
+	})
+
 	require.NoError(t, child.Process.Signal(syscall.SIGTERM))
-	// Let the held request go only once the child has begun stopping, so the delivery
-	// finishes during the graceful shutdown rather than before it.
+	// The rows no worker started are handed back while the two deliveries are still
+	// held. Let those go only then, so they finish during the graceful shutdown rather
+	// than before it.
 	waitFor(`the "stopping" log line`, func() bool {
 		_, ok := findLog(stderr.String(), "stopping")
 		return ok
+	})
+	waitFor("the waiting rows to be handed back", func() bool {
+		var n int
+		return pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE idempotency_key = ANY($1) AND status = 'pending'`, waiting).
+			Scan(&n) == nil && n == len(waiting)
 	})
 	releaseHeld()
 	select {
@@ -241,34 +269,45 @@ func TestServeStopsGracefullyOnSIGTERM(t *testing.T) {
 	require.NoError(t, waitErr)
 	require.Equal(t, exitOK, child.ProcessState.ExitCode())
 
-	// The in-flight delivery finished and was recorded, in one attempt.
-	in, err = outbox.Get(t.Context(), pool, inFlightKey)
-	require.NoError(t, err)
-	require.Equal(t, outbox.StatusDelivered, in.Status, "the in-flight row finished during the shutdown")
-	require.Equal(t, 1, in.Attempts)
-	var outcome string
-	var ambiguous bool
-	require.NoError(t, pool.QueryRow(t.Context(), `SELECT a.outcome, a.ambiguous
-		FROM outbox_attempts a JOIN outbox o ON o.id = a.outbox_id WHERE o.idempotency_key = $1`, inFlightKey).
-		Scan(&outcome, &ambiguous))
-	require.Equal(t, "delivered", outcome)
-	require.False(t, ambiguous, "the delivery was not cut short")
+	// The in-flight deliveries finished and were recorded, in one attempt each.
+	for _, key := range []string{inFlightKey, secondKey} {
+		in, err = outbox.Get(t.Context(), pool, key)
+		require.NoError(t, err)
+		require.Equal(t, outbox.StatusDelivered, in.Status, "%s: the in-flight row finished during the shutdown", key)
+		require.Equal(t, 1, in.Attempts, key)
+		var outcome string
+		var ambiguous bool
+		require.NoError(t, pool.QueryRow(t.Context(), `SELECT a.outcome, a.ambiguous
+			FROM outbox_attempts a JOIN outbox o ON o.id = a.outbox_id WHERE o.idempotency_key = $1`, key).
+			Scan(&outcome, &ambiguous))
+		require.Equal(t, "delivered", outcome, key)
+		require.False(t, ambiguous, "%s: the delivery was not cut short", key)
+	}
+	// The rows no worker started are pending again, their claim not counted as an
+	// attempt, and never sent.
+	for _, key := range waiting {
+		in, err := outbox.Get(t.Context(), pool, key)
+		require.NoError(t, err)
+		require.Equal(t, outbox.StatusPending, in.Status, key)
+		require.Zero(t, in.Attempts, key)
+		require.Zero(t, rcv.Requests(key), key)
+	}
 
-	// Nothing is left leased, and every row is delivered.
+	// Nothing is left leased, and every other row is delivered.
 	var leased, undelivered int
 	require.NoError(t, pool.QueryRow(t.Context(), `SELECT
 		count(*) FILTER (WHERE status = 'delivering' OR lease_owner IS NOT NULL),
-		count(*) FILTER (WHERE status <> 'delivered')
-		FROM outbox`).Scan(&leased, &undelivered))
+		count(*) FILTER (WHERE status <> 'delivered' AND NOT idempotency_key = ANY($1))
+		FROM outbox`, waiting).Scan(&leased, &undelivered))
 	require.Zero(t, leased, "rows left delivering or leased")
 	require.Zero(t, undelivered, "rows not delivered")
 
 	// Each key's effect happened exactly once.
-	for _, key := range keys {
+	for _, key := range append(keys, secondKey) {
 		require.Equal(t, 1, rcv.Effects(key), "effects for %q", key)
 	}
 	require.Equal(t, 1, rcv.Effects("via-api"))
-	require.Equal(t, len(keys)+1, rcv.TotalEffects(), "the rows enqueued here and the one from the API")
+	require.Equal(t, len(keys)+2, rcv.TotalEffects(), "the rows enqueued here and the one from the API")
 	require.Empty(t, rcv.DuplicateKeys())
 
 	logs := stderr.String()
