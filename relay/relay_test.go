@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -442,20 +443,23 @@ func TestMaxAgeSendsToDead(t *testing.T) {
 }
 
 // Rows sharing an ordering key are delivered one at a time in id order, even when
-// deliveries fail at random; a failing head holds back only its own key. The order is
+// deliveries fail at random, before the receiver acts (503) or after (the connection
+// dropped before the answer); a failing head holds back only its own key. The order is
 // checked over every request, not only over the effects: a loopback server in front of
-// the receiver sees each attempt, and a key's next row may be sent only once the one
-// before it was answered 200, never beside it.
+// the receiver sees each attempt, and a key's next row may be sent only once the relay
+// got the 200 for the one before it, never beside it.
 func TestOrderingKeysUnderRandomFailures(t *testing.T) {
 	t.Parallel()
 	b := setup(t, receiver.Options{FailRate: 0.3, Seed: 7})
 	const keys, perKey = 6, 25
 	var (
 		mu         sync.Mutex
+		rnd        = mrand.New(mrand.NewPCG(7, 7))
 		open       = map[int]bool{} // by key: a request in flight
 		next       = map[int]int{}  // by key: the seq its next request must carry
 		violations []string
 		failures   int
+		drops      int
 	)
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		body, err := io.ReadAll(req.Body)
@@ -480,15 +484,25 @@ func TestOrderingKeysUnderRandomFailures(t *testing.T) {
 		// cannot send the key's next row before then.
 		rec := httptest.NewRecorder()
 		b.receiver.ServeHTTP(rec, req)
+		drop := false
 		if ordered {
 			mu.Lock()
 			open[p.K] = false
-			if rec.Code == http.StatusOK {
+			switch drop = rec.Code == http.StatusOK && rnd.Float64() < 0.1; {
+			case drop:
+				drops++ // the effect stands; the relay must send the row again
+			case rec.Code == http.StatusOK:
 				next[p.K] = p.Seq + 1
-			} else {
+			default:
 				failures++
 			}
 			mu.Unlock()
+		}
+		if drop {
+			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				_ = conn.Close()
+			}
+			return
 		}
 		maps.Copy(w.Header(), rec.Header())
 		w.WriteHeader(rec.Code)
@@ -520,6 +534,7 @@ func TestOrderingKeysUnderRandomFailures(t *testing.T) {
 	mu.Lock()
 	require.Empty(t, violations[:min(len(violations), 5)], "the order of a key's requests (%d breaks)", len(violations))
 	require.Positive(t, failures, "requests failed at random")
+	require.Positive(t, drops, "answers were lost at random")
 	for k := range keys {
 		require.Equal(t, perKey, next[k], "key %d: every row answered 200", k)
 	}
