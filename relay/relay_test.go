@@ -1216,7 +1216,7 @@ func TestGracefulShutdown(t *testing.T) {
 		cfg.ShutdownTimeout = 50 * time.Millisecond
 		_, stop := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
 		enqueue(t, b.pool, "stuck", "webhook", []int{1})
-		<-arrived
+		waitFor(t, arrived, "the stuck row never reached the receiver")
 		stop()
 
 		in, err := outbox.Get(t.Context(), b.pool, "stuck")
