@@ -341,6 +341,7 @@ func TestFailureClassification(t *testing.T) {
 
 	perm := waitStatus(t, b.pool, "permanent", outbox.StatusDead)
 	require.Equal(t, 1, perm.Attempts, "a permanent failure is not retried")
+	require.Equal(t, 1, b.receiver.Requests("permanent"), "nor sent again within its one attempt")
 	require.Contains(t, perm.LastError, "422")
 	require.Contains(t, perm.LastError, "permanent")
 	require.Contains(t, string(perm.Result), "422", "the receiver's answer is stored")
@@ -352,6 +353,7 @@ func TestFailureClassification(t *testing.T) {
 	hopeless := waitStatus(t, b.pool, "hopeless", outbox.StatusDead)
 	require.Equal(t, 3, hopeless.Attempts)
 	require.Contains(t, hopeless.LastError, "gave up after 3 attempts")
+	require.Equal(t, 3, b.receiver.Requests("hopeless"), "one request an attempt")
 	require.Equal(t, 0, b.receiver.Effects("hopeless"))
 }
 
