@@ -43,9 +43,9 @@
 //	{"object": "payment_intent", "id": "pi_…", "status": "succeeded", "livemode": false,
 //	 "amount": 2000, "currency": "usd", "idempotent_replayed": true}
 //
-// where status, amount and currency appear when the object has them, and
-// idempotent_replayed when Stripe answered from its store (an earlier attempt did the
-// work). A card_error (HTTP 402) is an outcome too, not a failure: the attempt happened,
+// where status, livemode, amount and currency appear when the object has them (a
+// Refund has no livemode), and idempotent_replayed when Stripe answered from its store
+// (an earlier attempt did the work). A card_error (HTTP 402) is an outcome too, not a failure: the attempt happened,
 // and Stripe replays the same decline for the same key. Deliver returns no error and the
 // result
 //

@@ -191,10 +191,12 @@ type payload struct {
 // Result is what Deliver returns for the relay to store after Stripe answered with an
 // object. Fields Stripe did not send are left out.
 type Result struct {
-	Object   string `json:"object"`
-	ID       string `json:"id"`
-	Status   string `json:"status,omitempty"`
-	Livemode bool   `json:"livemode"`
+	Object string `json:"object"`
+	ID     string `json:"id"`
+	Status string `json:"status,omitempty"`
+	// Livemode is a pointer so that it is left out for objects without one (a Refund):
+	// false there would claim a live refund was a test.
+	Livemode *bool  `json:"livemode,omitempty"`
 	Amount   *int64 `json:"amount,omitempty"`
 	Currency string `json:"currency,omitempty"`
 	// Replayed is true when Stripe answered from its store of idempotent requests
