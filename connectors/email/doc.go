@@ -19,7 +19,8 @@
 //
 // Unknown fields, unparsable addresses, a missing "to" or body, and headers that would
 // replace one the connector sets (Message-ID, Idempotency-Key, From, To, Cc, Bcc,
-// Reply-To, Subject, Date, Content-*, ...) are refused with [connectors.Permanent]. The
+// Reply-To, Subject, Date, Content-*, ...) are refused with [connectors.Permanent]. Over
+// SMTP, User-Agent and X-Mailer say "outboxd" unless the payload gives its own. The
 // row's own [connectors.Delivery.Headers] (such as traceparent) are not copied into the
 // mail, whose headers every recipient can read.
 //

@@ -377,6 +377,9 @@ func (c *Connector) build(d connectors.Delivery) (*message, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Before the payload's headers, so that a row's own X-Mailer or User-Agent, which
+	// nothing refuses, is sent rather than silently replaced.
+	msg.SetUserAgent("outboxd")
 	for canon, value := range headers {
 		msg.SetGenHeader(gomail.Header(canon), value)
 	}
@@ -384,7 +387,6 @@ func (c *Connector) build(d connectors.Delivery) (*message, error) {
 	msg.SetGenHeader(gomail.HeaderMessageID, m.messageID)
 	msg.SetGenHeader("Idempotency-Key", d.Key)
 	msg.SetDateWithValue(c.now())
-	msg.SetUserAgent("outboxd")
 	if p.Subject != "" {
 		msg.Subject(p.Subject)
 	}
