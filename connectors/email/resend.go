@@ -214,7 +214,7 @@ type ResendResult struct {
 // error); 409 invalid_idempotent_request (the key was used with another body) is
 // permanent; 409 concurrent_idempotent_requests, 408, 429 and 5xx are retried, after
 // Retry-After when given; a request that got no answer after it was written is
-// [connectors.Ambiguous].
+// [connectors.Ambiguous], and so is a 2xx whose answer cannot be read.
 func (c *Resend) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
 	body, err := c.build(d)
 	if err != nil {
@@ -257,10 +257,10 @@ func (c *Resend) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMe
 	res := ResendResult{Status: resp.StatusCode}
 	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
 		if readErr != nil || ans.ID == "" {
-			// Resend accepted the request (the status says so) but the id was lost: the
-			// retry with the same key returns the stored answer.
-			return nil, fmt.Errorf("POST %s: Resend answered %d but the answer could not be read: %w",
-				c.target, resp.StatusCode, cmp.Or(readErr, errors.New("no email id in it")))
+			// Resend accepted the request (the status says so) but the id was lost: it may
+			// have sent the email, and the retry with the same key returns the stored answer.
+			return nil, connectors.Ambiguous(fmt.Errorf("POST %s: Resend answered %d but the answer could not be read; Resend may have sent the email: %w",
+				c.target, resp.StatusCode, cmp.Or(readErr, errors.New("no email id in it"))))
 		}
 		res.ID = ans.ID
 		return connectors.MarshalResult(res), nil
