@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -317,6 +318,14 @@ func proposalKey(in ProposeInput) (string, error) {
 	case in.Key != "" && len(in.KeyParts) > 0:
 		return "", errors.New("give either key or key_parts, not both: key_parts derive the key, so the same decision always gets the same one")
 	case in.Key != "":
+		// Checked here, not left to the outbox, whose refusal would end "propose again
+		// with the same key": the key itself must change.
+		if n := utf8.RuneCountInString(in.Key); n > outbox.MaxKeyLength {
+			return "", fmt.Errorf("key is %d characters; the limit is %d. Pass key_parts naming the decision instead (the server derives a shorter key from them); nothing was written", n, outbox.MaxKeyLength)
+		}
+		if strings.ContainsRune(in.Key, 0) {
+			return "", errors.New("key contains a NUL character. Pass key_parts naming the decision instead (the server derives a key from them); nothing was written")
+		}
 		return in.Key, nil
 	case len(in.KeyParts) > 0:
 		return outbox.Key(in.KeyParts...), nil
