@@ -18,7 +18,8 @@
 // Another method on one of these paths answers 405 with Allow; any other path, 404.
 //
 // Errors are JSON {"error": {"code": "...", "message": "..."}}. Each token is rate
-// limited on its own ([Config.Rate]); a limited request answers 429 with Retry-After.
+// limited on its own ([Config.Rate]); a limited request answers 429 with Retry-After. A
+// request the database does not answer within [Config.CallTimeout] answers 503.
 // Tokens never appear in logs: requests are logged with the token's name.
 package api
 
@@ -63,6 +64,32 @@ type Config struct {
 	// Logger receives one debug line per request and the errors. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+	// CallTimeout bounds the database work of one request, so a database that does not
+	// answer gives the client a 503 instead of a request that never ends (pgx waits on a
+	// connection without a deadline of its own). Defaults to 20s, within the HTTP
+	// server's 30s write timeout.
+	CallTimeout time.Duration
+}
+
+// DefaultCallTimeout is the default of [Config.CallTimeout].
+const DefaultCallTimeout = 20 * time.Second
+
+// errCallTimeout is the cause of a request's context ending at [Config.CallTimeout].
+var errCallTimeout = errors.New("intent api request timed out")
+
+// bound returns ctx limited by [Config.CallTimeout], for a route's database work once its
+// body is read (a slow upload is the HTTP server's ReadTimeout's business), and done,
+// which ends it: done(err) is err, wrapped in errCallTimeout when the database did not
+// answer in time.
+func (h *Handler) bound(ctx context.Context) (context.Context, func(error) error) {
+	ctx, cancel := context.WithTimeoutCause(ctx, h.cfg.CallTimeout, errCallTimeout)
+	return ctx, func(err error) error {
+		defer cancel()
+		if err != nil && errors.Is(context.Cause(ctx), errCallTimeout) {
+			return fmt.Errorf("%w: %w", errCallTimeout, err)
+		}
+		return err
+	}
 }
 
 // Handler serves the intent API. Mount it on "/v1/".
@@ -80,6 +107,9 @@ func New(svc *intent.Service, cfg *Config) *Handler {
 	c.MaxBody = cmp.Or(max(c.MaxBody, 0), DefaultMaxBody)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.CallTimeout <= 0 {
+		c.CallTimeout = DefaultCallTimeout
 	}
 	h := &Handler{svc: svc, cfg: c, mux: http.NewServeMux(), limiter: map[string]*rate.Limiter{}}
 	h.mux.Handle("POST /v1/intents", h.auth(h.create))
@@ -267,7 +297,9 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, tok *intent.Tok
 	if err != nil {
 		return err
 	}
-	in, err := h.svc.Create(r.Context(), tok, key, req)
+	ctx, done := h.bound(r.Context())
+	in, err := h.svc.Create(ctx, tok, key, req)
+	err = done(err)
 	if errors.Is(err, outbox.ErrKeyConflict) {
 		return keyConflict{key: key, err: err}
 	}
@@ -296,8 +328,9 @@ func (e keyConflict) Error() string {
 func (e keyConflict) Unwrap() error { return e.err }
 
 func (h *Handler) get(w http.ResponseWriter, r *http.Request, tok *intent.Token) error {
-	in, err := h.svc.Get(r.Context(), tok, r.PathValue("key"))
-	if err != nil {
+	ctx, done := h.bound(r.Context())
+	in, err := h.svc.Get(ctx, tok, r.PathValue("key"))
+	if err = done(err); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, ops.WithoutCredentials(in))
@@ -323,8 +356,9 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, tok *intent.Token
 		}
 		f.Limit = n
 	}
-	page, err := h.svc.List(r.Context(), tok, f)
-	if err != nil {
+	ctx, done := h.bound(r.Context())
+	page, err := h.svc.List(ctx, tok, f)
+	if err = done(err); err != nil {
 		return err
 	}
 	if page.Intents == nil {
@@ -358,8 +392,9 @@ func (h *Handler) decide(do func(ctx context.Context, tok *intent.Token, key, re
 			// PostgreSQL's text cannot hold it: the audit row would fail, as a 500.
 			return fmt.Errorf("%w: the reason must not contain a NUL character", errBadRequest)
 		}
-		in, err := do(r.Context(), tok, r.PathValue("key"), b.Reason)
-		if err != nil {
+		ctx, done := h.bound(r.Context())
+		in, err := do(ctx, tok, r.PathValue("key"), b.Reason)
+		if err = done(err); err != nil {
 			return err
 		}
 		writeJSON(w, http.StatusOK, ops.WithoutCredentials(in))
@@ -390,6 +425,11 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusConflict, "conflict_state", err.Error())
 	case errors.Is(err, ops.ErrInvalidFilter):
 		writeError(w, http.StatusBadRequest, "invalid_filter", err.Error())
+	case errors.Is(err, errCallTimeout):
+		h.cfg.Logger.ErrorContext(r.Context(), "intent api: the database did not answer", "method", r.Method, "path", r.URL.Path,
+			"timeout", h.cfg.CallTimeout.String(), "err", err)
+		writeError(w, http.StatusServiceUnavailable, "unavailable", fmt.Sprintf(
+			"the database did not answer within %s; sending the same request again later (with the same Idempotency-Key) is safe", h.cfg.CallTimeout))
 	default:
 		h.cfg.Logger.ErrorContext(r.Context(), "intent api", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusInternalServerError, "internal", "internal error; the server log has the details")

@@ -1,0 +1,90 @@
+package api_test
+
+import (
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/api"
+	"github.com/outboxd/outboxd/internal/intent"
+)
+
+// A database that accepts connections but never answers (a hung server, a stalled
+// network path) must give the client an answer within Config.CallTimeout, not a request
+// that never ends: pgx has no deadline of its own, and the HTTP server's write timeout
+// does not end a handler that waits.
+func TestDatabaseNotAnsweringIs503(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // held open, never answered
+			mu.Unlock()
+		}
+	}()
+	pool, err := pgxpool.New(t.Context(), "postgres://app:hunter2@"+ln.Addr().String()+"/app")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = ln.Close()
+		<-accepted
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		pool.Close()
+	})
+	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{
+		{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
+	}}}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", api.New(svc, &api.Config{
+		CallTimeout: 100 * time.Millisecond,
+		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/v1/intents", `{"connector":"webhook","payload":{}}`},
+		{"GET", "/v1/intents/k-1", ""},
+		{"GET", "/v1/intents", ""},
+		{"POST", "/v1/intents/k-1/approve", ""},
+	} {
+		req, err := http.NewRequestWithContext(t.Context(), c.method, srv.URL+c.path, strings.NewReader(c.body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+adminSecret)
+		req.Header.Set("Idempotency-Key", "k-1")
+		// The bound is the test's, far above CallTimeout: without one the request would
+		// wait for ever.
+		res, err := (&http.Client{Timeout: 20 * time.Second}).Do(req)
+		require.NoError(t, err, c.path)
+		raw, err := io.ReadAll(res.Body)
+		_ = res.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusServiceUnavailable, res.StatusCode, "%s %s: %s", c.method, c.path, raw)
+		require.Contains(t, string(raw), "did not answer")
+		require.NotContains(t, string(raw), "hunter2")
+	}
+}
