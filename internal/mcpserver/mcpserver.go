@@ -39,7 +39,7 @@ Rules:
 - Reuse the same key on every retry. Proposing the same decision again is harmless and returns the existing intent (replayed: true); a different decision under a used key is an error.
 - To learn what happened, call get_intent with the key instead of proposing again.
 - Risky connectors (such as payment) may wait for a person's approval: status awaiting_approval. Do not work around it.
-Give a short human-readable reason: it is logged and returned for the people who review the intent.`
+Give a short human-readable reason: it goes to this server's log with the key and comes back in the result, but it is not stored with the intent, so the person who approves it sees the connector and payload, not the reason.`
 
 const getDescription = `Read one intent by its key: status (pending, delivering, delivered, dead, canceled, awaiting_approval, held), attempts, the last error and the receiver's stored result.
 Call this instead of proposing again when you need to know whether a side effect happened; delivered means done, and the result is the receiver's answer.`
@@ -90,7 +90,7 @@ type ProposeInput struct {
 	// Payload is decoded again from the raw arguments, so numbers keep their exact
 	// text; the map type only gives the schema "object".
 	Payload     map[string]any `json:"payload" jsonschema:"what the connector needs, as a JSON object (webhook: any object; email: to, subject, text or html; slack: channel, text or blocks; payment: operation and params)"`
-	Reason      string         `json:"reason,omitempty" jsonschema:"why this effect is wanted, in a sentence a person reviewing it understands"`
+	Reason      string         `json:"reason,omitempty" jsonschema:"why this effect is wanted, in a sentence a person understands; written to the server's log with the key, not stored with the intent"`
 	OrderingKey string         `json:"ordering_key,omitempty" jsonschema:"intents sharing an ordering key are delivered one at a time, in the order proposed (a token scoped to some connectors has ordering keys of its own, shown as token:<name>/<key>)"`
 	// NotBefore is parsed by propose rather than decoded as a time.Time, whose decoding
 	// error would name this Go struct instead of saying what to send.

@@ -1,6 +1,7 @@
 package mcpserver_test
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -24,4 +25,37 @@ func TestProposeBadKeyAsksForAnotherKey(t *testing.T) {
 		require.Contains(t, msg, "nothing was written", name)
 	}
 	require.Equal(t, 0, b.count(t, `true`))
+}
+
+// propose_intent's reason goes to the server's log and back in the result; nothing
+// stores it with the intent, so the people who review the intent (get_intent, the API,
+// outboxd inspect and approve) never see it. The tool must not tell the agent they do.
+func TestProposeReasonIsDescribedAsItIsKept(t *testing.T) {
+	t.Parallel()
+	b := setupService(t)
+	cs := b.connect(t, "agent")
+	const reason = "reason-7f3a: the customer asked for a refund"
+	out := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, map[string]any{
+		"connector": "payment", "key": "pay-1", "reason": reason,
+		"payload": map[string]any{"operation": "payment_intent.create", "params": map[string]any{"amount": 100, "currency": "eur"}},
+	}))
+	require.Equal(t, "awaiting_approval", out.Intent.Status)
+	// What a reviewer can read holds no reason.
+	require.Equal(t, 0, b.count(t, `strpos(outbox::text, 'reason-7f3a') > 0`))
+	var audits int
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox_audit`).Scan(&audits))
+	require.Zero(t, audits)
+
+	tools, err := cs.ListTools(t.Context(), nil)
+	require.NoError(t, err)
+	for _, tool := range tools.Tools {
+		if tool.Name != mcpserver.ToolPropose {
+			continue
+		}
+		require.NotContains(t, tool.Description, "for the people who review")
+		require.Contains(t, tool.Description, "not stored with the intent")
+		schema, err := json.Marshal(tool.InputSchema)
+		require.NoError(t, err)
+		require.NotContains(t, string(schema), "a person reviewing it understands")
+	}
 }
