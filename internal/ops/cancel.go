@@ -38,7 +38,7 @@ WHERE id = ANY($1)`
 // awaiting_approval rows become canceled, each with an outbox_audit row (action cancel,
 // details {"from_status": ...}). A row that is in flight (delivering), delivered or dead is
 // refused, as is one another transaction holds at that moment (a relay claiming it or
-// recording its outcome): Cancel locks with FOR UPDATE SKIP LOCKED and never waits for or
+// recording its outcome, or an approval in progress): Cancel locks with FOR UPDATE SKIP LOCKED and never waits for or
 // overwrites a relay. Already canceled rows are unchanged, so cancelling twice is harmless;
 // unknown keys are listed in NotFound. Keys are handled in batches of 500, each its own
 // transaction.

@@ -58,7 +58,7 @@ const (
 // Refusal reasons, as reported in the Refused maps of [ReplayResult] and [CancelResult].
 // They are sentences for a person; the CLI prints them as they are.
 const (
-	reasonLocked = "another transaction holds the row (a relay is recording its outcome); look again in a moment"
+	reasonLocked = "another transaction holds the row (a relay claiming it or recording its outcome, or an approve, reject, cancel or replay in progress); look again in a moment"
 )
 
 // lockedRow is a row read under FOR UPDATE by a command that may change it.
