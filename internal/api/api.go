@@ -280,6 +280,9 @@ func idempotencyKey(r *http.Request) (string, error) {
 		return "", fmt.Errorf("%w: the Idempotency-Key header is %d characters; the limit is %d", errBadRequest, n, maxKeyLength)
 	case !utf8.ValidString(key) || strings.ContainsRune(key, 0):
 		return "", fmt.Errorf("%w: the Idempotency-Key header must be valid UTF-8 without NUL", errBadRequest)
+	case key == "." || key == "..":
+		// A path cleans /v1/intents/.. away: the intent could never be read or decided.
+		return "", fmt.Errorf("%w: the Idempotency-Key %q cannot be named in a URL path (GET /v1/intents/{key}); use another key", errBadRequest, key)
 	}
 	return key, nil
 }
