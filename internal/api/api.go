@@ -19,7 +19,8 @@
 //
 // Errors are JSON {"error": {"code": "...", "message": "..."}}. Each token is rate
 // limited on its own ([Config.Rate]); a limited request answers 429 with Retry-After. A
-// request the database does not answer within [Config.CallTimeout] answers 503.
+// request the database does not answer within [Config.CallTimeout], or that finds it
+// down, answers 503.
 // Tokens never appear in logs: requests are logged with the token's name.
 package api
 
@@ -40,6 +41,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"golang.org/x/time/rate"
 
 	"github.com/outboxd/outboxd/connectors"
@@ -428,6 +430,12 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusConflict, "conflict_state", err.Error())
 	case errors.Is(err, ops.ErrInvalidFilter):
 		writeError(w, http.StatusBadRequest, "invalid_filter", err.Error())
+	case errors.As(err, new(*pgconn.ConnectError)):
+		// The database is down or unreachable: worth saying, so the client retries later
+		// instead of taking it for a fault of its request. The details stay in the log.
+		h.cfg.Logger.ErrorContext(r.Context(), "intent api: database unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusServiceUnavailable, "unavailable",
+			"the database is unavailable; sending the same request again later (with the same Idempotency-Key) is safe")
 	case errors.Is(err, errCallTimeout):
 		h.cfg.Logger.ErrorContext(r.Context(), "intent api: the database did not answer", "method", r.Method, "path", r.URL.Path,
 			"timeout", h.cfg.CallTimeout.String(), "err", err)

@@ -88,3 +88,38 @@ func TestDatabaseNotAnsweringIs503(t *testing.T) {
 		require.NotContains(t, string(raw), "hunter2")
 	}
 }
+
+// A database that refuses connections is a 503 that says so, without the connection's
+// details: not a 500 "internal error", which reads as a fault of the server or the request.
+func TestDatabaseDownIs503(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens there now
+	pool, err := pgxpool.New(t.Context(), "postgres://app:hunter2@"+addr+"/app")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{
+		{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
+	}}}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", api.New(svc, &api.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	b := &testBundle{pool: pool, url: srv.URL}
+
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/v1/intents", `{"connector":"webhook","payload":{}}`},
+		{"GET", "/v1/intents/k-1", ""},
+		{"GET", "/v1/intents", ""},
+		{"POST", "/v1/intents/k-1/cancel", ""},
+	} {
+		r := b.do(t, c.method, c.path, adminSecret, "k-1", c.body)
+		require.Equal(t, http.StatusServiceUnavailable, r.status, "%s %s: %s", c.method, c.path, r.raw)
+		require.Equal(t, "unavailable", r.errCode(t))
+		require.Contains(t, r.raw, "database is unavailable")
+		require.NotContains(t, r.raw, "hunter2")
+		require.NotContains(t, r.raw, addr)
+	}
+}
