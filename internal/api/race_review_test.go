@@ -35,3 +35,29 @@ func TestCancelDuringApprovalDoesNotBlameARelay(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, r.raw)
 	require.Equal(t, "canceled", r.body["status"])
 }
+
+// Rejecting an intent past approval is refused; the refusal may point to cancel only
+// where cancel would act (pending, held), not at an intent delivered, dead or in flight,
+// which cancel refuses too.
+func TestRejectPastApprovalAdvisesOnlyWhatWorks(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	for status, advise := range map[string]bool{"pending": true, "held": true, "delivered": false, "dead": false} {
+		key := "k-" + status
+		r := b.do(t, "POST", "/v1/intents", adminSecret, key, `{"connector":"webhook","payload":{}}`)
+		require.Equal(t, http.StatusCreated, r.status, r.raw)
+		_, err := b.pool.Exec(t.Context(), `UPDATE outbox SET status = $2 WHERE idempotency_key = $1`, key, status)
+		require.NoError(t, err)
+
+		r = b.do(t, "POST", "/v1/intents/"+key+"/reject", adminSecret, "", "")
+		require.Equal(t, http.StatusConflict, r.status, r.raw)
+		msg := r.body["error"].(map[string]any)["message"].(string)
+		c := b.do(t, "POST", "/v1/intents/"+key+"/cancel", adminSecret, "", "")
+		require.Equal(t, advise, c.status == http.StatusOK, "%s: cancel answered %s", status, c.raw)
+		if advise {
+			require.Contains(t, msg, "cancel it", status)
+		} else {
+			require.NotContains(t, msg, "cancel it", "%s: %s", status, msg)
+		}
+	}
+}

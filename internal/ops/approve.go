@@ -44,7 +44,8 @@ func Approve(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string,
 // Reject refuses the intent with key: awaiting_approval becomes canceled, with an
 // outbox_audit row (action reject). Rejecting a canceled intent changes nothing and
 // returns it, so rejecting twice is harmless. An intent past approval (pending and later)
-// is refused with an error wrapping [ErrConflictState]; cancel it with [Cancel] instead.
+// is refused with an error wrapping [ErrConflictState]; a pending or held one can be
+// canceled with [Cancel] instead.
 // An unknown key gives an error wrapping [outbox.ErrNotFound].
 func Reject(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, now time.Time) (outbox.Intent, error) {
 	return decide(ctx, pool, key, actor, reason, nowOr(now), ActionReject)
@@ -73,8 +74,12 @@ func decide(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, 
 			return nil // already approved, or never needed approval
 		case in.Status == outbox.StatusCanceled:
 			return nil // already rejected or canceled
-		default:
+		case in.Status == outbox.StatusPending || in.Status == outbox.StatusHeld:
 			return fmt.Errorf("%w: intent %q is %s, past approval; cancel it instead of rejecting", ErrConflictState, key, in.Status)
+		default:
+			// Cancel refuses these too (in flight, delivered, dead): no point sending the
+			// operator there.
+			return fmt.Errorf("%w: intent %q is %s, past approval; it can no longer be rejected or canceled", ErrConflictState, key, in.Status)
 		}
 		to := outbox.StatusPending
 		if action == ActionReject {
