@@ -5,12 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -164,16 +162,7 @@ func TestRunStartsThroughARestartAfterTheFirstStatement(t *testing.T) {
 // returned; it now says the relay is starting, and why it cannot yet.
 func TestReadyWhileStartingSaysWhy(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close()) // nothing listens there now
-	pool, err := pgxpool.New(t.Context(), "postgres://outboxd@"+addr+"/outboxd?connect_timeout=1")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	r, err := New(pool, &Config{Registerer: prometheus.NewRegistry(), Logger: testLogger()},
-		map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
-	require.NoError(t, err)
+	r := unreachableRelay(t)
 	require.EqualError(t, r.Ready(t.Context()), "relay is not running")
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -181,7 +170,7 @@ func TestReadyWhileStartingSaysWhy(t *testing.T) {
 	go func() { ran <- r.Run(ctx) }()
 
 	require.Eventually(t, r.runCalled.Load, waitTimeout, time.Millisecond)
-	err = r.Ready(t.Context())
+	err := r.Ready(t.Context())
 	require.ErrorContains(t, err, "relay is starting: database unreachable: ")
 	cancel()
 	require.NoError(t, <-ran)

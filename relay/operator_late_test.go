@@ -42,33 +42,7 @@ func TestLateOutcomeAfterAnOperatorActedOnAReclaimedRow(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, receiver.Options{})
-			clock, cfg := b.clockedConfig(t)
-			cfg.MaxAttempts, cfg.Lease = tc.maxAtt, 10*time.Second
-			inst := map[string]Instance{"webhook": {Connector: b.hook}}
-			if tc.hold {
-				hook, err := webhook.New(webhook.Config{URL: b.receiver.URL(), Guarantee: connectors.Forwarded, Timeout: 5 * time.Second})
-				require.NoError(t, err)
-				inst = map[string]Instance{"webhook": {Connector: hook, OnAmbiguous: AmbiguousHold}}
-			}
-			newR := func(id string) *Relay {
-				c := *cfg
-				c.ID, c.Registerer = id, nil
-				r, err := New(b.pool, &c, inst)
-				require.NoError(t, err)
-				return r
-			}
-			sender, other := newR("sender"), newR("other")
-			enqueue(t, b.pool, "late", "webhook", []int{1})
-			got := claimRows(t, sender, "webhook")
-			require.Len(t, got, 1)
-			row := got[0]
-
-			clock.Advance(cfg.Lease + time.Second)
-			other.reclaim(t.Context())
-			in, err := outbox.Get(t.Context(), b.pool, "late")
-			require.NoError(t, err)
-			require.Equal(t, tc.reclaim, in.Status)
+			b, clock, sender, other, row := leaseLostAndReclaimed(t, tc.hold, tc.maxAtt, tc.reclaim)
 
 			// The operator acts; then the sender's outcome (the receiver acted) arrives.
 			tc.act(t, b, clock.Now())
@@ -76,7 +50,7 @@ func TestLateOutcomeAfterAnOperatorActedOnAReclaimedRow(t *testing.T) {
 			o.started = row.claimedAt
 			sender.writeOutcomes(t.Context(), []outcome{o})
 
-			in, err = outbox.Get(t.Context(), b.pool, "late")
+			in, err := outbox.Get(t.Context(), b.pool, "late")
 			require.NoError(t, err)
 			require.Equal(t, outbox.StatusDelivered, in.Status,
 				"the receiver acted and the relay said so, but the row is %s (result %s); a relay would send it again: %v",
@@ -91,4 +65,39 @@ func replayIt(t *testing.T, b *testBundle, now time.Time) {
 	res, err := ops.Replay(t.Context(), b.pool, ops.Selection{Keys: []string{"late"}}, ops.ReplayOptions{Actor: "op", Reason: "receiver fixed", Now: now})
 	require.NoError(t, err)
 	require.Equal(t, []string{"late"}, res.Replayed)
+}
+
+// leaseLostAndReclaimed is where the late-outcome tests start: relay "sender" (the
+// instance forwarded with the hold policy when hold) claims the row "late" with a lease
+// of 10s, the lease expires, and relay "other" reclaims the row, which becomes status
+// reclaim (with at most maxAtt attempts). Sender's outcome for row is yet to come.
+func leaseLostAndReclaimed(t *testing.T, hold bool, maxAtt int, reclaim string) (b *testBundle, clock *testClock, sender, other *Relay, row claimed) {
+	t.Helper()
+	b = setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	cfg.MaxAttempts, cfg.Lease = maxAtt, 10*time.Second
+	inst := map[string]Instance{"webhook": {Connector: b.hook}}
+	if hold {
+		hook, err := webhook.New(webhook.Config{URL: b.receiver.URL(), Guarantee: connectors.Forwarded, Timeout: 5 * time.Second})
+		require.NoError(t, err)
+		inst = map[string]Instance{"webhook": {Connector: hook, OnAmbiguous: AmbiguousHold}}
+	}
+	newR := func(id string) *Relay {
+		c := *cfg
+		c.ID, c.Registerer = id, nil
+		r, err := New(b.pool, &c, inst)
+		require.NoError(t, err)
+		return r
+	}
+	sender, other = newR("sender"), newR("other")
+	enqueue(t, b.pool, "late", "webhook", []int{1})
+	got := claimRows(t, sender, "webhook")
+	require.Len(t, got, 1)
+
+	clock.Advance(cfg.Lease + time.Second)
+	other.reclaim(t.Context())
+	in, err := outbox.Get(t.Context(), b.pool, "late")
+	require.NoError(t, err)
+	require.Equal(t, reclaim, in.Status)
+	return b, clock, sender, other, got[0]
 }

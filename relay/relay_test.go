@@ -1421,16 +1421,7 @@ func TestRunRefusesAnUnmigratedDatabase(t *testing.T) {
 // so that stop is not a failure.
 func TestRunStoppedBeforeTheDatabaseAnswers(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close()) // nothing listens there now
-	pool, err := pgxpool.New(t.Context(), "postgres://outboxd@"+addr+"/outboxd?connect_timeout=1")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	r, err := New(pool, &Config{Registerer: prometheus.NewRegistry(), Logger: testLogger()},
-		map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
-	require.NoError(t, err)
+	r := unreachableRelay(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	require.NoError(t, r.Run(ctx))
@@ -2110,4 +2101,20 @@ func TestReceiversAnswerIsStoredInEveryQueryExecMode(t *testing.T) {
 			require.Contains(t, string(in.Result), `"status"`, "the receiver's answer is stored: %s", in.Result)
 		})
 	}
+}
+
+// unreachableRelay is a relay whose database address has nothing listening.
+func unreachableRelay(t *testing.T) *Relay {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens there now
+	pool, err := pgxpool.New(t.Context(), "postgres://outboxd@"+addr+"/outboxd?connect_timeout=1")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r, err := New(pool, &Config{Registerer: prometheus.NewRegistry(), Logger: testLogger()},
+		map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	return r
 }

@@ -3,14 +3,11 @@ package relay
 import (
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/connectors"
-	"github.com/outboxd/outboxd/connectors/webhook"
 	"github.com/outboxd/outboxd/internal/ops"
-	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -43,33 +40,7 @@ func TestLateFailureDoesNotUndoAReplay(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, receiver.Options{})
-			clock, cfg := b.clockedConfig(t)
-			cfg.MaxAttempts, cfg.Lease = tc.maxAtt, 10*time.Second
-			inst := map[string]Instance{"webhook": {Connector: b.hook}}
-			if tc.hold {
-				hook, err := webhook.New(webhook.Config{URL: b.receiver.URL(), Guarantee: connectors.Forwarded, Timeout: 5 * time.Second})
-				require.NoError(t, err)
-				inst = map[string]Instance{"webhook": {Connector: hook, OnAmbiguous: AmbiguousHold}}
-			}
-			newR := func(id string) *Relay {
-				c := *cfg
-				c.ID, c.Registerer = id, nil
-				r, err := New(b.pool, &c, inst)
-				require.NoError(t, err)
-				return r
-			}
-			sender, other := newR("sender"), newR("other")
-			enqueue(t, b.pool, "late", "webhook", []int{1})
-			got := claimRows(t, sender, "webhook")
-			require.Len(t, got, 1)
-			row := got[0]
-
-			clock.Advance(cfg.Lease + time.Second)
-			other.reclaim(t.Context())
-			in, err := outbox.Get(t.Context(), b.pool, "late")
-			require.NoError(t, err)
-			require.Equal(t, tc.reclaim, in.Status)
+			b, clock, sender, other, row := leaseLostAndReclaimed(t, tc.hold, tc.maxAtt, tc.reclaim)
 
 			res, err := ops.Replay(t.Context(), b.pool, ops.Selection{Keys: []string{"late"}},
 				ops.ReplayOptions{Actor: "op", Reason: "checked the receiver", NewKey: tc.newKey, Now: clock.Now()})
@@ -79,7 +50,7 @@ func TestLateFailureDoesNotUndoAReplay(t *testing.T) {
 			o.started = row.claimedAt
 			sender.writeOutcomes(t.Context(), []outcome{o})
 
-			in, err = outbox.Get(t.Context(), b.pool, "late")
+			in, err := outbox.Get(t.Context(), b.pool, "late")
 			require.NoError(t, err)
 			require.Equal(t, tc.want, in.Status, "the operator's replay was undone by the late %s outcome: %s", o.status, in.LastError)
 			want := []string{"late"}
