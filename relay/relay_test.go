@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"maps"
 	mrand "math/rand/v2"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -2106,11 +2105,7 @@ func TestReceiversAnswerIsStoredInEveryQueryExecMode(t *testing.T) {
 // unreachableRelay is a relay whose database address has nothing listening.
 func unreachableRelay(t *testing.T) *Relay {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close()) // nothing listens there now
-	pool, err := pgxpool.New(t.Context(), "postgres://outboxd@"+addr+"/outboxd?connect_timeout=1")
+	pool, err := pgxpool.New(t.Context(), "postgres://outboxd@"+pgtest.UnreachableAddr(t)+"/outboxd?connect_timeout=1")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	r, err := New(pool, &Config{Registerer: prometheus.NewRegistry(), Logger: testLogger()},

@@ -3,11 +3,9 @@ package api_test
 import (
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 
 	"github.com/outboxd/outboxd/internal/api"
 	"github.com/outboxd/outboxd/internal/intent"
+	"github.com/outboxd/outboxd/internal/pgtest"
 )
 
 // A database that accepts connections but never answers (a hung server, a stalled
@@ -24,37 +23,9 @@ import (
 // does not end a handler that waits.
 func TestDatabaseNotAnsweringIs503(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	pool, err := pgxpool.New(t.Context(), "postgres://app:hunter2@"+pgtest.UnansweringAddr(t)+"/app")
 	require.NoError(t, err)
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	accepted := make(chan struct{})
-	go func() {
-		defer close(accepted)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c) // held open, never answered
-			mu.Unlock()
-		}
-	}()
-	pool, err := pgxpool.New(t.Context(), "postgres://app:hunter2@"+ln.Addr().String()+"/app")
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = ln.Close()
-		<-accepted
-		mu.Lock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		pool.Close()
-	})
+	t.Cleanup(pool.Close)
 	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{
 		{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
 	}}}
@@ -93,10 +64,7 @@ func TestDatabaseNotAnsweringIs503(t *testing.T) {
 // details: not a 500 "internal error", which reads as a fault of the server or the request.
 func TestDatabaseDownIs503(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close()) // nothing listens there now
+	addr := pgtest.UnreachableAddr(t)
 	pool, err := pgxpool.New(t.Context(), "postgres://app:hunter2@"+addr+"/app")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)

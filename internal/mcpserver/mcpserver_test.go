@@ -6,11 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -510,37 +508,9 @@ func TestReplayComparesNumbersAndPurgedPayloads(t *testing.T) {
 // that never returns: pgx has no deadline of its own without connect_timeout.
 func TestMCPDatabaseNotAnswering(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	pool, err := pgxpool.New(t.Context(), "postgres://app:hunter2@"+pgtest.UnansweringAddr(t)+"/app")
 	require.NoError(t, err)
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	accepted := make(chan struct{})
-	go func() {
-		defer close(accepted)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c) // held open, never answered
-			mu.Unlock()
-		}
-	}()
-	pool, err := pgxpool.New(t.Context(), "postgres://app:hunter2@"+ln.Addr().String()+"/app")
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = ln.Close()
-		<-accepted
-		mu.Lock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		pool.Close()
-	})
+	t.Cleanup(pool.Close)
 	svc := &intent.Service{Pool: pool, Policy: testPolicy()}
 	tok := &svc.Policy.Tokens[0]
 	server := mcpserver.New(svc, func(context.Context, *mcp.CallToolRequest) (*intent.Token, error) { return tok, nil },
@@ -576,10 +546,7 @@ func TestMCPDatabaseNotAnswering(t *testing.T) {
 // connection's details, not a bare "internal error".
 func TestMCPDatabaseDown(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close()) // nothing listens there now
+	addr := pgtest.UnreachableAddr(t)
 	pool, err := pgxpool.New(t.Context(), "postgres://app:hunter2@"+addr+"/app")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
