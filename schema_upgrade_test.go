@@ -260,6 +260,38 @@ func TestTwoMigrationsAtOnceFromVersion3(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	db := oldDB(t, 3)
+	migrate := func() (int, error) { return outboxd.Migrate(ctx, db) }
+	require.Equal(t, []int{3, outboxd.SchemaVersion}, twoMigrationsAtOnce(t, db, migrate, migrate))
+	var rows int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM outbox_schema_migrations WHERE version = $1`, outboxd.SchemaVersion).Scan(&rows))
+	require.Equal(t, 1, rows)
+}
+
+// Two migrations at once where the server's default isolation is serializable (ALTER
+// DATABASE ... SET default_transaction_isolation): the second, whose snapshot was taken
+// before it waited on the advisory lock, did not see the first's work and failed with a
+// serialization failure instead of finding nothing to do.
+func TestTwoMigrationsAtOnceUnderSerializableDefault(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := oldDB(t, 3)
+	var migrate [2]func() (int, error)
+	for i := range migrate {
+		cfg := db.Config().ConnConfig.Copy()
+		cfg.RuntimeParams["default_transaction_isolation"] = "serializable"
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) })
+		migrate[i] = func() (int, error) { return outboxd.Migrate(ctx, conn) }
+	}
+	require.Equal(t, []int{3, outboxd.SchemaVersion}, twoMigrationsAtOnce(t, db, migrate[0], migrate[1]))
+}
+
+// twoMigrationsAtOnce runs a and b while db's advisory lock of Migrate is held, lets
+// them go once both wait on it, and returns the versions they migrated from, in order.
+func twoMigrationsAtOnce(t *testing.T, db *pgxpool.Pool, a, b func() (int, error)) []int {
+	t.Helper()
+	ctx := t.Context()
 	holder, err := db.Acquire(ctx)
 	require.NoError(t, err)
 	defer holder.Release()
@@ -272,9 +304,9 @@ func TestTwoMigrationsAtOnceFromVersion3(t *testing.T) {
 		err  error
 	}
 	results := make(chan result, 2)
-	for range 2 {
+	for _, migrate := range []func() (int, error){a, b} {
 		go func() {
-			from, err := outboxd.Migrate(ctx, db)
+			from, err := migrate()
 			results <- result{from, err}
 		}()
 	}
@@ -297,60 +329,7 @@ func TestTwoMigrationsAtOnceFromVersion3(t *testing.T) {
 		froms = append(froms, r.from)
 	}
 	sort.Ints(froms)
-	require.Equal(t, []int{3, outboxd.SchemaVersion}, froms)
-	var rows int
-	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM outbox_schema_migrations WHERE version = $1`, outboxd.SchemaVersion).Scan(&rows))
-	require.Equal(t, 1, rows)
-}
-
-// Two migrations at once where the server's default isolation is serializable (ALTER
-// DATABASE ... SET default_transaction_isolation): the second, whose snapshot was taken
-// before it waited on the advisory lock, did not see the first's work and failed with a
-// serialization failure instead of finding nothing to do.
-func TestTwoMigrationsAtOnceUnderSerializableDefault(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	db := oldDB(t, 3)
-	holder, err := db.Acquire(ctx)
-	require.NoError(t, err)
-	defer holder.Release()
-	const lockID = 7_345_120_001 // schema.go's migrateLockID
-	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(lockID))
-	require.NoError(t, err)
-
-	type result struct {
-		from int
-		err  error
-	}
-	results := make(chan result, 2)
-	for range 2 {
-		cfg := db.Config().ConnConfig.Copy()
-		cfg.RuntimeParams["default_transaction_isolation"] = "serializable"
-		conn, err := pgx.ConnectConfig(ctx, cfg)
-		require.NoError(t, err)
-		defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-		go func() {
-			from, err := outboxd.Migrate(ctx, conn)
-			results <- result{from, err}
-		}()
-	}
-	require.Eventually(t, func() bool {
-		var waiting int
-		err := db.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
-			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&waiting)
-		return err == nil && waiting == 2
-	}, time.Minute, 5*time.Millisecond)
-	_, err = holder.Exec(ctx, `SELECT pg_advisory_unlock($1)`, int64(lockID))
-	require.NoError(t, err)
-
-	var froms []int
-	for range 2 {
-		r := <-results
-		require.NoError(t, r.err)
-		froms = append(froms, r.from)
-	}
-	sort.Ints(froms)
-	require.Equal(t, []int{3, outboxd.SchemaVersion}, froms)
+	return froms
 }
 
 // AppliedVersion and Migrate at the edges: an empty migrations table, none at all, and
