@@ -117,6 +117,10 @@ type instance struct {
 	// when a claim last started at the head; only the claim loop uses them.
 	scanFrom   time.Time
 	fullScanAt time.Time
+	// Whether its next claim starts at the head of the index all the same: a round that
+	// claimed from there for the other instances left it out (see claimRound); only the
+	// claim loop uses it.
+	rescan bool
 	// When it last claimed while the room for claimed rows was tight (see claimRound);
 	// only the claim loop uses it.
 	tightClaimAt time.Time
@@ -923,7 +927,7 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 	rescan := len(plans) > 0 && r.rescan.Swap(false)
 	unblocks := anyOrdered(outs)
 	for i := range plans {
-		plans[i].from = plans[i].inst.scanStart(time.Now(), rescan || unblocks, r.cfg.PollInterval)
+		plans[i].from = plans[i].inst.scanStart(time.Now(), rescan || unblocks || plans[i].inst.rescan, r.cfg.PollInterval)
 		plans[i].bytes = max(1, bytesLeft/int64(len(plans))) // the bytes left, shared evenly
 	}
 	if !record && len(outs) < recordWithClaim {
@@ -941,6 +945,17 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 		return 0, false, false, 0, err
 	}
 	wrote = len(outs) > 0
+	// The instances this round left out (they hold rows while the room is tight, or wait
+	// for a token) start their next claim at the head too: the rows it looked there for
+	// may be theirs.
+	if rescan || (wrote && unblocks) {
+		for _, inst := range r.instances {
+			inst.rescan = true
+		}
+	}
+	for _, p := range plans {
+		p.inst.rescan = false
+	}
 	if wrote && len(plans) == 0 && unblocks {
 		// No claim rode with the outcome of a row with an ordering key: the next one
 		// starts at the head of the index, where the key's next row may lie.
