@@ -862,7 +862,8 @@ type claimPlan struct {
 // transaction that also writes outs when record is true, or when there are claims to
 // make and at least recordWithClaim outs, and returns how many rows it claimed and
 // whether it wrote outs. more is true when some claim came back full (there may be
-// more due rows); retryIn is when a rate-limited instance will next have a token.
+// more due rows); retryIn is when a rate-limited instance will next have a token, or an
+// instance left out while the room is tight may claim again.
 func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (claimed int, wrote, more bool, retryIn time.Duration, err error) {
 	r.roundLease = time.Time{}
 	var plans []claimPlan
@@ -886,7 +887,12 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 			}
 			if roomTight {
 				now := time.Now()
-				if now.Sub(inst.tightClaimAt) < tightClaimEvery {
+				if wait := tightClaimEvery - now.Sub(inst.tightClaimAt); wait > 0 {
+					// Looked at again then: what woke this round (a NOTIFY for its rows)
+					// may be the last wake-up before the next poll.
+					if retryIn == 0 || wait < retryIn {
+						retryIn = wait
+					}
 					continue
 				}
 				inst.tightClaimAt = now
