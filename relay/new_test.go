@@ -3,12 +3,15 @@ package relay
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -260,4 +263,20 @@ func TestNewHugeRateClaimsFullBatches(t *testing.T) {
 		enqueue(t, b.pool, fmt.Sprint("k", i), "webhook", []int{i})
 	}
 	require.Equal(t, 10, claimOnce(t, r))
+}
+
+// retryUnlessRefused retries what waiting may cure, and an error that carries no
+// SQLSTATE (a pooler's, say) rather than panicking on it.
+func TestRetryUnlessRefused(t *testing.T) {
+	t.Parallel()
+	retried := func(err error) bool {
+		return errors.Is(retryUnlessRefused(err), err) && retryUnlessRefused(err) != err
+	}
+	for _, code := range []string{"08006", "53300", "57P01", "57P03", "", "X"} {
+		require.True(t, retried(&pgconn.PgError{Code: code}), "code %q", code)
+	}
+	for _, code := range []string{"42501", "42P01", "28P01"} {
+		require.False(t, retried(&pgconn.PgError{Code: code}), "code %q", code)
+	}
+	require.True(t, retried(io.ErrUnexpectedEOF))
 }

@@ -657,7 +657,7 @@ func (r *Relay) start(ctx context.Context) error {
 // (SQLSTATE classes 08, 57 and 53), are retried.
 func retryUnlessRefused(err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
+	if errors.As(err, &pgErr) && len(pgErr.Code) >= 2 { // else not a SQLSTATE: retried
 		switch pgErr.Code[:2] {
 		case "08", "53", "57":
 		default:
