@@ -17,8 +17,10 @@
 // receiver counts it, logs it as an [Effect] (body, headers, arrival time, a global
 // sequence number) and stores its answer, 200 and {"received": key, "effect": n}. A later
 // request with the same key gets the stored answer again, with the header
-// "Idempotent-Replayed: true", and performs no effect. While the first request for a key
-// is still performing its effect, a concurrent one gets 409 Conflict and may retry.
+// "Idempotent-Replayed: true", and performs no effect, provided its body is the same; one
+// with another body is another operation under a reused key and gets 422, as Stripe
+// refuses a key reused with different parameters. While the first request for a key is
+// still performing its effect, a concurrent one gets 409 Conflict and may retry.
 //
 // [Options.IgnoreKeys] turns the enforcement off: every request that gets past its plan
 // performs an effect, as a receiver that does not honour the key would. That is the

@@ -130,7 +130,9 @@ type entry struct {
 	requests int
 	effects  int
 	inFlight bool
-	stored   []byte // the first effect's answer body; nil until it is stored
+	body     [sha256.Size]byte // hash of the body of the request that performed the effect
+	hasBody  bool              // body is set: an effect started
+	stored   []byte            // the first effect's answer body; nil until it is stored
 }
 
 // Start starts a receiver on 127.0.0.1 on a free port. Close it when done.
@@ -295,6 +297,7 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 
+	sum := sha256.Sum256(body)
 	sh := r.shard(key)
 	sh.mu.Lock()
 	e := sh.entry(key)
@@ -316,6 +319,11 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	case r.opts.FailRate > 0 && sh.rng.Float64() < r.opts.FailRate:
 		sh.mu.Unlock()
 		answerError(w, http.StatusServiceUnavailable, "random failure")
+		return
+	case e.hasBody && e.body != sum && !r.opts.IgnoreKeys:
+		sh.mu.Unlock()
+		answerError(w, http.StatusUnprocessableEntity,
+			"this Idempotency-Key was already used with a different request body")
 		return
 	case e.stored != nil && !r.opts.IgnoreKeys:
 		stored := e.stored
@@ -339,6 +347,9 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	// This request performs the effect. Marking the key in flight and counting the
 	// effect under one lock is what keeps two concurrent requests from both acting.
 	e.inFlight = true
+	if !e.hasBody {
+		e.body, e.hasBody = sum, true
+	}
 	e.effects++
 	n := e.effects
 	drop := e.dropped < p.DropAfterEffect

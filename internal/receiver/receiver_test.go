@@ -97,14 +97,21 @@ func TestReceiver_EnforcesKey(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.Empty(t, first.header.Get("Idempotent-Replayed"))
 
-	// A retry, even with another body, gets the stored answer and performs nothing.
-	second := b.mustPost(t, "k1", `{"n":2}`)
+	// A retry of the same request gets the stored answer and performs nothing.
+	second := b.mustPost(t, "k1", `{"n":1}`)
 	require.Equal(t, http.StatusOK, second.status)
 	require.Equal(t, first.body, second.body)
 	require.Equal(t, "true", second.header.Get("Idempotent-Replayed"))
 
+	// The key reused for another request is refused, as Stripe does: it is not the
+	// same operation, and answering it with the first one's result would hide that.
+	other := b.mustPost(t, "k1", `{"n":2}`)
+	require.Equal(t, http.StatusUnprocessableEntity, other.status)
+	require.Contains(t, string(other.body), "different request")
+	require.Empty(t, other.header.Get("Idempotent-Replayed"))
+
 	require.Equal(t, 1, b.r.Effects("k1"))
-	require.Equal(t, 2, b.r.Requests("k1"))
+	require.Equal(t, 3, b.r.Requests("k1"))
 	require.Equal(t, 1, b.r.TotalEffects())
 	require.Empty(t, b.r.DuplicateKeys())
 
@@ -243,6 +250,8 @@ func TestReceiver_ConcurrentSameKeyGets409(t *testing.T) {
 
 	a := b.mustPost(t, "held", `{}`)
 	require.Equal(t, http.StatusConflict, a.status)
+	a = b.mustPost(t, "held", `{"other":true}`)
+	require.Equal(t, http.StatusUnprocessableEntity, a.status, "another request under the key in flight")
 	require.Equal(t, http.StatusOK, b.mustPost(t, "other", `{}`).status, "other keys are not blocked")
 
 	close(release)
@@ -251,7 +260,7 @@ func TestReceiver_ConcurrentSameKeyGets409(t *testing.T) {
 	require.Equal(t, http.StatusOK, first.status)
 	require.Equal(t, http.StatusOK, b.mustPost(t, "held", `{}`).status)
 	require.Equal(t, 1, b.r.Effects("held"))
-	require.Equal(t, 3, b.r.Requests("held"))
+	require.Equal(t, 4, b.r.Requests("held"))
 }
 
 func TestReceiver_ConcurrentHammer(t *testing.T) {
