@@ -296,6 +296,8 @@ type process struct {
 }
 
 // waitReady pings the server over TCP until it answers, and fails early if it exits.
+// Only our server counts: another one that took the port first (another test binary's
+// cluster, with the same user and trust) answers too, while ours fails to bind it.
 func (c *Cluster) waitReady(ctx context.Context, p *process) error {
 	ctx, cancel := context.WithTimeoutCause(ctx, readyTimeout,
 		fmt.Errorf("postgres did not accept connections within %s", readyTimeout))
@@ -316,7 +318,7 @@ func (c *Cluster) waitReady(ctx context.Context, p *process) error {
 
 	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5", c.port)
 	for {
-		err := ping(ctx, dsn)
+		err := ping(ctx, dsn, c.dataDir)
 		if err == nil {
 			return nil
 		}
@@ -328,13 +330,21 @@ func (c *Cluster) waitReady(ctx context.Context, p *process) error {
 	}
 }
 
-func ping(ctx context.Context, dsn string) error {
+// ping connects to dsn and checks that the server answering runs on dataDir.
+func ping(ctx context.Context, dsn, dataDir string) error {
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	return conn.Ping(ctx)
+	var dir string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('data_directory')`).Scan(&dir); err != nil {
+		return err
+	}
+	if dir != dataDir {
+		return fmt.Errorf("the server on this port is another one, on %s", dir)
+	}
+	return nil
 }
 
 // writeSettings appends our settings to postgresql.conf. Later lines win, so they

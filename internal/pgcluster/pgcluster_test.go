@@ -93,6 +93,24 @@ func TestCluster(t *testing.T) {
 		require.NoError(t, c.start(ctx))
 	})
 
+	t.Run("PortTakenByAnotherCluster", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		other := setup(t, Options{}).cluster
+		c := setup(t, Options{}).cluster
+
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		require.NoError(t, c.stop(ctx))
+		// Another test binary's cluster took the port: it answers pings as readily as
+		// ours would, with the same user and trust, but it is not ours.
+		c.port = other.port
+		err := c.start(ctx)
+		require.ErrorContains(t, err, "postgres exited")
+		require.Nil(t, c.proc)
+		require.True(t, portTaken(c.port))
+	})
+
 	t.Run("Settings", func(t *testing.T) {
 		t.Parallel()
 		ctx := t.Context()
