@@ -11,7 +11,9 @@
 // The server runs as a child of the calling process, not as a daemon. On Linux it gets
 // SIGQUIT (immediate shutdown) if that process dies without calling [Cluster.Stop], as a
 // test binary killed by `go test -timeout` does; only the temporary directory, named
-// outboxd-pg-*, is left behind then. It runs in a process group of its own, so that a
+// outboxd-pg-*, is left behind then, and the next [Start] on the machine removes it (on
+// Linux, where the directory records which process created it). It runs in a process
+// group of its own, so that a
 // terminal's Ctrl-C reaches the calling program only, which then stops its clients before
 // the server.
 //

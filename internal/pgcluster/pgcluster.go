@@ -90,6 +90,11 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create cluster directory: %w", err)
 	}
+	logf := opts.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	sweepStale(base, logf)
 	dir, err := os.MkdirTemp(base, "outboxd-pg-")
 	if err != nil {
 		return nil, fmt.Errorf("create cluster directory: %w", err)
@@ -100,10 +105,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		dataDir: filepath.Join(dir, "data"),
 		logPath: filepath.Join(dir, "postgres.log"),
 		owner:   own,
-		logf:    opts.Logf,
-	}
-	if c.logf == nil {
-		c.logf = func(string, ...any) {}
+		logf:    logf,
 	}
 	started := false
 	defer func() {
@@ -111,6 +113,9 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			_ = c.Stop() // also removes dir
 		}
 	}()
+	if err := markCreator(dir); err != nil {
+		return nil, fmt.Errorf("create cluster directory: %w", err)
+	}
 
 	// initdb creates data/ itself, as the server's user, so only dir needs handing over.
 	if err := own.chown(dir); err != nil {
