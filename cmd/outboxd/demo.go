@@ -114,6 +114,7 @@ func demo(ctx context.Context, e *env) (err error) {
 		started := time.Now()
 		cluster, err := pgcluster.Start(ctx, pgcluster.Options{})
 		if err != nil {
+			out.plain("\n") // end the line above, which waited for "ready"
 			if errors.Is(err, pgcluster.ErrNotFound) {
 				return fmt.Errorf("%w; or set OUTBOX_DATABASE_URL to use an existing database", err)
 			}

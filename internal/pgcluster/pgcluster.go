@@ -409,6 +409,11 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) ([]byte,
 	// Should a child of the command keep our output pipe open, don't wait for it.
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Run(); err != nil {
+		if ctx.Err() != nil {
+			// Stopped from outside (Ctrl-C, a deadline): the output of the step cut
+			// short, a screenful from initdb, says what it was doing, not why it stopped.
+			return out.Bytes(), context.Cause(ctx)
+		}
 		return out.Bytes(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err,
 			strings.TrimSpace(out.String()))
 	}

@@ -2,6 +2,7 @@ package pgcluster
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -190,4 +191,25 @@ func reachable(t *testing.T, dir string) {
 	for d := dir; strings.HasPrefix(d, os.TempDir()+"/"); d = filepath.Dir(d) {
 		require.NoError(t, os.Chmod(d, 0o755))
 	}
+}
+
+// TestStartCanceled: a start stopped from outside (Ctrl-C in `outboxd demo`, a
+// deadline) says why, rather than with the output of the step it cut short, and leaves
+// nothing behind.
+func TestStartCanceled(t *testing.T) {
+	t.Parallel()
+	interrupted := errors.New("interrupt signal received")
+	ctx, cancel := context.WithCancelCause(t.Context())
+	defer cancel(nil)
+	var dir string
+	c, err := Start(ctx, Options{Logf: func(format string, args ...any) {
+		if strings.HasPrefix(format, "pgcluster: initdb in ") {
+			dir = filepath.Dir(args[0].(string))
+			cancel(interrupted)
+		}
+	}})
+	require.ErrorIs(t, err, interrupted)
+	require.Nil(t, c)
+	require.NotEmpty(t, dir)
+	require.NoDirExists(t, dir)
 }
