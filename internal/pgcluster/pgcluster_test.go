@@ -3,6 +3,8 @@ package pgcluster
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,7 +18,26 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(crashHelperEnv) != "" {
+		crashHelper()
+		return
+	}
 	goleak.VerifyTestMain(m)
+}
+
+// crashHelperEnv makes the test binary crashHelper, for TestStartRemovesWhatACrashLeft.
+const crashHelperEnv = "PGCLUSTER_CRASH_HELPER"
+
+// crashHelper is the process TestStartRemovesWhatACrashLeft kills: it starts a
+// cluster, prints its directory, and blocks until killed.
+func crashHelper() {
+	c, err := Start(context.Background(), Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Printf("dir=%s\n", c.dir)
+	_, _ = io.Copy(io.Discard, os.Stdin) // until killed
 }
 
 func TestCluster(t *testing.T) {

@@ -2,8 +2,6 @@ package pgcluster
 
 import (
 	"bufio"
-	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,21 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// crashHelperEnv makes TestCrashHelper start a cluster and wait to be killed.
-const crashHelperEnv = "PGCLUSTER_CRASH_HELPER"
-
-// TestCrashHelper is the process TestStartRemovesWhatACrashLeft kills: it starts a
-// cluster, prints its directory, and blocks until killed.
-func TestCrashHelper(t *testing.T) {
-	if os.Getenv(crashHelperEnv) == "" {
-		t.Skip("run by TestStartRemovesWhatACrashLeft")
-	}
-	c, err := Start(t.Context(), Options{})
-	require.NoError(t, err)
-	fmt.Printf("dir=%s\n", c.dir)
-	_, _ = io.Copy(io.Discard, os.Stdin) // until killed
-}
-
 // TestStartRemovesWhatACrashLeft: a process killed without calling Stop (a test binary
 // that panicked or timed out, a demo killed with SIGKILL) takes its server with it but
 // leaves its directory; the next Start removes it.
@@ -38,7 +21,7 @@ func TestStartRemovesWhatACrashLeft(t *testing.T) {
 	reachable(t, base)
 	t.Setenv("TMPDIR", base)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelper$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), crashHelperEnv+"=1")
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
