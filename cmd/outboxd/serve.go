@@ -63,6 +63,11 @@ func serve(ctx context.Context, e *env) (err error) {
 	if err != nil {
 		return usageError{err}
 	}
+	logger := newLogger(e.stderr, cfg.Log)
+	// First, as one may explain a problem below: OUTBOX_WEBHOK_URL creates no instance.
+	for _, name := range cfg.Unknown {
+		logger.WarnContext(ctx, "unknown variable ignored: outboxd reads no variable of this name; check its spelling", "variable", name)
+	}
 	if len(cfg.Instances()) == 0 {
 		return usagef("no connector instance is configured: set OUTBOX_WEBHOOK_URL for the default webhook " +
 			"instance, or name instances in OUTBOX_CONNECTORS (webhook:crm reads OUTBOX_WEBHOOK_CRM_URL)")
@@ -76,7 +81,6 @@ func serve(ctx context.Context, e *env) (err error) {
 	if err != nil {
 		return usageError{err}
 	}
-	logger := newLogger(e.stderr, cfg.Log)
 	if cfg.Log.JSON() {
 		// The error serve stops with is a log line like the others, which a JSON log
 		// pipeline can read, rather than the plain line run prints.

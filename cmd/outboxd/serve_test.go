@@ -250,3 +250,23 @@ func TestServeRefusesBadConfigurationAsUsage(t *testing.T) {
 		})
 	}
 }
+
+// TestServeWarnsAboutUnknownVariables: a misspelt variable is read by nothing, so serve
+// names it in a warning before anything else, even when it then stops for want of a
+// connector (OUTBOX_WEBHOK_URL was meant to create one).
+func TestServeWarnsAboutUnknownVariables(t *testing.T) {
+	t.Parallel()
+
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"serve"}, []string{
+		"OUTBOX_DATABASE_URL=postgres://app@localhost/app",
+		"OUTBOX_WEBHOK_URL=https://example.com/hook",
+		"OUTBOX_WEBHOOK_SECERT=whsec_c2VjcmV0",
+	}, strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitUsage, code, stderr.String())
+	for _, name := range []string{"OUTBOX_WEBHOK_URL", "OUTBOX_WEBHOOK_SECERT"} {
+		require.Contains(t, stderr.String(), "level=WARN msg=\"unknown variable ignored: outboxd reads no variable of this name; check its spelling\" variable="+name+"\n")
+	}
+	require.NotContains(t, stderr.String(), "c2VjcmV0", "a warning names the variable, never its value")
+	require.Contains(t, stderr.String(), "outboxd: no connector instance is configured")
+}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -36,6 +38,10 @@ type Config struct {
 	// Slacks are the slack instances: the default one first when OUTBOX_SLACK_TOKEN is
 	// set, then the named ones.
 	Slacks []Slack `env:"-"`
+	// Unknown lists the variables in the environment that start with OUTBOX_, in any
+	// case, but that nothing reads, sorted: most likely misspelt (OUTBOX_WEBHOOK_SECERT,
+	// which would leave requests unsigned without a word). Serve warns about each.
+	Unknown []string `env:"-"`
 }
 
 // Database is the configuration every command needs.
@@ -101,7 +107,37 @@ func Load(environ []string) (*Config, error) {
 	if err := p.err(); err != nil {
 		return nil, err
 	}
+	c.Unknown = unknownVariables(environment, named)
 	return &c, nil
+}
+
+// testDatabaseVariable is read by internal/pgtest, for tests, and not by outboxd.
+const testDatabaseVariable = "OUTBOX_TEST_DATABASE_URL"
+
+// unknownVariables returns the variables in environment that start with OUTBOX_, in any
+// case, but that [Load] does not read with the instances named, sorted.
+func unknownVariables(environment map[string]string, named map[string][]string) []string {
+	known := map[string]bool{testDatabaseVariable: true}
+	for _, v := range variablesOf(reflect.TypeFor[Config](), "") {
+		known[v.Name] = true
+	}
+	for _, k := range kinds {
+		for i, s := range k.sections {
+			for _, name := range append([]string{""}, named[k.name]...) {
+				for _, v := range variablesOf(s.typ, k.instancePrefix(i, name)) {
+					known[v.Name] = true
+				}
+			}
+		}
+	}
+	var out []string
+	for key := range environment {
+		if strings.HasPrefix(strings.ToUpper(key), "OUTBOX_") && !known[key] {
+			out = append(out, key)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // LoadDatabase reads [Database] from environ (as os.Environ returns it).

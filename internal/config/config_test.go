@@ -679,3 +679,37 @@ func TestLoadRelayIDTooLong(t *testing.T) {
 	_, err := Load(environ(with(minimal, map[string]string{"OUTBOX_RELAY_ID": strings.Repeat("r", 256)})))
 	require.Equal(t, []string{`OUTBOX_RELAY_ID must be at most 255 bytes, got 256`}, problemLines(t, err))
 }
+
+// TestLoadUnknownVariables: a misspelt variable (OUTBOX_WEBHOOK_SECERT, OUTBOX_LEAES, a
+// named instance's in lower case) is read by nothing, so without a word it would leave
+// requests unsigned or the lease at its default. Load lists every OUTBOX_ variable it
+// does not read, for serve to warn about.
+func TestLoadUnknownVariables(t *testing.T) {
+	t.Parallel()
+
+	cfg, err := Load(environ(with(minimal, map[string]string{
+		"OUTBOX_CONNECTORS":         "webhook:crm,email:support",
+		"OUTBOX_WEBHOOK_CRM_URL":    "https://crm.example.com/hook",
+		"OUTBOX_SMTP_SUPPORT_ADDR":  "smtp.example.com:587",
+		"OUTBOX_EMAIL_SUPPORT_FROM": "support@example.com",
+		"OUTBOX_WEBHOOK_SECRET":     "whsec_c2VjcmV0",
+		// Read by the test helper, not by outboxd, and documented.
+		"OUTBOX_TEST_DATABASE_URL": "postgres://localhost/test",
+		// Misspelt.
+		"OUTBOX_WEBHOOK_SECERT":     "whsec_c2VjcmV0",
+		"OUTBOX_LEAES":              "5m",
+		"OUTBOX_WEBHOOK_crm_SECRET": "whsec_c2VjcmV0",
+		"outbox_max_attempts":       "3",
+		"OUTBOX_WEBHOK_URL":         "",
+		// Not ours at all.
+		"PATH": "/usr/bin",
+	})))
+	require.NoError(t, err)
+	require.Equal(t, []string{
+		"OUTBOX_LEAES", "OUTBOX_WEBHOK_URL", "OUTBOX_WEBHOOK_SECERT", "OUTBOX_WEBHOOK_crm_SECRET", "outbox_max_attempts",
+	}, cfg.Unknown)
+
+	cfg, err = Load(environ(minimal))
+	require.NoError(t, err)
+	require.Empty(t, cfg.Unknown)
+}
