@@ -43,9 +43,13 @@ func LoadAPI(environ []string) (API, error) {
 }
 
 func (a *API) validate(p *problems) {
-	if p.ok("OUTBOX_API_TOKENS") {
+	// Whether the tokens parsed and passed their checks: else OUTBOX_MCP_TOKEN cannot be
+	// said to match none of them.
+	tokensOK := p.ok("OUTBOX_API_TOKENS")
+	if tokensOK {
 		tokens, err := intent.ParseTokens(a.TokensJSON)
 		if err != nil {
+			tokensOK = false
 			for _, e := range flatten(err) {
 				p.addf("", "OUTBOX_API_TOKENS: %s", e.Error())
 			}
@@ -69,7 +73,7 @@ func (a *API) validate(p *problems) {
 	if a.MaxBody <= 0 {
 		p.addf("OUTBOX_API_MAX_BODY", "OUTBOX_API_MAX_BODY must be positive, got %d", a.MaxBody)
 	}
-	if a.MCPToken != "" && p.ok("OUTBOX_API_TOKENS") {
+	if a.MCPToken != "" && tokensOK {
 		if _, err := a.Policy().Authenticate(a.MCPToken.Reveal()); err != nil {
 			p.addf("OUTBOX_MCP_TOKEN", "OUTBOX_MCP_TOKEN matches none of OUTBOX_API_TOKENS")
 		}

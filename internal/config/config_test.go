@@ -713,3 +713,18 @@ func TestLoadUnknownVariables(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, cfg.Unknown)
 }
+
+// TestMCPTokenNotBlamedForBadTokens: when OUTBOX_API_TOKENS does not parse, the
+// problem is that variable's alone; saying that OUTBOX_MCP_TOKEN matches none of the
+// tokens would send the operator after the MCP token, which may be the right one.
+func TestMCPTokenNotBlamedForBadTokens(t *testing.T) {
+	t.Parallel()
+
+	_, err := LoadAPI(environ(map[string]string{
+		"OUTBOX_API_TOKENS": `[{"name":"a","sha256":"` + testTokenHash + `","connectors":["*"]}`, // no closing ]
+		"OUTBOX_MCP_TOKEN":  "obx_test",
+	}))
+	require.Equal(t, []string{
+		"OUTBOX_API_TOKENS: tokens are not a JSON array of {name, sha256, connectors, admin}: unexpected EOF",
+	}, problemLines(t, err))
+}
