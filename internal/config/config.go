@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/caarlos0/env/v11"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -382,6 +383,10 @@ func (e *Engine) validate(p *problems) {
 	}
 	if p.ok("OUTBOX_BACKOFF_BASE", "OUTBOX_BACKOFF_MAX") && e.BackoffBase > e.BackoffMax {
 		p.addf("OUTBOX_BACKOFF_BASE", "OUTBOX_BACKOFF_BASE (%s) must not exceed OUTBOX_BACKOFF_MAX (%s)", e.BackoffBase, e.BackoffMax)
+	}
+	if !utf8.ValidString(e.RelayID) {
+		// The relay refuses it too, as PostgreSQL would in every claim.
+		p.addf("OUTBOX_RELAY_ID", "OUTBOX_RELAY_ID must be UTF-8 text, got %q", e.RelayID)
 	}
 	if strings.TrimSpace(e.RelayID) != e.RelayID {
 		p.addf("OUTBOX_RELAY_ID", "OUTBOX_RELAY_ID must not start or end with spaces, got %q", e.RelayID)

@@ -728,3 +728,12 @@ func TestMCPTokenNotBlamedForBadTokens(t *testing.T) {
 		"OUTBOX_API_TOKENS: tokens are not a JSON array of {name, sha256, connectors, admin}: unexpected EOF",
 	}, problemLines(t, err))
 }
+
+// TestLoadRelayIDNotUTF8: the relay refuses an ID that is not UTF-8 (PostgreSQL would
+// refuse it in every claim); Load refuses it first, as a problem with the variable, so
+// serve exits 2 with the others rather than 1 after building the relay.
+func TestLoadRelayIDNotUTF8(t *testing.T) {
+	t.Parallel()
+	_, err := Load(environ(with(minimal, map[string]string{"OUTBOX_RELAY_ID": "relay\xff"})))
+	require.Equal(t, []string{`OUTBOX_RELAY_ID must be UTF-8 text, got "relay\xff"`}, problemLines(t, err))
+}
