@@ -150,20 +150,26 @@ func LoadDatabase(environ []string) (Database, error) {
 }
 
 // LoadOptionalDatabase is [LoadDatabase] for commands that start a database of their own
-// when none is given (demo, bench): given is false when OUTBOX_DATABASE_URL is unset or
-// empty, and a value that is set but does not parse is an error, never a reason to run
-// somewhere else.
+// when none is given (demo, bench): given is false when OUTBOX_DATABASE_URL is unset,
+// empty or white space, and a value that is set but does not parse is an error, never a
+// reason to run somewhere else.
 func LoadOptionalDatabase(environ []string) (db Database, given bool, err error) {
-	if env.ToMap(environ)["OUTBOX_DATABASE_URL"] == "" {
+	// pgx reads white space as it reads "": connect to the defaults.
+	if strings.TrimSpace(env.ToMap(environ)["OUTBOX_DATABASE_URL"]) == "" {
 		return Database{}, false, nil
 	}
 	db, err = LoadDatabase(environ)
 	return db, err == nil, err
 }
 
-// validate checks that pgx can parse the DSN.
+// validate checks that the DSN is more than white space and that pgx can parse it.
 func (d *Database) validate(p *problems) {
 	if d.URL == "" || !p.ok("OUTBOX_DATABASE_URL") {
+		return
+	}
+	if strings.TrimSpace(d.URL) == "" {
+		// pgx would parse it as it parses "": connect to a local server's defaults.
+		p.addf("OUTBOX_DATABASE_URL", "OUTBOX_DATABASE_URL is required but holds only white space")
 		return
 	}
 	if _, err := ParseDSN("OUTBOX_DATABASE_URL", d.URL); err != nil {

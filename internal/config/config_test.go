@@ -737,3 +737,23 @@ func TestLoadRelayIDNotUTF8(t *testing.T) {
 	_, err := Load(environ(with(minimal, map[string]string{"OUTBOX_RELAY_ID": "relay\xff"})))
 	require.Equal(t, []string{`OUTBOX_RELAY_ID must be UTF-8 text, got "relay\xff"`}, problemLines(t, err))
 }
+
+// TestLoadDatabaseOnlyWhiteSpace: pgx reads a DSN of white space as it reads an empty
+// one, as "connect to the defaults" (a local server, the OS user's database), so a
+// stray space in OUTBOX_DATABASE_URL= must not pass for a DSN: serve refuses it as it
+// refuses an empty one, and demo starts its own database as it does when none is given.
+func TestLoadDatabaseOnlyWhiteSpace(t *testing.T) {
+	t.Parallel()
+
+	for _, blank := range []string{" ", "\t", " \n "} {
+		_, err := LoadDatabase([]string{"OUTBOX_DATABASE_URL=" + blank})
+		require.Equal(t, []string{"OUTBOX_DATABASE_URL is required but holds only white space"}, problemLines(t, err))
+
+		_, err = Load(environ(with(minimal, map[string]string{"OUTBOX_DATABASE_URL": blank})))
+		require.Equal(t, []string{"OUTBOX_DATABASE_URL is required but holds only white space"}, problemLines(t, err))
+
+		_, given, err := LoadOptionalDatabase([]string{"OUTBOX_DATABASE_URL=" + blank})
+		require.NoError(t, err)
+		require.False(t, given)
+	}
+}
