@@ -200,7 +200,9 @@ func loadEmail(environment map[string]string, k kind, name string, p *problems) 
 	case EmailTransportSMTP:
 		if checkTransportKey(addrVar, c.Addr, c.Instance(), c.Transport, p) {
 			host, port, err := net.SplitHostPort(c.Addr)
-			if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
+			// No host name has an "@": what comes before it is a user name or password,
+			// which the start-up line would print with the address.
+			if n, perr := strconv.Atoi(port); err != nil || host == "" || strings.Contains(host, "@") || perr != nil || n < 1 || n > 65535 {
 				if at := strings.LastIndexByte(c.Addr, '@'); at >= 0 {
 					// A URL with credentials (smtp://user:pass@host:587), as other tools
 					// take it: never quote what lies before the host.

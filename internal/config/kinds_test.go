@@ -490,6 +490,8 @@ func TestSMTPAddrPasswordNeverInProblems(t *testing.T) {
 		"smtp://mailer:SMTPPASSW0RD@smtp.example.com:587",
 		"mailer:SMTPPASSW0RD@smtp.example.com:587",
 		"smtps://mailer:SMTPPASSW0RD@smtp.example.com",
+		// host:port in form, but no host has an "@": the start-up line would print it.
+		"SMTPPASSW0RD@smtp.example.com:587",
 	} {
 		_, err := Load(environ(with(db, map[string]string{
 			"OUTBOX_SMTP_ADDR":  addr,
