@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Sentinel errors; test for them with errors.Is.
@@ -102,28 +103,52 @@ const IntentColumns = `id, idempotency_key, connector, payload, status, attempts
 	created_at, updated_at, delivered_at`
 
 // ScanIntent scans a row selected with [IntentColumns], plus any extra destinations.
+// A time that plain SQL wrote as ±infinity, which time.Time cannot hold, reads as the
+// latest or earliest time JSON can carry (9999-12-31T23:59:59.999999Z, 0000-01-01T00:00:00Z).
 func ScanIntent(row pgx.Row, extra ...any) (Intent, error) {
 	var (
-		in          Intent
-		deliveredAt *time.Time
-		headers     []byte
+		in                                        Intent
+		nextAt, createdAt, updatedAt, deliveredAt pgtype.Timestamptz
+		headers                                   []byte
 	)
 	dest := append([]any{
-		&in.ID, &in.Key, &in.Connector, &in.Payload, &in.Status, &in.Attempts, &in.NextAttemptAt,
+		&in.ID, &in.Key, &in.Connector, &in.Payload, &in.Status, &in.Attempts, &nextAt,
 		&in.LastError, &in.Result, &in.OrderingKey, &headers, &in.CreatedBy,
-		&in.CreatedAt, &in.UpdatedAt, &deliveredAt,
+		&createdAt, &updatedAt, &deliveredAt,
 	}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return Intent{}, err
 	}
-	if deliveredAt != nil {
-		in.DeliveredAt = *deliveredAt
+	in.NextAttemptAt, in.CreatedAt, in.UpdatedAt = finiteTime(nextAt), finiteTime(createdAt), finiteTime(updatedAt)
+	if deliveredAt.Valid {
+		in.DeliveredAt = finiteTime(deliveredAt)
 	}
 	in.Headers = DecodeHeaders(headers)
 	if len(in.Headers) == 0 {
 		in.Headers = nil
 	}
 	return in, nil
+}
+
+// infiniteTime and negativeInfiniteTime stand for a timestamp that is 'infinity' or
+// '-infinity' in the table: the latest and earliest times JSON can carry.
+var (
+	infiniteTime         = time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC)
+	negativeInfiniteTime = time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
+// finiteTime is t's time, with ±infinity as infiniteTime and negativeInfiniteTime; zero
+// when t is NULL.
+func finiteTime(t pgtype.Timestamptz) time.Time {
+	switch {
+	case !t.Valid:
+		return time.Time{}
+	case t.InfinityModifier == pgtype.Infinity:
+		return infiniteTime
+	case t.InfinityModifier == pgtype.NegativeInfinity:
+		return negativeInfiniteTime
+	}
+	return t.Time
 }
 
 // insertSQL writes one intent unless its key exists. ON CONFLICT DO NOTHING waits for a

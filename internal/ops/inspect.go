@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -77,7 +78,7 @@ FROM outbox_audit WHERE outbox_id = $1 ORDER BY id`
 func Inspect(ctx context.Context, db outbox.DB, key string) (Detail, error) {
 	var (
 		d               Detail
-		leaseExp, first *time.Time
+		leaseExp, first pgtype.Timestamptz
 	)
 	in, err := outbox.ScanIntent(db.QueryRow(ctx, inspectSQL, key), &d.Ambiguous, &d.LeaseOwner, &leaseExp, &first)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -87,12 +88,7 @@ func Inspect(ctx context.Context, db outbox.DB, key string) (Detail, error) {
 		return Detail{}, fmt.Errorf("inspect %q: %w", key, err)
 	}
 	d.Intent = in
-	if leaseExp != nil {
-		d.LeaseExpiresAt = *leaseExp
-	}
-	if first != nil {
-		d.FirstAttemptAt = *first
-	}
+	d.LeaseExpiresAt, d.FirstAttemptAt = finiteTime(leaseExp), finiteTime(first)
 
 	rows, err := db.Query(ctx, attemptsSQL, in.ID)
 	if err != nil {
@@ -150,4 +146,19 @@ func WithoutCredentials(in outbox.Intent) outbox.Intent {
 		}
 	}
 	return in
+}
+
+// finiteTime is t's time, zero when NULL, and ±infinity (plain SQL can write it, and
+// time.Time cannot hold it) as the latest or earliest time JSON can carry, as
+// [outbox.ScanIntent] reads the row's own times.
+func finiteTime(t pgtype.Timestamptz) time.Time {
+	switch {
+	case !t.Valid:
+		return time.Time{}
+	case t.InfinityModifier == pgtype.Infinity:
+		return time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC)
+	case t.InfinityModifier == pgtype.NegativeInfinity:
+		return time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)
+	}
+	return t.Time
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -53,10 +54,13 @@ type Page struct {
 }
 
 // cursor is the position after which a page starts: the last row of the previous page.
-// It travels base64url-encoded, and callers treat it as opaque.
+// It travels base64url-encoded, and callers treat it as opaque. Inf is the created_at's
+// infinity modifier when plain SQL wrote ±infinity, which CreatedAt cannot hold: a
+// cursor at a stand-in time would start the next page before or after that row again.
 type cursor struct {
-	CreatedAt time.Time `json:"c"`
-	ID        int64     `json:"i"`
+	CreatedAt time.Time               `json:"c"`
+	Inf       pgtype.InfinityModifier `json:"x,omitempty"`
+	ID        int64                   `json:"i"`
 }
 
 func (c cursor) encode() string {
@@ -73,7 +77,7 @@ func decodeCursor(s string) (*cursor, error) {
 	if err == nil {
 		err = json.Unmarshal(b, &c)
 	}
-	if err != nil || c.ID <= 0 {
+	if err != nil || c.ID <= 0 || c.Inf < pgtype.NegativeInfinity || c.Inf > pgtype.Infinity {
 		return nil, fmt.Errorf("%w: After: %q is not a cursor from a previous page", ErrInvalidFilter, s)
 	}
 	return &c, nil
@@ -85,9 +89,10 @@ func decodeCursor(s string) (*cursor, error) {
 // $1 statuses, $2 connector, $3 key prefix, $4 created before, $5 created after,
 // $6 error substring, $7 ordering key, $8/$9 the cursor, $10 connector instances or
 // "kind:*" patterns, $11 the page size.
-// The key prefix uses starts_with, which has no wildcards to escape.
+// The key prefix uses starts_with, which has no wildcards to escape. created_at comes
+// again at the end, as it is, for the cursor.
 const listSQL = `
-SELECT ` + outbox.IntentColumns + `
+SELECT ` + outbox.IntentColumns + `, created_at
 FROM outbox
 WHERE (cardinality($1::text[]) = 0 OR status = ANY($1::text[]))
   AND ($2::text = '' OR connector = $2::text)
@@ -123,7 +128,8 @@ func (f Filter) listArgs() ([]any, error) {
 		return nil, err
 	}
 	now := nowOr(f.Now)
-	var before, after, cursorAt *time.Time
+	var before, after *time.Time
+	var cursorAt *pgtype.Timestamptz
 	var cursorID int64
 	if f.OlderThan > 0 {
 		t := now.Add(-f.OlderThan)
@@ -134,7 +140,8 @@ func (f Filter) listArgs() ([]any, error) {
 		after = &t
 	}
 	if c != nil {
-		cursorAt, cursorID = &c.CreatedAt, c.ID
+		cursorAt = &pgtype.Timestamptz{Time: c.CreatedAt, InfinityModifier: c.Inf, Valid: true}
+		cursorID = c.ID
 	}
 	statuses := f.Status
 	if statuses == nil {
@@ -164,8 +171,12 @@ func List(ctx context.Context, db outbox.DB, f Filter) (Page, error) {
 	if err != nil {
 		return Page{}, fmt.Errorf("list: %w", err)
 	}
+	var createdAt []pgtype.Timestamptz
 	intents, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Intent, error) {
-		return outbox.ScanIntent(r)
+		var at pgtype.Timestamptz
+		in, err := outbox.ScanIntent(r, &at)
+		createdAt = append(createdAt, at)
+		return in, err
 	})
 	if err != nil {
 		return Page{}, fmt.Errorf("list: %w", err)
@@ -173,8 +184,8 @@ func List(ctx context.Context, db outbox.DB, f Filter) (Page, error) {
 	page := Page{Intents: intents}
 	if len(intents) > limit {
 		page.Intents = intents[:limit]
-		last := page.Intents[limit-1]
-		page.Next = cursor{CreatedAt: last.CreatedAt, ID: last.ID}.encode()
+		at := createdAt[limit-1]
+		page.Next = cursor{CreatedAt: at.Time, Inf: at.InfinityModifier, ID: page.Intents[limit-1].ID}.encode()
 	}
 	return page, nil
 }
