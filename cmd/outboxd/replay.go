@@ -135,7 +135,7 @@ func replay(ctx context.Context, e *env, pool *pgxpool.Pool, sel ops.Selection, 
 	}
 	var notes []string
 	if o.Redeliver {
-		if notes, err = redeliveryNotes(ctx, pool, sel, g); err != nil {
+		if notes, err = redeliveryNotes(ctx, pool, sel, g, o.NewKey); err != nil {
 			return err
 		}
 	}
@@ -204,8 +204,10 @@ func confirmReplay(e *env, n int, notes []string) error {
 }
 
 // redeliveryNotes returns a GuaranteeNote per connector with delivered rows in the
-// selection: what sending them again means.
-func redeliveryNotes(ctx context.Context, pool *pgxpool.Pool, sel ops.Selection, g map[string]connectors.Guarantee) ([]string, error) {
+// selection: what sending them again means. With newKey they go out under a new key,
+// which no receiver has seen, whatever its guarantee.
+func redeliveryNotes(ctx context.Context, pool *pgxpool.Pool, sel ops.Selection, g map[string]connectors.Guarantee,
+	newKey bool) ([]string, error) {
 	seen := map[string]bool{}
 	if sel.Filter == nil {
 		for _, k := range sel.Keys {
@@ -243,6 +245,14 @@ func redeliveryNotes(ctx context.Context, pool *pgxpool.Pool, sel ops.Selection,
 	var notes []string
 	for _, c := range sortedKeys(seen) {
 		gu, ok := g[c]
+		if newKey {
+			known := string(gu)
+			if !ok {
+				known = "unknown here"
+			}
+			notes = append(notes, fmt.Sprintf("%s: a new key, so the receiver acts again whatever its guarantee (%s)", c, known))
+			continue
+		}
 		if !ok {
 			notes = append(notes, fmt.Sprintf("%s: guarantee unknown here (its OUTBOX_* variables are not set): "+
 				"assume the receiver may act twice", c))

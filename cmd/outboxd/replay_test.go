@@ -223,3 +223,26 @@ func TestReplayJSONWithNoMatchIsJSON(t *testing.T) {
 		require.Equal(t, dry, res.DryRun)
 	}
 }
+
+// replay --redeliver --new-key re-executes a delivered row under a new key, which no
+// receiver has seen: it acts again whatever its guarantee. The note said what the
+// guarantee means for the same key ("enforced: ... acts only once"), telling the
+// operator that a second effect would not happen when it would.
+func TestRedeliverWithNewKeySaysTheReceiverActsAgain(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t, "OUTBOX_WEBHOOK_URL=http://127.0.0.1:1/hook", "OUTBOX_WEBHOOK_GUARANTEE=enforced")
+	d.insert(t, fixture{Key: "paid", Status: outbox.StatusDelivered, Attempts: 1})
+
+	for _, dry := range []bool{true, false} {
+		args := []string{"replay", "--key", "paid", "--redeliver", "--new-key", "--reason", "charge again"}
+		if dry {
+			args = append(args, "--dry-run")
+		}
+		code, out, errOut := d.cli(t, "", args...)
+		require.Equal(t, exitOK, code, errOut)
+		require.NotContains(t, out, ops.GuaranteeNote(connectors.Enforced), "dry run %v", dry)
+		require.Contains(t, out, "webhook: a new key, so the receiver acts again whatever its guarantee (enforced)",
+			"dry run %v", dry)
+	}
+	require.Equal(t, 2, d.count(t, `SELECT count(*) FROM outbox`))
+}
