@@ -71,7 +71,7 @@ func reportCancel(e *env, res ops.CancelResult, asJSON bool) error {
 		for _, k := range res.Canceled {
 			fmt.Fprintf(w, "  %s\n", keyText(k))
 		}
-		writeLeftAlone(w, res.Unchanged, "already canceled", res.Refused, res.NotFound)
+		writeLeftAlone(w, res.Unchanged, func(string) string { return "already canceled" }, res.Refused, res.NotFound)
 	}
 	return nil
 }

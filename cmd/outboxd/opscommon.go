@@ -364,11 +364,11 @@ func stderrTerminal(w io.Writer) bool {
 }
 
 // writeLeftAlone prints the keys a cancel or replay did not change: those already as
-// wanted (with why, in parentheses), those it refused, and those no intent has.
-func writeLeftAlone(w io.Writer, unchanged []string, why string, refused map[string]string, notFound []string) {
+// wanted (with why(key), in parentheses), those it refused, and those no intent has.
+func writeLeftAlone(w io.Writer, unchanged []string, why func(key string) string, refused map[string]string, notFound []string) {
 	fmt.Fprintf(w, "unchanged: %d\n", len(unchanged))
 	for _, k := range unchanged {
-		fmt.Fprintf(w, "  %s (%s)\n", keyText(k), why)
+		fmt.Fprintf(w, "  %s (%s)\n", keyText(k), why(k))
 	}
 	fmt.Fprintf(w, "refused: %d\n", len(refused))
 	for _, k := range sortedKeys(refused) {

@@ -290,7 +290,12 @@ func reportReplay(e *env, res ops.ReplayResult, notes []string, sel ops.Selectio
 				fmt.Fprintf(w, "  %s\n", keyText(k))
 			}
 		}
-		writeLeftAlone(w, res.Unchanged, "already pending", res.Refused, res.NotFound)
+		writeLeftAlone(w, res.Unchanged, func(k string) string {
+			if nk, ok := res.NewKeys[k]; ok { // --new-key: the row is as it was, its copy not finished
+				return fmt.Sprintf("its copy %s is still on its way", keyText(nk))
+			}
+			return "already pending"
+		}, res.Refused, res.NotFound)
 		if len(notes) > 0 {
 			fmt.Fprintln(w, "redelivering sends delivered rows again:")
 			for _, n := range notes {

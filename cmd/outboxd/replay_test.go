@@ -246,3 +246,22 @@ func TestRedeliverWithNewKeySaysTheReceiverActsAgain(t *testing.T) {
 	}
 	require.Equal(t, 2, d.count(t, `SELECT count(*) FROM outbox`))
 }
+
+// A second replay --new-key of a row whose copy is still on its way leaves it unchanged.
+// The output said "(already pending)" of the row, which is dead, and did not name the
+// copy the operator should look at.
+func TestReplayNewKeyUnchangedNamesTheCopy(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.insert(t, fixture{Key: "gone", Status: outbox.StatusDead, Attempts: 3})
+	code, out, errOut := d.cli(t, "", "replay", "--key", "gone", "--new-key")
+	require.Equal(t, exitOK, code, errOut)
+	copyKey := outbox.Key("gone", "replay", "1")
+	require.Contains(t, out, "replayed: 1\n  gone -> "+copyKey+"\n")
+
+	code, out, errOut = d.cli(t, "", "replay", "--key", "gone", "--new-key")
+	require.Equal(t, exitOK, code, errOut)
+	require.NotContains(t, out, "already pending")
+	require.Contains(t, out, "unchanged: 1\n  gone (its copy "+copyKey+" is still on its way)\n")
+	require.Equal(t, outbox.StatusDead, d.status(t, "gone"))
+}
