@@ -46,7 +46,7 @@ type ReplayOptions struct {
 	// and the rows selected.
 	ProgressFunc func(done, total int)
 	// Now is the replay's clock: next_attempt_at, lease expiry, audit time. Defaults to
-	// the database's current time, the clock leases are set by.
+	// the database's current time as each batch runs, the clock leases are set by.
 	Now time.Time
 }
 
@@ -180,6 +180,13 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayO
 		var br ReplayResult
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			br = ReplayResult{Refused: map[string]string{}, NewKeys: map[string]string{}}
+			// The clock of this batch, not of the replay's start: a paced replay runs for
+			// minutes, and leases expire meanwhile; the audit entry's time is also what a
+			// relay's late outcome is compared with (relay/sql.go, recordSQL).
+			now, err := dbNowOr(ctx, tx, opts.Now)
+			if err != nil {
+				return err
+			}
 			if err := replayBatch(ctx, tx, b, opts, now, &br); err != nil {
 				return err
 			}
