@@ -227,16 +227,29 @@ func redeliveryNotes(ctx context.Context, pool *pgxpool.Pool, sel ops.Selection,
 		if len(f.Status) > 0 && !slices.Contains(f.Status, outbox.StatusDelivered) {
 			return nil, nil
 		}
-		f.Status, f.Limit, f.After = []string{outbox.StatusDelivered}, 1000, ""
+		// A limit selects the newest rows whatever their status, as the replay does;
+		// without one, every delivered row the filters match is selected.
+		capped, n := f.Limit, 0
+		if capped == 0 {
+			f.Status = []string{outbox.StatusDelivered}
+		}
+		f.After = ""
 		for {
+			f.Limit = 1000
+			if capped > 0 {
+				f.Limit = min(1000, capped-n)
+			}
 			page, err := ops.List(ctx, pool, f)
 			if err != nil {
 				return nil, opsError(err)
 			}
 			for _, in := range page.Intents {
-				seen[in.Connector] = true
+				if in.Status == outbox.StatusDelivered {
+					seen[in.Connector] = true
+				}
 			}
-			if page.Next == "" {
+			n += len(page.Intents)
+			if page.Next == "" || (capped > 0 && n >= capped) {
 				break
 			}
 			f.After = page.Next

@@ -265,3 +265,25 @@ func TestReplayNewKeyUnchangedNamesTheCopy(t *testing.T) {
 	require.Contains(t, out, "unchanged: 1\n  gone (its copy "+copyKey+" is still on its way)\n")
 	require.Equal(t, outbox.StatusDead, d.status(t, "gone"))
 }
+
+// replay --redeliver --limit N explains the guarantee of the connectors whose delivered
+// rows are among the N selected. It read every delivered row the filters match, past the
+// limit (all of them, however many retention keeps, before replaying any), and explained
+// connectors none of whose rows would be sent.
+func TestRedeliverNotesKeepToTheLimit(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t, "OUTBOX_WEBHOOK_URL=http://127.0.0.1:1/hook", "OUTBOX_WEBHOOK_GUARANTEE=enforced")
+	d.insert(t, fixture{Key: "old-slack", Connector: "slack", Status: outbox.StatusDelivered, Age: 2 * time.Hour})
+	d.insert(t, fixture{Key: "new-hook", Status: outbox.StatusDelivered, Age: time.Hour})
+
+	code, out, errOut := d.cli(t, "", "replay", "--status", "delivered", "--redeliver", "--limit", "1", "--dry-run")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "would replay: 1\n  new-hook\n")
+	require.Contains(t, out, "webhook: "+ops.GuaranteeNote(connectors.Enforced))
+	require.NotContains(t, out, "slack")
+
+	// Without a limit, every delivered row the filters match is selected, and explained.
+	code, out, errOut = d.cli(t, "", "replay", "--status", "delivered,dead", "--redeliver", "--dry-run")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "slack: guarantee unknown here")
+}
