@@ -287,3 +287,24 @@ func TestRedeliverNotesKeepToTheLimit(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "slack: guarantee unknown here")
 }
+
+// replay --json and cancel --json answer with the same fields whatever happened, so a
+// script can read .not_found[] of either. replay left not_found out when every key had a
+// row (cancel always has it), and jq's .not_found[] then failed on null.
+func TestReplayJSONHasEveryFieldAlways(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.seedEveryState(t)
+	for _, args := range [][]string{
+		{"replay", "--key", "k-dead", "--json", "--dry-run"},
+		{"replay", "--status", "dead", "--json", "--dry-run"},
+		{"cancel", "k-pending", "--json"},
+	} {
+		code, out, errOut := d.cli(t, "", args...)
+		require.Equal(t, exitOK, code, "%v: %s", args, errOut)
+		var fields map[string]json.RawMessage
+		require.NoError(t, json.Unmarshal([]byte(out), &fields), out)
+		require.Contains(t, fields, "not_found", "%v: %s", args, out)
+		require.JSONEq(t, `[]`, string(fields["not_found"]), args)
+	}
+}

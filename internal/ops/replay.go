@@ -62,7 +62,7 @@ type ReplayResult struct {
 	// NewKeys maps old keys to the key of the row that re-executes them (NewKey).
 	NewKeys map[string]string `json:"new_keys,omitempty"`
 	// NotFound are keys no row has (Keys selections, or rows deleted meanwhile).
-	NotFound []string `json:"not_found,omitempty"`
+	NotFound []string `json:"not_found"`
 	DryRun   bool     `json:"dry_run"`
 }
 
@@ -149,7 +149,7 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 // earlier batches committed; the result returned with it covers them.
 func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayOptions) (ReplayResult, error) {
 	res := ReplayResult{
-		Replayed: []string{}, Unchanged: []string{}, Refused: map[string]string{},
+		Replayed: []string{}, Unchanged: []string{}, Refused: map[string]string{}, NotFound: []string{},
 		DryRun: opts.DryRun,
 	}
 	if opts.NewKey {
@@ -169,7 +169,7 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayO
 	if err != nil {
 		return res, err
 	}
-	res.NotFound = notFound
+	res.NotFound = append(res.NotFound, notFound...)
 
 	size := batchSize(opts.BatchSize)
 	if opts.Rate > 0 {
