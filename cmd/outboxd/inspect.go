@@ -95,7 +95,12 @@ func writeDetail(w io.Writer, d ops.Detail) error {
 	field("next attempt", next)
 	field("delivered", stamp(in.DeliveredAt))
 	if d.LeaseOwner != "" {
-		field("lease", fmt.Sprintf("%s until %s", printable(d.LeaseOwner), stamp(d.LeaseExpiresAt)))
+		lease := fmt.Sprintf("%s until %s", printable(d.LeaseOwner), stamp(d.LeaseExpiresAt))
+		if d.LeaseExpired {
+			lease = fmt.Sprintf("%s, expired at %s: stuck until a relay with connector %s puts it back "+
+				"(the receiver may have acted on that attempt)", printable(d.LeaseOwner), stamp(d.LeaseExpiresAt), in.Connector)
+		}
+		field("lease", lease)
 	}
 	if in.CreatedBy != "" {
 		field("created by", printable(in.CreatedBy))

@@ -112,3 +112,23 @@ func TestInspectShowsNoNextAttemptForRowsThatWillNotBeAttempted(t *testing.T) {
 		}
 	}
 }
+
+// A row whose lease ran out (its relay died or lost the database) read "lease: relay-1
+// until <a time already past>", as if a relay were delivering it; status counted it as
+// stuck. inspect says the lease expired and what the row waits for.
+func TestInspectSaysALeaseExpired(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.seedEveryState(t)
+	code, out, errOut := d.cli(t, "", "inspect", "k-stuck")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^lease:\s+relay-1, expired at \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ: stuck until a relay with connector webhook puts it back`, out)
+	code, out, errOut = d.cli(t, "", "inspect", "--json", "k-stuck")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, `"lease_expired": true`)
+
+	code, out, errOut = d.cli(t, "", "inspect", "k-delivering")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^lease:\s+relay-1 until \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ$`, out)
+	require.NotContains(t, out, "expired")
+}

@@ -23,6 +23,9 @@ type Detail struct {
 	// LeaseOwner and LeaseExpiresAt name the relay delivering the row, while one is.
 	LeaseOwner     string    `json:"lease_owner,omitempty"`
 	LeaseExpiresAt time.Time `json:"lease_expires_at,omitzero"`
+	// LeaseExpired says the lease ran out, by the database's clock: the relay died or
+	// lost the database, and the row waits for a relay with its connector to put it back.
+	LeaseExpired bool `json:"lease_expired,omitempty"`
 	// FirstAttemptAt is when the first attempt started; zero before any.
 	FirstAttemptAt time.Time `json:"first_attempt_at,omitzero"`
 	// Attempts are in the order they were made.
@@ -59,7 +62,8 @@ type AuditEntry struct {
 
 // inspectSQL reads one intent by key with the engine's columns Intent leaves out.
 const inspectSQL = `
-SELECT ` + outbox.IntentColumns + `, ambiguous, coalesce(lease_owner, ''), lease_expires_at, first_attempt_at
+SELECT ` + outbox.IntentColumns + `, ambiguous, coalesce(lease_owner, ''), lease_expires_at, first_attempt_at,
+       coalesce(status = 'delivering' AND lease_expires_at < clock_timestamp(), false)
 FROM outbox WHERE idempotency_key = $1`
 
 // attemptsSQL reads a row's attempts in order.
@@ -80,7 +84,7 @@ func Inspect(ctx context.Context, db outbox.DB, key string) (Detail, error) {
 		d               Detail
 		leaseExp, first pgtype.Timestamptz
 	)
-	in, err := outbox.ScanIntent(db.QueryRow(ctx, inspectSQL, key), &d.Ambiguous, &d.LeaseOwner, &leaseExp, &first)
+	in, err := outbox.ScanIntent(db.QueryRow(ctx, inspectSQL, key), &d.Ambiguous, &d.LeaseOwner, &leaseExp, &first, &d.LeaseExpired)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Detail{}, fmt.Errorf("%w: no intent has key %q", outbox.ErrNotFound, key)
 	}
