@@ -53,6 +53,10 @@ func (f *dbFlag) resolve(e *env) (string, error) {
 	return db.URL, nil
 }
 
+// opsConnectTimeout bounds each connection attempt of the operator commands, unless the
+// DSN sets connect_timeout.
+const opsConnectTimeout = 10 * time.Second
+
 // open returns a small pool on the database: the commands run a few statements each.
 func (f *dbFlag) open(ctx context.Context, e *env) (*pgxpool.Pool, error) {
 	dsn, err := f.resolve(e)
@@ -65,6 +69,11 @@ func (f *dbFlag) open(ctx context.Context, e *env) (*pgxpool.Pool, error) {
 	}
 	if cfg.MaxConns > 4 {
 		cfg.MaxConns = 4
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		// pgx waits for ever without one: a database that accepts connections and never
+		// answers (a hung server, a stalled network path) would hang the command.
+		cfg.ConnConfig.ConnectTimeout = opsConnectTimeout
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

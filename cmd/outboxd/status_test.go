@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/internal/pgtest"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
@@ -168,4 +169,20 @@ func TestStatusWatchFooterTimeIsUTC(t *testing.T) {
 	}, nil)
 	require.NoError(t, err)
 	require.Contains(t, out.buf.String(), " at 10:00:00Z; Ctrl-C to stop")
+}
+
+// A database that accepts connections and never answers (a hung server, a stalled
+// network path) fails an operator command after opsConnectTimeout: pgx has no connect
+// timeout of its own, and the command hung until interrupted.
+func TestOpsCommandGivesUpOnADatabaseThatDoesNotAnswer(t *testing.T) {
+	t.Parallel()
+	dsn := "postgres://app:hunter2@" + pgtest.UnansweringAddr(t) + "/app"
+	ctx, cancel := context.WithTimeout(t.Context(), 3*opsConnectTimeout) // a bound for the test only
+	defer cancel()
+	var out, errb bytes.Buffer
+	code := run(ctx, []string{"status"}, []string{"OUTBOX_DATABASE_URL=" + dsn}, strings.NewReader(""), &out, &errb)
+	require.Equal(t, exitFailure, code, errb.String())
+	require.NoError(t, ctx.Err(), "the command ended by itself")
+	require.Contains(t, errb.String(), "timeout")
+	require.NotContains(t, errb.String(), "hunter2")
 }
