@@ -66,7 +66,9 @@ type Connector interface {
 	// Deliver performs one attempt. On success it returns the receiver's answer to store
 	// against the key (JSON). On failure it returns an error classified with [Permanent],
 	// [RetryAfter] or [Ambiguous], or a plain error to retry with backoff; the result may
-	// then still be non-nil (a 4xx body, say) and is stored too.
+	// then still be non-nil (a 4xx body, say) and is stored too. When ctx ends mid-attempt
+	// (a relay stopping), an attempt whose request may have gone out is [Ambiguous]; a
+	// plain error says nothing was sent, and the relay hands the row back uncounted.
 	Deliver(ctx context.Context, d Delivery) (json.RawMessage, error)
 	// Guarantee says whether the receiver enforces the key.
 	Guarantee() Guarantee

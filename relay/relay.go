@@ -471,7 +471,8 @@ func (r *Relay) Ready(ctx context.Context) error {
 // Run delivers rows until ctx is done. Then it stops claiming, releases at once the
 // leases of rows it had claimed and will not start, gives in-flight deliveries until
 // Config.ShutdownTimeout to finish, cancels those still running (their attempts are
-// recorded as ambiguous), records every outcome, and returns nil. It returns an error only when it cannot start (and nil when
+// recorded as ambiguous, but for those their connector reports as never sent, which are
+// handed back uncounted), records every outcome, and returns nil. It returns an error only when it cannot start (and nil when
 // ctx ends while it waits for the database at start).
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.runCalled.CompareAndSwap(false, true) {
@@ -1558,7 +1559,14 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 	finishedLocal := r.cfg.NowFunc()
 	finished := r.corrected(finishedLocal)
 	if err != nil && ctx.Err() != nil {
-		// Cancelled at the shutdown timeout: the request may have been sent.
+		// Cancelled at the shutdown timeout. A connector marks ambiguous an attempt whose
+		// request may have gone out; one it does not (nor permanent) sent nothing the
+		// receiver could act on, so it is no attempt: the row goes back as one never
+		// started, its attempt uncounted, rather than held or dead on its last attempt.
+		if !connectors.IsAmbiguous(err) && !connectors.IsPermanent(err) {
+			r.releaseRows(context.Background(), []claimed{row})
+			return
+		}
 		err = connectors.Ambiguous(fmt.Errorf("%w (cancelled: %v)", err, context.Cause(ctx)))
 	}
 	o := r.decide(inst, row, result, err, finished)
