@@ -101,7 +101,8 @@
 // as ambiguous). What follows depends on the connector's guarantee: enforced connectors
 // retry (the receiver dedupes on the key); reconciled connectors are told the previous
 // attempt was ambiguous and look for the effect before acting; forwarded connectors retry,
-// or, with the hold policy, leave the row held for an operator.
+// or, with the hold policy, leave the row held for an operator (an ambiguous attempt
+// its connector also calls permanent included: held, not dead).
 //
 // Rows for connectors the relay does not have stay pending and, while no other running
 // relay has them either, are reported in the log and the outboxd_unknown_connector_rows

@@ -1630,12 +1630,14 @@ func (r *Relay) decide(inst *instance, row claimed, result json.RawMessage, err 
 	o.ambiguous = connectors.IsAmbiguous(err)
 	msg := fmt.Sprintf("attempt %d: %v", row.attempt, err)
 	switch {
+	case o.ambiguous && slices.Contains(r.hold, inst.name):
+		// Before permanent: an answer both ambiguous and final (a 303) is an ambiguous
+		// attempt too, and dead would let its ordering key's next row go undecided.
+		o.status = statusHeld
+		msg += " (the receiver does not enforce the key, so the row is held: replay or cancel it)"
 	case connectors.IsPermanent(err):
 		o.status = statusDead
 		msg += " (permanent: not retried)"
-	case o.ambiguous && slices.Contains(r.hold, inst.name):
-		o.status = statusHeld
-		msg += " (the receiver does not enforce the key, so the row is held: replay or cancel it)"
 	case row.attempt >= r.cfg.MaxAttempts:
 		o.status = statusDead
 		msg += fmt.Sprintf(" (gave up after %d attempts)", row.attempt)
