@@ -191,3 +191,30 @@ func requireDecided(t *testing.T, o outcome, attempt int, status string, ambiguo
 	require.Contains(t, msg, fmt.Sprintf("attempt %d: ", attempt))
 	require.Contains(t, msg, says)
 }
+
+// An instance whose receiver forgets keys gives up within its key window by default, at
+// a maximum age shorter than Config.MaxAge (OUTBOX_MAX_AGE). last_error named only that
+// age ("later than the maximum age 23h59m50s"), a figure the operator configured nowhere;
+// it now says where it comes from.
+func TestMaxAgeFromTheKeyWindowSaysSo(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	pool, err := pgxpool.New(t.Context(), "postgres://outboxd@"+pgtest.UnreachableAddr(t)+"/outboxd")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r, err := New(pool, &Config{Registerer: prometheus.NewRegistry(), Logger: testLogger(), NowFunc: func() time.Time { return now }},
+		map[string]Instance{
+			"payment": {Connector: declared{g: connectors.Enforced, window: 24 * time.Hour, timeout: 10 * time.Second}},
+			"webhook": {Connector: declared{g: connectors.Enforced, timeout: 10 * time.Second}},
+		})
+	require.NoError(t, err)
+	row := claimed{id: 1, attempt: 2, firstAt: now.Add(-24 * time.Hour)}
+	o := r.decide(r.instances["payment"], row, nil, errors.New("receiver answered 503 Service Unavailable"), now)
+	require.Equal(t, statusDead, o.status)
+	require.Contains(t, *o.lastError, "the maximum age 23h59m50s (payment remembers idempotency keys for 24h0m0s, less the attempt's time limit of 10s)")
+
+	row.firstAt = now.Add(-72 * time.Hour)
+	o = r.decide(r.instances["webhook"], row, nil, errors.New("receiver answered 503 Service Unavailable"), now)
+	require.Equal(t, statusDead, o.status)
+	require.Contains(t, *o.lastError, "the maximum age 72h0m0s)", "the configured maximum age needs no explanation")
+}

@@ -100,6 +100,7 @@ type instance struct {
 	conn      connectors.Connector
 	guarantee connectors.Guarantee
 	keyWindow time.Duration // 0: the receiver's memory of keys is not limited (or unknown)
+	windowAge bool          // maxAge is keyWindow less attemptMax, shorter than Config.MaxAge
 	// attemptMax is the longest an attempt may last: the connector's time limit, or the
 	// lease when it declares none (an attempt never outlives its lease).
 	attemptMax time.Duration
@@ -289,7 +290,9 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		if in.MaxAge == 0 && inst.keyWindow > 0 {
 			// Dead before an attempt could reach the receiver after its window (see
 			// forgotten), rather than held there.
-			inst.maxAge = min(inst.maxAge, max(inst.keyWindow-inst.attemptMax, 0))
+			if w := max(inst.keyWindow-inst.attemptMax, 0); w < inst.maxAge {
+				inst.maxAge, inst.windowAge = w, true
+			}
 		}
 		var ahead int
 		ahead, inst.startBy = claimAhead(inst.limit, cfg.Lease, connectors.Timeout(in.Connector))
@@ -1652,7 +1655,12 @@ func (r *Relay) decide(inst *instance, row claimed, result json.RawMessage, err 
 		}
 		if deadline := row.firstAt.Add(inst.maxAge); next.After(deadline) {
 			o.status = statusDead
-			msg += fmt.Sprintf(" (gave up: the next attempt, at %s, would be later than the maximum age %s)", at, inst.maxAge)
+			// A maximum age the key window set is one the operator configured nowhere.
+			why := ""
+			if inst.windowAge {
+				why = fmt.Sprintf(" (%s remembers idempotency keys for %s, less the attempt's time limit of %s)", inst.name, inst.keyWindow, inst.attemptMax)
+			}
+			msg += fmt.Sprintf(" (gave up: the next attempt, at %s, would be later than the maximum age %s%s)", at, inst.maxAge, why)
 		} else if inst.forgotten(row, next) {
 			o.status = statusHeld
 			msg += " (" + forgottenReason(inst, row) + ")"
