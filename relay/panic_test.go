@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -34,6 +35,8 @@ func TestConnectorPanicIsAnAmbiguousAttempt(t *testing.T) {
 	t.Parallel()
 	b := setup(t, receiver.Options{})
 	_, cfg := b.clockedConfig(t)
+	var logs logBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	hook, err := webhook.New(webhook.Config{URL: b.receiver.URL(), Guarantee: connectors.Forwarded, Timeout: 5 * time.Second})
 	require.NoError(t, err)
 	start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: panicsAfterSend{hook}, OnAmbiguous: AmbiguousHold}})
@@ -51,4 +54,10 @@ func TestConnectorPanicIsAnAmbiguousAttempt(t *testing.T) {
 	require.Equal(t, outbox.StatusHeld, first.Outcome, "%+v", first)
 	waitStatus(t, b.pool, "panics", outbox.StatusHeld)
 	require.Equal(t, 1, b.receiver.Effects("panics"), "sent once, then held for an operator")
+	// The log has where it panicked, for whoever fixes the connector; last_error only the value.
+	require.Contains(t, logs.String(), "connector panicked")
+	require.Contains(t, logs.String(), "panicsAfterSend.Deliver")
+	in, err := outbox.Get(t.Context(), b.pool, "panics")
+	require.NoError(t, err)
+	require.NotContains(t, in.LastError, "goroutine")
 }

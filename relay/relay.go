@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -1559,6 +1560,10 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 		Key: row.key, Attempt: row.attempt, Payload: row.payload, Headers: row.headers, PreviousAmbiguous: row.ambiguous,
 		FirstAttemptAt: row.firstAt,
 	})
+	if p := (*connectorPanic)(nil); errors.As(err, &p) {
+		r.log.ErrorContext(ctx, "connector panicked; the attempt is recorded as ambiguous (the request may have gone out)",
+			"connector", inst.name, "key", row.key, "attempt", row.attempt, "panic", fmt.Sprint(p.value), "stack", string(p.stack))
+	}
 	finishedLocal := r.cfg.NowFunc()
 	finished := r.corrected(finishedLocal)
 	if err != nil && ctx.Err() != nil {
@@ -1607,11 +1612,20 @@ func (r *Relay) holdForgotten(inst *instance, row claimed, now time.Time) outcom
 func safeDeliver(ctx context.Context, c connectors.Connector, d connectors.Delivery) (res json.RawMessage, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			res, err = nil, connectors.Ambiguous(fmt.Errorf("connector panicked: %v", p))
+			res, err = nil, connectors.Ambiguous(&connectorPanic{value: p, stack: debug.Stack()})
 		}
 	}()
 	return c.Deliver(ctx, d)
 }
+
+// connectorPanic is a connector's panic, with the stack that led to it for the log
+// (last_error gets only the value).
+type connectorPanic struct {
+	value any
+	stack []byte
+}
+
+func (p *connectorPanic) Error() string { return fmt.Sprintf("connector panicked: %v", p.value) }
 
 const (
 	statusPending   = "pending"
