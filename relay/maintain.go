@@ -71,7 +71,16 @@ func (r *Relay) retain(ctx context.Context) {
 // instances). A relay that stops deletes its words (see withdraw); one that dies leaves
 // them to lapse, and meanwhile inserts only send NOTIFY no relay needed.
 func (r *Relay) seen(ctx context.Context) {
-	if _, err := r.pool.Exec(ctx, seenSQL, r.cfg.ID, nonNil(r.names), seenFor); err != nil && ctx.Err() == nil {
+	if r.withdrawn.Load() {
+		return // the relay is stopping (see withdraw)
+	}
+	_, err := r.pool.Exec(ctx, seenSQL, r.cfg.ID, nonNil(r.names), seenFor)
+	if r.withdrawn.Load() {
+		// withdraw began while this ran, and its delete may have come first.
+		r.withdraw(ctx)
+		return
+	}
+	if err != nil && ctx.Err() == nil {
 		r.metrics.dbErrors.WithLabelValues("seen").Inc()
 		r.log.WarnContext(ctx, "could not renew this relay's connector instances for the insert trigger; trying again soon",
 			"err", err)

@@ -91,6 +91,9 @@ type Relay struct {
 	// later than the one before, so that the rows of a round whose reply was lost can be
 	// found and handed back (see releaseLost). Only the claim loop uses them.
 	lastLease, roundLease time.Time
+	// withdrawn is set once withdraw has begun: the relay has stopped claiming, and seen
+	// no longer renews its words.
+	withdrawn atomic.Bool
 	// runDone is Run's ctx.Done(), so that Ready says the relay is stopping as soon as
 	// it is closed.
 	runDone atomic.Pointer[<-chan struct{}]
@@ -710,7 +713,13 @@ const (
 // need (the commits of transactions that notify are serialised). It is best effort,
 // bounded by withdrawTimeout: a relay that cannot reach the database (or was killed)
 // leaves its words to lapse by themselves.
+//
+// Set before the words are deleted, withdrawn stops seen renewing them: a renewal
+// still running in the database when the relay was asked to stop (maintain's context
+// ends with Run's, but a statement may commit after its cancel) would bring back the
+// words this withdrew, for a minute.
 func (r *Relay) withdraw(ctx context.Context) {
+	r.withdrawn.Store(true)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), withdrawTimeout)
 	defer cancel()
 	if _, err := r.pool.Exec(ctx, withdrawSQL, r.cfg.ID); err != nil {

@@ -201,3 +201,20 @@ func TestRelaysSharingInstancesDoNotWaitForEachOther(t *testing.T) {
 		require.NoError(t, tx.Commit(t.Context()))
 	}
 }
+
+// A relay that stops withdraws its words in outbox_wake_connectors as its claim loop
+// ends; a renewal that lands after that (one still running in the database when the
+// relay was asked to stop) brought them back, for a minute after the relay was gone
+// (other relays took its instances for run, and inserts sent NOTIFY no relay needed).
+// They stay withdrawn.
+func TestStoppingRelayDoesNotRenewItsWithdrawnWords(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	r := b.newRelay(t, separateMetrics(b.fastConfig()))
+	r.seen(t.Context())
+	require.Len(t, wakeRows(t, b, r.ID()), 1)
+
+	r.withdraw(t.Context()) // the claim loop has ended
+	r.seen(t.Context())     // a renewal that lands after the withdrawal
+	require.Empty(t, wakeRows(t, b, r.ID()), "the stopping relay's words stay withdrawn")
+}
