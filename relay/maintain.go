@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Intervals of the background work. Reclaiming runs every poll interval, so a dead
@@ -70,21 +71,47 @@ func (r *Relay) retain(ctx context.Context) {
 // NOTIFY while no relay polls fast for one of them (another relay may be busy with other
 // instances). A relay that stops deletes its words (see withdraw); one that dies leaves
 // them to lapse, and meanwhile inserts only send NOTIFY no relay needed.
+//
+// It also looks for another relay running with the same ID, which this relay's words
+// tell: one was written since its last renewal, or withdrawn, and not by this relay. Two
+// relays with one ID withdraw each other's words when one stops (inserts then may not
+// wake the other), a release of a round whose reply was lost hands back the other's rows
+// in flight when their leases end in the same microsecond, and the attempts log cannot
+// tell them apart: each renewal that finds one reports it.
 func (r *Relay) seen(ctx context.Context) {
 	if r.withdrawn.Load() {
 		return // the relay is stopping (see withdraw)
 	}
-	_, err := r.pool.Exec(ctx, seenSQL, r.cfg.ID, nonNil(r.names), seenFor)
+	var before, after pgtype.Timestamptz
+	err := r.pool.QueryRow(ctx, seenSQL, r.cfg.ID, nonNil(r.names), seenFor).Scan(&before, &after)
 	if r.withdrawn.Load() {
 		// withdraw began while this ran, and its delete may have come first.
 		r.withdraw(ctx)
 		return
 	}
-	if err != nil && ctx.Err() == nil {
-		r.metrics.dbErrors.WithLabelValues("seen").Inc()
-		r.log.WarnContext(ctx, "could not renew this relay's connector instances for the insert trigger; trying again soon",
-			"err", err)
+	if err != nil {
+		// The renewal may have committed without its reply: the next one compares with
+		// nothing.
+		r.lastSeen = pgtype.Timestamptz{}
+		if ctx.Err() == nil {
+			r.metrics.dbErrors.WithLabelValues("seen").Inc()
+			r.log.WarnContext(ctx, "could not renew this relay's connector instances for the insert trigger; trying again soon",
+				"err", err)
+		}
+		return
 	}
+	if r.lastSeen.Valid && !sameTime(before, r.lastSeen) {
+		r.log.ErrorContext(ctx, "ANOTHER RELAY USES THIS RELAY'S ID: its word in outbox_wake_connectors was renewed or withdrawn "+
+			"by another relay since this one last renewed it; relays sharing one ID withdraw each other's words when one stops, "+
+			"may hand back each other's rows in flight, and cannot be told apart in the attempts log: give each relay its own "+
+			"OUTBOX_RELAY_ID, or leave it unset for a generated one")
+	}
+	r.lastSeen = after
+}
+
+// sameTime reports whether a and b are the same timestamp, or both NULL.
+func sameTime(a, b pgtype.Timestamptz) bool {
+	return a.Valid == b.Valid && a.InfinityModifier == b.InfinityModifier && a.Time.Equal(b.Time)
 }
 
 // seenFor is how long the word seen renews lasts: several renewals, so that one that

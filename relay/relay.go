@@ -91,6 +91,10 @@ type Relay struct {
 	// later than the one before, so that the rows of a round whose reply was lost can be
 	// found and handed back (see releaseLost). Only the claim loop uses them.
 	lastLease, roundLease time.Time
+	// lastSeen is the seen_until this relay's last renewal of its words in
+	// outbox_wake_connectors wrote (invalid before the first, or after one that failed);
+	// only maintain uses it (see seen).
+	lastSeen pgtype.Timestamptz
 	// withdrawn is set once withdraw has begun: the relay has stopped claiming, and seen
 	// no longer renews its words.
 	withdrawn atomic.Bool

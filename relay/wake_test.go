@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -210,11 +211,16 @@ func TestRelaysSharingInstancesDoNotWaitForEachOther(t *testing.T) {
 func TestStoppingRelayDoesNotRenewItsWithdrawnWords(t *testing.T) {
 	t.Parallel()
 	b := setup(t, receiver.Options{})
-	r := b.newRelay(t, separateMetrics(b.fastConfig()))
+	var errs atomic.Int64
+	cfg := separateMetrics(b.fastConfig())
+	cfg.Logger = slog.New(sameIDErrors{&errs})
+	r := b.newRelay(t, cfg)
+	r.seen(t.Context())
 	r.seen(t.Context())
 	require.Len(t, wakeRows(t, b, r.ID()), 1)
 
 	r.withdraw(t.Context()) // the claim loop has ended
 	r.seen(t.Context())     // a renewal that lands after the withdrawal
 	require.Empty(t, wakeRows(t, b, r.ID()), "the stopping relay's words stay withdrawn")
+	require.Zero(t, errs.Load(), "the relay's own withdrawal is not another relay with its ID")
 }
