@@ -22,6 +22,10 @@ func TestMain(m *testing.M) {
 		crashHelper()
 		return
 	}
+	if os.Getenv(nsHelperEnv) != "" {
+		nsHelper()
+		return
+	}
 	goleak.VerifyTestMain(m)
 }
 

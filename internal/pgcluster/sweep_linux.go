@@ -14,24 +14,51 @@ import (
 // reused pid is not taken for the creator.
 const creatorFile = "creator"
 
-// markCreator writes creatorFile into dir, naming this process.
+// namespaceFile, in a cluster directory, names the creator's PID namespace, in which
+// alone its pid names it. A file of its own: a sweep of a version that reads only
+// creatorFile, from another build sharing the temp directory, compares the whole file
+// with the creator's pid and start time.
+const namespaceFile = "creator-pid-namespace"
+
+// markCreator writes namespaceFile and then creatorFile into dir, naming this process.
 func markCreator(dir string) error {
 	id, err := processID(os.Getpid())
 	if err != nil {
 		return err
 	}
+	ns, err := pidNamespace()
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, namespaceFile), []byte(ns+"\n"), 0o644); err != nil {
+		return err
+	}
 	return os.WriteFile(filepath.Join(dir, creatorFile), []byte(id+"\n"), 0o644)
+}
+
+// pidNamespace names this process's PID namespace ("pid:[4026531836]").
+func pidNamespace() (string, error) {
+	return os.Readlink("/proc/self/ns/pid")
 }
 
 // sweepStale removes the cluster directories under base that a dead process left
 // behind: a test binary that panicked or timed out, or a demo that was killed, cannot
 // call Stop, and its server goes with it (the parent death signal), but its directory
 // stays, tens of megabytes each. A directory is stale when its creator is gone and no
-// server runs on it; one without a creatorFile (being created, or from an older
-// version) is left alone.
+// server runs on it; one without a creatorFile or a namespaceFile (being created, or
+// from an older version) is left alone, and so is one whose creator ran in another PID
+// namespace (a container sharing the temp directory): its pid here names another
+// process or none, and its server may listen where this process cannot see it.
 func sweepStale(base string, logf func(format string, args ...any)) {
+	ns, err := pidNamespace()
+	if err != nil {
+		return // nothing can be told abandoned
+	}
 	dirs, _ := filepath.Glob(filepath.Join(base, "outboxd-pg-*"))
 	for _, dir := range dirs {
+		if b, err := os.ReadFile(filepath.Join(dir, namespaceFile)); err != nil || strings.TrimSpace(string(b)) != ns {
+			continue
+		}
 		b, err := os.ReadFile(filepath.Join(dir, creatorFile))
 		if err != nil {
 			continue
