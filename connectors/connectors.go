@@ -68,7 +68,8 @@ type Connector interface {
 	// [RetryAfter] or [Ambiguous], or a plain error to retry with backoff; the result may
 	// then still be non-nil (a 4xx body, say) and is stored too. When ctx ends mid-attempt
 	// (a relay stopping), an attempt whose request may have gone out is [Ambiguous]; a
-	// plain error says nothing was sent, and the relay hands the row back uncounted.
+	// plain error that wraps ctx's error says nothing was sent, and the relay hands the
+	// row back uncounted (any other is taken as the receiver's answer).
 	Deliver(ctx context.Context, d Delivery) (json.RawMessage, error)
 	// Guarantee says whether the receiver enforces the key.
 	Guarantee() Guarantee

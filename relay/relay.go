@@ -1579,11 +1579,13 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 	}
 	finishedLocal := r.cfg.NowFunc()
 	finished := r.corrected(finishedLocal)
-	if err != nil && ctx.Err() != nil {
+	if err != nil && ctx.Err() != nil && stoppedBy(ctx, err) {
 		// Cancelled at the shutdown timeout. A connector marks ambiguous an attempt whose
 		// request may have gone out; one it does not (nor permanent) sent nothing the
 		// receiver could act on, so it is no attempt: the row goes back as one never
 		// started, its attempt uncounted, rather than held or dead on its last attempt.
+		// (An error that is not the cancel's is the receiver's answer, come as the
+		// timeout struck: it is decided as any other, its Retry-After kept.)
 		if !connectors.IsAmbiguous(err) && !connectors.IsPermanent(err) {
 			r.releaseRows(context.Background(), []claimed{row})
 			return
@@ -1617,6 +1619,13 @@ func (r *Relay) holdForgotten(inst *instance, row claimed, now time.Time) outcom
 	inst.outcomes[statusHeld].Inc() // no duration: the connector was not called
 	return outcome{id: row.id, attempt: row.attempt, status: statusHeld, lastError: &msg,
 		started: now, finished: now, record: statusHeld, ordered: row.ordered}
+}
+
+// stoppedBy reports whether err is ctx's end (its cancel, deadline or cause) rather than
+// an answer that came meanwhile.
+func stoppedBy(ctx context.Context, err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, context.Cause(ctx))
 }
 
 // safeDeliver turns a connector's panic into an ambiguous error: the connector may have

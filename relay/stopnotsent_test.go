@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -76,4 +77,49 @@ func TestAttemptStoppedBeforeSendingIsNotCounted(t *testing.T) {
 			requireNoLeases(t, b.pool)
 		})
 	}
+}
+
+// answeredAtStop answers, as the shutdown timeout strikes, with a receiver's 503 and a
+// Retry-After of an hour: an answer, not the cancel.
+type answeredAtStop struct {
+	connectors.Connector
+	once    sync.Once
+	entered chan struct{}
+}
+
+func (a *answeredAtStop) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
+	a.once.Do(func() { close(a.entered) })
+	<-ctx.Done()
+	return json.RawMessage(`{"status":503}`), connectors.RetryAfter(errors.New("receiver answered 503 Service Unavailable"), time.Hour)
+}
+
+// A receiver's answer that comes as the shutdown timeout cancels the attempt is an
+// attempt like any other: counted, logged, not ambiguous, its Retry-After kept. It was
+// taken for an attempt that sent nothing (handed back uncounted, unlogged, due at once),
+// and before that for an ambiguous one.
+func TestAnswerAtTheShutdownTimeoutIsAnAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	conn := &answeredAtStop{Connector: b.hook, entered: make(chan struct{})}
+	cfg := b.fastConfig()
+	cfg.ShutdownTimeout = 50 * time.Millisecond
+	_, stop := start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
+	enqueue(t, b.pool, "answered", "webhook", []int{1})
+	waitFor(t, conn.entered, "the row never reached the connector")
+	stop()
+
+	in, err := outbox.Get(t.Context(), b.pool, "answered")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusPending, in.Status)
+	require.Equal(t, 1, in.Attempts, "the attempt is counted")
+	require.Contains(t, in.LastError, "503")
+	var ambiguous, later bool
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT ambiguous, next_attempt_at > now() + interval '50 minutes'
+		FROM outbox WHERE idempotency_key = 'answered'`).Scan(&ambiguous, &later))
+	require.False(t, ambiguous, "the receiver answered")
+	require.True(t, later, "its Retry-After is kept")
+	att := attemptsOf(t, b.pool, "answered")
+	require.Len(t, att, 1)
+	require.Equal(t, "retry", att[0].Outcome)
+	requireNoLeases(t, b.pool)
 }
