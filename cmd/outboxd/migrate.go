@@ -30,6 +30,7 @@ func newMigrateCmd(e *env) *cobra.Command {
 			if err != nil {
 				return usageError{err}
 			}
+			boundConnect(poolCfg)
 			conn, err := pgx.ConnectConfig(ctx, poolCfg.ConnConfig)
 			if err != nil {
 				return fmt.Errorf("connect: %w", err)

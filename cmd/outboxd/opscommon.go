@@ -57,6 +57,15 @@ func (f *dbFlag) resolve(e *env) (string, error) {
 // DSN sets connect_timeout.
 const opsConnectTimeout = 10 * time.Second
 
+// boundConnect gives cfg's connections opsConnectTimeout unless its DSN set one: pgx
+// waits for ever without one, and a database that accepts connections and never answers
+// (a hung server, a stalled network path) would hang the command.
+func boundConnect(cfg *pgxpool.Config) {
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = opsConnectTimeout
+	}
+}
+
 // open returns a small pool on the database: the commands run a few statements each.
 func (f *dbFlag) open(ctx context.Context, e *env) (*pgxpool.Pool, error) {
 	dsn, err := f.resolve(e)
@@ -70,11 +79,7 @@ func (f *dbFlag) open(ctx context.Context, e *env) (*pgxpool.Pool, error) {
 	if cfg.MaxConns > 4 {
 		cfg.MaxConns = 4
 	}
-	if cfg.ConnConfig.ConnectTimeout == 0 {
-		// pgx waits for ever without one: a database that accepts connections and never
-		// answers (a hung server, a stalled network path) would hang the command.
-		cfg.ConnConfig.ConnectTimeout = opsConnectTimeout
-	}
+	boundConnect(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("database pool: %w", err)

@@ -177,12 +177,17 @@ func TestStatusWatchFooterTimeIsUTC(t *testing.T) {
 func TestOpsCommandGivesUpOnADatabaseThatDoesNotAnswer(t *testing.T) {
 	t.Parallel()
 	dsn := "postgres://app:hunter2@" + pgtest.UnansweringAddr(t) + "/app"
-	ctx, cancel := context.WithTimeout(t.Context(), 3*opsConnectTimeout) // a bound for the test only
-	defer cancel()
-	var out, errb bytes.Buffer
-	code := run(ctx, []string{"status"}, []string{"OUTBOX_DATABASE_URL=" + dsn}, strings.NewReader(""), &out, &errb)
-	require.Equal(t, exitFailure, code, errb.String())
-	require.NoError(t, ctx.Err(), "the command ended by itself")
-	require.Contains(t, errb.String(), "timeout")
-	require.NotContains(t, errb.String(), "hunter2")
+	for _, command := range []string{"status", "migrate"} {
+		t.Run(command, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(t.Context(), 3*opsConnectTimeout) // a bound for the test only
+			defer cancel()
+			var out, errb bytes.Buffer
+			code := run(ctx, []string{command}, []string{"OUTBOX_DATABASE_URL=" + dsn}, strings.NewReader(""), &out, &errb)
+			require.Equal(t, exitFailure, code, errb.String())
+			require.NoError(t, ctx.Err(), "the command ended by itself")
+			require.Contains(t, errb.String(), "timeout")
+			require.NotContains(t, errb.String(), "hunter2")
+		})
+	}
 }
