@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/receiver"
@@ -99,4 +100,64 @@ func setupRoles(t *testing.T) *testBundle {
 		t.Skip("the test database's role may not create roles")
 	}
 	return b
+}
+
+// The relay runs as a role with only the privileges the README gives it (it does not
+// own the tables): it delivers, retries, sends a refused row to dead, reclaims an
+// expired lease, deletes a row past retention, and stops. An outcome write that read
+// outbox_audit (to keep a late answer from undoing a replay) failed every outcome with
+// "permission denied for table outbox_audit", and rows stayed delivering.
+func TestRelayWorksWithTheREADMEsPrivileges(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	ctx := t.Context()
+	role := "outboxd_relay_" + randomSuffix()
+	id := pgx.Identifier{role}.Sanitize()
+	for _, stmt := range []string{
+		`CREATE ROLE ` + id + ` LOGIN`,
+		`GRANT USAGE ON SCHEMA public TO ` + id,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON outbox, outbox_attempts, outbox_wake_connectors TO ` + id,
+		`GRANT SELECT ON outbox_schema_migrations TO ` + id,
+	} {
+		_, err := b.pool.Exec(ctx, stmt)
+		require.NoError(t, err, stmt)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, err := b.pool.Exec(ctx, `DROP OWNED BY `+id)
+		require.NoError(t, err)
+		_, err = b.pool.Exec(ctx, `DROP ROLE `+id)
+		require.NoError(t, err)
+	})
+	pcfg := b.pool.Config().Copy()
+	pcfg.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	b.receiver.Plan("retried", receiver.Plan{FailFirst: 1})
+	b.receiver.Plan("refused", receiver.Plan{PermanentStatus: 400})
+	r, stop := start(t, pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+	for _, key := range []string{"plain", "retried", "refused"} {
+		enqueue(t, b.pool, key, "webhook", map[string]string{"key": key})
+	}
+	waitStatus(t, b.pool, "plain", outbox.StatusDelivered)
+	waitStatus(t, b.pool, "retried", outbox.StatusDelivered)
+	waitStatus(t, b.pool, "refused", outbox.StatusDead)
+
+	// The background work: reclaiming a lease that expired, deleting a row past
+	// retention (and its attempts), the row statistics.
+	_, err = b.pool.Exec(ctx, `
+INSERT INTO outbox (idempotency_key, connector, payload, status, attempts, lease_owner, lease_expires_at, updated_at)
+VALUES ('expired', 'webhook', '{}', 'delivering', 1, 'gone', now() - interval '1 minute', now() - interval '2 minutes'),
+       ('old', 'webhook', '{}', 'delivered', 1, NULL, NULL, now() - interval '1000 hours')`)
+	require.NoError(t, err)
+	r.reclaim(ctx)
+	r.deleteExpired(ctx)
+	r.refreshStats(ctx)
+	require.Zero(t, testutil.CollectAndCount(r.metrics.dbErrors), "database errors")
+	waitStatus(t, b.pool, "expired", outbox.StatusDelivered)
+	_, err = outbox.Get(ctx, b.pool, "old")
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	stop()
 }

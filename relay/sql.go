@@ -95,15 +95,17 @@ RETURNING o.id, o.idempotency_key, o.payload, o.headers, o.attempts, o.ambiguous
 // recordSQL writes many outcomes in one round trip: it updates each row still leased to
 // this relay ($1) for the same attempt, and logs every attempt. A row whose lease expired
 // and was put back (pending or held, marked ambiguous; dead when that was its last
-// attempt) but not yet taken again also accepts the late outcome: the attempt did
-// finish, and its answer is the truth. A row put away as dead accepts only a final
-// answer (delivered, dead): a late retry or hold would bring back a row that reclaim gave
-// up on (its maximum age passed), and with an ordering key, after its key went on. A row an
-// operator canceled after its lease expired (still ambiguous) accepts only a delivery: the
-// receiver acted, whatever the operator meant. So does a row an operator replayed since
-// the attempt started (an outbox_audit row): any other answer is no news the operator
-// lacked, and would undo the replay (held or dead again, never sent). The attempt is
-// logged all the same.
+// attempt) but not yet taken again accepts a late delivery: the attempt did finish, the
+// receiver acted, and that is the truth whatever happened to the row since. Any other
+// late answer is left in the attempts log only: for a row put back to pending it is no
+// more than the next attempt will learn; a held row waits for an operator, who sees it
+// there; and it would undo what an operator did meanwhile (a replay, with a new key or
+// not: held or dead again and never sent, or the held original sent beside its copy). A
+// row put away as dead accepts a final answer (delivered, dead): a late retry or hold
+// would bring back a row that reclaim gave up on (its maximum age passed), and with an
+// ordering key, after its key went on. A row an operator canceled after its lease
+// expired (still ambiguous) accepts only a delivery. None of this reads outbox_audit,
+// which the relay's role need not be able to.
 const recordSQL = `
 WITH r AS (
     SELECT *
@@ -157,10 +159,7 @@ const recordWrite = `upd AS (
     WHERE o.id = r.id
       AND o.attempts = r.attempt
       AND ((o.status = 'delivering' AND o.lease_owner = $1)
-           OR (o.status IN ('pending', 'held') AND o.ambiguous
-               AND (r.status = 'delivered' OR NOT EXISTS (
-                   SELECT 1 FROM outbox_audit a
-                   WHERE a.outbox_id = o.id AND a.action = 'replay' AND a.at >= r.started_at)))
+           OR (o.status IN ('pending', 'held') AND o.ambiguous AND r.status = 'delivered')
            OR (o.status = 'dead' AND o.ambiguous AND r.status IN ('delivered', 'dead'))
            OR (o.status = 'canceled' AND o.ambiguous AND r.status = 'delivered'))
     RETURNING o.id
