@@ -73,11 +73,7 @@ func TestRunFailsAtOnceWhenTheSchemaIsRefused(t *testing.T) {
 		_, err := b.pool.Exec(context.Background(), `DROP ROLE `+pgx.Identifier{login}.Sanitize())
 		require.NoError(t, err)
 	})
-	pcfg := b.pool.Config().Copy()
-	pcfg.ConnConfig.User = login
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := poolAs(t, b, login)
 
 	_, cfg := b.clockedConfig(t)
 	r, err := New(pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
@@ -129,11 +125,7 @@ func TestRelayWorksWithTheREADMEsPrivileges(t *testing.T) {
 		_, err = b.pool.Exec(ctx, `DROP ROLE `+id)
 		require.NoError(t, err)
 	})
-	pcfg := b.pool.Config().Copy()
-	pcfg.ConnConfig.User = role
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := poolAs(t, b, role)
 
 	b.receiver.Plan("retried", receiver.Plan{FailFirst: 1})
 	b.receiver.Plan("refused", receiver.Plan{PermanentStatus: 400})
@@ -147,7 +139,7 @@ func TestRelayWorksWithTheREADMEsPrivileges(t *testing.T) {
 
 	// The background work: reclaiming a lease that expired, deleting a row past
 	// retention (and its attempts), the row statistics.
-	_, err = b.pool.Exec(ctx, `
+	_, err := b.pool.Exec(ctx, `
 INSERT INTO outbox (idempotency_key, connector, payload, status, attempts, lease_owner, lease_expires_at, updated_at)
 VALUES ('expired', 'webhook', '{}', 'delivering', 1, 'gone', now() - interval '1 minute', now() - interval '2 minutes'),
        ('old', 'webhook', '{}', 'delivered', 1, NULL, NULL, now() - interval '1000 hours')`)
@@ -160,4 +152,15 @@ VALUES ('expired', 'webhook', '{}', 'delivering', 1, 'gone', now() - interval '1
 	_, err = outbox.Get(ctx, b.pool, "old")
 	require.ErrorIs(t, err, outbox.ErrNotFound)
 	stop()
+}
+
+// poolAs is a pool on b's database that logs in as role.
+func poolAs(t *testing.T, b *testBundle, role string) *pgxpool.Pool {
+	t.Helper()
+	pcfg := b.pool.Config().Copy()
+	pcfg.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(t.Context(), pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }
