@@ -17,11 +17,12 @@
 // The table is authoritative. A relay holds a row only through its lease (lease_owner,
 // lease_expires_at, status delivering); every change it makes is conditional on still
 // holding that lease for the same attempt, so a relay that lost its lease can never
-// overwrite the work of the relay that took the row after it. One exception: the late
-// outcome of an attempt whose lease expired is still recorded while the row, put back
+// overwrite the work of the relay that took the row after it. One exception: a late
+// delivery of an attempt whose lease expired is still recorded while the row, put back
 // as ambiguous (pending, held, or dead when that was its last attempt), has not been
-// taken again; the attempt did finish, and its answer is the truth. Once an operator has
-// replayed or canceled such a row, only a delivery is recorded over their decision.
+// taken again, even over an operator's replay or cancel: the receiver acted, and that
+// is the truth. A row put away as dead also takes a late final refusal (dead); any other
+// late answer goes to the attempts log only (see recordSQL).
 //
 // # Claiming
 //

@@ -72,7 +72,7 @@ var errRollback = errors.New("dry run: roll back")
 // replaySQL puts rows $1 back to pending at $2. A row stuck in delivering (its lease
 // expired) is treated as the relay's reclaim treats it: the abandoned attempt is logged as
 // ambiguous and the row stays marked ambiguous, so the next attempt knows the receiver
-// may already have acted, and a late outcome from the vanished relay is still accepted
+// may already have acted, and a late delivery from the vanished relay is still accepted
 // (relay/sql.go, recordSQL). A dead or held row keeps its ambiguous mark for the same
 // reason: its relay may still write the outcome of that attempt (it lost the database,
 // and reclaim put the row away), and a delivery is the truth. (Any other late answer
@@ -181,8 +181,8 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayO
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			br = ReplayResult{Refused: map[string]string{}, NewKeys: map[string]string{}}
 			// The clock of this batch, not of the replay's start: a paced replay runs for
-			// minutes, and leases expire meanwhile; the audit entry's time is also what a
-			// relay's late outcome is compared with (relay/sql.go, recordSQL).
+			// minutes, and leases expire meanwhile; the batch's audit entries are stamped
+			// with it too.
 			now, err := dbNowOr(ctx, tx, opts.Now)
 			if err != nil {
 				return err
