@@ -483,7 +483,8 @@ func (r *Relay) Ready(ctx context.Context) error {
 // leases of rows it had claimed and will not start, gives in-flight deliveries until
 // Config.ShutdownTimeout to finish, cancels those still running (their attempts are
 // recorded as ambiguous, but for those their connector reports as never sent, which are
-// handed back uncounted), records every outcome, and returns nil. It returns an error only when it cannot start (and nil when
+// handed back uncounted, and those the receiver answered as the cancel struck, decided as
+// any other), records every outcome, and returns nil. It returns an error only when it cannot start (and nil when
 // ctx ends while it waits for the database at start).
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.runCalled.CompareAndSwap(false, true) {
