@@ -661,6 +661,22 @@ func (r *Relay) start(ctx context.Context) error {
 		return fmt.Errorf("relay: the database's outbox schema is at version %d and this relay needs version %d: "+
 			"run outboxd migrate (or outboxd.Migrate) first", version, outboxd.SchemaVersion)
 	}
+	// A role that may not work the rows would otherwise start, and fail every claim
+	// and every reclaim, each with a warning, for as long as it runs.
+	var role, missing string
+	b = retry.WithMaxDuration(30*time.Second, retry.WithCappedDuration(2*time.Second, retry.NewExponential(100*time.Millisecond)))
+	err = retry.Do(ctx, b, func(ctx context.Context) error {
+		if err := r.pool.QueryRow(ctx, missingPrivilegesSQL).Scan(&role, &missing); err != nil {
+			return retryUnlessRefused(fmt.Errorf("read the role's privileges: %w", err))
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	if missing != "" {
+		return fmt.Errorf("relay: role %s lacks privileges the relay needs: %s", role, missing)
+	}
 	return nil
 }
 

@@ -164,3 +164,39 @@ func poolAs(t *testing.T, b *testBundle, role string) *pgxpool.Pool {
 	t.Cleanup(pool.Close)
 	return pool
 }
+
+// A role that may read the schema's version but not work the outbox's rows (the
+// application's role, say) fails Run at once with one error naming what it lacks.
+// It used to start, say it had, and log a warning for the claim and the reclaim of
+// every poll, for ever, while readiness said all was well.
+func TestRunFailsAtOnceWithoutTheRelaysPrivileges(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	ctx := t.Context()
+	role := "outboxd_app_" + randomSuffix()
+	id := pgx.Identifier{role}.Sanitize()
+	for _, stmt := range []string{
+		`CREATE ROLE ` + id + ` LOGIN`,
+		`GRANT USAGE ON SCHEMA public TO ` + id,
+		`GRANT SELECT, INSERT ON outbox TO ` + id,
+		`GRANT SELECT ON outbox_schema_migrations, outbox_attempts TO ` + id,
+	} {
+		_, err := b.pool.Exec(ctx, stmt)
+		require.NoError(t, err, stmt)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, err := b.pool.Exec(ctx, `DROP OWNED BY `+id)
+		require.NoError(t, err)
+		_, err = b.pool.Exec(ctx, `DROP ROLE `+id)
+		require.NoError(t, err)
+	})
+	pool := poolAs(t, b, role)
+
+	r, err := New(pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	runCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	err = r.Run(runCtx)
+	require.EqualError(t, err, `relay: role `+role+` lacks privileges the relay needs: UPDATE, DELETE on outbox; INSERT, DELETE on outbox_attempts`)
+}
