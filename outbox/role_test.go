@@ -1,13 +1,9 @@
 package outbox_test
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/pgtest"
@@ -22,43 +18,11 @@ func TestApplicationWorksWithTheREADMEsPrivileges(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.DB(t)
 	ctx := t.Context()
-	var mayCreate bool
-	require.NoError(t, pool.QueryRow(ctx, `SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user`).Scan(&mayCreate))
-	if !mayCreate {
-		t.Skip("the test database's role may not create roles")
-	}
-	suffix := make([]byte, 6)
-	_, _ = rand.Read(suffix)
-	plain, app := "outboxd_insert_"+hex.EncodeToString(suffix), "outboxd_app_"+hex.EncodeToString(suffix)
-	pid, aid := pgx.Identifier{plain}.Sanitize(), pgx.Identifier{app}.Sanitize()
-	for _, stmt := range []string{
-		`CREATE ROLE ` + pid + ` LOGIN`,
-		`CREATE ROLE ` + aid + ` LOGIN`,
-		`GRANT USAGE ON SCHEMA public TO ` + pid + `, ` + aid,
-		`GRANT INSERT ON outbox TO ` + pid,
-		`GRANT SELECT, INSERT, DELETE ON outbox TO ` + aid,
-		`GRANT USAGE ON SEQUENCE outbox_id_seq TO ` + aid,
-		`GRANT SELECT, DELETE ON outbox_attempts TO ` + aid,
-	} {
-		_, err := pool.Exec(ctx, stmt)
-		require.NoError(t, err, stmt)
-	}
-	t.Cleanup(func() {
-		ctx := context.Background()
-		_, err := pool.Exec(ctx, `DROP OWNED BY `+pid+`, `+aid)
-		require.NoError(t, err)
-		_, err = pool.Exec(ctx, `DROP ROLE `+pid+`, `+aid)
-		require.NoError(t, err)
-	})
-	as := func(role string) *pgxpool.Pool {
-		pcfg := pool.Config().Copy()
-		pcfg.ConnConfig.User = role
-		p, err := pgxpool.NewWithConfig(ctx, pcfg)
-		require.NoError(t, err)
-		t.Cleanup(p.Close)
-		return p
-	}
-	plainPool, appPool := as(plain), as(app)
+	plainPool := pgtest.PoolAs(t, pool, pgtest.Role(t, pool, "outboxd_insert_", `GRANT INSERT ON outbox TO ROLE_`))
+	appPool := pgtest.PoolAs(t, pool, pgtest.Role(t, pool, "outboxd_app_",
+		`GRANT SELECT, INSERT, DELETE ON outbox TO ROLE_`,
+		`GRANT USAGE ON SEQUENCE outbox_id_seq TO ROLE_`,
+		`GRANT SELECT, DELETE ON outbox_attempts TO ROLE_`))
 
 	_, err := plainPool.Exec(ctx, `INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('plain', 'webhook', '{}')`)
 	require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -64,16 +65,9 @@ func TestRelayWorksAsARoleItSets(t *testing.T) {
 // for a database that is not up yet.
 func TestRunFailsAtOnceWhenTheSchemaIsRefused(t *testing.T) {
 	t.Parallel()
-	b := setupRoles(t)
+	b := setup(t, receiver.Options{})
 	ctx := t.Context()
-	login := "outboxd_refused_" + randomSuffix()
-	_, err := b.pool.Exec(ctx, `CREATE ROLE `+pgx.Identifier{login}.Sanitize()+` LOGIN`)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, err := b.pool.Exec(context.Background(), `DROP ROLE `+pgx.Identifier{login}.Sanitize())
-		require.NoError(t, err)
-	})
-	pool := poolAs(t, b, login)
+	pool := pgtest.PoolAs(t, b.pool, pgtest.Role(t, b.pool, "outboxd_refused_"))
 
 	_, cfg := b.clockedConfig(t)
 	r, err := New(pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
@@ -105,27 +99,11 @@ func setupRoles(t *testing.T) *testBundle {
 // "permission denied for table outbox_audit", and rows stayed delivering.
 func TestRelayWorksWithTheREADMEsPrivileges(t *testing.T) {
 	t.Parallel()
-	b := setupRoles(t)
+	b := setup(t, receiver.Options{})
 	ctx := t.Context()
-	role := "outboxd_relay_" + randomSuffix()
-	id := pgx.Identifier{role}.Sanitize()
-	for _, stmt := range []string{
-		`CREATE ROLE ` + id + ` LOGIN`,
-		`GRANT USAGE ON SCHEMA public TO ` + id,
-		`GRANT SELECT, INSERT, UPDATE, DELETE ON outbox, outbox_attempts, outbox_wake_connectors TO ` + id,
-		`GRANT SELECT ON outbox_schema_migrations TO ` + id,
-	} {
-		_, err := b.pool.Exec(ctx, stmt)
-		require.NoError(t, err, stmt)
-	}
-	t.Cleanup(func() {
-		ctx := context.Background()
-		_, err := b.pool.Exec(ctx, `DROP OWNED BY `+id)
-		require.NoError(t, err)
-		_, err = b.pool.Exec(ctx, `DROP ROLE `+id)
-		require.NoError(t, err)
-	})
-	pool := poolAs(t, b, role)
+	pool := pgtest.PoolAs(t, b.pool, pgtest.Role(t, b.pool, "outboxd_relay_",
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON outbox, outbox_attempts, outbox_wake_connectors TO ROLE_`,
+		`GRANT SELECT ON outbox_schema_migrations TO ROLE_`))
 
 	b.receiver.Plan("retried", receiver.Plan{FailFirst: 1})
 	b.receiver.Plan("refused", receiver.Plan{PermanentStatus: 400})
@@ -154,44 +132,18 @@ VALUES ('expired', 'webhook', '{}', 'delivering', 1, 'gone', now() - interval '1
 	stop()
 }
 
-// poolAs is a pool on b's database that logs in as role.
-func poolAs(t *testing.T, b *testBundle, role string) *pgxpool.Pool {
-	t.Helper()
-	pcfg := b.pool.Config().Copy()
-	pcfg.ConnConfig.User = role
-	pool, err := pgxpool.NewWithConfig(t.Context(), pcfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
-}
-
 // A role that may read the schema's version but not work the outbox's rows (the
 // application's role, say) fails Run at once with one error naming what it lacks.
 // It used to start, say it had, and log a warning for the claim and the reclaim of
 // every poll, for ever, while readiness said all was well.
 func TestRunFailsAtOnceWithoutTheRelaysPrivileges(t *testing.T) {
 	t.Parallel()
-	b := setupRoles(t)
+	b := setup(t, receiver.Options{})
 	ctx := t.Context()
-	role := "outboxd_app_" + randomSuffix()
-	id := pgx.Identifier{role}.Sanitize()
-	for _, stmt := range []string{
-		`CREATE ROLE ` + id + ` LOGIN`,
-		`GRANT USAGE ON SCHEMA public TO ` + id,
-		`GRANT SELECT, INSERT ON outbox TO ` + id,
-		`GRANT SELECT ON outbox_schema_migrations, outbox_attempts TO ` + id,
-	} {
-		_, err := b.pool.Exec(ctx, stmt)
-		require.NoError(t, err, stmt)
-	}
-	t.Cleanup(func() {
-		ctx := context.Background()
-		_, err := b.pool.Exec(ctx, `DROP OWNED BY `+id)
-		require.NoError(t, err)
-		_, err = b.pool.Exec(ctx, `DROP ROLE `+id)
-		require.NoError(t, err)
-	})
-	pool := poolAs(t, b, role)
+	role := pgtest.Role(t, b.pool, "outboxd_app_",
+		`GRANT SELECT, INSERT ON outbox TO ROLE_`,
+		`GRANT SELECT ON outbox_schema_migrations, outbox_attempts TO ROLE_`)
+	pool := pgtest.PoolAs(t, b.pool, role)
 
 	r, err := New(pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
 	require.NoError(t, err)

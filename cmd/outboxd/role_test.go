@@ -1,19 +1,16 @@
 package main
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"io"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -22,28 +19,7 @@ import (
 // may not create roles.
 func roleEnv(t *testing.T, d *opsDB, prefix string, grants ...string) []string {
 	t.Helper()
-	ctx := t.Context()
-	var mayCreate bool
-	require.NoError(t, d.pool.QueryRow(ctx, `SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user`).Scan(&mayCreate))
-	if !mayCreate {
-		t.Skip("the test database's role may not create roles")
-	}
-	suffix := make([]byte, 6)
-	_, _ = rand.Read(suffix)
-	role := prefix + hex.EncodeToString(suffix)
-	id := pgx.Identifier{role}.Sanitize()
-	for _, stmt := range append([]string{`CREATE ROLE ` + id + ` LOGIN`, `GRANT USAGE ON SCHEMA public TO ` + id}, grants...) {
-		stmt = strings.ReplaceAll(stmt, "ROLE_", id)
-		_, err := d.pool.Exec(ctx, stmt)
-		require.NoError(t, err, stmt)
-	}
-	t.Cleanup(func() {
-		ctx := context.Background()
-		_, err := d.pool.Exec(ctx, `DROP OWNED BY `+id)
-		require.NoError(t, err)
-		_, err = d.pool.Exec(ctx, `DROP ROLE `+id)
-		require.NoError(t, err)
-	})
+	role := pgtest.Role(t, d.pool, prefix, grants...)
 	u, err := url.Parse(d.dsn)
 	require.NoError(t, err)
 	u.User = url.User(role)

@@ -1,17 +1,12 @@
 package api_test
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/api"
@@ -27,37 +22,10 @@ func TestAPIWorksWithTheREADMEsPrivileges(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.DB(t)
 	ctx := t.Context()
-	var mayCreate bool
-	require.NoError(t, pool.QueryRow(ctx, `SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user`).Scan(&mayCreate))
-	if !mayCreate {
-		t.Skip("the test database's role may not create roles")
-	}
-	suffix := make([]byte, 6)
-	_, _ = rand.Read(suffix)
-	role := "outboxd_serve_" + hex.EncodeToString(suffix)
-	id := pgx.Identifier{role}.Sanitize()
-	for _, stmt := range []string{
-		`CREATE ROLE ` + id + ` LOGIN`,
-		`GRANT USAGE ON SCHEMA public TO ` + id,
-		`GRANT SELECT, INSERT, UPDATE, DELETE ON outbox, outbox_attempts, outbox_wake_connectors TO ` + id,
-		`GRANT SELECT ON outbox_schema_migrations TO ` + id,
-		`GRANT SELECT, INSERT ON outbox_audit TO ` + id,
-	} {
-		_, err := pool.Exec(ctx, stmt)
-		require.NoError(t, err, stmt)
-	}
-	t.Cleanup(func() {
-		ctx := context.Background()
-		_, err := pool.Exec(ctx, `DROP OWNED BY `+id)
-		require.NoError(t, err)
-		_, err = pool.Exec(ctx, `DROP ROLE `+id)
-		require.NoError(t, err)
-	})
-	pcfg := pool.Config().Copy()
-	pcfg.ConnConfig.User = role
-	rolePool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	require.NoError(t, err)
-	t.Cleanup(rolePool.Close)
+	rolePool := pgtest.PoolAs(t, pool, pgtest.Role(t, pool, "outboxd_serve_",
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON outbox, outbox_attempts, outbox_wake_connectors TO ROLE_`,
+		`GRANT SELECT ON outbox_schema_migrations TO ROLE_`,
+		`GRANT SELECT, INSERT ON outbox_audit TO ROLE_`))
 
 	svc := &intent.Service{Pool: rolePool, Policy: &intent.Policy{
 		Tokens: []intent.Token{
