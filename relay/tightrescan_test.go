@@ -2,13 +2,11 @@ package relay
 
 import (
 	"encoding/json"
-	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -22,18 +20,10 @@ func TestOrderedOutcomeInATightRoundLeavesARescanForTheOthers(t *testing.T) {
 	t.Parallel()
 	b := setup(t, receiver.Options{})
 	clock, cfg := b.clockedConfig(t)
-	cfg.PollInterval = time.Hour // no full scan but the ones the rows ask for
-	cfg.Concurrency = 12
-	// Connectors without a time limit: no rows are claimed ahead, so the room is the
-	// concurrency.
-	r, err := New(b.pool, cfg, map[string]Instance{
-		"webhook":      {Connector: guaranteed{connectors.Enforced}},
-		"webhook:idle": {Connector: guaranteed{connectors.Enforced}},
-	})
-	require.NoError(t, err)
+	r := newTightRelay(t, b, cfg)
 	busy := r.instances["webhook"]
 
-	_, err = outbox.EnqueueBatch(t.Context(), b.pool, []outbox.Message{
+	_, err := outbox.EnqueueBatch(t.Context(), b.pool, []outbox.Message{
 		{Key: "chain-1", Connector: "webhook", OrderingKey: "chain", Payload: []int{1}},
 		{Key: "chain-2", Connector: "webhook", OrderingKey: "chain", Payload: []int{2}},
 	})
@@ -43,15 +33,7 @@ func TestOrderedOutcomeInATightRoundLeavesARescanForTheOthers(t *testing.T) {
 	require.Equal(t, 1, claimOnce(t, r), "the key's first row")
 	// Rows due later take the busy instance's room, until it is tight, and its claims
 	// now start after the key's second row.
-	fill := make([]outbox.Message, 2*cfg.Concurrency)
-	for i := range fill {
-		fill[i] = outbox.Message{Key: fmt.Sprintf("fill-%d", i), Connector: "webhook", Payload: []int{i}}
-	}
-	_, err = outbox.EnqueueBatch(t.Context(), b.pool, fill)
-	require.NoError(t, err)
-	for claimOnce(t, r) > 0 {
-	}
-	require.Less(t, r.maxClaimed-int(r.claimedRows.Load()), r.maxClaimed/4, "the room is tight")
+	fillUntilTight(t, b, r)
 
 	// The key's first row is delivered. The round that writes its outcome claims only
 	// for the idle instance (whose last claim is long enough ago).

@@ -21,24 +21,8 @@ func TestTightRoomSkipSaysWhenToClaimAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t, receiver.Options{})
 	_, cfg := b.clockedConfig(t)
-	cfg.PollInterval = time.Hour
-	cfg.Concurrency = 12
-	// Connectors without a time limit: no rows are claimed ahead, so the room is the
-	// concurrency.
-	r, err := New(b.pool, cfg, map[string]Instance{
-		"webhook":      {Connector: guaranteed{connectors.Enforced}},
-		"webhook:idle": {Connector: guaranteed{connectors.Enforced}},
-	})
-	require.NoError(t, err)
-	fill := make([]outbox.Message, 2*cfg.Concurrency)
-	for i := range fill {
-		fill[i] = outbox.Message{Key: fmt.Sprintf("fill-%d", i), Connector: "webhook", Payload: []int{i}}
-	}
-	_, err = outbox.EnqueueBatch(t.Context(), b.pool, fill)
-	require.NoError(t, err)
-	for claimOnce(t, r) > 0 {
-	}
-	require.Less(t, r.maxClaimed-int(r.claimedRows.Load()), r.maxClaimed/4, "the room is tight")
+	r := newTightRelay(t, b, cfg)
+	fillUntilTight(t, b, r)
 
 	// The idle instance has just claimed (nothing); its row arrives, and wakes the loop.
 	// Its last claim is stamped a minute ahead, so that however slow the machine, the
@@ -50,4 +34,34 @@ func TestTightRoomSkipSaysWhenToClaimAgain(t *testing.T) {
 	require.Zero(t, claimed)
 	require.Positive(t, retryIn, "nothing would look for the row again before the next poll, an hour away")
 	require.LessOrEqual(t, retryIn, time.Minute+tightClaimEvery)
+}
+
+// newTightRelay is a relay with instances webhook and webhook:idle, connectors without a
+// time limit (so no rows are claimed ahead, and the room is the concurrency, 12), and no
+// full scan but the ones the rows ask for (a poll interval of an hour).
+func newTightRelay(t *testing.T, b *testBundle, cfg *Config) *Relay {
+	t.Helper()
+	cfg.PollInterval = time.Hour
+	cfg.Concurrency = 12
+	r, err := New(b.pool, cfg, map[string]Instance{
+		"webhook":      {Connector: guaranteed{connectors.Enforced}},
+		"webhook:idle": {Connector: guaranteed{connectors.Enforced}},
+	})
+	require.NoError(t, err)
+	return r
+}
+
+// fillUntilTight gives instance webhook rows, due later than those before, until the
+// room for claimed rows is below a quarter.
+func fillUntilTight(t *testing.T, b *testBundle, r *Relay) {
+	t.Helper()
+	fill := make([]outbox.Message, 2*r.cfg.Concurrency)
+	for i := range fill {
+		fill[i] = outbox.Message{Key: fmt.Sprintf("fill-%d", i), Connector: "webhook", Payload: []int{i}}
+	}
+	_, err := outbox.EnqueueBatch(t.Context(), b.pool, fill)
+	require.NoError(t, err)
+	for claimOnce(t, r) > 0 {
+	}
+	require.Less(t, r.maxClaimed-int(r.claimedRows.Load()), r.maxClaimed/4, "the room is tight")
 }
