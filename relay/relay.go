@@ -663,10 +663,10 @@ func (r *Relay) start(ctx context.Context) error {
 	}
 	// A role that may not work the rows would otherwise start, and fail every claim
 	// and every reclaim, each with a warning, for as long as it runs.
-	var role, missing string
+	var role, missing, missingRetention string
 	b = retry.WithMaxDuration(30*time.Second, retry.WithCappedDuration(2*time.Second, retry.NewExponential(100*time.Millisecond)))
 	err = retry.Do(ctx, b, func(ctx context.Context) error {
-		if err := r.pool.QueryRow(ctx, missingPrivilegesSQL).Scan(&role, &missing); err != nil {
+		if err := r.pool.QueryRow(ctx, missingPrivilegesSQL).Scan(&role, &missing, &missingRetention); err != nil {
 			return retryUnlessRefused(fmt.Errorf("read the role's privileges: %w", err))
 		}
 		return nil
@@ -676,6 +676,12 @@ func (r *Relay) start(ctx context.Context) error {
 	}
 	if missing != "" {
 		return fmt.Errorf("relay: role %s lacks privileges the relay needs: %s", role, missing)
+	}
+	if missingRetention != "" {
+		// It delivers all the same, as it did before this check: refusing to start would
+		// stop, at an upgrade, a relay that worked.
+		r.log.ErrorContext(ctx, "this relay's role may not delete delivered and canceled rows past OUTBOX_RETENTION, "+
+			"which are kept until it may: grant "+missingRetention+" to role "+role)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -150,5 +151,24 @@ func TestRunFailsAtOnceWithoutTheRelaysPrivileges(t *testing.T) {
 	runCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	err = r.Run(runCtx)
-	require.EqualError(t, err, `relay: role `+role+` lacks privileges the relay needs: UPDATE, DELETE on outbox; INSERT, DELETE on outbox_attempts`)
+	require.EqualError(t, err, `relay: role `+role+` lacks privileges the relay needs: UPDATE on outbox; INSERT on outbox_attempts`)
+}
+
+// A role that may deliver but not delete (retention) starts, as it did before the relay
+// checked its privileges, and says once, loudly, what it lacks: refusing it would stop,
+// at an upgrade, a relay that delivered.
+func TestRunWithoutRetentionPrivilegesDeliversAndSaysSo(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	role := pgtest.Role(t, b.pool, "outboxd_nodelete_",
+		`GRANT SELECT, INSERT, UPDATE ON outbox, outbox_wake_connectors TO ROLE_`,
+		`GRANT SELECT, INSERT ON outbox_attempts TO ROLE_`,
+		`GRANT SELECT ON outbox_schema_migrations TO ROLE_`)
+	var logs logBuffer
+	cfg := b.fastConfig()
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	start(t, pgtest.PoolAs(t, b.pool, role), cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	enqueue(t, b.pool, "delivered", "webhook", []int{1})
+	waitStatus(t, b.pool, "delivered", outbox.StatusDelivered)
+	require.Contains(t, logs.String(), "grant DELETE on outbox; DELETE on outbox_attempts to role "+role)
 }

@@ -352,18 +352,22 @@ const withdrawSQL = `
 DELETE FROM outbox_wake_connectors WHERE relay_id = $1`
 
 // missingPrivilegesSQL names the current role and the privileges the relay uses on the
-// outbox's tables that it lacks, per table ("UPDATE, DELETE on outbox; DELETE on
-// outbox_attempts"; empty when none): claims and outcomes read and update outbox and
-// log to outbox_attempts, retention deletes from both (its trigger deletes the
-// attempts). A column grant on every column the relay uses would do for SELECT and
-// UPDATE, so one on any column passes here. The tables are found along the search_path,
-// as the relay's statements find them. outbox_wake_connectors is not asked for: a relay
-// without it still delivers (inserts then always NOTIFY) and says why in its log.
+// outbox's tables that it lacks, per table ("UPDATE on outbox; INSERT on
+// outbox_attempts"; empty when none): first those that claims and outcomes need (they
+// read and update outbox and log to outbox_attempts), then those that retention needs
+// (it deletes from both; its trigger deletes the attempts). A column grant on every
+// column the relay uses would do for SELECT and UPDATE, so one on any column passes
+// here. The tables are found along the search_path, as the relay's statements find
+// them. outbox_wake_connectors is not asked for: a relay without it still delivers, and
+// says why in its log every renewal.
 const missingPrivilegesSQL = `
-SELECT current_user, coalesce(string_agg(privs || ' on ' || t, '; ' ORDER BY tord), '')
-FROM (SELECT tord, t, string_agg(p, ', ' ORDER BY pord) AS privs
+SELECT current_user,
+       coalesce(string_agg(privs || ' on ' || t, '; ' ORDER BY tord) FILTER (WHERE NOT retention), ''),
+       coalesce(string_agg(privs || ' on ' || t, '; ' ORDER BY tord) FILTER (WHERE retention), '')
+FROM (SELECT tord, t, retention, string_agg(p, ', ' ORDER BY pord) AS privs
       FROM (VALUES (1, 'outbox', 1, 'SELECT'), (1, 'outbox', 2, 'UPDATE'), (1, 'outbox', 3, 'DELETE'),
                    (2, 'outbox_attempts', 1, 'SELECT'), (2, 'outbox_attempts', 2, 'INSERT'),
                    (2, 'outbox_attempts', 3, 'DELETE')) AS v (tord, t, pord, p)
+           CROSS JOIN LATERAL (SELECT p = 'DELETE') AS k (retention)
       WHERE NOT CASE p WHEN 'DELETE' THEN has_table_privilege(t, p) ELSE has_any_column_privilege(t, p) END
-      GROUP BY tord, t) AS m`
+      GROUP BY tord, t, retention) AS m`
