@@ -48,7 +48,7 @@
 //
 // # Outcomes
 //
-//   - Rate limits (HTTP 429 with Retry-After) are retried no sooner than Slack asks
+//   - Rate limits (HTTP 429 with Retry-After, seconds or an HTTP date) are retried no sooner than Slack asks
 //     ([connectors.RetryAfter]); 429 without it, 408 and 5xx are retried with backoff.
 //   - Slack's service_unavailable, request_timeout and ratelimited answers are retried;
 //     internal_error and fatal_error, which Slack says may follow a partial effect, are

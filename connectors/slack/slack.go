@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -139,6 +140,7 @@ func New(cfg Config) (*Connector, error) {
 	// A redirected POST would be resent as a GET without its body; a 3xx is an answer to
 	// classify, not a place to go.
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	client.Transport = retryAfterSeconds{cmp.Or[http.RoundTripper](client.Transport, http.DefaultTransport)}
 
 	return &Connector{
 		// No slackgo.OptionRetry: the relay owns retries, and a library retry of a post
@@ -148,6 +150,32 @@ func New(cfg Config) (*Connector, error) {
 		timeout:      cfg.Timeout,
 		historyLimit: cfg.HistoryLimit,
 	}, nil
+}
+
+// retryAfterSeconds rewrites a 429's Retry-After as the delta-seconds slack-go reads, for
+// it takes nothing else: an HTTP date would make the refusal an error without a status,
+// classified as a post that got no answer. One that is neither is dropped, so that the
+// 429 is retried with backoff.
+type retryAfterSeconds struct{ next http.RoundTripper }
+
+func (t retryAfterSeconds) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.next.RoundTrip(req)
+	if err != nil || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		return resp, err
+	}
+	if d, ok := connectors.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+		resp.Header.Set("Retry-After", strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10))
+	} else {
+		resp.Header.Del("Retry-After")
+	}
+	return resp, nil
+}
+
+// CloseIdleConnections closes the idle connections of the transport underneath.
+func (t retryAfterSeconds) CloseIdleConnections() {
+	if c, ok := t.next.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }
 
 func (cfg Config) withDefaults() Config {

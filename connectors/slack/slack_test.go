@@ -565,3 +565,43 @@ func startThread(t *testing.T, b *testBundle) (threadTS string, reply func(key s
 		return d
 	}
 }
+
+// A 429 whose Retry-After is an HTTP date (RFC 9110 allows it, and a proxy in front of
+// the API may send one) is a refusal to wait out, not a post that got no answer.
+func TestDeliver_RateLimitedRetryAfterDate(t *testing.T) {
+	t.Parallel()
+	for _, lookup := range []bool{false, true} {
+		t.Run(fmt.Sprintf("Lookup=%t", lookup), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, slack.Config{})
+			plan := fakePlan{Status: http.StatusTooManyRequests, RetryAfter: time.Now().Add(time.Hour).UTC().Format(http.TimeFormat)}
+			d := delivery("k")
+			if lookup {
+				b.f.PlanLookup(plan)
+				d.Attempt = 2
+			} else {
+				b.f.Plan("k", plan)
+			}
+			_, err := b.c.Deliver(t.Context(), d)
+			require.Error(t, err)
+			require.False(t, connectors.IsPermanent(err), "%v", err)
+			require.False(t, connectors.IsAmbiguous(err), "Slack refused the request: %v", err)
+			require.NotContains(t, err.Error(), "no answer")
+			delay, ok := connectors.RetryDelay(err)
+			require.True(t, ok, "%v", err)
+			require.InDelta(t, time.Hour.Seconds(), delay.Seconds(), 5)
+			require.Zero(t, b.f.Effects("k"))
+		})
+	}
+
+	// A Retry-After that is neither seconds nor a date is ignored: the 429 is retried with
+	// backoff.
+	b := setup(t, slack.Config{})
+	b.f.Plan("k", fakePlan{Status: http.StatusTooManyRequests, RetryAfter: "soon"})
+	_, err := b.c.Deliver(t.Context(), delivery("k"))
+	require.Error(t, err)
+	require.False(t, connectors.IsPermanent(err), "%v", err)
+	require.False(t, connectors.IsAmbiguous(err), "Slack refused the post: %v", err)
+	_, ok := connectors.RetryDelay(err)
+	require.False(t, ok, "%v", err)
+}
