@@ -39,6 +39,7 @@ type fakeSlack struct {
 	lookups  map[string]int            // history and replies requests by channel
 	historyF []fakePlan                // plans for the next history/replies requests
 	forms    []map[string][]string     // every chat.postMessage request's parameters
+	maxLimit int                       // the most messages a history or replies page holds, if set
 }
 
 type fakeMessage struct {
@@ -97,6 +98,15 @@ func (f *fakeSlack) PlanLookup(plans ...fakePlan) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.historyF = append(f.historyF, plans...)
+}
+
+// CapLimit makes history and replies pages hold at most n messages whatever limit asks,
+// as Slack does (it may return fewer than asked; for apps outside its Marketplace, at
+// most 15).
+func (f *fakeSlack) CapLimit(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.maxLimit = n
 }
 
 // Effects counts the stored messages whose metadata carries key, in every channel.
@@ -382,10 +392,15 @@ func wantsMetadata(p map[string][]string) bool {
 	return b
 }
 
-func limit(p map[string][]string) int {
+func (f *fakeSlack) limit(p map[string][]string) int {
 	n, err := strconv.Atoi(first(p, "limit"))
 	if err != nil || n <= 0 {
-		return 100
+		n = 100
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.maxLimit > 0 {
+		n = min(n, f.maxLimit)
 	}
 	return n
 }
@@ -399,7 +414,7 @@ func (f *fakeSlack) history(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	meta := wantsMetadata(p)
-	n := limit(p)
+	n := f.limit(p)
 	offset, _ := strconv.Atoi(first(p, "cursor"))
 	oldest := first(p, "oldest")
 	f.mu.Lock()
@@ -431,7 +446,7 @@ func (f *fakeSlack) replies(w http.ResponseWriter, r *http.Request) {
 	}
 	ts := first(p, "ts")
 	meta := wantsMetadata(p)
-	n := limit(p)
+	n := f.limit(p)
 	offset, _ := strconv.Atoi(first(p, "cursor"))
 	f.mu.Lock()
 	var thread []fakeMessage

@@ -96,3 +96,23 @@ func TestZeroFirstAttemptAt(t *testing.T) {
 	require.True(t, connectors.IsPermanent(err))
 	require.Contains(t, err.Error(), "first attempt is unknown")
 }
+
+// Slack may return fewer messages a page than the limit asks (at most 15 for apps outside
+// its Marketplace): an inconclusive lookup says how many it read, not how many it asked for.
+func TestDeliver_InconclusiveCountsMessagesRead(t *testing.T) {
+	t.Parallel()
+	b := setup(t, slack.Config{HistoryLimit: 100})
+	b.f.CapLimit(2)
+	b.f.Plan("k", fakePlan{DropAfterEffect: true})
+	_, err := b.c.Deliver(t.Context(), delivery("k"))
+	require.True(t, connectors.IsAmbiguous(err), "%v", err)
+	for i := range 25 {
+		b.f.Seed(testChannel, fmt.Sprintf("chatter %d", i))
+	}
+	d := delivery("k")
+	d.Attempt, d.PreviousAmbiguous = 2, true
+	_, err = b.c.Deliver(t.Context(), d)
+	require.True(t, connectors.IsPermanent(err), "%v", err)
+	require.Contains(t, err.Error(), "not in the 20 messages read (10 pages, 100 asked for each)")
+	require.Equal(t, 1, b.f.Posts("k"))
+}

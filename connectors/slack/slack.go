@@ -402,12 +402,13 @@ func (c *Connector) find(ctx context.Context, m message, key string, since time.
 			})
 		}
 	}
-	cursor := ""
+	cursor, read := "", 0
 	for range maxLookupPages {
 		msgs, more, next, err := page(cursor)
 		if err != nil {
 			return "", false, c.classify(ctx, "look up the key in "+where, err, false)
 		}
+		read += len(msgs) // Slack may return fewer than the limit asks
 		if ts, ok := findKey(msgs, key); ok {
 			return ts, true, nil
 		}
@@ -421,9 +422,9 @@ func (c *Connector) find(ctx context.Context, m message, key string, since time.
 		more = "there are more, and the row's first attempt is unknown (connectors.Delivery.FirstAttemptAt is zero), so the lookup cannot stop before the conversation's beginning"
 	}
 	return "", false, connectors.Ambiguous(connectors.Permanent(fmt.Errorf(
-		"look up the key in %s: not in the %d messages read (%d pages of %d), and %s; "+
+		"look up the key in %s: not in the %d messages read (%d pages, %d asked for each), and %s; "+
 			"an earlier attempt may have posted, so the message is not posted again: check the conversation, then cancel the row or replay it with a new key",
-		where, maxLookupPages*c.historyLimit, maxLookupPages, c.historyLimit, more)))
+		where, read, maxLookupPages, c.historyLimit, more)))
 }
 
 func findKey(msgs []slackgo.Message, key string) (string, bool) {
