@@ -43,8 +43,9 @@
 // row or replay it with a new key. A message someone deleted is not found, and the retry
 // posts again. So is one Slack had not yet made visible when the lookup read: an attempt
 // that timed out while Slack was still at work may post after the retry has looked, and
-// the retry then posts a second message. Apps outside Slack's Marketplace may read 15
-// messages a page and one page a minute: a lookup that needs a second page is refused
+// the retry then posts a second message. Commercially distributed apps outside Slack's
+// Marketplace (not a workspace's internal apps) may read 15 messages a page and one page
+// a minute: a lookup that needs a second page is refused
 // with ratelimited and retried until the row's attempts or age run out, without posting.
 // The token needs the history scope of the conversation's kind
 // (channels:history, groups:history, im:history, mpim:history) besides chat:write;
