@@ -408,18 +408,7 @@ func bench(ctx context.Context, e *env, o benchOptions) (err error) {
 		return fmt.Errorf("latency phase: %w", err)
 	}
 
-	// A latency measured at a lower rate than offered says nothing about the offered one.
-	rateReached := rep.Latency.AchievedRate >= benchRateReached*rep.Latency.OfferedRate
-	atRate := fmt.Sprintf(" at %g rows/s", o.rate)
-	if !rateReached {
-		atRate = fmt.Sprintf(" at %g rows/s (not reached: %.0f rows/s)", o.rate, rep.Latency.AchievedRate)
-	}
-	rep.Targets = []benchTarget{
-		{fmt.Sprintf("at least %d deliveries/s", targetDeliveriesPerSec), rep.Throughput.DeliveriesPerSecond >= targetDeliveriesPerSec},
-		{fmt.Sprintf("relay at least %.1f × the raw rate", targetRelayToRaw), rep.Throughput.RelayToRaw >= targetRelayToRaw},
-		{fmt.Sprintf("commit-to-delivery p50 at most %s%s", targetP50, atRate), rateReached && rep.Latency.P50Ms <= ms(targetP50)},
-		{fmt.Sprintf("commit-to-delivery p99 at most %s%s", targetP99, atRate), rateReached && rep.Latency.P99Ms <= ms(targetP99)},
-	}
+	rep.Targets = benchTargets(rep, o.rate)
 	if o.json {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
@@ -427,6 +416,32 @@ func bench(ctx context.Context, e *env, o benchOptions) (err error) {
 	}
 	printBenchReport(e.stdout, rep)
 	return nil
+}
+
+// benchTargets returns the issue's targets and whether rep met them at the offered
+// rate. The issue sets them for durable commits: figures measured on a server with
+// fsync or synchronous_commit off (a database given with OUTBOX_DATABASE_URL may have
+// either) meet none of them, whatever they are.
+func benchTargets(rep *benchReport, rate float64) []benchTarget {
+	// A latency measured at a lower rate than offered says nothing about the offered one.
+	rateReached := rep.Latency.AchievedRate >= benchRateReached*rep.Latency.OfferedRate
+	atRate := fmt.Sprintf(" at %g rows/s", rate)
+	if !rateReached {
+		atRate = fmt.Sprintf(" at %g rows/s (not reached: %.0f rows/s)", rate, rep.Latency.AchievedRate)
+	}
+	durable, why := true, ""
+	switch pg := rep.Postgres; {
+	case pg.Fsync != "on":
+		durable, why = false, " (not counted: fsync="+pg.Fsync+")"
+	case pg.SynchronousCommit == "off":
+		durable, why = false, " (not counted: synchronous_commit=off)"
+	}
+	return []benchTarget{
+		{fmt.Sprintf("at least %d deliveries/s%s", targetDeliveriesPerSec, why), durable && rep.Throughput.DeliveriesPerSecond >= targetDeliveriesPerSec},
+		{fmt.Sprintf("relay at least %.1f × the raw rate%s", targetRelayToRaw, why), durable && rep.Throughput.RelayToRaw >= targetRelayToRaw},
+		{fmt.Sprintf("commit-to-delivery p50 at most %s%s%s", targetP50, atRate, why), durable && rateReached && rep.Latency.P50Ms <= ms(targetP50)},
+		{fmt.Sprintf("commit-to-delivery p99 at most %s%s%s", targetP99, atRate, why), durable && rateReached && rep.Latency.P99Ms <= ms(targetP99)},
+	}
 }
 
 // benchDBs are the databases the phases use, and how to let go of them.

@@ -299,3 +299,22 @@ func TestBenchHighConcurrency(t *testing.T) {
 		nil, strings.NewReader(""), &stdout, &stderr)
 	require.Equal(t, exitOK, code, "stderr:\n%s", stderr.String())
 }
+
+// TestBenchTargetsNeedDurableCommits: the targets are for durable commits, so a
+// run on a database without them (the test cluster runs with fsync=off) meets none of
+// them, and says why, however fast it was.
+func TestBenchTargetsNeedDurableCommits(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"bench", "--rows", "10", "--concurrency", "2", "--rate", "20", "--duration", "1s", "--json"},
+		[]string{"OUTBOX_DATABASE_URL=" + pgtest.URL(t)}, strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitOK, code, "stderr:\n%s", stderr.String())
+	var rep benchReport
+	require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep), stdout.String())
+	require.Equal(t, "off", rep.Postgres.Fsync)
+	require.Len(t, rep.Targets, 4)
+	for _, tg := range rep.Targets {
+		require.False(t, tg.Met, "%s: met with fsync=off", tg.Name)
+		require.Contains(t, tg.Name, "(not counted: fsync=off)")
+	}
+}
