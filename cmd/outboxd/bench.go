@@ -1201,11 +1201,27 @@ type walFlushes struct {
 }
 
 func readWALFlushes(ctx context.Context, pool *pgxpool.Pool) (walFlushes, error) {
-	var w walFlushes
-	if err := pool.QueryRow(ctx, `SELECT wal_sync, wal_sync_time FROM pg_stat_wal`).Scan(&w.count, &w.ms); err != nil {
-		return w, fmt.Errorf("read pg_stat_wal: %w", err)
+	var (
+		w       walFlushes
+		version int
+	)
+	if err := pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		return w, fmt.Errorf("read server_version_num: %w", err)
+	}
+	if err := pool.QueryRow(ctx, walFlushesSQL(version)).Scan(&w.count, &w.ms); err != nil {
+		return w, fmt.Errorf("read the WAL flushes: %w", err)
 	}
 	return w, nil
+}
+
+// walFlushesSQL reads the WAL's flushes and their milliseconds on a server of version
+// (server_version_num): pg_stat_wal has them until PostgreSQL 17, and pg_stat_io, as
+// the fsyncs of the object wal, from 18, which dropped pg_stat_wal's columns.
+func walFlushesSQL(version int) string {
+	if version >= 180000 {
+		return `SELECT coalesce(sum(fsyncs), 0)::bigint, coalesce(sum(fsync_time), 0)::float8 FROM pg_stat_io WHERE object = 'wal'`
+	}
+	return `SELECT wal_sync, wal_sync_time FROM pg_stat_wal`
 }
 
 // cpuUse is CPU time used by this process and by the throwaway PostgreSQL's processes

@@ -318,3 +318,20 @@ func TestBenchTargetsNeedDurableCommits(t *testing.T) {
 		require.Contains(t, tg.Name, "(not counted: fsync=off)")
 	}
 }
+
+// TestBenchWALFlushesByVersion: PostgreSQL 18 dropped pg_stat_wal's wal_sync and
+// wal_sync_time, which the latency phase read on the bench's own cluster, so the bench
+// failed there after phases 1 and 2; from 18 the flushes are pg_stat_io's fsyncs of the
+// object wal. The older form still reads the server the tests run on.
+func TestBenchWALFlushesByVersion(t *testing.T) {
+	t.Parallel()
+	require.Contains(t, walFlushesSQL(180000), "FROM pg_stat_io WHERE object = 'wal'")
+	require.NotContains(t, walFlushesSQL(180000), "wal_sync")
+	require.Contains(t, walFlushesSQL(170005), "FROM pg_stat_wal")
+
+	pool, err := pgxpool.New(t.Context(), pgtest.URL(t))
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = readWALFlushes(t.Context(), pool)
+	require.NoError(t, err)
+}
