@@ -216,6 +216,9 @@ type benchReport struct {
 		Fsync             string `json:"fsync"`
 		SynchronousCommit string `json:"synchronous_commit"`
 		FullPageWrites    string `json:"full_page_writes"`
+		// VolatileStorage is the in-memory file system (tmpfs, ramfs) the throwaway
+		// cluster's data directory is on, where fsync reaches no disk; "" otherwise.
+		VolatileStorage string `json:"volatile_storage,omitempty"`
 	} `json:"postgres"`
 	Machine struct {
 		CPUs       int    `json:"cpus"`
@@ -378,6 +381,19 @@ func bench(ctx context.Context, e *env, o benchOptions) (err error) {
 	}
 	progress("PostgreSQL %s, fsync=%s, synchronous_commit=%s, full_page_writes=%s", rep.Postgres.Version,
 		rep.Postgres.Fsync, rep.Postgres.SynchronousCommit, rep.Postgres.FullPageWrites)
+	if dbs.cluster != nil {
+		// The throwaway cluster lives under TMPDIR, which may be in memory: its fsync
+		// then costs nothing, and its commits are durable in name only.
+		var dir string
+		if err := tput.QueryRow(ctx, `SELECT current_setting('data_directory')`).Scan(&dir); err != nil {
+			return fmt.Errorf("read server settings: %w", err)
+		}
+		if fs := volatileStorage(dir); fs != "" {
+			rep.Postgres.VolatileStorage = fs
+			progress("warning: PostgreSQL's data directory %s is on %s, in memory: its fsync reaches no disk, so the figures "+
+				"are not those of durable commits and meet no target; set TMPDIR to a directory on a disk", dir, fs)
+		}
+	}
 
 	// Phases 1 and 2 run back to back, their rows inserted before either: compared as a
 	// ratio, they must see the machine alike, and its speed drifts over seconds.
@@ -421,7 +437,7 @@ func bench(ctx context.Context, e *env, o benchOptions) (err error) {
 // benchTargets returns the issue's targets and whether rep met them at the offered
 // rate. The issue sets them for durable commits: figures measured on a server with
 // fsync or synchronous_commit off (a database given with OUTBOX_DATABASE_URL may have
-// either) meet none of them, whatever they are.
+// either) or whose data directory is in memory meet none of them, whatever they are.
 func benchTargets(rep *benchReport, rate float64) []benchTarget {
 	// A latency measured at a lower rate than offered says nothing about the offered one.
 	rateReached := rep.Latency.AchievedRate >= benchRateReached*rep.Latency.OfferedRate
@@ -435,6 +451,8 @@ func benchTargets(rep *benchReport, rate float64) []benchTarget {
 		durable, why = false, " (not counted: fsync="+pg.Fsync+")"
 	case pg.SynchronousCommit == "off":
 		durable, why = false, " (not counted: synchronous_commit=off)"
+	case pg.VolatileStorage != "":
+		durable, why = false, " (not counted: the data directory is on "+pg.VolatileStorage+")"
 	}
 	return []benchTarget{
 		{fmt.Sprintf("at least %d deliveries/s%s", targetDeliveriesPerSec, why), durable && rep.Throughput.DeliveriesPerSecond >= targetDeliveriesPerSec},
@@ -1330,6 +1348,9 @@ func printBenchReport(w io.Writer, rep *benchReport) {
 		c.Rows, c.PayloadBytes, c.Concurrency, c.BatchSize, c.Rate, c.Duration)
 	fmt.Fprintf(w, "  postgres:   %s, fsync=%s, synchronous_commit=%s, full_page_writes=%s (%s)\n",
 		pg.Version, pg.Fsync, pg.SynchronousCommit, pg.FullPageWrites, pg.Source)
+	if pg.VolatileStorage != "" {
+		fmt.Fprintf(w, "              its data directory is on %s, in memory: fsync reaches no disk\n", pg.VolatileStorage)
+	}
 	fmt.Fprintf(w, "  machine:    %d CPUs, GOMAXPROCS=%d, %s, %s, %s\n\n", rep.Machine.CPUs, rep.Machine.GOMAXPROCS, rep.Machine.Platform, rep.Machine.Go, rep.Machine.GC)
 
 	fmt.Fprintf(w, "raw keep-alive POSTs:   %8.0f req/s         (%d requests, %d workers, %.2fs",
