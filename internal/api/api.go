@@ -122,13 +122,15 @@ func New(svc *intent.Service, cfg *Config) *Handler {
 	h.mux.Handle("POST /v1/intents/{key}/cancel", h.auth(h.decide(svc.Cancel)))
 	h.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		// This catch-all matches every method, so the mux never answers 405 itself.
+		// The path is named as sent: decoded, /v1/intents/k%2Fapprove (the intent
+		// "k/approve") would read as the approve route.
 		if allow := h.allowed(r); allow != "" {
 			w.Header().Set("Allow", allow)
 			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed",
-				r.Method+" is not allowed on "+r.URL.Path+"; use "+allow)
+				r.Method+" is not allowed on "+r.URL.EscapedPath()+"; use "+allow)
 			return
 		}
-		writeError(w, http.StatusNotFound, "not_found", "no such route: "+r.Method+" "+r.URL.Path)
+		writeError(w, http.StatusNotFound, "not_found", "no such route: "+r.Method+" "+r.URL.EscapedPath())
 	})
 	return h
 }

@@ -93,6 +93,22 @@ func TestWrongMethodIs405(t *testing.T) {
 	require.Empty(t, r.header.Get("Allow"))
 }
 
+// A 405 or 404 names the path as the client sent it: POST /v1/intents/k%2Fapprove
+// reads the intent "k/approve", which takes GET, and its 405 said "POST is not allowed
+// on /v1/intents/k/approve; use GET, HEAD", naming the approve route, which takes POST.
+func TestWrongMethodNamesEscapedPath(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	r := b.do(t, "POST", "/v1/intents/k%2Fapprove", adminSecret, "", "")
+	require.Equal(t, http.StatusMethodNotAllowed, r.status, r.raw)
+	require.Equal(t, "GET, HEAD", r.header.Get("Allow"))
+	require.Equal(t, "POST is not allowed on /v1/intents/k%2Fapprove; use GET, HEAD",
+		r.body["error"].(map[string]any)["message"])
+	r = b.do(t, "GET", "/v1/intents/k%2Fapprove/x", adminSecret, "", "")
+	require.Equal(t, http.StatusNotFound, r.status, r.raw)
+	require.Equal(t, "no such route: GET /v1/intents/k%2Fapprove/x", r.body["error"].(map[string]any)["message"])
+}
+
 // A limit past the largest int is a large page, as a limit of 10000 is (capped at the
 // largest page): it answered 400 "limit must be a positive integer", which it is.
 func TestHugeListLimitIsCapped(t *testing.T) {
