@@ -23,9 +23,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
-	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -111,21 +112,78 @@ func New(cfg *Config) *Server {
 	return s
 }
 
-// endStreamsAtShutdown ends event streams when shutdown begins: GET requests that
-// accept text/event-stream, such as the stream an MCP client keeps open on /mcp. They
+// endStreamsAtShutdown ends event streams when shutdown begins: GET requests answered
+// with text/event-stream, such as the stream an MCP client keeps open on /mcp. They
 // never finish by themselves, and shutdown would wait for them until its timeout.
-// Other requests, which write rows, are left to finish.
+// Other requests, which write rows, are left to finish. The stream is known by its
+// answer rather than by the request's Accept, which the MCP SDK reads more loosely
+// (*/*, text/*, any case, several lines) than a check here could keep up with.
 func (s *Server) endStreamsAtShutdown(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet || !strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+		if r.Method != http.MethodGet {
 			h.ServeHTTP(w, r)
 			return
 		}
 		ctx, cancel := context.WithCancel(r.Context())
 		defer cancel()
-		defer context.AfterFunc(s.stopping, cancel)()
-		h.ServeHTTP(w, r.WithContext(ctx))
+		sw := &streamWriter{ResponseWriter: w, stopping: s.stopping, cancel: cancel}
+		defer context.AfterFunc(s.stopping, func() {
+			if sw.stream.Load() {
+				cancel()
+			}
+		})()
+		h.ServeHTTP(sw, r.WithContext(ctx))
 	})
+}
+
+// streamWriter notes when the response it writes is an event stream, and then ends the
+// request if shutdown has begun (endStreamsAtShutdown ends it if shutdown begins later).
+type streamWriter struct {
+	http.ResponseWriter
+	stopping context.Context
+	cancel   context.CancelFunc
+	wrote    bool // the handler's goroutine only
+	stream   atomic.Bool
+}
+
+func (w *streamWriter) WriteHeader(code int) {
+	if code >= http.StatusOK { // not an informational answer, which headers follow
+		w.check()
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *streamWriter) Write(b []byte) (int, error) {
+	w.check()
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush serves handlers that look for [http.Flusher]; [http.ResponseController] uses
+// Unwrap.
+func (w *streamWriter) Flush() {
+	w.check()
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap returns the ResponseWriter for [http.ResponseController].
+func (w *streamWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// check reads the Content-Type once, as the headers are sent.
+func (w *streamWriter) check() {
+	if w.wrote {
+		return
+	}
+	w.wrote = true
+	mediaType, _, _ := mime.ParseMediaType(w.Header().Get("Content-Type"))
+	if mediaType != "text/event-stream" {
+		return
+	}
+	// Set before reading stopping: either this or endStreamsAtShutdown's AfterFunc
+	// sees the other.
+	w.stream.Store(true)
+	if w.stopping.Err() != nil {
+		w.cancel()
+	}
 }
 
 // Handle mounts h at pattern (net/http's ServeMux patterns, such as
