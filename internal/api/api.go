@@ -432,6 +432,14 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusConflict, "conflict_state", err.Error())
 	case errors.Is(err, ops.ErrInvalidFilter):
 		writeError(w, http.StatusBadRequest, "invalid_filter", err.Error())
+	case r.Context().Err() != nil:
+		// The client went away, or shutdown cut the request off: its transaction did
+		// not commit, or committed (as GET /v1/intents/{key} shows), and no one reads
+		// this answer. Not a fault of the server's, so not an error.
+		h.cfg.Logger.InfoContext(r.Context(), "intent api request ended before it finished: the client went away or the server stopped",
+			"method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusServiceUnavailable, "unavailable",
+			"the request ended before it finished; sending the same request again (with the same Idempotency-Key) is safe")
 	case errors.As(err, new(*pgconn.ConnectError)):
 		// The database is down or unreachable: worth saying, so the client retries later
 		// instead of taking it for a fault of its request. The details stay in the log.
