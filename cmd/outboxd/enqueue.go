@@ -68,8 +68,12 @@ func newEnqueueCmd(e *env) *cobra.Command {
 			if !in.Inserted {
 				verb = "already enqueued"
 			}
+			next := "-" // as in inspect: only a row waiting to be sent has a next attempt
+			if in.Status == outbox.StatusPending || in.Status == outbox.StatusAwaitingApproval {
+				next = stamp(in.NextAttemptAt)
+			}
 			fmt.Fprintf(e.stdout, "%s %s (id %d, connector %s, status %s, next attempt %s)\n",
-				verb, keyText(in.Key), in.ID, in.Connector, in.Status, stamp(in.NextAttemptAt))
+				verb, keyText(in.Key), in.ID, in.Connector, in.Status, next)
 			return nil
 		},
 	}

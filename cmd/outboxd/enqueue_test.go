@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/outbox"
 )
 
 func TestEnqueue(t *testing.T) {
@@ -61,4 +63,32 @@ func TestEnqueue(t *testing.T) {
 		require.Equal(t, exitFailure, code, "%v: %s", args, errOut)
 	}
 	require.Equal(t, 2, d.count(t, `SELECT count(*) FROM outbox`))
+}
+
+// Enqueueing a key again answers with the row already there, whatever its state; the line
+// printed "next attempt <time>" for a delivered, dead, held, canceled or in-flight row,
+// which reads as an attempt still to come, where inspect and list show "-" for them.
+func TestEnqueueAgainShowsNoNextAttemptForRowsThatWillNotBeAttempted(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	for status, want := range map[string]bool{
+		outbox.StatusDelivered: false, outbox.StatusDead: false, outbox.StatusHeld: false,
+		outbox.StatusCanceled: false, outbox.StatusDelivering: false,
+		outbox.StatusPending: true, outbox.StatusAwaitingApproval: true,
+	} {
+		args := []string{"enqueue", "--connector", "webhook", "--key", "k-" + status, "--payload", `{"a": 1}`}
+		code, _, errOut := d.cli(t, "", args...)
+		require.Equal(t, exitOK, code, errOut)
+		_, err := d.pool.Exec(t.Context(), `UPDATE outbox SET status = $1, lease_owner = 'relay-1',
+			lease_expires_at = now() + interval '1 hour' WHERE idempotency_key = $2`, status, "k-"+status)
+		require.NoError(t, err)
+		code, out, errOut := d.cli(t, "", args...)
+		require.Equal(t, exitOK, code, errOut)
+		require.Contains(t, out, "already enqueued k-"+status+" ", status)
+		if want {
+			require.Regexp(t, `, next attempt \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ\)\n$`, out, status)
+		} else {
+			require.Contains(t, out, ", next attempt -)\n", status)
+		}
+	}
 }
