@@ -827,9 +827,14 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 			linger.Stop()
 		}
 		if claimed > 0 && time.Since(lastRefresh) >= fastPollRefresh {
-			if _, err := r.pool.Exec(ctx, pollFastSQL, r.cfg.ID, nonNil(r.names), fastPollWindow); err == nil {
+			_, err := r.pool.Exec(ctx, pollFastSQL, r.cfg.ID, nonNil(r.names), fastPollWindow)
+			if err == nil {
 				lastRefresh = time.Now()
-				fastUntil = lastRefresh.Add(fastPollWindow)
+			}
+			// A statement whose reply was lost may have committed: inserts then send no
+			// NOTIFY for the next fastPollWindow, so this relay polls fast as it says.
+			if err == nil || unsure(err) {
+				fastUntil = time.Now().Add(fastPollWindow)
 			}
 		}
 		if more {

@@ -1,0 +1,35 @@
+package relay
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// The statement that says this relay polls fast commits, and the connection drops before
+// its reply arrives. Inserts of its instances then send no NOTIFY for the next
+// fastPollWindow, so the relay must poll fast for it as the database says: it used to
+// take the error as "not written" and poll only every PollInterval, and a row inserted
+// meanwhile waited that long (here an hour).
+func TestLostPollFastReplyStillPollsFast(t *testing.T) {
+	t.Parallel()
+	direct, proxy, cfg, _ := lossySetup(t)
+	cfg.PollInterval = time.Hour
+	conn := &recordingConnector{}
+	proxy.arm("relay_id, polling_until)", nil) // pollFastSQL
+	start(t, proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
+
+	enqueue(t, direct, "first", "webhook", map[string]int{"n": 1})
+	waitKilled(t, proxy)
+	waitStatus(t, direct, "first", outbox.StatusDelivered) // its outcome's round is over
+	var marked bool
+	require.NoError(t, direct.QueryRow(t.Context(), `SELECT EXISTS (SELECT 1 FROM outbox_wake_connectors
+		WHERE connector = 'webhook' AND polling_until > clock_timestamp() + interval '500 milliseconds')`).Scan(&marked))
+	require.True(t, marked, "the lost statement committed")
+	// The mark stands in the database for fastPollWindow: this insert sends no NOTIFY.
+	enqueue(t, direct, "second", "webhook", map[string]int{"n": 2})
+	waitStatus(t, direct, "second", outbox.StatusDelivered)
+}
