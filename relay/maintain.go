@@ -106,6 +106,13 @@ func (r *Relay) seen(ctx context.Context) {
 			"may hand back each other's rows in flight, and cannot be told apart in the attempts log: give each relay its own "+
 			"OUTBOX_RELAY_ID, or leave it unset for a generated one")
 	}
+	if !r.lastSeen.Valid {
+		// The first word since the relay started, or since a renewal failed (the word may
+		// have lapsed): rows inserted before it committed may have sent no NOTIFY, while
+		// another relay polled fast for its own instances. Look for them from the head.
+		r.rescan.Store(true)
+		notify(r.wake)
+	}
 	r.lastSeen = after
 }
 
