@@ -541,11 +541,13 @@ func (c *Connector) send(ctx context.Context, client *smtp.Client, m *message) (
 // 5xx replies are permanent, 4xx replies and broken connections are retried. The
 // server's replies stay in the chain as *textproto.Error.
 func (c *Connector) replyError(ctx context.Context, step string, err error) error {
-	err = fmt.Errorf("smtp %s: %s: %w", c.addr, step, withCause(ctx, err))
 	if permanentReply(err) {
-		return connectors.Permanent(err)
+		// The server's answer, without ctx's cause even when ctx ended after it came: the
+		// relay takes an error that wraps it as the stop's doing, and would record this
+		// refusal as an attempt that may have sent the message.
+		return connectors.Permanent(fmt.Errorf("smtp %s: %s: %w", c.addr, step, err))
 	}
-	return err
+	return fmt.Errorf("smtp %s: %s: %w", c.addr, step, withCause(ctx, err))
 }
 
 // permanentReply reports whether any reply in err's tree is 5xx.

@@ -42,6 +42,9 @@ type serverOptions struct {
 	StartTLS bool
 	// Username and Password, when set, make the server require AUTH PLAIN before MAIL.
 	Username, Password string
+	// OnReset, when set, runs when the client abandons a transaction in progress (RSET
+	// after MAIL), before the server replies.
+	OnReset func()
 }
 
 // received is one message the server accepted.
@@ -228,7 +231,12 @@ func (ss *session) Data(r io.Reader) error {
 	return nil
 }
 
-func (ss *session) Reset() { ss.from, ss.rcpts = "", nil }
+func (ss *session) Reset() {
+	if ss.from != "" && ss.opts.OnReset != nil {
+		ss.opts.OnReset()
+	}
+	ss.from, ss.rcpts = "", nil
+}
 
 func (ss *session) Logout() error { return nil }
 
