@@ -1,9 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
-	"strings"
 	"syscall"
 	"testing"
 
@@ -25,13 +22,8 @@ func TestBenchTargetsNeedDurableStorage(t *testing.T) {
 	require.EqualValues(t, 0x01021994, fs.Type, "the test needs /dev/shm on tmpfs")
 	t.Setenv("TMPDIR", "/dev/shm") // not parallel: the cluster's directory follows TMPDIR
 
-	var stdout, stderr bytes.Buffer
-	code := run(t.Context(), []string{"bench", "--rows", "10", "--concurrency", "2", "--rate", "20", "--duration", "1s", "--json"},
-		nil, strings.NewReader(""), &stdout, &stderr)
-	require.Equal(t, exitOK, code, "stderr:\n%s", stderr.String())
-	require.Contains(t, stderr.String(), "is on tmpfs, in memory: its fsync reaches no disk")
-	var rep benchReport
-	require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep), stdout.String())
+	rep, stderr := benchJSON(t, nil, "--rows", "10", "--concurrency", "2", "--rate", "20", "--duration", "1s")
+	require.Contains(t, stderr, "is on tmpfs, in memory: its fsync reaches no disk")
 	require.Equal(t, "on", rep.Postgres.Fsync)
 	require.Len(t, rep.Targets, 4)
 	for _, tg := range rep.Targets {

@@ -64,11 +64,7 @@ func TestBenchSmoke(t *testing.T) {
 
 	t.Run("JSON", func(t *testing.T) {
 		t.Parallel()
-		var stdout, stderr bytes.Buffer
-		code := run(t.Context(), append(small, "--json"), nil, strings.NewReader(""), &stdout, &stderr)
-		require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
-		var rep benchReport
-		require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep), stdout.String())
+		rep, _ := benchJSON(t, nil, small[1:]...)
 		require.Equal(t, 500, rep.Throughput.Rows)
 		require.Equal(t, int64(500), rep.Throughput.Attempts, "no row needed a retry")
 		require.Positive(t, rep.Throughput.DeliveriesPerSecond)
@@ -276,12 +272,8 @@ func TestBenchInterruptedLeavesNoPendingRows(t *testing.T) {
 // last of n rows at (n-1)/rate, and the n rows fill n slots of 1/rate.
 func TestBenchAchievedRateNeverAboveOffered(t *testing.T) {
 	t.Parallel()
-	var stdout, stderr bytes.Buffer
-	code := run(t.Context(), []string{"bench", "--rows", "10", "--concurrency", "2", "--rate", "4", "--duration", "1s", "--json"},
-		[]string{"OUTBOX_DATABASE_URL=" + pgtest.URL(t)}, strings.NewReader(""), &stdout, &stderr)
-	require.Equal(t, exitOK, code, "stderr:\n%s", stderr.String())
-	var rep benchReport
-	require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep), stdout.String())
+	rep, _ := benchJSON(t, []string{"OUTBOX_DATABASE_URL=" + pgtest.URL(t)},
+		"--rows", "10", "--concurrency", "2", "--rate", "4", "--duration", "1s")
 	require.Equal(t, 4, rep.Latency.Samples)
 	require.LessOrEqual(t, rep.Latency.AchievedRate, rep.Latency.OfferedRate)
 }
@@ -305,12 +297,8 @@ func TestBenchHighConcurrency(t *testing.T) {
 // them, and says why, however fast it was.
 func TestBenchTargetsNeedDurableCommits(t *testing.T) {
 	t.Parallel()
-	var stdout, stderr bytes.Buffer
-	code := run(t.Context(), []string{"bench", "--rows", "10", "--concurrency", "2", "--rate", "20", "--duration", "1s", "--json"},
-		[]string{"OUTBOX_DATABASE_URL=" + pgtest.URL(t)}, strings.NewReader(""), &stdout, &stderr)
-	require.Equal(t, exitOK, code, "stderr:\n%s", stderr.String())
-	var rep benchReport
-	require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep), stdout.String())
+	rep, _ := benchJSON(t, []string{"OUTBOX_DATABASE_URL=" + pgtest.URL(t)},
+		"--rows", "10", "--concurrency", "2", "--rate", "20", "--duration", "1s")
 	require.Equal(t, "off", rep.Postgres.Fsync)
 	require.Len(t, rep.Targets, 4)
 	for _, tg := range rep.Targets {
@@ -334,4 +322,16 @@ func TestBenchWALFlushesByVersion(t *testing.T) {
 	defer pool.Close()
 	_, err = readWALFlushes(t.Context(), pool)
 	require.NoError(t, err)
+}
+
+// benchJSON runs bench with args and --json in environ, requires it to succeed, and
+// returns its report and what it wrote to stderr.
+func benchJSON(t *testing.T, environ []string, args ...string) (benchReport, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), append(append([]string{"bench"}, args...), "--json"), environ, strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	var rep benchReport
+	require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep), stdout.String())
+	return rep, stderr.String()
 }
