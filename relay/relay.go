@@ -630,10 +630,14 @@ const minRecordDrain = 5 * time.Second
 
 // start pings the database (the pool connects lazily), retrying briefly so that a relay
 // started alongside its database waits for it, measures clock skew, and checks the
-// server's version and the schema's. The reads are retried together: PostgreSQL
+// server's version, the schema's and the role's privileges. The reads are retried
+// together: PostgreSQL
 // restarting just after the first answered breaks the connection the others run on.
 func (r *Relay) start(ctx context.Context) error {
-	var server, version int
+	var (
+		server, version                 int
+		role, missing, missingRetention string
+	)
 	b := retry.WithMaxDuration(30*time.Second, retry.WithCappedDuration(2*time.Second, retry.NewExponential(100*time.Millisecond)))
 	err := retry.Do(ctx, b, func(ctx context.Context) error {
 		if err := r.readClock(ctx); err != nil {
@@ -645,6 +649,12 @@ func (r *Relay) start(ctx context.Context) error {
 		var err error
 		if version, err = outboxd.AppliedVersion(ctx, r.pool); err != nil {
 			return retryUnlessRefused(err)
+		}
+		if version < outboxd.SchemaVersion {
+			return nil // refused below; the tables asked about may not be there
+		}
+		if err := r.pool.QueryRow(ctx, missingPrivilegesSQL).Scan(&role, &missing, &missingRetention); err != nil {
+			return retryUnlessRefused(fmt.Errorf("read the role's privileges: %w", err))
 		}
 		return nil
 	})
@@ -663,17 +673,6 @@ func (r *Relay) start(ctx context.Context) error {
 	}
 	// A role that may not work the rows would otherwise start, and fail every claim
 	// and every reclaim, each with a warning, for as long as it runs.
-	var role, missing, missingRetention string
-	b = retry.WithMaxDuration(30*time.Second, retry.WithCappedDuration(2*time.Second, retry.NewExponential(100*time.Millisecond)))
-	err = retry.Do(ctx, b, func(ctx context.Context) error {
-		if err := r.pool.QueryRow(ctx, missingPrivilegesSQL).Scan(&role, &missing, &missingRetention); err != nil {
-			return retryUnlessRefused(fmt.Errorf("read the role's privileges: %w", err))
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("relay: %w", err)
-	}
 	if missing != "" {
 		return fmt.Errorf("relay: role %s lacks privileges the relay needs: %s", role, missing)
 	}
