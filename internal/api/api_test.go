@@ -448,3 +448,20 @@ func TestPurgedPayloadEmptyRequestConflicts(t *testing.T) {
 	require.Equal(t, http.StatusUnprocessableEntity, r.status, r.raw)
 	require.Empty(t, r.header.Get("Idempotent-Replayed"))
 }
+
+// serveAPI serves svc's intent API (under cfg, logs discarded when it names no logger)
+// on a loopback test server; pool is the database the test reads rows from.
+func serveAPI(t *testing.T, pool *pgxpool.Pool, svc *intent.Service, cfg *api.Config) *testBundle {
+	t.Helper()
+	if cfg == nil {
+		cfg = &api.Config{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", api.New(svc, cfg))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return &testBundle{pool: pool, url: srv.URL}
+}

@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/connectors/webhook"
-	"github.com/outboxd/outboxd/internal/api"
 	"github.com/outboxd/outboxd/internal/intent"
 	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/internal/receiver"
@@ -38,11 +36,7 @@ func TestApprovalFlowToDelivery(t *testing.T) {
 		},
 		ApprovalRequired: []string{"webhook:risky"},
 	}}
-	mux := http.NewServeMux()
-	mux.Handle("/v1/", api.New(svc, &api.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	b := &testBundle{pool: pool, url: srv.URL}
+	b := serveAPI(t, pool, svc, nil)
 
 	newHook := func() connectors.Connector {
 		h, err := webhook.New(webhook.Config{URL: rcv.URL(), Guarantee: connectors.Enforced})

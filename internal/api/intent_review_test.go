@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/connectors/payment"
-	"github.com/outboxd/outboxd/internal/api"
 	"github.com/outboxd/outboxd/internal/intent"
 	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/outbox"
@@ -53,11 +52,7 @@ func TestApprovedParamsAreTheParamsSent(t *testing.T) {
 		},
 		ApprovalRequired: []string{"payment"},
 	}}
-	mux := http.NewServeMux()
-	mux.Handle("/v1/", api.New(svc, &api.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	b := &testBundle{pool: pool, url: srv.URL}
+	b := serveAPI(t, pool, svc, nil)
 
 	pay, err := payment.New(payment.Config{APIKey: "sk_test_123", APIBase: stripe.URL, Timeout: 10 * time.Second})
 	require.NoError(t, err)

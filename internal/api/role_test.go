@@ -1,15 +1,11 @@
 package api_test
 
 import (
-	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxd/outboxd/internal/api"
 	"github.com/outboxd/outboxd/internal/intent"
 	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/outbox"
@@ -34,11 +30,7 @@ func TestAPIWorksWithTheREADMEsPrivileges(t *testing.T) {
 		},
 		ApprovalRequired: []string{"payment"},
 	}}
-	mux := http.NewServeMux()
-	mux.Handle("/v1/", api.New(svc, &api.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	b := &testBundle{pool: pool, url: srv.URL}
+	b := serveAPI(t, pool, svc, nil)
 
 	for _, key := range []string{"pay-1", "pay-2"} {
 		res := b.do(t, "POST", "/v1/intents", agentSecret, key, `{"connector":"payment","payload":`+paymentPayload+`}`)

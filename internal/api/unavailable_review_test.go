@@ -2,9 +2,7 @@ package api_test
 
 import (
 	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -29,13 +27,7 @@ func TestDatabaseNotAnsweringIs503(t *testing.T) {
 	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{
 		{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
 	}}}
-	mux := http.NewServeMux()
-	mux.Handle("/v1/", api.New(svc, &api.Config{
-		CallTimeout: 100 * time.Millisecond,
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}))
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
+	b := serveAPI(t, pool, svc, &api.Config{CallTimeout: 100 * time.Millisecond})
 
 	for _, c := range []struct{ method, path, body string }{
 		{"POST", "/v1/intents", `{"connector":"webhook","payload":{}}`},
@@ -43,7 +35,7 @@ func TestDatabaseNotAnsweringIs503(t *testing.T) {
 		{"GET", "/v1/intents", ""},
 		{"POST", "/v1/intents/k-1/approve", ""},
 	} {
-		req, err := http.NewRequestWithContext(t.Context(), c.method, srv.URL+c.path, strings.NewReader(c.body))
+		req, err := http.NewRequestWithContext(t.Context(), c.method, b.url+c.path, strings.NewReader(c.body))
 		require.NoError(t, err)
 		req.Header.Set("Authorization", "Bearer "+adminSecret)
 		req.Header.Set("Idempotency-Key", "k-1")
@@ -71,11 +63,7 @@ func TestDatabaseDownIs503(t *testing.T) {
 	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{
 		{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
 	}}}
-	mux := http.NewServeMux()
-	mux.Handle("/v1/", api.New(svc, &api.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	b := &testBundle{pool: pool, url: srv.URL}
+	b := serveAPI(t, pool, svc, nil)
 
 	for _, c := range []struct{ method, path, body string }{
 		{"POST", "/v1/intents", `{"connector":"webhook","payload":{}}`},
