@@ -69,7 +69,14 @@ func (b *testBundle) connect(t *testing.T, tokenName string) *mcp.ClientSession 
 		}
 	}
 	require.NotNil(t, tok, tokenName)
-	server := mcpserver.New(b.svc, func(context.Context, *mcp.CallToolRequest) (*intent.Token, error) { return tok, nil }, nil)
+	return connectAs(t, b.svc, tok, nil)
+}
+
+// connectAs opens an MCP client session, over in-memory transports, to a server of svc
+// (under cfg) whose calls act as tok.
+func connectAs(t *testing.T, svc *intent.Service, tok *intent.Token, cfg *mcpserver.Config) *mcp.ClientSession {
+	t.Helper()
+	server := mcpserver.New(svc, func(context.Context, *mcp.CallToolRequest) (*intent.Token, error) { return tok, nil }, cfg)
 	st, ct := mcp.NewInMemoryTransports()
 	ss, err := server.Connect(t.Context(), st, nil)
 	require.NoError(t, err)
@@ -512,18 +519,7 @@ func TestMCPDatabaseNotAnswering(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	svc := &intent.Service{Pool: pool, Policy: testPolicy()}
-	tok := &svc.Policy.Tokens[0]
-	server := mcpserver.New(svc, func(context.Context, *mcp.CallToolRequest) (*intent.Token, error) { return tok, nil },
-		&mcpserver.Config{CallTimeout: 100 * time.Millisecond})
-	st, ct := mcp.NewInMemoryTransports()
-	ss, err := server.Connect(t.Context(), st, nil)
-	require.NoError(t, err)
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(t.Context(), ct, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = cs.Close()
-		_ = ss.Wait()
-	})
+	cs := connectAs(t, svc, &svc.Policy.Tokens[0], &mcpserver.Config{CallTimeout: 100 * time.Millisecond})
 
 	for tool, args := range map[string]map[string]any{
 		mcpserver.ToolPropose: {"connector": "webhook", "key": "k-1", "payload": map[string]any{}},
