@@ -1,11 +1,13 @@
 package ops
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -138,8 +140,10 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 // [outbox.Enqueue] (so its fingerprint is its own). Keeping the old row keeps the
 // receiver's record of the old key truthful: rewriting its key would let a later enqueue
 // of the old key run the operation a third time. The old row's audit entry records
-// {"new_key": ...}. While the previous copy is still on its way (pending, delivering,
-// held, awaiting approval), replaying again is unchanged rather than a third execution.
+// {"new_key": ...}. Copies are enqueued in the order of the rows they copy, so copies
+// sharing an ordering key keep their rows' order. While the previous copy is still on
+// its way (pending, delivering, held, awaiting approval), replaying again is unchanged
+// rather than a third execution.
 // A stuck delivering row is refused with NewKey (the relay would retry it as well), as
 // is a held row with an ordering key (it would hold its copy back forever: cancel it and
 // enqueue a new intent).
@@ -170,6 +174,12 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayO
 		return res, err
 	}
 	res.NotFound = append(res.NotFound, notFound...)
+	if opts.NewKey {
+		// Copies are new rows, their ids drawn as they are enqueued: in the order of the
+		// rows they copy, so that copies sharing an ordering key go out in their rows'
+		// order, not newest first (a filter's order) or as the keys were typed.
+		slices.SortFunc(targets, func(a, b target) int { return cmp.Compare(a.id, b.id) })
+	}
 
 	size := batchSize(opts.BatchSize)
 	if opts.Rate > 0 {
