@@ -3,9 +3,11 @@ package relay
 import (
 	"context"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -117,4 +119,72 @@ func TestClockReadWithNonISODateStyle(t *testing.T) {
 	r, err := New(pool, realClockConfig(b.fastConfig(), "datestyle", wall), map[string]Instance{"webhook": {Connector: b.hook}})
 	require.NoError(t, err)
 	require.NoError(t, r.readClock(t.Context()), "the clock is read whatever the session's DateStyle")
+}
+
+// clockReadDelay makes a relay's next read of the database's clock come back late: after
+// the database has read its clock, the reply takes delay more, on the relay's clock
+// (a stalled network, a retransmitted packet, the relay's process paused). The test
+// does not wait for it, so the database's clock does not move meanwhile: wall stands
+// for both clocks once the delay has passed.
+type clockReadDelay struct {
+	wall  *testClock
+	delay time.Duration
+	armed atomic.Bool
+}
+
+func (d *clockReadDelay) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (d *clockReadDelay) TraceQueryEnd(_ context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
+	if data.Err == nil && d.armed.CompareAndSwap(true, false) {
+		d.wall.Advance(d.delay)
+	}
+}
+
+// The correction to the database's clock takes the middle of the read's round trip as
+// the moment the database read its clock, so it is off by up to half the round trip.
+// A round trip of 20s (the reply held up after the database answered) put the relay's
+// clock 10s behind: for a poll interval its leases were 10s short, and others took its
+// rows while it sent them; off the other way, it would take others' live leases. A
+// reading that slow says little: the relay keeps the correction it had, moved only as
+// far as the reading shows it wrong (here, after a step of the local clock).
+func TestSlowClockReadDoesNotSkewTheRelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	started := func(t *testing.T, id string) (*Relay, *testClock, *clockReadDelay) {
+		t.Helper()
+		wall := &testClock{now: dbNow(t, b.pool)}
+		slow := &clockReadDelay{wall: wall}
+		pc := b.pool.Config()
+		pc.ConnConfig.Tracer = slow
+		pool, err := pgxpool.NewWithConfig(t.Context(), pc)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		r, err := New(pool, realClockConfig(b.fastConfig(), id, wall), map[string]Instance{"webhook": {Connector: b.hook}})
+		require.NoError(t, err)
+		require.NoError(t, r.start(t.Context()))
+		require.WithinDuration(t, dbNow(t, b.pool), r.now(), time.Second)
+		return r, wall, slow
+	}
+	readSlowly := func(t *testing.T, r *Relay, slow *clockReadDelay, delay time.Duration) {
+		t.Helper()
+		slow.delay = delay
+		slow.armed.Store(true)
+		require.NoError(t, r.readClock(t.Context()))
+		require.False(t, slow.armed.Load(), "the clock was read")
+	}
+
+	r, wall, slow := started(t, "slowread")
+	readSlowly(t, r, slow, 20*time.Second)
+	require.WithinDuration(t, wall.Now(), r.now(), time.Second,
+		"the relay's clock, once the reply came 20s after the database read its clock")
+
+	// The local clock steps a minute ahead; the next reading takes 2s. It shows the
+	// correction a minute wrong, and within 2s where it is.
+	r, wall, slow = started(t, "stepped")
+	wall.Advance(time.Minute)
+	readSlowly(t, r, slow, 2*time.Second)
+	require.WithinDuration(t, dbNow(t, b.pool).Add(2*time.Second), r.now(), time.Second,
+		"the relay's clock follows a step of the local clock, however slow the reading")
 }

@@ -65,6 +65,7 @@ type Relay struct {
 
 	listening atomic.Bool
 	skew      atomic.Int64 // database clock minus local clock, when NowFunc is the real clock (see readClock)
+	skewRead  bool         // skew has been measured (see readClock)
 	probe     string       // the payload of this relay's NOTIFY self-test
 	// probeTimeout is how long the NOTIFY self-test waits; tests shorten it.
 	probeTimeout time.Duration
@@ -433,6 +434,13 @@ func (r *Relay) corrected(t time.Time) time.Time {
 // is read on a connection already open, in one round trip (the simple protocol: no
 // prepare first), so that neither a connect nor a wait for a free connection counts in
 // the round trip, whose middle is taken as the moment the database read its clock.
+//
+// The correction is then off by up to half the round trip, which a stalled reply or a
+// retransmitted packet can make seconds: enough to take other relays' live leases, or
+// to write leases that others see expire while the attempt is still going. So a
+// reading whose round trip took longer than maxClockRoundTrip is not taken as the
+// correction once there is one: the correction is moved only as far as the reading
+// shows it wrong (the database read its clock some time between before and after).
 func (r *Relay) readClock(ctx context.Context) error {
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
@@ -449,10 +457,21 @@ func (r *Relay) readClock(ctx context.Context) error {
 	dbNow := time.UnixMicro(micros)
 	if r.cfg.usesRealClock {
 		after := r.cfg.NowFunc()
-		r.skew.Store(int64(dbNow.Sub(before.Add(after.Sub(before) / 2))))
+		skew := dbNow.Sub(before.Add(after.Sub(before) / 2))
+		if r.skewRead && after.Sub(before) > maxClockRoundTrip {
+			skew = min(max(time.Duration(r.skew.Load()), dbNow.Sub(after)), dbNow.Sub(before))
+		}
+		r.skew.Store(int64(skew))
+		r.skewRead = true
 	}
 	return nil
 }
+
+// maxClockRoundTrip is the longest round trip of a reading of the database's clock that
+// readClock takes as it is: its error, up to half of it, for two relays together (one
+// writes a lease, the other reclaims it) stays within the second that serve wants
+// between a connector's timeout and OUTBOX_LEASE.
+const maxClockRoundTrip = 500 * time.Millisecond
 
 // Ready reports whether the relay can work: it runs (it has started) and has not been
 // asked to stop, the database answers and the LISTEN connection is up.
