@@ -19,7 +19,9 @@ type PurgeOptions struct {
 	PayloadOnly bool
 	// BatchSize is how many rows each statement purges. Defaults to 500.
 	BatchSize int
-	// Now is the clock olderThan counts from. Defaults to the current time.
+	// Now is the clock olderThan counts from. Defaults to the database's current time:
+	// relays write when rows finished on it (see dbNowOr), and a machine whose clock
+	// runs ahead would purge rows younger than asked.
 	Now time.Time
 	// Actor names who purges, for the audit trail of PayloadOnly. Defaults to "purge".
 	Actor string
@@ -84,7 +86,10 @@ func Purge(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration, opt
 	if olderThan < 0 {
 		return res, fmt.Errorf("%w: olderThan: %s is negative", ErrInvalidOptions, olderThan)
 	}
-	now := nowOr(opts.Now)
+	now, err := dbNowOr(ctx, pool, opts.Now)
+	if err != nil {
+		return res, fmt.Errorf("purge: %w", err)
+	}
 	cutoff := now.Add(-olderThan)
 	if opts.DryRun {
 		if err := pool.QueryRow(ctx, purgeCountSQL, cutoff, opts.PayloadOnly).Scan(&res.Rows); err != nil {

@@ -1,0 +1,64 @@
+package ops_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/internal/pgtest"
+)
+
+// behindDB returns a pool on a database whose clock runs two hours behind this machine's,
+// as the database's host can when the operator's machine (or the database's) is off:
+// clock_timestamp() and now() are looked up first in a schema whose functions subtract two
+// hours. Relays correct their clocks to the database's, so every time they write is on it.
+func behindDB(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool := pgtest.DB(t)
+	_, err := pool.Exec(t.Context(), `
+CREATE SCHEMA dbclock;
+CREATE FUNCTION dbclock.clock_timestamp() RETURNS timestamptz LANGUAGE sql
+    AS $$ SELECT pg_catalog.clock_timestamp() - interval '2 hours' $$;
+CREATE FUNCTION dbclock.now() RETURNS timestamptz LANGUAGE sql
+    AS $$ SELECT pg_catalog.now() - interval '2 hours' $$`)
+	require.NoError(t, err)
+	pc := pool.Config()
+	pc.ConnConfig.RuntimeParams["search_path"] = "dbclock, pg_catalog, public"
+	behind, err := pgxpool.NewWithConfig(t.Context(), pc)
+	require.NoError(t, err)
+	t.Cleanup(behind.Close)
+	return behind
+}
+
+// finishedAgo inserts a delivered row with key, finished d ago by the database's clock.
+func finishedAgo(t *testing.T, pool *pgxpool.Pool, key string, d time.Duration) {
+	t.Helper()
+	_, err := pool.Exec(t.Context(), `
+INSERT INTO outbox (idempotency_key, connector, payload, status, attempts, created_at, updated_at, delivered_at)
+SELECT $1, 'webhook', '{}', 'delivered', 1, t, t, t FROM (SELECT clock_timestamp() - $2::interval AS t) AS c`, key, d)
+	require.NoError(t, err)
+}
+
+// A delivered row is the stored answer for its key: deleted, an enqueue of the same key
+// inserts a new intent and the effect happens again. purge --older-than counted from the
+// operator's machine's clock, and with that clock two hours ahead of the database's (on
+// whose clock relays write when rows finished), purge --older-than 1h deleted a row that
+// had finished half an hour before.
+func TestPurgeCountsAgesOnTheDatabasesClock(t *testing.T) {
+	t.Parallel()
+	pool := behindDB(t)
+	finishedAgo(t, pool, "recent", 30*time.Minute)
+	finishedAgo(t, pool, "old", 90*time.Minute)
+
+	res, err := ops.Purge(t.Context(), pool, time.Hour, ops.PurgeOptions{DryRun: true})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Rows, "rows finished more than an hour ago")
+	res, err = ops.Purge(t.Context(), pool, time.Hour, ops.PurgeOptions{})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Rows)
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM outbox WHERE idempotency_key = 'recent'`),
+		"the row that finished half an hour ago is kept")
+}
