@@ -62,3 +62,42 @@ func TestPurgeCountsAgesOnTheDatabasesClock(t *testing.T) {
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM outbox WHERE idempotency_key = 'recent'`),
 		"the row that finished half an hour ago is kept")
 }
+
+// deadSince inserts a dead row with key, created d ago by the database's clock.
+func deadSince(t *testing.T, pool *pgxpool.Pool, key string, d time.Duration) {
+	t.Helper()
+	_, err := pool.Exec(t.Context(), `
+INSERT INTO outbox (idempotency_key, connector, payload, status, attempts, created_at, updated_at)
+SELECT $1, 'webhook', '{}', 'dead', 1, t, t FROM (SELECT clock_timestamp() - $2::interval AS t) AS c`, key, d)
+	require.NoError(t, err)
+}
+
+// list and replay --older-than and --newer-than counted from the operator's machine's
+// clock, while rows are created on the database's: with the machine two hours ahead,
+// "newer than an hour" found none of the rows created in the last hour, and "older than
+// an hour" selected rows created half an hour before, for a replay too.
+func TestFilterAgesCountOnTheDatabasesClock(t *testing.T) {
+	t.Parallel()
+	pool := behindDB(t)
+	deadSince(t, pool, "recent", 30*time.Minute)
+	deadSince(t, pool, "old", 90*time.Minute)
+	keys := func(p ops.Page) []string {
+		var out []string
+		for _, in := range p.Intents {
+			out = append(out, in.Key)
+		}
+		return out
+	}
+
+	page, err := ops.List(t.Context(), pool, ops.Filter{NewerThan: time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, []string{"recent"}, keys(page))
+	page, err = ops.List(t.Context(), pool, ops.Filter{OlderThan: time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, []string{"old"}, keys(page))
+
+	res, err := ops.Replay(t.Context(), pool, ops.Selection{Filter: &ops.Filter{Status: []string{"dead"}, OlderThan: time.Hour}},
+		ops.ReplayOptions{Actor: "alice", DryRun: true})
+	require.NoError(t, err)
+	require.Equal(t, []string{"old"}, res.Replayed)
+}

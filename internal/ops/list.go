@@ -42,7 +42,8 @@ type Filter struct {
 	// After is the cursor of the page to read: the Next of the previous [Page]. Empty
 	// starts at the newest row.
 	After string `json:"after,omitempty"`
-	// Now is the clock OlderThan and NewerThan count from. Defaults to the current time.
+	// Now is the clock OlderThan and NewerThan count from. Defaults to the database's
+	// current time, on which rows are created (see dbNowOr).
 	Now time.Time `json:"now,omitzero"`
 }
 
@@ -161,6 +162,13 @@ func (f Filter) listArgs() ([]any, error) {
 // A filter with an unknown status, a negative duration or a bad cursor is refused with
 // an error wrapping [ErrInvalidFilter].
 func List(ctx context.Context, db outbox.DB, f Filter) (Page, error) {
+	if f.OlderThan > 0 || f.NewerThan > 0 {
+		now, err := dbNowOr(ctx, db, f.Now)
+		if err != nil {
+			return Page{}, fmt.Errorf("list: %w", err)
+		}
+		f.Now = now
+	}
 	args, err := f.listArgs()
 	if err != nil {
 		return Page{}, err

@@ -47,8 +47,9 @@ type ReplayOptions struct {
 	// ProgressFunc, when set, is called after each batch with the rows handled so far
 	// and the rows selected.
 	ProgressFunc func(done, total int)
-	// Now is the replay's clock: next_attempt_at, lease expiry, audit time. Defaults to
-	// the database's current time as each batch runs, the clock leases are set by.
+	// Now is the replay's clock: next_attempt_at, lease expiry, audit time, and the ages
+	// of a Filter without a Now of its own. Defaults to the database's current time as
+	// each batch runs (at the start, for the Filter), the clock leases are set by.
 	Now time.Time
 }
 
@@ -377,7 +378,7 @@ func resolve(ctx context.Context, db outbox.DB, sel Selection, now time.Time) ([
 	if f.Limit < 0 {
 		return nil, nil, fmt.Errorf("%w: Limit: %d is negative", ErrInvalidFilter, f.Limit)
 	}
-	f.Now, f.After = nowOr(f.Now), ""
+	f.Now, f.After = cmp.Or(f.Now, now), "" // one clock for every page: the replay's
 	capped := f.Limit
 	var out []target
 	for {
