@@ -40,15 +40,17 @@ type Service struct {
 	Pool *pgxpool.Pool
 	// Policy holds the tokens and the connectors that need approval.
 	Policy *Policy
-	// NowFunc is the clock of audit rows. Defaults to time.Now.
+	// NowFunc is the clock of audit rows. Defaults to the database's clock, on which
+	// relays and operators' commands write every other time of a row.
 	NowFunc func() time.Time
 }
 
+// now is NowFunc's time, or zero for the database's clock (see [ops.Approve]).
 func (s *Service) now() time.Time {
 	if s.NowFunc != nil {
 		return s.NowFunc()
 	}
-	return time.Now()
+	return time.Time{}
 }
 
 // Create enqueues an intent under key for tok through [outbox.Enqueue], so validation

@@ -38,7 +38,7 @@ const decideSQL = `UPDATE outbox SET status = $2, updated_at = $3 WHERE id = $1`
 // A canceled intent (rejected or canceled) is refused with an error wrapping
 // [ErrConflictState]; an unknown key with one wrapping [outbox.ErrNotFound].
 func Approve(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, now time.Time) (outbox.Intent, error) {
-	return decide(ctx, pool, key, actor, reason, nowOr(now), ActionApprove)
+	return decide(ctx, pool, key, actor, reason, now, ActionApprove)
 }
 
 // Reject refuses the intent with key: awaiting_approval becomes canceled, with an
@@ -48,7 +48,7 @@ func Approve(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string,
 // canceled with [Cancel] instead.
 // An unknown key gives an error wrapping [outbox.ErrNotFound].
 func Reject(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, now time.Time) (outbox.Intent, error) {
-	return decide(ctx, pool, key, actor, reason, nowOr(now), ActionReject)
+	return decide(ctx, pool, key, actor, reason, now, ActionReject)
 }
 
 func decide(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, now time.Time, action string) (outbox.Intent, error) {
@@ -65,6 +65,10 @@ func decide(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, 
 			return fmt.Errorf("lock %q: %w", key, err)
 		}
 		out = in
+		// On the database's clock when not given, as every other time of the row (see dbNowOr).
+		if now, err = dbNowOr(ctx, tx, now); err != nil {
+			return err
+		}
 		switch {
 		case in.Status == outbox.StatusAwaitingApproval:
 			// decided below

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxd/outboxd/internal/intent"
 	"github.com/outboxd/outboxd/internal/ops"
 	"github.com/outboxd/outboxd/internal/pgtest"
 )
@@ -100,4 +101,35 @@ func TestFilterAgesCountOnTheDatabasesClock(t *testing.T) {
 		ops.ReplayOptions{Actor: "alice", DryRun: true})
 	require.NoError(t, err)
 	require.Equal(t, []string{"old"}, res.Replayed)
+}
+
+// Approve and reject stamped the row's updated_at and the audit entry with the clock
+// of the machine they ran on, and so did the intent API and MCP (serve's host) for
+// cancel too, though every other time of a row is the database's: the audit trail
+// read out of order with the attempts, a canceled row's retention counted from another
+// clock, and an API cancel of a row in flight, on a host whose clock ran ahead, said
+// its relay's lease had expired. They now use the database's clock.
+func TestDecisionsUseTheDatabasesClock(t *testing.T) {
+	t.Parallel()
+	pool := behindDB(t)
+	_, err := pool.Exec(t.Context(), `
+INSERT INTO outbox (idempotency_key, connector, payload, status) VALUES
+    ('approve-me', 'webhook', '{}', 'awaiting_approval'), ('reject-me', 'webhook', '{}', 'awaiting_approval');
+INSERT INTO outbox (idempotency_key, connector, payload, status, attempts, lease_owner, lease_expires_at)
+VALUES ('in-flight', 'webhook', '{}', 'delivering', 1, 'relay-1', clock_timestamp() + interval '30 minutes')`)
+	require.NoError(t, err)
+	_, err = ops.Approve(t.Context(), pool, "approve-me", "alice", "", time.Time{})
+	require.NoError(t, err)
+	_, err = ops.Reject(t.Context(), pool, "reject-me", "alice", "", time.Time{})
+	require.NoError(t, err)
+	require.Equal(t, 0, count(t, pool, `
+SELECT count(*) FROM outbox o JOIN outbox_audit a ON a.outbox_id = o.id
+WHERE abs(extract(epoch FROM o.updated_at - clock_timestamp())) > 60 OR abs(extract(epoch FROM a.at - clock_timestamp())) > 60`),
+		"rows and audit entries stamped on another clock than the database's")
+
+	admin := intent.Token{Name: "ops", Admin: true, Connectors: []string{"webhook"}}
+	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{admin}}}
+	_, err = svc.Cancel(t.Context(), &admin, "in-flight", "")
+	require.ErrorIs(t, err, intent.ErrConflictState)
+	require.ErrorContains(t, err, "in flight: relay relay-1 is delivering it")
 }
