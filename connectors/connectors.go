@@ -248,6 +248,18 @@ func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	return max(t.Sub(now), 0), true
 }
 
+// RetryAfterOf is the delay the Retry-After header of an answer with headers h asks for
+// (see [ParseRetryAfter]). An HTTP date there is a time on the receiver's clock, so it
+// is measured from the answer's Date, the receiver's time when it answered, when that
+// parses; else from now. Against the sender's clock, one minutes ahead of the receiver's
+// would retry before the receiver asked, and one behind would wait minutes longer.
+func RetryAfterOf(h http.Header, now time.Time) (time.Duration, bool) {
+	if date, err := http.ParseTime(h.Get("Date")); err == nil {
+		now = date
+	}
+	return ParseRetryAfter(h.Get("Retry-After"), now)
+}
+
 // HTTPSendError classifies an HTTP request that got no answer, for connectors that call
 // an HTTP API. Once the request was written (wrote, from httptrace's WroteRequest) the
 // receiver may have acted, so the error is [Ambiguous]; mayHave says what the receiver may

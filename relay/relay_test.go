@@ -384,15 +384,18 @@ func TestRetrySchedulesWithInjectedClock(t *testing.T) {
 	clock, cfg := b.clockedConfig(t)
 	cfg.BackoffBase = 10 * time.Second
 	cfg.BackoffMax = time.Hour
-	// The connector reads Retry-After dates against the same clock as the relay.
+	// The connector's clock is the relay's (webhook-timestamp; Retry-After dates when an
+	// answer has no Date).
 	hook, err := webhook.New(webhook.Config{URL: b.receiver.URL(), Guarantee: connectors.Enforced, NowFunc: clock.Now})
 	require.NoError(t, err)
 	start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: hook}})
 
-	date := clock.Now().Add(5 * time.Minute).UTC().Truncate(time.Second)
+	// A date on the receiver's clock, five minutes after the Date it answers with.
+	answered := clock.Now().UTC().Truncate(time.Second)
+	date := answered.Add(5 * time.Minute)
 	b.receiver.Plan("backoff", receiver.Plan{FailFirst: 2})
 	b.receiver.Plan("retry-after-seconds", receiver.Plan{FailFirst: 1, FailStatus: 429, RetryAfter: "120"})
-	b.receiver.Plan("retry-after-date", receiver.Plan{FailFirst: 1, RetryAfter: date.Format(http.TimeFormat)})
+	b.receiver.Plan("retry-after-date", receiver.Plan{FailFirst: 1, RetryAfter: date.Format(http.TimeFormat), Date: answered.Format(http.TimeFormat)})
 	for _, k := range []string{"backoff", "retry-after-seconds", "retry-after-date"} {
 		enqueue(t, b.pool, k, "webhook", []string{k})
 	}
@@ -414,7 +417,7 @@ func TestRetrySchedulesWithInjectedClock(t *testing.T) {
 	in = waitAttempts("retry-after-seconds", 1)
 	require.True(t, in.NextAttemptAt.Equal(t0.Add(120*time.Second)), "Retry-After seconds wins: %s", in.NextAttemptAt)
 	in = waitAttempts("retry-after-date", 1)
-	require.True(t, in.NextAttemptAt.Equal(date), "Retry-After date wins: %s", in.NextAttemptAt)
+	require.True(t, in.NextAttemptAt.Equal(t0.Add(5*time.Minute)), "Retry-After date wins: %s", in.NextAttemptAt)
 
 	// Nothing is retried before its time: the clock has not moved.
 	require.Equal(t, 1, b.receiver.Requests("backoff"))

@@ -32,7 +32,7 @@ func TestRetryAfterOfNoWaitBacksOff(t *testing.T) {
 		"zero": "0",
 		"past": clock.Now().Add(-time.Minute).UTC().Format(http.TimeFormat),
 	} {
-		b.receiver.Plan(key, receiver.Plan{FailFirst: 100, RetryAfter: retryAfter})
+		b.receiver.Plan(key, receiver.Plan{FailFirst: 100, RetryAfter: retryAfter, Date: clock.Now().UTC().Format(http.TimeFormat)})
 		enqueue(t, b.pool, key, "webhook", []string{key})
 	}
 	rows := claimRows(t, r, "webhook")

@@ -346,7 +346,7 @@ func (c *Resend) classify(resp *http.Response, res ResendResult) error {
 	}
 	retry := func() error {
 		err := errors.New(answered)
-		if d, ok := connectors.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+		if d, ok := connectors.RetryAfterOf(resp.Header, time.Now()); ok {
 			return connectors.RetryAfter(err, d)
 		}
 		return err

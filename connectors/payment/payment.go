@@ -589,7 +589,7 @@ func serverError(err error, header http.Header) error {
 }
 
 func retryable(err error, header http.Header) error {
-	if d, ok := connectors.ParseRetryAfter(header.Get("Retry-After"), time.Now()); ok {
+	if d, ok := connectors.RetryAfterOf(header, time.Now()); ok {
 		return connectors.RetryAfter(err, d)
 	}
 	return err

@@ -163,7 +163,7 @@ func (t retryAfterSeconds) RoundTrip(req *http.Request) (*http.Response, error) 
 	if err != nil || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
 		return resp, err
 	}
-	if d, ok := connectors.ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+	if d, ok := connectors.RetryAfterOf(resp.Header, time.Now()); ok {
 		resp.Header.Set("Retry-After", strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10))
 	} else {
 		resp.Header.Del("Retry-After")

@@ -49,8 +49,8 @@ type Config struct {
 	// MaxResultBody is how many bytes of the receiver's answer the result keeps.
 	// Defaults to 1024.
 	MaxResultBody int
-	// NowFunc is the clock for webhook-timestamp and Retry-After dates. Defaults to
-	// time.Now.
+	// NowFunc is the clock for webhook-timestamp, and for Retry-After dates in answers
+	// without a Date header (see [connectors.RetryAfterOf]). Defaults to time.Now.
 	NowFunc func() time.Time
 }
 
@@ -379,7 +379,7 @@ func (c *Connector) classify(resp *http.Response, excerpt string) error {
 		return connectors.Permanent(fmt.Errorf("%s (a redirect%s, not followed); configure the final URL instead", answered, where))
 	case connectors.RetryableStatus(code):
 		err := errors.New(answered)
-		if d, ok := connectors.ParseRetryAfter(resp.Header.Get("Retry-After"), c.now()); ok {
+		if d, ok := connectors.RetryAfterOf(resp.Header, c.now()); ok {
 			err = connectors.RetryAfter(err, d)
 		}
 		if code == http.StatusBadGateway || code == http.StatusGatewayTimeout {

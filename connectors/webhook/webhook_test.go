@@ -210,8 +210,8 @@ func TestDeliver_Retryable(t *testing.T) {
 		wantDelay  time.Duration // 0: no Retry-After
 	}{
 		{"503Seconds", receiver.Plan{FailFirst: 1, RetryAfter: "7"}, 503, 7 * time.Second},
-		{"503Date", receiver.Plan{FailFirst: 1, RetryAfter: now.Add(90 * time.Second).Format(http.TimeFormat)}, 503, 90 * time.Second},
-		{"429PastDate", receiver.Plan{FailFirst: 1, FailStatus: 429, RetryAfter: now.Add(-time.Hour).Format(http.TimeFormat)}, 429, -1},
+		{"503Date", receiver.Plan{FailFirst: 1, RetryAfter: now.Add(90 * time.Second).Format(http.TimeFormat), Date: now.Format(http.TimeFormat)}, 503, 90 * time.Second},
+		{"429PastDate", receiver.Plan{FailFirst: 1, FailStatus: 429, RetryAfter: now.Add(-time.Hour).Format(http.TimeFormat), Date: now.Format(http.TimeFormat)}, 429, -1},
 		{"429Garbage", receiver.Plan{FailFirst: 1, FailStatus: 429, RetryAfter: "soon"}, 429, 0},
 		{"408", receiver.Plan{FailFirst: 1, FailStatus: 408}, 408, 0},
 		{"409", receiver.Plan{FailFirst: 1, FailStatus: 409}, 409, 0},
@@ -251,6 +251,29 @@ func TestDeliver_Retryable(t *testing.T) {
 			_, err = b.c.Deliver(t.Context(), delivery(key))
 			require.NoError(t, err, "the retry succeeds")
 			require.Equal(t, 1, b.r.Effects(key))
+		})
+	}
+}
+
+// A Retry-After date is a time on the receiver's clock. Measured against the relay
+// host's clock, one running five minutes ahead found "in 90 seconds" already past and
+// retried at once (after the backoff), before the receiver asked, using up attempts on
+// its refusals; one behind waited minutes longer than asked. It is measured from the
+// answer's Date, the receiver's time when it answered.
+func TestRetryAfterDateIsOnTheReceiversClock(t *testing.T) {
+	t.Parallel()
+	for name, off := range map[string]time.Duration{"ahead": 5 * time.Minute, "behind": -5 * time.Minute} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, receiver.Options{}, webhook.Config{NowFunc: func() time.Time { return time.Now().Add(off) }})
+			answered := time.Now().UTC().Truncate(time.Second) // the receiver's clock
+			b.r.Plan("k", receiver.Plan{FailFirst: 1, FailStatus: 429, Date: answered.Format(http.TimeFormat),
+				RetryAfter: answered.Add(90 * time.Second).Format(http.TimeFormat)})
+			_, err := b.c.Deliver(t.Context(), delivery("k"))
+			require.Error(t, err)
+			delay, ok := connectors.RetryDelay(err)
+			require.True(t, ok, "%v", err)
+			require.Equal(t, 90*time.Second, delay)
 		})
 	}
 }

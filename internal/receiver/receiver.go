@@ -59,6 +59,9 @@ type Plan struct {
 	// RetryAfter is the Retry-After header sent with the FailFirst answers, as
 	// delta-seconds ("3") or an HTTP date. Defaults to none.
 	RetryAfter string
+	// Date is the Date header sent with the FailFirst answers, the receiver's clock
+	// when it answered. Defaults to the server's own (the machine's clock).
+	Date string
 	// DropAfterEffect closes the connection without answering, the first N times a
 	// request for the key gets to the effect: the first performs the effect and stores
 	// its answer, the next ones find it stored, and each of them is dropped. This is the
@@ -313,6 +316,9 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		sh.mu.Unlock()
 		if p.RetryAfter != "" {
 			w.Header().Set("Retry-After", p.RetryAfter)
+		}
+		if p.Date != "" {
+			w.Header().Set("Date", p.Date)
 		}
 		answerError(w, cmp.Or(p.FailStatus, http.StatusServiceUnavailable), "planned failure")
 		return
