@@ -398,16 +398,19 @@ func (t *tools) toolError(ctx context.Context, tool, key string, err error) erro
 			return fmt.Errorf("%s: the database did not answer within %s; calling again later with the same key %q is safe", tool, t.timeout, key)
 		}
 		return fmt.Errorf("%s: the database did not answer within %s; try again later", tool, t.timeout)
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("%s: %w", tool, err)
-	case errors.As(err, new(*pgconn.ConnectError)):
+	case ctx.Err() == nil && errors.As(err, new(*pgconn.ConnectError)):
 		// The database is down or unreachable: worth saying, so the agent waits instead
 		// of treating it as a fault of its request. The details (host, user) stay in the log.
+		// Before the context errors: a connect_timeout of the pool's own (outboxd mcp
+		// gives each connection 10s) ends the connect with context.DeadlineExceeded while
+		// the call's context is still alive.
 		t.log.ErrorContext(ctx, "tool failed: database unavailable", "tool", tool, "key", key, "err", err)
 		if key != "" {
 			return fmt.Errorf("%s: the database is unavailable, so nothing was written; calling again later with the same key %q is safe", tool, key)
 		}
 		return fmt.Errorf("%s: the database is unavailable; try again later", tool)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%s: %w", tool, err)
 	default:
 		t.log.ErrorContext(ctx, "tool failed", "tool", tool, "key", key, "err", err)
 		if key != "" {

@@ -559,3 +559,30 @@ func TestMCPDatabaseDown(t *testing.T) {
 		require.NotContains(t, msg, addr, tool)
 	}
 }
+
+// A database that does not answer the connection's start within the pool's own
+// connect_timeout (outboxd mcp gives each connection 10s, inside CallTimeout's 20s) is
+// the same tool error as one that refuses: it says the database is unavailable and that
+// calling again is safe, without the connection's details.
+func TestMCPDatabaseConnectTimeout(t *testing.T) {
+	t.Parallel()
+	addr := pgtest.UnansweringAddr(t)
+	cfg, err := pgxpool.ParseConfig("postgres://app:hunter2@" + addr + "/app")
+	require.NoError(t, err)
+	cfg.ConnConfig.ConnectTimeout = 100 * time.Millisecond
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b := &testBundle{pool: pool, svc: &intent.Service{Pool: pool, Policy: testPolicy()}}
+	cs := b.connect(t, "agent")
+	for tool, args := range map[string]map[string]any{
+		mcpserver.ToolPropose: {"connector": "webhook", "key": "k-1", "payload": map[string]any{}},
+		mcpserver.ToolGet:     {"key": "k-1"},
+		mcpserver.ToolList:    {},
+	} {
+		msg := toolErr(t, call(t, cs, tool, args))
+		require.Contains(t, msg, "database is unavailable", tool)
+		require.NotContains(t, msg, addr, tool)
+		require.NotContains(t, msg, "user=app", tool)
+	}
+}
