@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strings"
@@ -77,5 +78,47 @@ func TestDatabaseDownIs503(t *testing.T) {
 		require.Contains(t, r.raw, "database is unavailable")
 		require.NotContains(t, r.raw, "hunter2")
 		require.NotContains(t, r.raw, addr)
+	}
+}
+
+// A database that ends the sessions the pool holds (a restart, a failover: PostgreSQL
+// says "terminating connection due to administrator command", SQLSTATE 57P01) is a 503
+// that says so, as when it is down: not a 500 "internal error" for each pooled session
+// the next request happens to take.
+func TestDatabaseEndedSessionIs503(t *testing.T) {
+	t.Parallel()
+	admin := pgtest.DB(t)
+	cfg := admin.Config().Copy()
+	cfg.MaxConns = 1
+	// As in a busy relay's pool, whose sessions are each used within pgxpool's 1s before
+	// it pings one: the request takes the ended session as it is.
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{
+		{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
+	}}}
+	b := serveAPI(t, pool, svc, nil)
+
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/v1/intents", `{"connector":"webhook","payload":{}}`},
+		{"GET", "/v1/intents/k-1", ""},
+		{"GET", "/v1/intents", ""},
+		{"POST", "/v1/intents/k-1/cancel", ""},
+	} {
+		var pid uint32
+		require.NoError(t, pool.AcquireFunc(t.Context(), func(c *pgxpool.Conn) error {
+			pid = c.Conn().PgConn().PID()
+			return nil
+		}))
+		var ended bool
+		require.NoError(t, admin.QueryRow(t.Context(), `SELECT pg_terminate_backend($1, 10000)`, pid).Scan(&ended))
+		require.True(t, ended)
+
+		r := b.do(t, c.method, c.path, adminSecret, "k-1", c.body)
+		require.Equal(t, http.StatusServiceUnavailable, r.status, "%s %s: %s", c.method, c.path, r.raw)
+		require.Equal(t, "unavailable", r.errCode(t))
+		require.Contains(t, r.raw, "database is unavailable")
 	}
 }
