@@ -103,7 +103,9 @@ func TestRelayWorksWithTheREADMEsPrivileges(t *testing.T) {
 	b := setup(t, receiver.Options{})
 	ctx := t.Context()
 	pool := pgtest.PoolAs(t, b.pool, pgtest.Role(t, b.pool, "outboxd_relay_",
-		`GRANT SELECT, INSERT, UPDATE, DELETE ON outbox, outbox_attempts, outbox_wake_connectors TO ROLE_`,
+		`GRANT SELECT, UPDATE, DELETE ON outbox TO ROLE_`,
+		`GRANT SELECT, INSERT, DELETE ON outbox_attempts TO ROLE_`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_wake_connectors TO ROLE_`,
 		`GRANT SELECT ON outbox_schema_migrations TO ROLE_`))
 
 	b.receiver.Plan("retried", receiver.Plan{FailFirst: 1})

@@ -12,15 +12,18 @@ import (
 )
 
 // The intent API runs as a role with exactly the grants the README gives outboxd serve
-// with the API enabled (the relay's, and SELECT, INSERT on outbox_audit): it creates,
+// with the API enabled (the relay's, INSERT on outbox and SELECT, INSERT on outbox_audit): it creates,
 // reads, lists, approves, rejects and cancels.
 func TestAPIWorksWithTheREADMEsPrivileges(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.DB(t)
 	ctx := t.Context()
 	rolePool := pgtest.PoolAs(t, pool, pgtest.Role(t, pool, "outboxd_serve_",
-		`GRANT SELECT, INSERT, UPDATE, DELETE ON outbox, outbox_attempts, outbox_wake_connectors TO ROLE_`,
+		`GRANT SELECT, UPDATE, DELETE ON outbox TO ROLE_`,
+		`GRANT SELECT, INSERT, DELETE ON outbox_attempts TO ROLE_`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_wake_connectors TO ROLE_`,
 		`GRANT SELECT ON outbox_schema_migrations TO ROLE_`,
+		`GRANT INSERT ON outbox TO ROLE_`,
 		`GRANT SELECT, INSERT ON outbox_audit TO ROLE_`))
 
 	svc := &intent.Service{Pool: rolePool, Policy: &intent.Policy{
