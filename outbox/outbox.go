@@ -103,8 +103,9 @@ const IntentColumns = `id, idempotency_key, connector, payload, status, attempts
 	created_at, updated_at, delivered_at`
 
 // ScanIntent scans a row selected with [IntentColumns], plus any extra destinations.
-// A time that plain SQL wrote as ±infinity, which time.Time cannot hold, reads as the
-// latest or earliest time JSON can carry (9999-12-31T23:59:59.999999Z, 0000-01-01T00:00:00Z).
+// A time that plain SQL wrote as ±infinity, which time.Time cannot hold, or past the
+// years JSON can carry (PostgreSQL takes 4713 BC to 294276 AD), reads as the latest or
+// earliest time JSON can carry (9999-12-31T23:59:59.999999Z, 0000-01-01T00:00:00Z).
 func ScanIntent(row pgx.Row, extra ...any) (Intent, error) {
 	var (
 		in                                        Intent
@@ -137,15 +138,16 @@ var (
 	negativeInfiniteTime = time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)
 )
 
-// finiteTime is t's time, with ±infinity as infiniteTime and negativeInfiniteTime; zero
-// when t is NULL.
+// finiteTime is t's time, with ±infinity, and times past them, as infiniteTime and
+// negativeInfiniteTime (time.Time's MarshalJSON fails outside them, and with it every
+// JSON answer holding the row); zero when t is NULL.
 func finiteTime(t pgtype.Timestamptz) time.Time {
 	switch {
 	case !t.Valid:
 		return time.Time{}
-	case t.InfinityModifier == pgtype.Infinity:
+	case t.InfinityModifier == pgtype.Infinity || t.Time.After(infiniteTime):
 		return infiniteTime
-	case t.InfinityModifier == pgtype.NegativeInfinity:
+	case t.InfinityModifier == pgtype.NegativeInfinity || t.Time.Before(negativeInfiniteTime):
 		return negativeInfiniteTime
 	}
 	return t.Time

@@ -66,3 +66,53 @@ UPDATE outbox SET created_at = 'infinity' WHERE idempotency_key = 'from-plus';`)
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "replayed: 5\n")
 }
+
+// Plain SQL may also write finite times that JSON cannot carry: PostgreSQL takes years
+// from 4713 BC to 294276 AD, encoding/json only 0 to 9999. One such row made list --json
+// and inspect --json fail ("year outside of range [0,9999]"), and ended list's paging at
+// it without a word (its cursor did not encode), so the rows after it were never shown.
+func TestListInspectTakeYearsJSONCannotCarry(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.insert(t, fixture{Key: "newest", Status: outbox.StatusDead})
+	d.insert(t, fixture{Key: "far-future", Status: outbox.StatusDead})
+	d.insert(t, fixture{Key: "in-between", Status: outbox.StatusDead})
+	d.insert(t, fixture{Key: "before-christ", Status: outbox.StatusDead})
+	d.insert(t, fixture{Key: "oldest", Status: outbox.StatusDead})
+	_, err := d.pool.Exec(t.Context(), `
+UPDATE outbox SET created_at = '294276-12-31 23:59:59.999998Z' WHERE idempotency_key = 'newest';
+UPDATE outbox SET created_at = '294276-12-31 23:59:59.999999Z', next_attempt_at = '294276-01-01' WHERE idempotency_key = 'far-future';
+UPDATE outbox SET created_at = '4713-01-01 BC', next_attempt_at = '4713-01-01 BC' WHERE idempotency_key = 'before-christ';
+UPDATE outbox SET created_at = '4713-01-01 00:00:00.5Z BC' WHERE idempotency_key = 'oldest';
+UPDATE outbox SET created_at = '2000-01-01' WHERE idempotency_key = 'in-between';`)
+	require.NoError(t, err)
+
+	var keys []string
+	after := ""
+	for range 10 {
+		args := []string{"list", "--limit", "1", "--json"}
+		if after != "" {
+			args = append(args, "--after", after)
+		}
+		code, out, errOut := d.cli(t, "", args...)
+		require.Equal(t, exitOK, code, errOut)
+		var page struct {
+			Intents []outbox.Intent `json:"intents"`
+			Next    string          `json:"next"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(out), &page), out)
+		for _, in := range page.Intents {
+			keys = append(keys, in.Key)
+		}
+		if after = page.Next; after == "" {
+			break
+		}
+	}
+	require.Equal(t, []string{"far-future", "newest", "in-between", "oldest", "before-christ"}, keys)
+
+	for _, k := range []string{"far-future", "before-christ"} {
+		code, out, errOut := d.cli(t, "", "inspect", k, "--json")
+		require.Equal(t, exitOK, code, "%s: %s", k, errOut)
+		require.True(t, json.Valid([]byte(out)), out)
+	}
+}

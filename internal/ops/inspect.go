@@ -153,16 +153,17 @@ func WithoutCredentials(in outbox.Intent) outbox.Intent {
 }
 
 // finiteTime is t's time, zero when NULL, and ±infinity (plain SQL can write it, and
-// time.Time cannot hold it) as the latest or earliest time JSON can carry, as
-// [outbox.ScanIntent] reads the row's own times.
+// time.Time cannot hold it) or a time past the years JSON can carry as the latest or
+// earliest time JSON can carry, as [outbox.ScanIntent] reads the row's own times.
 func finiteTime(t pgtype.Timestamptz) time.Time {
+	latest, earliest := time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC), time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)
 	switch {
 	case !t.Valid:
 		return time.Time{}
-	case t.InfinityModifier == pgtype.Infinity:
-		return time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC)
-	case t.InfinityModifier == pgtype.NegativeInfinity:
-		return time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)
+	case t.InfinityModifier == pgtype.Infinity || t.Time.After(latest):
+		return latest
+	case t.InfinityModifier == pgtype.NegativeInfinity || t.Time.Before(earliest):
+		return earliest
 	}
 	return t.Time
 }

@@ -58,14 +58,19 @@ type Page struct {
 // It travels base64url-encoded, and callers treat it as opaque. Inf is the created_at's
 // infinity modifier when plain SQL wrote ±infinity, which CreatedAt cannot hold: a
 // cursor at a stand-in time would start the next page before or after that row again.
+// CreatedAt goes as seconds since 1970 and Micros, not as a JSON time, which stops at
+// year 9999 where PostgreSQL goes on to 294276: the cursor of such a row did not encode,
+// and paging ended there without a word. (Microseconds since 1970 would overflow an
+// int64 in PostgreSQL's last years.)
 type cursor struct {
-	CreatedAt time.Time               `json:"c"`
+	CreatedAt *int64                  `json:"s"`
+	Micros    int64                   `json:"us,omitempty"`
 	Inf       pgtype.InfinityModifier `json:"x,omitempty"`
 	ID        int64                   `json:"i"`
 }
 
 func (c cursor) encode() string {
-	b, _ := json.Marshal(c) // a time and an int always encode
+	b, _ := json.Marshal(c) // ints always encode
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
@@ -78,7 +83,8 @@ func decodeCursor(s string) (*cursor, error) {
 	if err == nil {
 		err = json.Unmarshal(b, &c)
 	}
-	if err != nil || c.ID <= 0 || c.Inf < pgtype.NegativeInfinity || c.Inf > pgtype.Infinity {
+	if err != nil || c.CreatedAt == nil || c.Micros < 0 || c.Micros >= 1e6 || c.ID <= 0 ||
+		c.Inf < pgtype.NegativeInfinity || c.Inf > pgtype.Infinity {
 		return nil, fmt.Errorf("%w: After: %q is not a cursor from a previous page", ErrInvalidFilter, s)
 	}
 	return &c, nil
@@ -141,7 +147,7 @@ func (f Filter) listArgs() ([]any, error) {
 		after = &t
 	}
 	if c != nil {
-		cursorAt = &pgtype.Timestamptz{Time: c.CreatedAt, InfinityModifier: c.Inf, Valid: true}
+		cursorAt = &pgtype.Timestamptz{Time: time.Unix(*c.CreatedAt, c.Micros*1000), InfinityModifier: c.Inf, Valid: true}
 		cursorID = c.ID
 	}
 	statuses := f.Status
@@ -193,7 +199,9 @@ func List(ctx context.Context, db outbox.DB, f Filter) (Page, error) {
 	if len(intents) > limit {
 		page.Intents = intents[:limit]
 		at := createdAt[limit-1]
-		page.Next = cursor{CreatedAt: at.Time, Inf: at.InfinityModifier, ID: page.Intents[limit-1].ID}.encode()
+		secs := at.Time.Unix()
+		page.Next = cursor{CreatedAt: &secs, Micros: int64(at.Time.Nanosecond() / 1000), Inf: at.InfinityModifier,
+			ID: page.Intents[limit-1].ID}.encode()
 	}
 	return page, nil
 }
