@@ -110,16 +110,20 @@ func ScanIntent(row pgx.Row, extra ...any) (Intent, error) {
 	var (
 		in                                        Intent
 		nextAt, createdAt, updatedAt, deliveredAt pgtype.Timestamptz
-		headers                                   []byte
+		// Read as bytes, not into json.RawMessage, which pgx fills through
+		// json.Unmarshal: that refuses values nested deeper than 10,000 levels, which
+		// jsonb takes (plain SQL can write them), and one such row failed every read of it.
+		payload, result, headers []byte
 	)
 	dest := append([]any{
-		&in.ID, &in.Key, &in.Connector, &in.Payload, &in.Status, &in.Attempts, &nextAt,
-		&in.LastError, &in.Result, &in.OrderingKey, &headers, &in.CreatedBy,
+		&in.ID, &in.Key, &in.Connector, &payload, &in.Status, &in.Attempts, &nextAt,
+		&in.LastError, &result, &in.OrderingKey, &headers, &in.CreatedBy,
 		&createdAt, &updatedAt, &deliveredAt,
 	}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return Intent{}, err
 	}
+	in.Payload, in.Result = payload, result
 	in.NextAttemptAt, in.CreatedAt, in.UpdatedAt = finiteTime(nextAt), finiteTime(createdAt), finiteTime(updatedAt)
 	if deliveredAt.Valid {
 		in.DeliveredAt = finiteTime(deliveredAt)
