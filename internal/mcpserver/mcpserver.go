@@ -11,7 +11,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/outboxd/outboxd/internal/intent"
@@ -191,15 +193,15 @@ func New(svc *intent.Service, tokenFor TokenFunc, cfg *Config) *mcp.Server {
 	t := &tools{svc: svc, tokenFor: tokenFor, log: c.Logger.With("component", "mcp"), timeout: c.CallTimeout}
 	s := mcp.NewServer(&mcp.Implementation{Name: "outboxd", Title: "outboxd intents", Version: c.Version},
 		&mcp.ServerOptions{Instructions: instructions})
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: ToolPropose, Title: "Propose an intent", Description: proposeDescription,
 		Annotations: &mcp.ToolAnnotations{IdempotentHint: true, DestructiveHint: ptr(false), OpenWorldHint: ptr(true)},
 	}, withTimeout(t, t.propose))
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: ToolGet, Title: "Read an intent", Description: getDescription,
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, withTimeout(t, t.get))
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: ToolList, Title: "List intents", Description: listDescription,
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, withTimeout(t, t.list))
@@ -207,6 +209,82 @@ func New(svc *intent.Service, tokenFor TokenFunc, cfg *Config) *mcp.Server {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// addTool adds a tool as [mcp.AddTool] does, with input and output schemas derived from
+// In and Out and the input checked against its schema, but sends h's output as
+// encoding/json writes it. mcp.AddTool checks an output by decoding it into
+// map[string]any and sends what it decoded: a payload's integer past 2^53 lost digits
+// (an amount of 12345678901234567891 read 12345678901234567000), and a number past a
+// float64's range (1e400, which jsonb takes) or nesting past 1,000 levels failed the
+// call, and with it every page of list_intents holding that row.
+func addTool[In, Out any](s *mcp.Server, t *mcp.Tool, h mcp.ToolHandlerFor[In, Out]) {
+	in, err := jsonschema.For[In](nil)
+	if err != nil {
+		panic(fmt.Sprintf("addTool %s: input schema: %v", t.Name, err))
+	}
+	inResolved, err := in.Resolve(&jsonschema.ResolveOptions{ValidateDefaults: true})
+	if err != nil {
+		panic(fmt.Sprintf("addTool %s: input schema: %v", t.Name, err))
+	}
+	out, err := jsonschema.For[Out](nil)
+	if err != nil {
+		panic(fmt.Sprintf("addTool %s: output schema: %v", t.Name, err))
+	}
+	tt := *t
+	tt.InputSchema, tt.OutputSchema = in, out
+	s.AddTool(&tt, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		var args In
+		if err := decodeArguments(req.Params.Arguments, inResolved, &args); err != nil {
+			res := &mcp.CallToolResult{}
+			res.SetError(fmt.Errorf("validating \"arguments\": %w", err))
+			return res, nil
+		}
+		res, output, err := h(ctx, req, args)
+		if err != nil {
+			var wire *jsonrpc.Error
+			if errors.As(err, &wire) {
+				return nil, wire
+			}
+			res = &mcp.CallToolResult{}
+			res.SetError(err)
+			return res, nil
+		}
+		if res == nil {
+			res = &mcp.CallToolResult{}
+		}
+		b, err := json.Marshal(output)
+		if err != nil {
+			return nil, fmt.Errorf("marshaling output: %w", err)
+		}
+		res.StructuredContent = json.RawMessage(b)
+		if res.Content == nil {
+			res.Content = []mcp.Content{&mcp.TextContent{Text: string(b)}}
+		}
+		return res, nil
+	})
+}
+
+// decodeArguments checks a tool call's arguments against the tool's input schema, with
+// its defaults applied, and decodes them into v, as mcp.AddTool does.
+func decodeArguments(raw json.RawMessage, schema *jsonschema.Resolved, v any) error {
+	args := map[string]any{}
+	if len(raw) > 0 {
+		if err := json.Unmarshal(raw, &args); err != nil {
+			return err
+		}
+	}
+	if err := schema.ApplyDefaults(&args); err != nil {
+		return err
+	}
+	if err := schema.Validate(&args); err != nil {
+		return err
+	}
+	b, err := json.Marshal(args)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
 
 // errCallTimeout is the cause of a tool call's context ending at [Config.CallTimeout].
 var errCallTimeout = errors.New("tool call timed out")
