@@ -318,8 +318,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, tok *intent.Tok
 		status = http.StatusOK
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
-	writeJSON(w, status, ops.WithoutCredentials(in))
-	return nil
+	return writeJSON(w, status, ops.WithoutCredentials(in))
 }
 
 type keyConflict struct {
@@ -340,8 +339,7 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request, tok *intent.Token)
 	if err = done(err); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, ops.WithoutCredentials(in))
-	return nil
+	return writeJSON(w, http.StatusOK, ops.WithoutCredentials(in))
 }
 
 func (h *Handler) list(w http.ResponseWriter, r *http.Request, tok *intent.Token) error {
@@ -374,8 +372,7 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, tok *intent.Token
 	for i := range page.Intents {
 		page.Intents[i] = ops.WithoutCredentials(page.Intents[i])
 	}
-	writeJSON(w, http.StatusOK, page)
-	return nil
+	return writeJSON(w, http.StatusOK, page)
 }
 
 // decideBody is the optional body of approve, reject and cancel.
@@ -404,8 +401,7 @@ func (h *Handler) decide(do func(ctx context.Context, tok *intent.Token, key, re
 		if err = done(err); err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusOK, ops.WithoutCredentials(in))
-		return nil
+		return writeJSON(w, http.StatusOK, ops.WithoutCredentials(in))
 	}
 }
 
@@ -484,13 +480,22 @@ type errorDetail struct {
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {
-	writeJSON(w, status, errorBody{Error: errorDetail{Code: code, Message: msg}})
+	_ = writeJSON(w, status, errorBody{Error: errorDetail{Code: code, Message: msg}}) // it always encodes
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
+// writeJSON answers v as JSON with status. It encodes v before it writes anything, so a
+// value that does not encode (a payload nested deeper than encoding/json goes, which
+// jsonb takes from plain SQL) is an error for the caller to answer, not a 200 with an
+// empty body.
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode the answer: %w", err)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v) // the client went away; nothing to do
+	_, _ = w.Write(append(b, '\n')) // the client went away; nothing to do
+	return nil
 }
 
 // statusWriter remembers the status for the request log.
