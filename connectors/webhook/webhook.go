@@ -262,7 +262,11 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 		return nil, connectors.Permanent(fmt.Errorf("deliver webhook: the idempotency key %q cannot be sent: %s", d.Key, problem))
 	}
 	if !json.Valid(d.Payload) {
-		return nil, connectors.Permanent(errors.New("deliver webhook: the payload is not valid JSON"))
+		// The reader's reason: a row's payload is jsonb, always valid JSON, but jsonb
+		// takes nesting deeper than Go's reader does ("exceeded max depth").
+		err := json.Unmarshal(d.Payload, new(json.RawMessage))
+		return nil, connectors.Permanent(fmt.Errorf("deliver webhook: the payload cannot be read as JSON: %v "+
+			"(the reader refuses nesting deeper than 10,000 levels)", err))
 	}
 
 	ctx, cancel := context.WithTimeoutCause(ctx, c.timeout, ErrTimeout)
