@@ -153,6 +153,10 @@ func finiteTime(t pgtype.Timestamptz) time.Time {
 		return infiniteTime
 	case t.InfinityModifier == pgtype.NegativeInfinity || t.Time.Before(negativeInfiniteTime):
 		return negativeInfiniteTime
+	case t.Time.Year() < 0 || t.Time.Year() > 9999:
+		// Within them, but read in a zone (time.Local) whose offset carries it past the
+		// years JSON can carry: 9999-12-31 23:30Z is 10000-01-01 at +01:00.
+		return t.Time.UTC()
 	}
 	return t.Time
 }

@@ -164,6 +164,8 @@ func finiteTime(t pgtype.Timestamptz) time.Time {
 		return latest
 	case t.InfinityModifier == pgtype.NegativeInfinity || t.Time.Before(earliest):
 		return earliest
+	case t.Time.Year() < 0 || t.Time.Year() > 9999:
+		return t.Time.UTC() // a zone's offset carries it past the years JSON can carry
 	}
 	return t.Time
 }
