@@ -74,6 +74,14 @@ func (c cursor) encode() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
+// pgFirstSecond and pgEndSecond bound the seconds of a cursor's CreatedAt: PostgreSQL's
+// years, 4714-11-24 BC to the end of 294276 AD. A time past them would reach the query
+// as "timestamp out of range", an internal error, not a bad cursor.
+const (
+	pgFirstSecond = -210866803200 // 4714-11-24 00:00:00 BC UTC
+	pgEndSecond   = 9224318016000 // 294277-01-01 00:00:00 UTC
+)
+
 func decodeCursor(s string) (*cursor, error) {
 	if s == "" {
 		return nil, nil
@@ -83,8 +91,8 @@ func decodeCursor(s string) (*cursor, error) {
 	if err == nil {
 		err = json.Unmarshal(b, &c)
 	}
-	if err != nil || c.CreatedAt == nil || c.Micros < 0 || c.Micros >= 1e6 || c.ID <= 0 ||
-		c.Inf < pgtype.NegativeInfinity || c.Inf > pgtype.Infinity {
+	if err != nil || c.CreatedAt == nil || *c.CreatedAt < pgFirstSecond || *c.CreatedAt >= pgEndSecond ||
+		c.Micros < 0 || c.Micros >= 1e6 || c.ID <= 0 || c.Inf < pgtype.NegativeInfinity || c.Inf > pgtype.Infinity {
 		return nil, fmt.Errorf("%w: After: %q is not a cursor from a previous page", ErrInvalidFilter, s)
 	}
 	return &c, nil

@@ -1,6 +1,7 @@
 package ops_test
 
 import (
+	"encoding/base64"
 	"fmt"
 	"math"
 	"testing"
@@ -132,6 +133,11 @@ func TestListInvalid(t *testing.T) {
 		"limit":     {Limit: -1},
 		"cursor":    {After: "not a cursor!"},
 		"cursor b6": {After: "e30"}, // "{}"
+		// Past PostgreSQL's years (4714 BC to 294276 AD) both ways: not a database error.
+		"cursor late":  {After: base64.RawURLEncoding.EncodeToString([]byte(`{"s":9224318016000,"i":5}`))},
+		"cursor early": {After: base64.RawURLEncoding.EncodeToString([]byte(`{"s":-210866803201,"i":5}`))},
+		// A cursor of an older outboxd, which carried created_at as a JSON time.
+		"cursor old": {After: base64.RawURLEncoding.EncodeToString([]byte(`{"c":"2026-11-30T17:00:00Z","i":5}`))},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := ops.List(t.Context(), tx, f)
