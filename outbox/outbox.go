@@ -365,10 +365,15 @@ func enqueueBatch(ctx context.Context, tx DB, ps []prepared, first map[string]pr
 // scanInserted reads a row of insertedColumns and fills the rest of the Intent from the
 // message that was written, which msg returns for the row's key.
 func scanInserted(row pgx.Row, msg func(key string) prepared) (Intent, error) {
-	var in Intent
-	if err := row.Scan(&in.ID, &in.Key, &in.Status, &in.NextAttemptAt, &in.CreatedAt, &in.UpdatedAt); err != nil {
+	var (
+		in                           Intent
+		nextAt, createdAt, updatedAt pgtype.Timestamptz
+	)
+	if err := row.Scan(&in.ID, &in.Key, &in.Status, &nextAt, &createdAt, &updatedAt); err != nil {
 		return Intent{}, err
 	}
+	// As ScanIntent reads them: a NotBefore near year 9999's end is past it east of UTC.
+	in.NextAttemptAt, in.CreatedAt, in.UpdatedAt = finiteTime(nextAt), finiteTime(createdAt), finiteTime(updatedAt)
 	p := msg(in.Key)
 	in.Connector, in.Payload, in.OrderingKey, in.CreatedBy = p.Connector, p.payload, p.OrderingKey, p.CreatedBy
 	if len(p.Headers) > 0 {
