@@ -239,7 +239,8 @@ type Payload struct {
 	Channel string `json:"channel"`
 	// Text is the message text, or its fallback when Blocks is set.
 	Text string `json:"text,omitempty"`
-	// Blocks is a JSON array of Block Kit blocks.
+	// Blocks is a JSON array of Block Kit blocks. Each must decode with slack-go's
+	// types, and is sent as written here.
 	Blocks json.RawMessage `json:"blocks,omitempty"`
 	// ThreadTS, when set, makes the message a reply in that thread.
 	ThreadTS string `json:"thread_ts,omitempty"`
@@ -248,8 +249,20 @@ type Payload struct {
 // message is a payload checked and decoded.
 type message struct {
 	Payload
-	blocks slackgo.Blocks
+	blocks slackgo.Blocks // each block as written in the payload (see [verbatimBlock])
 }
+
+// verbatimBlock is a block that slack-go decoded, for the check, but that encodes as the
+// payload wrote it. slack-go's types hold only the fields they model: encoded from
+// them, a block would reach Slack without any field newer than the library (a section's
+// field Block Kit added last month, a button's new property), silently.
+type verbatimBlock struct {
+	slackgo.Block
+	raw json.RawMessage
+}
+
+// MarshalJSON returns the block's JSON from the payload.
+func (b verbatimBlock) MarshalJSON() ([]byte, error) { return b.raw, nil }
 
 func init() {
 	connectors.RegisterPayloadCheck("slack", func(raw []byte) error {
@@ -288,6 +301,15 @@ func parsePayload(raw json.RawMessage) (message, error) {
 		}
 		if err := m.blocks.UnmarshalJSON(b); err != nil {
 			return m, fmt.Errorf(`payload: "blocks": %w`, err)
+		}
+		var raws []json.RawMessage
+		_ = json.Unmarshal(b, &raws) // an array of valid JSON: slack-go just read it the same way
+		if len(raws) != len(m.blocks.BlockSet) {
+			// slack-go keeps one block per element; were it to skip one, the pairs below would be wrong.
+			return m, fmt.Errorf(`payload: "blocks": slack-go decoded %d of the %d blocks`, len(m.blocks.BlockSet), len(raws))
+		}
+		for i, blk := range m.blocks.BlockSet {
+			m.blocks.BlockSet[i] = verbatimBlock{Block: blk, raw: raws[i]}
 		}
 	}
 	if m.Text == "" && len(m.blocks.BlockSet) == 0 {
