@@ -49,8 +49,11 @@ type Delivery struct {
 	Payload json.RawMessage
 	// Headers travel with the row, such as a W3C "traceparent".
 	Headers map[string]string
-	// PreviousAmbiguous is true when an earlier attempt ended without the relay knowing
-	// whether the receiver acted (a reconciling connector looks before acting again).
+	// PreviousAmbiguous is true when the row's latest attempt ended without the relay
+	// knowing whether the receiver acted. It tells of that attempt only: a later attempt
+	// that failed plainly clears it, while the ambiguous one before may still have acted.
+	// So a reconciling connector looks before acting again on every attempt after the
+	// first, as slack does, and not only when this is set.
 	PreviousAmbiguous bool
 	// FirstAttemptAt is when the row's first attempt started, by the relay's clock; zero
 	// when unknown. An earlier attempt's effect is no older than it (a reconciling
