@@ -3,6 +3,8 @@ package relay
 import (
 	"context"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -30,8 +32,20 @@ import (
 // can kill a real process with SIGKILL.
 const childEnv = "OUTBOX_TEST_RELAY_CHILD"
 
+// childAheadEnv sets how far ahead of the real clock the child relay's clock runs: a
+// relay started after the first one's lease has run out, without the test waiting for it.
+const childAheadEnv = "OUTBOX_TEST_CHILD_AHEAD"
+
+// childLease is the child relay's lease, and a little more than its webhook's time
+// limit: the held request stays open from its arrival until the test kills the child,
+// which a busy machine may take seconds to do. With a lease of 2s (and so an attempt cut
+// at 2s), a child killed later than that had already recorded the attempt as timed out,
+// or taken its own expired lease back, and the test failed.
+const childLease = time.Hour + 20*time.Second
+
 // runChild runs a relay against OUTBOX_TEST_CHILD_DSN delivering to
-// OUTBOX_TEST_CHILD_URL until it is killed or gets SIGTERM.
+// OUTBOX_TEST_CHILD_URL until it is killed or gets SIGTERM, on a clock
+// OUTBOX_TEST_CHILD_AHEAD ahead of the real one when that is set.
 func runChild() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -40,12 +54,20 @@ func runChild() int {
 		return 1
 	}
 	defer pool.Close()
-	hook, err := webhook.New(webhook.Config{URL: os.Getenv("OUTBOX_TEST_CHILD_URL"), Guarantee: connectors.Enforced})
+	hook, err := webhook.New(webhook.Config{URL: os.Getenv("OUTBOX_TEST_CHILD_URL"), Guarantee: connectors.Enforced, Timeout: time.Hour})
 	if err != nil {
 		return 1
 	}
-	r, err := New(pool, &Config{ID: "child", Lease: 2 * time.Second, PollInterval: 50 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}, map[string]Instance{"webhook": {Connector: hook}})
+	cfg := &Config{ID: "child", Lease: childLease, PollInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	if ahead := os.Getenv(childAheadEnv); ahead != "" {
+		d, err := time.ParseDuration(ahead)
+		if err != nil {
+			return 1
+		}
+		cfg.NowFunc = func() time.Time { return time.Now().Add(d) }
+	}
+	r, err := New(pool, cfg, map[string]Instance{"webhook": {Connector: hook}})
 	if err != nil {
 		return 1
 	}
@@ -76,15 +98,30 @@ func TestRelayKilledAfterEffectBeforeRecord(t *testing.T) {
 	}})
 	require.NoError(t, err)
 	t.Cleanup(rcv.Close)
-	t.Cleanup(func() { closeOnce(release) })
+	// The receiver behind a front that tells when the held request has been answered
+	// (its answer stored): the restarted relay's request, sent before, would find the key
+	// still in flight and get a 409.
+	answered := make(chan struct{})
+	var answeredOnce sync.Once
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		rcv.ServeHTTP(w, req)
+		if req.Header.Get("Idempotency-Key") == "charge-once" {
+			answeredOnce.Do(func() { close(answered) })
+		}
+	}))
+	t.Cleanup(func() {
+		closeOnce(release)
+		front.Close()
+	})
 	dsn := pgtest.URL(t)
 	pool, err := pgxpool.New(t.Context(), dsn)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 
-	startChild := func() (*exec.Cmd, chan error) {
+	startChild := func(environ ...string) (*exec.Cmd, chan error) {
 		child := exec.Command(os.Args[0], "-test.run=^$")
-		child.Env = append(os.Environ(), childEnv+"=1", "OUTBOX_TEST_CHILD_DSN="+dsn, "OUTBOX_TEST_CHILD_URL="+rcv.URL())
+		child.Env = append(os.Environ(), childEnv+"=1", "OUTBOX_TEST_CHILD_DSN="+dsn, "OUTBOX_TEST_CHILD_URL="+front.URL+"/hook")
+		child.Env = append(child.Env, environ...)
 		child.Stderr = os.Stderr
 		require.NoError(t, child.Start())
 		exited := make(chan error, 1)
@@ -109,6 +146,7 @@ func TestRelayKilledAfterEffectBeforeRecord(t *testing.T) {
 	exited <- err // for the cleanup
 	require.Equal(t, syscall.SIGKILL, child.ProcessState.Sys().(syscall.WaitStatus).Signal(), "the child died of the SIGKILL: %v", err)
 	closeOnce(release)
+	waitFor(t, answered, "the receiver never answered the dead relay's request")
 
 	in, err := outbox.Get(t.Context(), pool, "charge-once")
 	require.NoError(t, err)
@@ -116,9 +154,10 @@ func TestRelayKilledAfterEffectBeforeRecord(t *testing.T) {
 	require.Empty(t, attemptsOf(t, pool, "charge-once"), "no outcome was recorded")
 	require.Equal(t, 1, rcv.Effects("charge-once"))
 
-	// The relay comes back; it takes the row once the lease expires, and the receiver
-	// answers from its store: still one effect.
-	child, exited = startChild()
+	// The relay comes back after the lease has expired (on its clock, ahead by more than
+	// the lease); it takes the row, and the receiver answers from its store: still one
+	// effect.
+	child, exited = startChild(childAheadEnv + "=" + (childLease + time.Hour).String())
 	in = waitStatus(t, pool, "charge-once", outbox.StatusDelivered)
 	require.Equal(t, 1, rcv.Effects("charge-once"))
 	require.Equal(t, 2, rcv.Requests("charge-once"), "the retry reached the receiver, which answered from its store")
