@@ -245,6 +245,11 @@ func demo(ctx context.Context, e *env) (err error) {
 		return nil
 	})
 	if err != nil {
+		if ctx.Err() != nil {
+			// Stopped (Ctrl-C, the time limit) while it enqueued, or while the COMMIT's
+			// answer was on its way: say why, as below, not "context canceled".
+			err = context.Cause(ctx)
+		}
 		return fmt.Errorf("enqueue: %w", err)
 	}
 

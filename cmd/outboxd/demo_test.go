@@ -3,11 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -201,4 +203,46 @@ func TestDemoInterruptedLeavesNoPendingRows(t *testing.T) {
 		`SELECT count(*) FROM outbox WHERE status NOT IN ('delivered', 'dead', 'canceled')`).Scan(&unfinished))
 	require.Zero(t, unfinished, "rows left waiting for a relay instance that no relay has\nstdout:\n%s\nstderr:\n%s",
 		stdout.String(), stderr.String())
+}
+
+// TestDemoStoppedWhileEnqueueingSaysWhy: a demo stopped (Ctrl-C, its time limit) while
+// its transaction enqueues said "outboxd: enqueue: context canceled", not why it
+// stopped, as it does once the rows are enqueued. TestDemoCtrlC met it on a busy
+// machine: its SIGINT, sent once the relay had printed attempts of the committed rows,
+// came while the demo still waited for its COMMIT's answer. Here the enqueue waits for
+// a lock on the table when the demo is stopped.
+func TestDemoStoppedWhileEnqueueingSaysWhy(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	lock, err := pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(context.WithoutCancel(t.Context())) }()
+	_, err = lock.Exec(t.Context(), `LOCK TABLE outbox IN SHARE MODE`) // inserts wait
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancelCause(t.Context())
+	defer cancel(nil)
+	var stdout, stderr lockedBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, []string{"demo"}, []string{"OUTBOX_DATABASE_URL=" + pool.Config().ConnString()},
+			strings.NewReader(""), &stdout, &stderr)
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO outbox (%'`).Scan(&n)
+		return err == nil && n > 0
+	}, time.Minute, 10*time.Millisecond, "the demo's enqueue never waited for the lock\nstdout:\n%s\nstderr:\n%s", &stdout, &stderr)
+	cancel(errors.New("interrupt signal received"))
+	require.NoError(t, lock.Rollback(t.Context())) // the demo cancels what it enqueued, if anything
+	select {
+	case c := <-code:
+		require.Equal(t, exitFailure, c, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	case <-time.After(time.Minute):
+		t.Fatal("the demo did not stop")
+	}
+	// The relay may have logged its claims waiting for the lock too: the demo's own error comes last.
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	require.Equal(t, "outboxd: enqueue: interrupt signal received", lines[len(lines)-1], stderr.String())
 }
