@@ -41,7 +41,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"golang.org/x/time/rate"
 
 	"github.com/outboxd/outboxd/connectors"
@@ -436,7 +435,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 			"method", r.Method, "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusServiceUnavailable, "unavailable",
 			"the request ended before it finished; sending the same request again (with the same Idempotency-Key) is safe")
-	case errors.As(err, new(*pgconn.ConnectError)), sessionEnded(err):
+	case intent.Unavailable(err):
 		// The database is down or unreachable, or ended the session the request had (a
 		// restart, a failover): worth saying, so the client retries later instead of
 		// taking it for a fault of its request. The details stay in the log.
@@ -452,22 +451,6 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		h.cfg.Logger.ErrorContext(r.Context(), "intent api", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusInternalServerError, "internal", "internal error; the server log has the details")
 	}
-}
-
-// sessionEnded reports whether err is PostgreSQL ending the session: it is shutting down
-// (57P01 admin_shutdown, which a restart sends to every session), it crashed (57P02), or
-// it is starting up (57P03). The pool drops such a session, and the same request sent
-// again, with its Idempotency-Key, is safe whatever became of this one.
-func sessionEnded(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	switch pgErr.Code {
-	case "57P01", "57P02", "57P03":
-		return true
-	}
-	return false
 }
 
 type errorBody struct {

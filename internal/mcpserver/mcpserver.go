@@ -12,7 +12,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/jsonschema-go/jsonschema"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -451,21 +450,6 @@ func nextStep(in outbox.Intent) string {
 	}
 }
 
-// sessionEnded reports whether err is PostgreSQL ending the session: it is shutting down
-// (57P01 admin_shutdown, which a restart sends to every session), it crashed (57P02), or
-// it is starting up (57P03). The pool drops such a session.
-func sessionEnded(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	switch pgErr.Code {
-	case "57P01", "57P02", "57P03":
-		return true
-	}
-	return false
-}
-
 // toolError turns a service error into the text of a tool error: what went wrong and
 // what to do next. Errors the agent cannot act on are logged and hidden.
 func (t *tools) toolError(ctx context.Context, tool, key string, err error) error {
@@ -491,7 +475,7 @@ func (t *tools) toolError(ctx context.Context, tool, key string, err error) erro
 			return fmt.Errorf("%s: the database did not answer within %s; calling again later with the same key %q is safe", tool, t.timeout, key)
 		}
 		return fmt.Errorf("%s: the database did not answer within %s; try again later", tool, t.timeout)
-	case ctx.Err() == nil && (errors.As(err, new(*pgconn.ConnectError)) || sessionEnded(err)):
+	case ctx.Err() == nil && intent.Unavailable(err):
 		// The database is down or unreachable, or ended the session the call had (a
 		// restart, a failover): worth saying, so the agent waits instead of treating it as
 		// a fault of its request. The details (host, user) stay in the log.

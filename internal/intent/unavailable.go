@@ -1,0 +1,27 @@
+package intent
+
+import (
+	"errors"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Unavailable reports whether err is the database being out of reach rather than a fault
+// of the request: no connection could be made, or PostgreSQL ended the session the call
+// had because it is shutting down (57P01 admin_shutdown, which a restart sends to every
+// session), crashed (57P02) or is starting up (57P03). The pool drops such a session, and
+// the same call made again, with its key, is safe whatever became of this one.
+func Unavailable(err error) bool {
+	if errors.As(err, new(*pgconn.ConnectError)) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "57P01", "57P02", "57P03":
+		return true
+	}
+	return false
+}
