@@ -13,7 +13,8 @@ import (
 )
 
 // reconciling is an in-memory connector with the reconciled guarantee: its "receiver"
-// does not dedupe, so after an ambiguous attempt it looks for the effect before acting.
+// does not dedupe, so on every attempt after the first it looks for the effect before
+// acting (an ambiguous attempt's mark is gone once a later attempt fails plainly).
 // It exercises the suite's reconciled branch, which no real connector uses yet.
 type reconciling struct {
 	mu      sync.Mutex
@@ -29,7 +30,7 @@ func (c *reconciling) Deliver(ctx context.Context, d connectors.Delivery) (json.
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if d.PreviousAmbiguous && c.effects[d.Key] > 0 {
+	if (d.Attempt > 1 || d.PreviousAmbiguous) && c.effects[d.Key] > 0 {
 		return json.RawMessage(`{"found":true}`), nil
 	}
 	c.effects[d.Key]++

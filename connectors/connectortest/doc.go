@@ -30,8 +30,8 @@
 //     exactly one effect under the very key it was given (a connector that rewrote the
 //     key would show 0 effects for it).
 //   - Delivering a delivered key again (a retry) succeeds; for enforced and reconciled
-//     connectors it performs no second effect. The reconciled retry carries
-//     PreviousAmbiguous, since that is when a reconciling connector looks first.
+//     connectors it performs no second effect. The retry does not carry
+//     PreviousAmbiguous: a reconciling connector looks on every attempt after the first.
 //   - The failure that matters most: the receiver performs the effect and drops the
 //     connection without answering. The attempt must fail without being marked permanent;
 //     a forwarded connector must mark it ambiguous, so the relay can hold the row. The
