@@ -474,9 +474,14 @@ func (c *Connector) classify(ctx context.Context, what string, ex *exchange, err
 		return classifyStripe(what, status, header, se)
 	}
 	if status != 0 {
-		// An answer that is not a Stripe error object: a proxy's page, or a 2xx body
-		// stripe-go could not decode.
-		return nil, classifyStatus(what, status, header, connectors.Excerpt(err.Error(), maxErrorExcerpt), status >= 200 && status <= 299)
+		// An answer that is not a Stripe error object: a proxy's page, a 2xx body
+		// stripe-go could not decode, or an answer the attempt's time limit cut short.
+		detail := errors.New(connectors.Excerpt(err.Error(), maxErrorExcerpt))
+		if errors.Is(context.Cause(ctx), ErrTimeout) && (errors.Is(err, ErrTimeout) || errors.Is(err, context.DeadlineExceeded)) {
+			// ErrTimeout's doc: errors.Is finds it in the error Deliver returns.
+			detail = fmt.Errorf("the rest of the answer did not come within %s: %w", c.timeout, ErrTimeout)
+		}
+		return nil, classifyStatus(what, status, header, detail, status >= 200 && status <= 299)
 	}
 
 	// No answer at all.
@@ -560,12 +565,12 @@ func classifyStripe(what string, status int, header http.Header, se *stripe.Erro
 }
 
 // classifyStatus classifies an answer without a Stripe error object.
-func classifyStatus(what string, status int, header http.Header, detail string, success bool) error {
+func classifyStatus(what string, status int, header http.Header, detail error, success bool) error {
 	if success {
-		return connectors.Ambiguous(fmt.Errorf("%s: Stripe answered %s but the answer could not be read; it may have acted: %s",
+		return connectors.Ambiguous(fmt.Errorf("%s: Stripe answered %s but the answer could not be read; it may have acted: %w",
 			what, connectors.StatusText(status), detail))
 	}
-	err := fmt.Errorf("%s: answered %s: %s", what, connectors.StatusText(status), detail)
+	err := fmt.Errorf("%s: answered %s: %w", what, connectors.StatusText(status), detail)
 	if status >= 500 {
 		return serverError(err, header)
 	}
