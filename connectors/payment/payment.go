@@ -99,6 +99,10 @@ func New(cfg Config) (*Connector, error) {
 		errs = append(errs, errors.New("APIKey: required"))
 	} else if strings.TrimSpace(cfg.APIKey) != cfg.APIKey || strings.ContainsAny(cfg.APIKey, "\r\n\t ") {
 		errs = append(errs, errors.New("APIKey: contains whitespace"))
+	} else if !connectors.ValidHeaderValue(cfg.APIKey) {
+		// It goes in the Authorization header, which net/http refuses to send: every
+		// attempt would fail.
+		errs = append(errs, errors.New("APIKey: has control characters"))
 	}
 	u, err := connectors.ParseAPIBase("APIBase", cfg.APIBase)
 	if err != nil {
