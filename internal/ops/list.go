@@ -106,10 +106,18 @@ func decodeCursor(s string) (*cursor, error) {
 // "kind:*" patterns, $11 the page size.
 // The key prefix uses starts_with, which has no wildcards to escape. created_at comes
 // again at the end, as it is, for the cursor.
+// One status is compared with =, not = ANY: outbox_needs_attention then hands over the
+// rows of a dead, held or awaiting-approval listing newest first and the scan stops at
+// the page's end; through = ANY, PostgreSQL before 17 does not take the index's order
+// for the query's, and read every row of the status and sorted them, for every page
+// (4,000 index rows and 4,000 buffers for the first 50 of 4,000 dead rows on 2 million;
+// with =, 51 rows and 53 buffers). Several statuses still read all their rows.
 const listSQL = `
 SELECT ` + outbox.IntentColumns + `, created_at
 FROM outbox
-WHERE (cardinality($1::text[]) = 0 OR status = ANY($1::text[]))
+WHERE (cardinality($1::text[]) = 0
+       OR (cardinality($1::text[]) = 1 AND status = ($1::text[])[1])
+       OR (cardinality($1::text[]) > 1 AND status = ANY($1::text[])))
   AND ($2::text = '' OR connector = $2::text)
   AND ($3::text = '' OR starts_with(idempotency_key, $3::text))
   AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
