@@ -3,8 +3,10 @@ package ops
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -59,11 +61,17 @@ DELETE FROM outbox o USING victims v WHERE o.id = v.id`
 // before $1 and records it for each ($3 actor, $4 reason, $5 time). updated_at is left
 // alone so retention still counts from when the row finished. A row whose payload and
 // headers are already {} has nothing to purge, which also makes a second run a no-op.
+// It takes the rows after ($6, $7), the (updated_at, id) of the last row of the run's
+// previous batch, and returns how many it purged and its own last row's: the rows a
+// batch purged keep their place in outbox_finished_age, and a batch that started at
+// the oldest row read every row the run had purged so far: once 200,000 were, each
+// batch of 500 read 200,500 rows (20,600 buffers; from the cursor, 513 and 56).
 const purgePayloadSQL = `
 WITH victims AS (
-    SELECT id FROM outbox
+    SELECT id, updated_at FROM outbox
     WHERE status IN ('delivered', 'canceled') AND updated_at < $1
       AND (payload <> '{}'::jsonb OR headers <> '{}'::jsonb)
+      AND (updated_at, id) > ($6::timestamptz, $7::bigint)
     ORDER BY updated_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -72,9 +80,12 @@ WITH victims AS (
     -- is no longer known, so no request, {} included, is taken for it.
     UPDATE outbox o SET payload = '{}'::jsonb, headers = '{}'::jsonb, fingerprint = coalesce(o.fingerprint, '\x'::bytea)
     FROM victims v WHERE o.id = v.id RETURNING o.id
+), audited AS (
+    INSERT INTO outbox_audit (outbox_id, action, actor, reason, at)
+    SELECT id, 'purge_payload', $3, NULLIF($4, ''), $5 FROM upd
 )
-INSERT INTO outbox_audit (outbox_id, action, actor, reason, at)
-SELECT id, 'purge_payload', $3, NULLIF($4, ''), $5 FROM upd`
+SELECT (SELECT count(*) FROM upd), max(updated_at), (array_agg(id ORDER BY updated_at DESC, id DESC))[1]
+FROM victims`
 
 // Purge deletes delivered and canceled rows last changed more than olderThan before
 // opts.Now, in batches of opts.BatchSize rows, each batch one statement. With
@@ -102,14 +113,21 @@ func Purge(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration, opt
 	if actor == "" {
 		actor = "purge"
 	}
+	// Where the next batch of PayloadOnly starts: after the last row of the previous one.
+	after := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	afterID := int64(math.MinInt64) // plain SQL may write any id
 	for {
 		var (
 			n   int64
 			err error
 		)
 		if opts.PayloadOnly {
-			tag, e := pool.Exec(ctx, purgePayloadSQL, cutoff, size, actor, opts.Reason, now)
-			n, err = tag.RowsAffected(), e
+			var lastID *int64
+			err = pool.QueryRow(ctx, purgePayloadSQL, cutoff, size, actor, opts.Reason, now, after, afterID).
+				Scan(&n, &after, &lastID)
+			if lastID != nil {
+				afterID = *lastID
+			}
 		} else {
 			tag, e := pool.Exec(ctx, purgeDeleteSQL, cutoff, size)
 			n, err = tag.RowsAffected(), e

@@ -2,6 +2,7 @@ package ops_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -34,6 +35,14 @@ func TestOperatorWritesInEveryQueryExecMode(t *testing.T) {
 			require.Len(t, auditRows(t, pool, "pending"), 1)
 			require.Len(t, auditRows(t, pool, "waiting"), 1)
 			require.Len(t, auditRows(t, pool, "dead"), 1)
+
+			// Batches of one, so that each starts after the previous one's last row.
+			insertRow(t, pool, row{Key: "sent-1", Status: outbox.StatusDelivered, Age: 48 * time.Hour})
+			insertRow(t, pool, row{Key: "sent-2", Status: outbox.StatusDelivered, Age: 48 * time.Hour})
+			pr, err := ops.Purge(t.Context(), pool, 24*time.Hour, ops.PurgeOptions{PayloadOnly: true, BatchSize: 1, Now: base})
+			require.NoError(t, err)
+			require.Equal(t, 2, pr.Rows)
+			require.Len(t, auditRows(t, pool, "sent-2"), 1)
 		})
 	}
 }
