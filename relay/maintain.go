@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -315,8 +316,16 @@ func mostRows(counts map[string]int64) []string {
 func (r *Relay) deleteExpired(ctx context.Context) {
 	cutoff := r.now().Add(-r.cfg.Retention)
 	var total int64
+	// Where the next batch starts: after the last row of the previous one.
+	after := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	afterID := int64(math.MinInt64) // plain SQL may write any id
 	for ctx.Err() == nil {
-		tag, err := r.pool.Exec(ctx, retentionSQL, cutoff, retentionBatch, nonNil(r.names))
+		var (
+			n      int64
+			lastID *int64
+		)
+		err := r.pool.QueryRow(ctx, retentionSQL, cutoff, retentionBatch, nonNil(r.names), after, afterID).
+			Scan(&n, &after, &lastID)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.metrics.dbErrors.WithLabelValues("retention").Inc()
@@ -324,10 +333,11 @@ func (r *Relay) deleteExpired(ctx context.Context) {
 			}
 			return
 		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < retentionBatch {
+		total += n
+		if n < retentionBatch {
 			break
 		}
+		afterID = *lastID
 	}
 	if total > 0 {
 		r.log.InfoContext(ctx, "deleted finished rows past retention", "rows", total, "retention", r.cfg.Retention)

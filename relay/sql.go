@@ -304,15 +304,27 @@ GROUP BY connector, status`
 // each other. The rows are locked as they are chosen, and rows another transaction holds
 // are skipped: a replay may be moving one back to pending, and a DELETE that waited for
 // it would check only the id once the replay committed, and delete the replayed row.
+// It takes the rows after ($4, $5), the (updated_at, id) of the last row the pass's
+// previous batch deleted, and returns how many it deleted and its own last row's: while
+// any transaction holds a snapshot older than a deleted row (a long report, a backup,
+// a standby's feedback), the row's entry in outbox_finished_age stays live to every
+// scan, and a batch that started at the oldest entry read every row the pass had
+// deleted so far (with one such snapshot, the 32nd batch of 1,000 read 32,000 rows,
+// 3,300 buffers against the first's 106).
 const retentionSQL = `
 WITH expired AS (
     SELECT id FROM outbox
     WHERE status IN ('delivered', 'canceled') AND updated_at < $1 AND connector = ANY($3)
-    ORDER BY updated_at
+      AND (updated_at, id) > ($4::timestamptz, $5::bigint)
+    ORDER BY updated_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM outbox o USING expired e WHERE o.id = e.id
+    RETURNING o.id, o.updated_at
 )
-DELETE FROM outbox o USING expired e WHERE o.id = e.id`
+SELECT count(*), max(updated_at), (array_agg(id ORDER BY updated_at DESC, id DESC))[1]
+FROM gone`
 
 // pollFastSQL tells the insert trigger that relay $1 polls fast for its connector
 // instances ($2) for the next $3, so inserts need not NOTIFY while every instance running

@@ -1,0 +1,109 @@
+package relay
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/pgtest"
+)
+
+// While a transaction holds an old snapshot (a long report, a backup), the rows a
+// retention pass deleted keep live entries in outbox_finished_age: each batch starts
+// after the previous batch's last row, not at the oldest entry, so the fourth batch
+// reads about what the first did, not the first three's rows again. A pass still
+// deletes every row past retention.
+func TestRetentionBatchStartsAfterThePreviousOne(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	_, err := pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, status, attempts, updated_at)
+		SELECT 'k' || g, 'webhook', '{"n": 1}', 'delivered', 1, now() - interval '30 days' + g / 3 * interval '1 second'
+		FROM generate_series(1, 4500) g`)
+	require.NoError(t, err)
+	_, err = pool.Exec(t.Context(), `ANALYZE outbox`)
+	require.NoError(t, err)
+
+	old, err := pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = old.Rollback(context.WithoutCancel(t.Context())) }()
+	_, err = old.Exec(t.Context(), `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`)
+	require.NoError(t, err)
+	var n int64
+	require.NoError(t, old.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&n))
+
+	cutoff := time.Now().Add(-7 * 24 * time.Hour)
+	after := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	afterID := int64(math.MinInt64)
+	// batch deletes one batch and returns the buffers its scan of outbox_finished_age
+	// read, under EXPLAIN ANALYZE in a transaction rolled back first.
+	batch := func() int {
+		tx, err := pool.Begin(t.Context())
+		require.NoError(t, err)
+		rows, err := tx.Query(t.Context(), `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) `+retentionSQL,
+			cutoff, retentionBatch, []string{"webhook"}, after, afterID)
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		require.NoError(t, tx.Rollback(t.Context()))
+		// The same batch again, for real and for its cursor.
+		var lastID *int64
+		require.NoError(t, pool.QueryRow(t.Context(), retentionSQL, cutoff, retentionBatch, []string{"webhook"}, after, afterID).
+			Scan(&n, &after, &lastID))
+		require.EqualValues(t, retentionBatch, n)
+		afterID = *lastID
+		for i, line := range lines {
+			if strings.Contains(line, "Index Scan using outbox_finished_age") {
+				for _, l := range lines[i+1:] {
+					if _, b, ok := strings.Cut(l, "Buffers: shared hit="); ok {
+						k, err := strconv.Atoi(strings.Fields(b)[0])
+						require.NoError(t, err)
+						return k
+					}
+				}
+			}
+		}
+		require.Fail(t, "no buffers for the index scan", strings.Join(lines, "\n"))
+		return 0
+	}
+	first := batch()
+	batch()
+	batch()
+	fourth := batch()
+	require.Less(t, fourth, 2*first, "the fourth batch read %d buffers, the first %d", fourth, first)
+	require.NoError(t, old.Rollback(t.Context()))
+
+	r, err := New(pool, &Config{}, map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	r.deleteExpired(t.Context())
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&n))
+	require.Zero(t, n, "a pass deletes every row past retention, rows that share a time included")
+}
+
+// A pass of more than one batch works in every query exec mode: its cursor starts at
+// -infinity and the least bigint, which the simple protocol writes into the text.
+func TestRetentionInEveryQueryExecMode(t *testing.T) {
+	t.Parallel()
+	for _, mode := range pgtest.ExecModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			pool := pgtest.InMode(t, pgtest.DB(t), mode)
+			_, err := pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, status, attempts, updated_at)
+				SELECT 'k' || g, 'webhook', '{}', 'delivered', 1, now() - interval '30 days'
+				FROM generate_series(1, $1::int) g`, retentionBatch+1)
+			require.NoError(t, err)
+			r, err := New(pool, &Config{}, map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+			require.NoError(t, err)
+			r.deleteExpired(t.Context())
+			var n int
+			require.NoError(t, pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&n))
+			require.Zero(t, n)
+		})
+	}
+}
