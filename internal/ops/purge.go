@@ -46,16 +46,26 @@ WHERE status IN ('delivered', 'canceled') AND updated_at < $1
 
 // purgeDeleteSQL deletes up to $2 finished rows last changed before $1 (attempts and
 // audit rows cascade). Rows another transaction holds are skipped: a replay with
-// Redeliver may be moving one back to pending.
+// Redeliver may be moving one back to pending. It takes the rows after ($3, $4), the
+// (updated_at, id) of the last row the run's previous batch deleted, and returns how
+// many it deleted and its own last row's: while any transaction holds a snapshot older
+// than a deleted row, the row's entry in outbox_finished_age stays live to every scan,
+// and a batch that started at the oldest entry read every row the run had deleted so
+// far (as relay/sql.go's retentionSQL did).
 const purgeDeleteSQL = `
 WITH victims AS (
     SELECT id FROM outbox
     WHERE status IN ('delivered', 'canceled') AND updated_at < $1
+      AND (updated_at, id) > ($3::timestamptz, $4::bigint)
     ORDER BY updated_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM outbox o USING victims v WHERE o.id = v.id
+    RETURNING o.id, o.updated_at
 )
-DELETE FROM outbox o USING victims v WHERE o.id = v.id`
+SELECT count(*), max(updated_at), (array_agg(id ORDER BY updated_at DESC, id DESC))[1]
+FROM gone`
 
 // purgePayloadSQL empties the payload and headers of up to $2 finished rows last changed
 // before $1 and records it for each ($3 actor, $4 reason, $5 time). updated_at is left
@@ -113,24 +123,23 @@ func Purge(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration, opt
 	if actor == "" {
 		actor = "purge"
 	}
-	// Where the next batch of PayloadOnly starts: after the last row of the previous one.
+	// Where the next batch starts: after the last row of the previous one.
 	after := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	afterID := int64(math.MinInt64) // plain SQL may write any id
 	for {
 		var (
-			n   int64
-			err error
+			n      int64
+			lastID *int64
+			err    error
 		)
 		if opts.PayloadOnly {
-			var lastID *int64
 			err = pool.QueryRow(ctx, purgePayloadSQL, cutoff, size, actor, opts.Reason, now, after, afterID).
 				Scan(&n, &after, &lastID)
-			if lastID != nil {
-				afterID = *lastID
-			}
 		} else {
-			tag, e := pool.Exec(ctx, purgeDeleteSQL, cutoff, size)
-			n, err = tag.RowsAffected(), e
+			err = pool.QueryRow(ctx, purgeDeleteSQL, cutoff, size, after, afterID).Scan(&n, &after, &lastID)
+		}
+		if lastID != nil {
+			afterID = *lastID
 		}
 		if err != nil {
 			return res, fmt.Errorf("purge: %w", err)

@@ -1,6 +1,8 @@
 package ops
 
 import (
+	"context"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -81,4 +83,69 @@ func atoi(t *testing.T, s string) int {
 	n, err := strconv.Atoi(strings.TrimSpace(s))
 	require.NoError(t, err)
 	return n
+}
+
+// While a transaction holds an old snapshot (a long report, a backup), the rows a purge
+// deleted keep live entries in outbox_finished_age: each batch starts after the
+// previous batch's last row, so the fourth batch reads about what the first did, not
+// the first three's rows again.
+func TestPurgeDeleteBatchStartsAfterThePreviousOne(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	now := time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC)
+	_, err := pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, status, updated_at)
+		SELECT 'k' || g, 'webhook', '{"n": 1}', 'delivered', $1::timestamptz - interval '2 days' + g / 3 * interval '1 second'
+		FROM generate_series(1, 2500) g`, now)
+	require.NoError(t, err)
+	_, err = pool.Exec(t.Context(), `ANALYZE outbox`)
+	require.NoError(t, err)
+
+	old, err := pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = old.Rollback(context.WithoutCancel(t.Context())) }()
+	_, err = old.Exec(t.Context(), `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`)
+	require.NoError(t, err)
+	var n int64
+	require.NoError(t, old.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&n))
+
+	cutoff := now.Add(-24 * time.Hour)
+	after := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	afterID := int64(math.MinInt64)
+	// batch deletes one batch of 500 and returns the buffers its scan of
+	// outbox_finished_age read, under EXPLAIN ANALYZE in a transaction rolled back first.
+	batch := func() int {
+		tx, err := pool.Begin(t.Context())
+		require.NoError(t, err)
+		rows, err := tx.Query(t.Context(), `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) `+purgeDeleteSQL,
+			cutoff, 500, after, afterID)
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		require.NoError(t, tx.Rollback(t.Context()))
+		var lastID *int64
+		require.NoError(t, pool.QueryRow(t.Context(), purgeDeleteSQL, cutoff, 500, after, afterID).Scan(&n, &after, &lastID))
+		require.EqualValues(t, 500, n)
+		afterID = *lastID
+		for i, line := range lines {
+			if strings.Contains(line, "Scan using outbox_finished_age") {
+				for _, l := range lines[i+1:] {
+					if _, b, ok := strings.Cut(l, "Buffers: shared hit="); ok {
+						return atoi(t, strings.Fields(b)[0])
+					}
+				}
+			}
+		}
+		require.Fail(t, "no buffers for the index scan", strings.Join(lines, "\n"))
+		return 0
+	}
+	first := batch()
+	batch()
+	batch()
+	fourth := batch()
+	require.Less(t, fourth, 2*first, "the fourth batch read %d buffers, the first %d", fourth, first)
+	require.NoError(t, old.Rollback(t.Context()))
+
+	res, err := Purge(t.Context(), pool, 24*time.Hour, PurgeOptions{BatchSize: 200, Now: now})
+	require.NoError(t, err)
+	require.Equal(t, 500, res.Rows, "the rest, rows that share a time included")
 }
