@@ -972,7 +972,12 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 				free := inst.limiter.TokensAt(r.now()) - unsent
 				tokens := int(free)
 				if free < 1 {
-					wait := time.Duration(float64(time.Second) * (1 - free) / float64(inst.limiter.Limit()))
+					// At most maxRateWait: the next token of a tiny rate can be further off
+					// than a time.Duration reaches, and the conversion then came out negative,
+					// raised below to a millisecond, so the loop turned every millisecond.
+					// The poll looks again sooner anyway.
+					secs := min((1-free)/float64(inst.limiter.Limit()), maxRateWait.Seconds())
+					wait := time.Duration(secs * float64(time.Second))
 					if retryIn == 0 || wait < retryIn {
 						retryIn = max(wait, time.Millisecond)
 					}
@@ -1062,6 +1067,10 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 // rows while the room for claimed rows is below a quarter: the claim loop turns on every
 // attempt that ends, and the others' attempts end all the time under load.
 const tightClaimEvery = 10 * time.Millisecond
+
+// maxRateWait bounds how long claimRound says to wait for a rate-limited instance's
+// next token.
+const maxRateWait = time.Hour
 
 // Where claims start. The entries of outbox_pending_due for rows already claimed stay in
 // the index, dead, until VACUUM removes them, and autovacuum comes seldom to a table that
