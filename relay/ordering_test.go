@@ -156,7 +156,10 @@ func TestOrderedOutcomeWithoutAClaimRescansNextTime(t *testing.T) {
 			out.started = r.now()
 
 			r.rescan.Store(false)
-			r.claimedRows.Store(int64(r.maxClaimed)) // no room: the round only writes the outcome
+			// No room: the round only writes the outcome. The instance holds the rows (one
+			// that holds none claims a row all the same).
+			r.claimedRows.Store(int64(r.maxClaimed))
+			r.instances["webhook"].claimed.Store(int64(r.maxClaimed))
 			claimed, wrote, _, _, err := r.claimRound(t.Context(), []outcome{out}, true)
 			if tc.answer != nil {
 				require.True(t, refused(err), "the batch is refused: %v", err)

@@ -941,57 +941,57 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 	// An instance that holds no rows claims all the same, every tightClaimEvery at most:
 	// the rows of another, claimed ahead of a receiver that hangs (before its attempts'
 	// pace is known), can keep the room below a quarter until they are handed back, and
-	// its rows would wait as long.
+	// its rows would wait as long. It does so with no room left too (a row, see share):
+	// two such instances can take all of it in a round the others sat out (waiting for a
+	// token, say).
 	roomTight := room < max(1, r.maxClaimed/4)
-	if room > 0 {
-		for _, name := range r.names {
-			inst := r.instances[name]
-			if (bytesTight || roomTight) && inst.claimed.Load() > 0 {
+	for _, name := range r.names {
+		inst := r.instances[name]
+		if (bytesTight || roomTight) && inst.claimed.Load() > 0 {
+			continue
+		}
+		if roomTight {
+			now := time.Now()
+			if wait := tightClaimEvery - now.Sub(inst.tightClaimAt); wait > 0 {
+				// Looked at again then: what woke this round (a NOTIFY for its rows)
+				// may be the last wake-up before the next poll.
+				if retryIn == 0 || wait < retryIn {
+					retryIn = wait
+				}
 				continue
 			}
-			if roomTight {
-				now := time.Now()
-				if wait := tightClaimEvery - now.Sub(inst.tightClaimAt); wait > 0 {
-					// Looked at again then: what woke this round (a NOTIFY for its rows)
-					// may be the last wake-up before the next poll.
-					if retryIn == 0 || wait < retryIn {
-						retryIn = wait
-					}
-					continue
-				}
-				inst.tightClaimAt = now
-			}
-			limit := min(r.cfg.BatchSize, room, inst.room())
-			if inst.limiter != nil {
-				// A row takes its token as its request goes (see deliver): the tokens of
-				// rows claimed and not yet sent are spoken for. Read in this order, the
-				// opposite of deliver's (token taken, then unsent lowered), a row going
-				// meanwhile is never left out of both, which would claim one row too many;
-				// at worst it is counted in both, and the claim takes one row too few.
-				unsent := float64(inst.unsent.Load())
-				free := inst.limiter.TokensAt(r.now()) - unsent
-				tokens := int(free)
-				if free < 1 {
-					// At most maxRateWait: the next token of a tiny rate can be further off
-					// than a time.Duration reaches, and the conversion then came out negative,
-					// raised below to a millisecond, so the loop turned every millisecond.
-					// The poll looks again sooner anyway.
-					secs := min((1-free)/float64(inst.limiter.Limit()), maxRateWait.Seconds())
-					wait := time.Duration(secs * float64(time.Second))
-					if retryIn == 0 || wait < retryIn {
-						retryIn = max(wait, time.Millisecond)
-					}
-					continue
-				}
-				limit = min(limit, tokens)
-			}
-			if limit > 0 {
-				plans = append(plans, claimPlan{inst: inst, limit: limit})
-			}
+			inst.tightClaimAt = now
 		}
-		share(plans, room)
-		plans = slices.DeleteFunc(plans, func(p claimPlan) bool { return p.limit <= 0 })
+		limit := min(r.cfg.BatchSize, max(room, 1), inst.room())
+		if inst.limiter != nil {
+			// A row takes its token as its request goes (see deliver): the tokens of
+			// rows claimed and not yet sent are spoken for. Read in this order, the
+			// opposite of deliver's (token taken, then unsent lowered), a row going
+			// meanwhile is never left out of both, which would claim one row too many;
+			// at worst it is counted in both, and the claim takes one row too few.
+			unsent := float64(inst.unsent.Load())
+			free := inst.limiter.TokensAt(r.now()) - unsent
+			tokens := int(free)
+			if free < 1 {
+				// At most maxRateWait: the next token of a tiny rate can be further off
+				// than a time.Duration reaches, and the conversion then came out negative,
+				// raised below to a millisecond, so the loop turned every millisecond.
+				// The poll looks again sooner anyway.
+				secs := min((1-free)/float64(inst.limiter.Limit()), maxRateWait.Seconds())
+				wait := time.Duration(secs * float64(time.Second))
+				if retryIn == 0 || wait < retryIn {
+					retryIn = max(wait, time.Millisecond)
+				}
+				continue
+			}
+			limit = min(limit, tokens)
+		}
+		if limit > 0 {
+			plans = append(plans, claimPlan{inst: inst, limit: limit})
+		}
 	}
+	share(plans, room)
+	plans = slices.DeleteFunc(plans, func(p claimPlan) bool { return p.limit <= 0 })
 	if len(plans) == 0 && !record {
 		return 0, false, false, retryIn, nil
 	}
