@@ -202,3 +202,37 @@ func TestInstanceClaimsNoMoreRowsThanItsSlots(t *testing.T) {
 		waitStatus(t, b.pool, fmt.Sprintf("slow-%d", i), outbox.StatusDelivered)
 	}
 }
+
+// A rate-limited instance's requests are paced on the uncorrected clock, not on its
+// reading corrected to the database's: the correction, measured again every poll
+// interval, moves when the database's clock steps (NTP, a VM resumed) or a reading
+// comes back slowly, and the limiter, read on the corrected clock, took a step forward
+// for time gone by and let a request go at once after the last, at rate 1/s.
+func TestRateLimitIgnoresTheDatabaseClockCorrection(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	c := &pacedConnector{clock: clock, started: make(chan struct{}), gate: make(chan struct{})}
+	closeOnce(c.gate) // no request is held
+	for i := range 2 {
+		enqueue(t, b.pool, fmt.Sprint("paced-", i), "webhook", []int{i})
+	}
+	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: c, Concurrency: 1, Rate: 1}})
+	require.NoError(t, err)
+	inst := r.instances["webhook"]
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	var worker sync.WaitGroup
+	worker.Go(func() { r.work(ctx, ctx, inst) })
+	t.Cleanup(func() {
+		cancel()
+		close(inst.jobs)
+		worker.Wait()
+	})
+
+	require.Equal(t, 1, claimOnce(t, r))
+	require.Eventually(t, func() bool { return inst.claimed.Load() == 0 }, waitTimeout, 10*time.Millisecond)
+	r.skew.Add(int64(time.Second)) // the database's clock stepped a second ahead
+	require.Zero(t, claimOnce(t, r), "no token for a second on the relay's clock: requests at %v", c.times())
+	clock.Advance(time.Second)
+	require.Equal(t, 1, claimOnce(t, r))
+}

@@ -969,8 +969,11 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 			// opposite of deliver's (token taken, then unsent lowered), a row going
 			// meanwhile is never left out of both, which would claim one row too many;
 			// at worst it is counted in both, and the claim takes one row too few.
+			// On the uncorrected reading, as deliver takes the tokens: the correction to
+			// the database's clock moves (see readClock), and the limiter would count a
+			// step of it as time gone by.
 			unsent := float64(inst.unsent.Load())
-			free := inst.limiter.TokensAt(r.now()) - unsent
+			free := inst.limiter.TokensAt(r.cfg.NowFunc()) - unsent
 			tokens := int(free)
 			if free < 1 {
 				// At most maxRateWait: the next token of a tiny rate can be further off
@@ -1616,7 +1619,8 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 		// claim: a row that waited for a delivery slot (other instances' attempts held
 		// them all) would otherwise go out together with the rows claimed on the tokens
 		// that came meanwhile, faster than the rate, which the receiver answers with 429.
-		inst.limiter.AllowN(started, 1)
+		// On the uncorrected reading (see claimRound).
+		inst.limiter.AllowN(local, 1)
 		inst.unsent.Add(-1)
 	}
 	if inst.forgotten(row, started) {

@@ -76,7 +76,7 @@ func TestTwoSlowInstancesRowsClaimedAheadLeaveRoomForOthers(t *testing.T) {
 	})
 	require.NoError(t, err)
 	paced := r.instances["webhook"]
-	paced.limiter.AllowN(r.now(), 1) // its request has just gone
+	paced.limiter.AllowN(r.cfg.NowFunc(), 1) // its request has just gone
 
 	var msgs []outbox.Message
 	for i := range 300 {

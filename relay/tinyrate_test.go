@@ -28,7 +28,7 @@ func TestTinyRateWaitsForItsNextToken(t *testing.T) {
 	enqueue(t, b.pool, "tiny-1", "webhook", []int{1})
 	require.Equal(t, 1, claimOnce(t, r), "the burst of one")
 	r.instances["webhook"].unsent.Add(-1) // as its request goes
-	r.instances["webhook"].limiter.AllowN(r.now(), 1)
+	r.instances["webhook"].limiter.AllowN(r.cfg.NowFunc(), 1)
 
 	_, _, _, retryIn, err := r.claimRound(t.Context(), nil, false)
 	require.NoError(t, err)
