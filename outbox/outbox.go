@@ -227,7 +227,9 @@ JOIN outbox o ON o.idempotency_key = m.k`
 // READ or SERIALIZABLE transaction, a key that another transaction committed after the
 // caller's snapshot was taken cannot be read, and PostgreSQL fails the statement with a
 // serialization failure (SQLSTATE 40001): retry the whole transaction, as for any
-// serialization failure.
+// serialization failure. When db is not a transaction (a pool or a connection), the
+// statement is its own transaction, and Enqueue retries it itself whatever the session's
+// default isolation.
 func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 	p, err := prepare(m)
 	if err != nil {
@@ -236,9 +238,13 @@ func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 	// A row deleted between the conflict and the lookup (retention) makes the lookup
 	// miss; inserting again then succeeds, so a second pass settles it.
 	for range 2 {
-		in, err := scanInserted(db.QueryRow(ctx, insertSQL, p.Key, p.Connector, string(p.payload), p.OrderingKey,
-			notBefore(p.NotBefore), p.fingerprint, headersJSON(p.Headers), initialStatus(p.Message), p.CreatedBy),
-			func(string) prepared { return p })
+		var in Intent
+		err := retryOwnTx(db, func() (err error) {
+			in, err = scanInserted(db.QueryRow(ctx, insertSQL, p.Key, p.Connector, string(p.payload), p.OrderingKey,
+				notBefore(p.NotBefore), p.fingerprint, headersJSON(p.Headers), initialStatus(p.Message), p.CreatedBy),
+				func(string) prepared { return p })
+			return err
+		})
 		if err == nil {
 			return in, nil
 		}
@@ -284,11 +290,35 @@ func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) 
 	}
 	// Outside a transaction the undo would come too late: others could see the rows.
 	var out []Intent
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) (err error) {
-		out, err = enqueueBatch(ctx, tx, ps, first)
-		return err
+	err := retryOwnTx(db, func() error {
+		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) (err error) {
+			out, err = enqueueBatch(ctx, tx, ps, first)
+			return err
+		})
 	})
 	return out, err
+}
+
+// ownTxRetries is how many times retryOwnTx tries again.
+const ownTxRetries = 3
+
+// retryOwnTx runs f, which writes in db, and runs it again after a serialization failure
+// (SQLSTATE 40001) when db is not a transaction of the caller's: then the transaction
+// that failed is Enqueue's own (an autocommit statement, or EnqueueBatch's), and nothing
+// of it was written. Where the session's default isolation is REPEATABLE READ or
+// SERIALIZABLE, a key that another transaction commits while the insert waits on it
+// fails the insert so; a new snapshot sees the row, and the caller, who holds no
+// transaction to retry, gets the existing intent or ErrKeyConflict, as under READ
+// COMMITTED. In the caller's transaction the failure is the caller's to retry.
+func retryOwnTx(db DB, f func() error) error {
+	_, inTx := db.(pgx.Tx)
+	for n := 0; ; n++ {
+		err := f()
+		var pgErr *pgconn.PgError
+		if inTx || n == ownTxRetries || !errors.As(err, &pgErr) || pgErr.Code != "40001" {
+			return err
+		}
+	}
 }
 
 func enqueueBatch(ctx context.Context, tx DB, ps []prepared, first map[string]prepared) ([]Intent, error) {
