@@ -199,6 +199,10 @@ RETURNING ` + insertedColumns
 // paying a savepoint's round trips on the common path.
 const undoBatchSQL = `DELETE FROM outbox WHERE id = ANY($1)`
 
+// undoTimeout bounds undoBatchSQL, which runs after the caller's context ended too; it
+// deletes only rows of the caller's transaction, which no one else can hold.
+const undoTimeout = 10 * time.Second
+
 // existingSQL reads the rows already holding some keys and says whether each holds the
 // same request: the same connector and ordering key, and a payload equal as jsonb (which
 // ignores key order and whitespace and compares numbers by exact value, as the canonical
@@ -342,10 +346,14 @@ func enqueueBatch(ctx context.Context, tx DB, ps []prepared, first map[string]pr
 	byKey := make(map[string]Intent, len(ps))
 	var ids []int64
 	// undo removes the batch's rows from the caller's transaction before an error is
-	// returned: whatever the error, nothing of the batch stays written.
+	// returned: whatever the error, nothing of the batch stays written. Even when ctx
+	// has ended (the error may be that): the transaction is still healthy when nothing
+	// was sent under the ended ctx, and the caller may commit its own work under another.
 	undo := func(err error) error {
 		if len(ids) > 0 {
-			if _, undoErr := tx.Exec(ctx, undoBatchSQL, ids); undoErr != nil {
+			undoCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+			defer cancel()
+			if _, undoErr := tx.Exec(undoCtx, undoBatchSQL, ids); undoErr != nil {
 				return errors.Join(err, fmt.Errorf("undo the batch's rows: %w", undoErr))
 			}
 		}
