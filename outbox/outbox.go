@@ -231,9 +231,9 @@ JOIN outbox o ON o.idempotency_key = m.k`
 // READ or SERIALIZABLE transaction, a key that another transaction committed after the
 // caller's snapshot was taken cannot be read, and PostgreSQL fails the statement with a
 // serialization failure (SQLSTATE 40001): retry the whole transaction, as for any
-// serialization failure. When db is not a transaction (a pool or a connection), the
-// statement is its own transaction, and Enqueue retries it itself whatever the session's
-// default isolation.
+// serialization failure. When db is no transaction (a pool, or a connection outside
+// one), the statement is its own transaction, and Enqueue retries it itself whatever the
+// session's default isolation.
 func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 	p, err := prepare(m)
 	if err != nil {
@@ -289,7 +289,7 @@ func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) 
 	if len(ps) == 0 {
 		return nil, nil
 	}
-	if _, inTx := db.(pgx.Tx); inTx {
+	if inTransaction(db) {
 		return enqueueBatch(ctx, db, ps, first)
 	}
 	// Outside a transaction the undo would come too late: others could see the rows.
@@ -301,6 +301,26 @@ func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) 
 		})
 	})
 	return out, err
+}
+
+// inTransaction reports whether db is the caller's transaction: a [pgx.Tx], or a
+// connection ([*pgx.Conn], [*pgxpool.Conn]) whose session is inside a transaction begun
+// with SQL (BEGIN), where a BEGIN of the package's own would not nest, and its COMMIT or
+// ROLLBACK would end the caller's.
+func inTransaction(db DB) bool {
+	var pc *pgconn.PgConn
+	switch c := db.(type) {
+	case pgx.Tx:
+		return true
+	case interface{ PgConn() *pgconn.PgConn }: // *pgx.Conn
+		pc = c.PgConn()
+	case interface{ Conn() *pgx.Conn }: // *pgxpool.Conn
+		pc = c.Conn().PgConn()
+	default:
+		return false
+	}
+	st := pc.TxStatus()
+	return st == 'T' || st == 'E' // in a transaction, or in a failed one
 }
 
 // ownTxRetries is how many times retryOwnTx tries again.
@@ -315,7 +335,7 @@ const ownTxRetries = 3
 // transaction to retry, gets the existing intent or ErrKeyConflict, as under READ
 // COMMITTED. In the caller's transaction the failure is the caller's to retry.
 func retryOwnTx(db DB, f func() error) error {
-	_, inTx := db.(pgx.Tx)
+	inTx := inTransaction(db)
 	for n := 0; ; n++ {
 		err := f()
 		var pgErr *pgconn.PgError
