@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -204,7 +205,7 @@ const undoBatchSQL = `DELETE FROM outbox WHERE id = ANY($1)`
 const undoTimeout = 10 * time.Second
 
 // existingSQL reads the rows already holding some keys and says whether each holds the
-// same request: the same connector and ordering key, and a payload equal as jsonb (which
+// same request: the same connector, ordering key and a payload equal as jsonb (which
 // ignores key order and whitespace and compares numbers by exact value, as the canonical
 // form does). The fingerprint is not trusted for this: rows written by plain SQL have
 // none, and those written before numbers were canonicalised exactly may have one that
@@ -214,9 +215,10 @@ const undoTimeout = 10 * time.Second
 const existingSQL = `
 SELECT ` + IntentColumns + `,
        m.k,
-       o.connector = m.c AND o.ordering_key IS NOT DISTINCT FROM NULLIF(m.o, '')
-       AND CASE WHEN o.payload = '{}'::jsonb AND o.fingerprint IS NOT NULL THEN o.fingerprint = m.f
-                ELSE o.payload = m.p END
+       o.connector = m.c,
+       CASE WHEN o.payload = '{}'::jsonb AND o.fingerprint IS NOT NULL THEN o.fingerprint = m.f
+            ELSE o.payload = m.p END,
+       o.ordering_key IS NOT DISTINCT FROM NULLIF(m.o, '')
 FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[], $5::bytea[]) AS m(k, c, p, o, f)
 JOIN outbox o ON o.idempotency_key = m.k`
 
@@ -461,15 +463,25 @@ func existing(ctx context.Context, db DB, ps []prepared) (map[string]Intent, err
 	for rows.Next() {
 		var (
 			key  string
-			same bool
+			same [3]bool // connector, payload, ordering key
 		)
-		in, err := ScanIntent(rows, &key, &same)
+		in, err := ScanIntent(rows, &key, &same[0], &same[1], &same[2])
 		if err != nil {
 			return nil, fmt.Errorf("look up existing keys: %w", err)
 		}
-		if !same {
-			return nil, fmt.Errorf("%w: key %q already names a %s intent with another payload or ordering key (created %s); use a new key for a different operation",
-				ErrKeyConflict, key, in.Connector, in.CreatedAt.UTC().Format(time.RFC3339))
+		var differs []string
+		for i, what := range []string{"connector", "payload", "ordering key"} {
+			if !same[i] {
+				differs = append(differs, what)
+			}
+		}
+		if n := len(differs); n > 0 {
+			what, verb := differs[0], "differs"
+			if n > 1 {
+				what, verb = strings.Join(differs[:n-1], ", ")+" and "+differs[n-1], "differ"
+			}
+			return nil, fmt.Errorf("%w: key %q already names a %s intent (created %s) whose %s %s; use a new key for a different operation",
+				ErrKeyConflict, key, in.Connector, in.CreatedAt.UTC().Format(time.RFC3339), what, verb)
 		}
 		found[key] = in
 	}

@@ -104,6 +104,13 @@ func TestEnqueueConflict(t *testing.T) {
 			_, err = outbox.Enqueue(ctx, tx, other)
 			require.ErrorIs(t, err, outbox.ErrKeyConflict)
 			require.Contains(t, err.Error(), `"k"`)
+			// The message names what differs, and only that.
+			require.Contains(t, err.Error(), "whose "+name+" differs")
+			for _, same := range []string{"connector", "payload", "ordering key"} {
+				if same != name {
+					require.NotContains(t, err.Error(), same, "%s is the same", same)
+				}
+			}
 
 			// The caller's transaction is still usable.
 			require.Equal(t, 1, countRows(t, tx))
