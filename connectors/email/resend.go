@@ -210,9 +210,9 @@ type ResendResult struct {
 // different body.
 //
 // Failures are classified for the relay: a payload that is not valid, a 3xx, and a 4xx
-// other than 408, 409 and 429 are permanent (Resend's error name and message are in the
-// error); 409 invalid_idempotent_request (the key was used with another body) is
-// permanent; 409 concurrent_idempotent_requests, 408, 429 and 5xx are retried, after
+// other than 408, 409, 425 and 429 are permanent (Resend's error name and message are in
+// the error); 409 invalid_idempotent_request (the key was used with another body) is
+// permanent; 409 concurrent_idempotent_requests, 408, 425, 429 and 5xx are retried, after
 // Retry-After when given; a request that got no answer after it was written is
 // [connectors.Ambiguous], and so is a 2xx whose answer cannot be read.
 func (c *Resend) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
