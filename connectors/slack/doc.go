@@ -56,7 +56,8 @@
 // # Outcomes
 //
 //   - Rate limits (HTTP 429 with Retry-After, seconds or an HTTP date) are retried no sooner than Slack asks
-//     ([connectors.RetryAfter]); 429 without it, 408 and 5xx are retried with backoff.
+//     ([connectors.RetryAfter]); 429 without it, 408, 409, 425 and 5xx are retried with
+//     backoff.
 //   - Slack's service_unavailable, request_timeout and ratelimited answers are retried;
 //     internal_error and fatal_error, which Slack says may follow a partial effect, are
 //     retried and marked [connectors.Ambiguous] when they answer a post.
@@ -64,8 +65,8 @@
 //     problem with the request, the token or the conversation that the same row will
 //     meet again — channel_not_found, not_in_channel, is_archived, invalid_auth,
 //     account_inactive, token_revoked, msg_too_long, invalid_blocks, missing_scope and
-//     the rest. So are other HTTP statuses (3xx, 4xx: a wrong APIBase) and an invalid
-//     payload.
+//     the rest. So are other HTTP statuses (3xx, other 4xx: a wrong APIBase) and an
+//     invalid payload.
 //   - Network errors and timeouts are retried. When they happen after the whole post
 //     was written (seen with net/http/httptrace), Slack may have posted the message,
 //     and the error is also marked ambiguous; the next attempt looks first. A failed
