@@ -38,9 +38,9 @@ type Config struct {
 	// Timeout bounds one attempt: the history lookup (when there is one) and the post.
 	// Defaults to 30s.
 	Timeout time.Duration
-	// HistoryLimit is how many of the conversation's latest messages (or of a thread's
-	// replies, per page) a retry reads to find an earlier attempt's message, at most 999.
-	// Defaults to 100.
+	// HistoryLimit is how many messages each page of a retry's lookup for an earlier
+	// attempt's message asks for (of the conversation's history, newest first, or of a
+	// thread's replies), at most 999; the lookup reads up to 10 pages. Defaults to 100.
 	HistoryLimit int
 }
 
