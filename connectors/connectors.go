@@ -80,9 +80,12 @@ type Connector interface {
 
 // KeyWindower is implemented by connectors whose receiver remembers idempotency keys
 // only for a while (Stripe: 24 hours). The relay never sends an attempt of an enforced
-// row after that window has passed since its first attempt, because the receiver would
-// no longer recognise the key and a retry could act twice; it holds the row for an
-// operator instead.
+// row that could reach the receiver after that window has passed since its first
+// attempt, because the receiver would no longer recognise the key and a retry could act
+// twice. By default the instance's maximum age ends within the window (relay's
+// Instance.MaxAge), so a retry that would come later sends the row to dead; an attempt
+// that would still go out after the window (a maximum age set longer, a row that waited)
+// is not sent, and the row is held for an operator.
 type KeyWindower interface {
 	KeyWindow() time.Duration
 }
