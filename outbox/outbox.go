@@ -50,7 +50,10 @@ type DB interface {
 
 // Message is an intent to enqueue: one logical operation, named by Key.
 type Message struct {
-	// Key is the idempotency key: 1 to 255 characters, derived from the work (see [Key]).
+	// Key is the idempotency key: 1 to 255 characters (bytes for the payment connector,
+	// as Stripe counts them), derived from the work (see [Key]). For every connector but
+	// slack it travels as a header, so it must not hold control characters or begin or
+	// end with white space.
 	Key string
 	// Connector is the connector instance that delivers it: "webhook", "email", "slack",
 	// "payment", or a named instance such as "webhook:crm".
