@@ -44,8 +44,9 @@
 // worker or for one of the Config.Concurrency slots that other instances' attempts hold,
 // is handed back unsent (outboxd_claims_handed_back_total), the slot's wait included.
 //
-// Config.MaxClaimedBytes bounds the payload bytes of the rows a relay holds claimed
-// (outboxd_claimed_payload_bytes), so that large payloads cannot exhaust its memory. A
+// Config.MaxClaimedBytes bounds the payload and header bytes of the rows a relay holds
+// claimed (outboxd_claimed_payload_bytes), so that large payloads cannot exhaust its
+// memory. A
 // claim stops at what is left but always takes one row; while less than a quarter is
 // left, only instances that hold no rows claim, so one instance's large payloads never
 // stop the others.

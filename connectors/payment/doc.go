@@ -78,8 +78,8 @@
 //   - An unknown operation, a payload or params that do not decode, a missing or
 //     malformed "id" (letters, digits and '_' only), a metadata key that is empty or holds
 //     square brackets, or a key Stripe would refuse are permanent, and nothing is sent.
-//     [CheckPayload] tells these apart from a payload without sending; it is registered
-//     for outbox.Enqueue. A whole number written with a fraction or an exponent (2000.0,
+//     [CheckPayload] tells the payload's faults apart without sending; it is registered
+//     for outbox.Enqueue, which refuses such keys itself. A whole number written with a fraction or an exponent (2000.0,
 //     2e3) goes into an integer parameter as that integer.
 //   - Network errors and timeouts are retried. Once a connection was obtained the
 //     request may have reached Stripe, so those are also marked
