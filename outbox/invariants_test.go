@@ -150,25 +150,51 @@ func TestBatchRowVanishesLeavesNothing(t *testing.T) {
 // REPEATABLE READ / SERIALIZABLE: a caller whose snapshot predates another transaction's
 // commit of the same key cannot see that row, so it cannot return it: PostgreSQL raises
 // a serialization failure (40001), which such callers retry. It is never a unique
-// violation, and never a wrong Inserted.
+// violation, and never a wrong Inserted. The same through a DB of the caller's that
+// wraps the transaction: the package cannot tell it is one, and must not retry the
+// statement in the aborted transaction, which turned the 40001 into 25P02 (current
+// transaction is aborted), which such callers do not retry.
 func TestRepeatableReadSameKey(t *testing.T) {
 	t.Parallel()
 	for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
-		ctx := t.Context()
-		pool := pgtest.DB(t)
-		mine, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
-		require.NoError(t, err)
-		require.Equal(t, 0, countRows(t, mine)) // takes the snapshot
+		for _, wrapped := range []bool{false, true} {
+			ctx := t.Context()
+			pool := pgtest.DB(t)
+			mine, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+			require.NoError(t, err)
+			defer mine.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // cleanup, before the pool closes
 
-		_, err = outbox.Enqueue(ctx, pool, webhookMsg("rr", []int{1}))
-		require.NoError(t, err)
+			require.Equal(t, 0, countRows(t, mine)) // takes the snapshot
 
-		_, err = outbox.Enqueue(ctx, mine, webhookMsg("rr", []int{1}))
-		var pgErr *pgconn.PgError
-		require.ErrorAs(t, err, &pgErr)
-		require.Equal(t, "40001", pgErr.Code, "%s: %v", iso, err)
-		require.NoError(t, mine.Rollback(ctx))
+			_, err = outbox.Enqueue(ctx, pool, webhookMsg("rr", []int{1}))
+			require.NoError(t, err)
+
+			var db outbox.DB = mine
+			if wrapped {
+				db = wrapDB{mine}
+			}
+			_, err = outbox.Enqueue(ctx, db, webhookMsg("rr", []int{1}))
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, err, &pgErr)
+			require.Equal(t, "40001", pgErr.Code, "%s (wrapped %v): %v", iso, wrapped, err)
+			require.NoError(t, mine.Rollback(ctx))
+		}
 	}
+}
+
+// wrapDB is a DB of a caller's own, such as one that traces its statements: only the
+// methods DB asks for.
+type wrapDB struct{ db outbox.DB }
+
+func (w wrapDB) Begin(ctx context.Context) (pgx.Tx, error) { return w.db.Begin(ctx) }
+func (w wrapDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return w.db.Exec(ctx, sql, args...)
+}
+func (w wrapDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return w.db.Query(ctx, sql, args...)
+}
+func (w wrapDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return w.db.QueryRow(ctx, sql, args...)
 }
 
 // waitBlocked waits until the backend pid is blocked on a lock.

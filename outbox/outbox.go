@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Sentinel errors; test for them with errors.Is.
@@ -238,7 +239,8 @@ JOIN outbox o ON o.idempotency_key = m.k`
 // serialization failure (SQLSTATE 40001): retry the whole transaction, as for any
 // serialization failure. When db is no transaction (a pool, or a connection outside
 // one), the statement is its own transaction, and Enqueue retries it itself whatever the
-// session's default isolation.
+// session's default isolation (not through a DB type of your own, which may wrap a
+// transaction).
 func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 	p, err := prepare(m)
 	if err != nil {
@@ -313,38 +315,49 @@ func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) 
 // with SQL (BEGIN), where a BEGIN of the package's own would not nest, and its COMMIT or
 // ROLLBACK would end the caller's.
 func inTransaction(db DB) bool {
-	var pc *pgconn.PgConn
+	st := txStatus(db)
+	return st == 'T' || st == 'E' // in a transaction, or in a failed one
+}
+
+// txStatus is the transaction status of the session db sends on, as PostgreSQL reports
+// it ('I' outside a transaction, 'T' inside one, 'E' inside a failed one): 'T' for a
+// [pgx.Tx], 'I' for a pool (it never hands out a session inside a transaction), the
+// session's own for a connection, and 0 for any other DB, such as a wrapper of the
+// caller's, which may wrap a transaction or not.
+func txStatus(db DB) byte {
 	switch c := db.(type) {
 	case pgx.Tx:
-		return true
+		return 'T'
+	case *pgxpool.Pool:
+		return 'I'
 	case interface{ PgConn() *pgconn.PgConn }: // *pgx.Conn
-		pc = c.PgConn()
+		return c.PgConn().TxStatus()
 	case interface{ Conn() *pgx.Conn }: // *pgxpool.Conn
-		pc = c.Conn().PgConn()
-	default:
-		return false
+		return c.Conn().PgConn().TxStatus()
 	}
-	st := pc.TxStatus()
-	return st == 'T' || st == 'E' // in a transaction, or in a failed one
+	return 0
 }
 
 // ownTxRetries is how many times retryOwnTx tries again.
 const ownTxRetries = 3
 
 // retryOwnTx runs f, which writes in db, and runs it again after a serialization failure
-// (SQLSTATE 40001) when db is not a transaction of the caller's: then the transaction
-// that failed is Enqueue's own (an autocommit statement, or EnqueueBatch's), and nothing
-// of it was written. Where the session's default isolation is REPEATABLE READ or
+// (SQLSTATE 40001) when db is known to be outside a transaction (a pool, or a connection
+// outside one): then the transaction that failed is Enqueue's own (an autocommit
+// statement, or EnqueueBatch's), and nothing of it was written. Where the session's default isolation is REPEATABLE READ or
 // SERIALIZABLE, a key that another transaction commits while the insert waits on it
 // fails the insert so; a new snapshot sees the row, and the caller, who holds no
 // transaction to retry, gets the existing intent or ErrKeyConflict, as under READ
 // COMMITTED. In the caller's transaction the failure is the caller's to retry.
 func retryOwnTx(db DB, f func() error) error {
-	inTx := inTransaction(db)
+	// Of a DB it cannot see into, which may wrap the caller's transaction, it retries
+	// nothing: a second statement in an aborted transaction fails with 25P02, which hides
+	// the 40001 the caller retries on.
+	own := txStatus(db) == 'I'
 	for n := 0; ; n++ {
 		err := f()
 		var pgErr *pgconn.PgError
-		if inTx || n == ownTxRetries || !errors.As(err, &pgErr) || pgErr.Code != "40001" {
+		if !own || n == ownTxRetries || !errors.As(err, &pgErr) || pgErr.Code != "40001" {
 			return err
 		}
 	}
