@@ -215,12 +215,15 @@ const undoTimeout = 10 * time.Second
 // none, and those written before numbers were canonicalised exactly may have one that
 // rounded a number through float64. It is the only record left of a row whose payload
 // `purge --payload-only` replaced with {}, and is compared then, alone: a request with
-// payload {} is not the purged row's request unless the fingerprint says so.
+// payload {} is not the purged row's request unless the fingerprint says so. As the
+// fingerprint covers the connector and ordering key too, it tells of the payload only
+// when those are the same; otherwise they are what a conflict names.
 const existingSQL = `
 SELECT ` + IntentColumns + `,
        m.k,
        o.connector = m.c,
-       CASE WHEN o.payload = '{}'::jsonb AND o.fingerprint IS NOT NULL THEN o.fingerprint = m.f
+       CASE WHEN o.payload = '{}'::jsonb AND o.fingerprint IS NOT NULL
+            THEN o.fingerprint = m.f OR o.connector <> m.c OR o.ordering_key IS DISTINCT FROM NULLIF(m.o, '')
             ELSE o.payload = m.p END,
        o.ordering_key IS NOT DISTINCT FROM NULLIF(m.o, '')
 FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[], $5::bytea[]) AS m(k, c, p, o, f)

@@ -94,27 +94,35 @@ func TestEnqueueConflict(t *testing.T) {
 		"connector":    {Key: "k", Connector: "webhook:crm", Payload: map[string]any{"amount": 10}},
 		"ordering key": {Key: "k", Connector: "webhook", Payload: map[string]any{"amount": 10}, OrderingKey: "o"},
 	} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			ctx := t.Context()
-			tx := pgtest.Tx(t)
-			_, err := outbox.Enqueue(ctx, tx, outbox.Message{Key: "k", Connector: "webhook", Payload: map[string]any{"amount": 10}})
-			require.NoError(t, err)
-
-			_, err = outbox.Enqueue(ctx, tx, other)
-			require.ErrorIs(t, err, outbox.ErrKeyConflict)
-			require.Contains(t, err.Error(), `"k"`)
-			// The message names what differs, and only that.
-			require.Contains(t, err.Error(), "whose "+name+" differs")
-			for _, same := range []string{"connector", "payload", "ordering key"} {
-				if same != name {
-					require.NotContains(t, err.Error(), same, "%s is the same", same)
+		for _, purged := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/purged=%v", name, purged), func(t *testing.T) {
+				t.Parallel()
+				ctx := t.Context()
+				tx := pgtest.Tx(t)
+				_, err := outbox.Enqueue(ctx, tx, outbox.Message{Key: "k", Connector: "webhook", Payload: map[string]any{"amount": 10}})
+				require.NoError(t, err)
+				if purged {
+					// As `outboxd purge --payload-only` leaves it: only the fingerprint,
+					// which covers the connector and ordering key too, tells the payload.
+					_, err = tx.Exec(ctx, `UPDATE outbox SET payload = '{}' WHERE idempotency_key = 'k'`)
+					require.NoError(t, err)
 				}
-			}
 
-			// The caller's transaction is still usable.
-			require.Equal(t, 1, countRows(t, tx))
-		})
+				_, err = outbox.Enqueue(ctx, tx, other)
+				require.ErrorIs(t, err, outbox.ErrKeyConflict)
+				require.Contains(t, err.Error(), `"k"`)
+				// The message names what differs, and only that.
+				require.Contains(t, err.Error(), "whose "+name+" differs")
+				for _, same := range []string{"connector", "payload", "ordering key"} {
+					if same != name {
+						require.NotContains(t, err.Error(), same, "%s is the same", same)
+					}
+				}
+
+				// The caller's transaction is still usable.
+				require.Equal(t, 1, countRows(t, tx))
+			})
+		}
 	}
 }
 
