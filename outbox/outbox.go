@@ -280,6 +280,9 @@ func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 // message; the returned intents are in the order of msgs. It is atomic: when any message
 // is invalid or conflicts, nothing of the batch is written, and the caller's transaction
 // stays usable. A key repeated within the batch counts as a re-enqueue of the first.
+// That holds when ctx ends midway too: in the caller's transaction, the rows already
+// written are removed before EnqueueBatch returns, in one more statement that does not
+// heed ctx and may hold the return up to 10 s when the database does not answer.
 func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) {
 	ps := make([]prepared, len(msgs))
 	first := make(map[string]prepared, len(msgs)) // each key's first message
