@@ -17,13 +17,14 @@ import (
 // caller holds no transaction it could retry, so a key another transaction commits while
 // the enqueue waits on it must give what it gives under READ COMMITTED, the existing
 // intent or ErrKeyConflict, not a serialization failure (the intent API answered a
-// concurrent retry of a request 500).
+// concurrent retry of a request 500). EnqueueBatch begins its own transaction through a
+// DB of the caller's that wraps the pool too, so it retries there as well.
 func TestPoolEnqueueUnderStricterDefaultIsolation(t *testing.T) {
 	t.Parallel()
 	for _, level := range []string{"repeatable read", "serializable"} {
-		for _, batch := range []bool{false, true} {
+		for _, batch := range []string{"", "pool", "wrapped"} {
 			for _, same := range []bool{true, false} {
-				t.Run(fmt.Sprintf("%s/batch=%v/same=%v", level, batch, same), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%s/batch=%s/same=%v", level, batch, same), func(t *testing.T) {
 					t.Parallel()
 					ctx := t.Context()
 					pool := pgtest.DB(t)
@@ -52,8 +53,12 @@ func TestPoolEnqueueUnderStricterDefaultIsolation(t *testing.T) {
 					}
 					done := make(chan result, 1)
 					go func() {
-						if batch {
-							out, err := outbox.EnqueueBatch(ctx, strict, []outbox.Message{webhookMsg("fresh", []int{1}), m})
+						if batch != "" {
+							var db outbox.DB = strict
+							if batch == "wrapped" {
+								db = wrapDB{strict}
+							}
+							out, err := outbox.EnqueueBatch(ctx, db, []outbox.Message{webhookMsg("fresh", []int{1}), m})
 							if err != nil {
 								done <- result{err: err}
 								return

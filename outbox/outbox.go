@@ -253,7 +253,11 @@ func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 	// miss; inserting again then succeeds, so a second pass settles it.
 	for range 2 {
 		var in Intent
-		err := retryOwnTx(db, func() (err error) {
+		// Of a DB it cannot see into, which may wrap the caller's transaction, it retries
+		// nothing: a second statement in an aborted transaction fails with 25P02, which
+		// hides the 40001 the caller retries on.
+		own := txStatus(db) == 'I'
+		err := retryOwnTx(func() bool { return own }, func() (err error) {
 			in, err = scanInserted(db.QueryRow(ctx, insertSQL, p.Key, p.Connector, string(p.payload), p.OrderingKey,
 				notBefore(p.NotBefore), p.fingerprint, headersJSON(p.Headers), initialStatus(p.Message), p.CreatedBy),
 				func(string) prepared { return p })
@@ -306,9 +310,15 @@ func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) 
 		return enqueueBatch(ctx, db, ps, first)
 	}
 	// Outside a transaction the undo would come too late: others could see the rows.
+	// A transaction that a pool began is EnqueueBatch's own whatever db is (a DB of the
+	// caller's that wraps the pool, say): a pool never hands out a session inside one.
 	var out []Intent
-	err := retryOwnTx(db, func() error {
+	own := txStatus(db) == 'I'
+	err := retryOwnTx(func() bool { return own }, func() error {
 		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) (err error) {
+			if _, ok := tx.(*pgxpool.Tx); ok {
+				own = true
+			}
 			out, err = enqueueBatch(ctx, tx, ps, first)
 			return err
 		})
@@ -347,23 +357,19 @@ func txStatus(db DB) byte {
 // ownTxRetries is how many times retryOwnTx tries again.
 const ownTxRetries = 3
 
-// retryOwnTx runs f, which writes in db, and runs it again after a serialization failure
-// (SQLSTATE 40001) when db is known to be outside a transaction (a pool, or a connection
-// outside one): then the transaction that failed is Enqueue's own (an autocommit
-// statement, or EnqueueBatch's), and nothing of it was written. Where the session's default isolation is REPEATABLE READ or
+// retryOwnTx runs f and runs it again after a serialization failure (SQLSTATE 40001)
+// when own reports that the transaction that failed is known to be Enqueue's own (an
+// autocommit statement on a pool or a connection outside a transaction) or EnqueueBatch's,
+// so that nothing of it was written. Where the session's default isolation is REPEATABLE READ or
 // SERIALIZABLE, a key that another transaction commits while the insert waits on it
 // fails the insert so; a new snapshot sees the row, and the caller, who holds no
 // transaction to retry, gets the existing intent or ErrKeyConflict, as under READ
 // COMMITTED. In the caller's transaction the failure is the caller's to retry.
-func retryOwnTx(db DB, f func() error) error {
-	// Of a DB it cannot see into, which may wrap the caller's transaction, it retries
-	// nothing: a second statement in an aborted transaction fails with 25P02, which hides
-	// the 40001 the caller retries on.
-	own := txStatus(db) == 'I'
+func retryOwnTx(own func() bool, f func() error) error {
 	for n := 0; ; n++ {
 		err := f()
 		var pgErr *pgconn.PgError
-		if !own || n == ownTxRetries || !errors.As(err, &pgErr) || pgErr.Code != "40001" {
+		if n == ownTxRetries || !errors.As(err, &pgErr) || pgErr.Code != "40001" || !own() {
 			return err
 		}
 	}
