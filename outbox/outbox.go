@@ -286,7 +286,10 @@ func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 // stays usable. A key repeated within the batch counts as a re-enqueue of the first.
 // That holds when ctx ends midway too: in the caller's transaction, the rows already
 // written are removed before EnqueueBatch returns, in one more statement that does not
-// heed ctx and may hold the return up to 10 s when the database does not answer.
+// heed ctx and may hold the return up to 10 s when the database does not answer. But
+// when ctx ends while a statement of the batch runs, the caller's transaction cannot go
+// on (pgx closes the connection by default, or the cancelled statement aborts the
+// transaction): nothing of the batch is written, and nothing of the caller's work either.
 func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) {
 	ps := make([]prepared, len(msgs))
 	first := make(map[string]prepared, len(msgs)) // each key's first message
