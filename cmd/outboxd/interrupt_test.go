@@ -1,8 +1,12 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,6 +20,51 @@ import (
 // childArgsEnv makes the test binary run the command line it holds (see TestMain), so a
 // test can interrupt a real `outboxd demo` or `outboxd bench` as a terminal does.
 const childArgsEnv = "OUTBOX_TEST_CHILD_ARGS"
+
+// childHoldEnv, set in a child's environment, holds the child's standard output, as a
+// terminal whose output is paused holds it, from the write that shows its value until
+// the child gets SIGINT or SIGTERM (see runChild): whatever prints that line waits
+// there, so a test that sees the line knows where the child stands however late it
+// looks.
+const childHoldEnv = "OUTBOX_TEST_CHILD_HOLD"
+
+// runChild runs the command line args as the whole process, as runProcess does, with
+// its standard output held as childHoldEnv says.
+func runChild(args []string) int {
+	marker := os.Getenv(childHoldEnv)
+	if marker == "" {
+		return runProcess(args)
+	}
+	// Registered before the command runs, so a signal that comes before the line is
+	// not missed: the line then passes at once.
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	stdout := &holdingWriter{w: os.Stdout, marker: []byte(marker), signals: signals}
+	return runEnv(context.Background(), args, &env{
+		environ: os.Environ(), stdin: os.Stdin, stdout: stdout, stderr: os.Stderr, ownsProcess: true,
+	})
+}
+
+// holdingWriter writes to w, and the first write that holds marker returns only once
+// signals delivers a signal. The command's own handler gets the signal as well.
+type holdingWriter struct {
+	w       io.Writer
+	marker  []byte
+	signals chan os.Signal
+	held    sync.Once
+}
+
+func (h *holdingWriter) Write(p []byte) (int, error) {
+	n, err := h.w.Write(p)
+	if bytes.Contains(p, h.marker) {
+		h.held.Do(func() {
+			<-h.signals
+			// From here on the command's handler alone decides what a signal does.
+			signal.Stop(h.signals)
+		})
+	}
+	return n, err
+}
 
 // childProcess is `outboxd <args>` running as a process of its own, the leader of its
 // own process group, as a shell runs a foreground job.
@@ -155,9 +204,15 @@ func (b *markerBuffer) String() string {
 func TestDemoCtrlC(t *testing.T) {
 	t.Parallel()
 
-	c := startChild(t, "demo")
-	// The first 503 of the row that fails twice: the relay has rows in hand.
-	c.waitOutput(t, "attempt 1 failed")
+	// The first 503 of the row that fails twice: the relay has rows in hand. The demo
+	// would finish about half a second later and exit 0, before a signal sent late on a
+	// busy machine; so the child holds its output at that line (childHoldEnv): the
+	// delivery that printed it, and with it the demo, waits there for the signal. The
+	// demo's handler gets that signal as the line is let through, when the row still
+	// has two retries to go, each a backoff away.
+	const marker = "attempt 1 failed"
+	c := startChild(t, "demo", childHoldEnv+"="+marker)
+	c.waitOutput(t, marker)
 	c.interrupt(t, syscall.SIGINT)
 	require.Equal(t, exitFailure, c.cmd.ProcessState.ExitCode())
 	require.Contains(t, c.stderr.String(), "interrupt signal received")

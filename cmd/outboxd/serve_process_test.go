@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 		os.Exit(runProcess([]string{"serve"}))
 	}
 	if args := os.Getenv(childArgsEnv); args != "" {
-		os.Exit(runProcess(strings.Fields(args)))
+		os.Exit(runChild(strings.Fields(args)))
 	}
 	pgtest.Main(m)
 }
