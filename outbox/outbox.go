@@ -290,6 +290,10 @@ func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 // when ctx ends while a statement of the batch runs, the caller's transaction cannot go
 // on (pgx closes the connection by default, or the cancelled statement aborts the
 // transaction): nothing of the batch is written, and nothing of the caller's work either.
+// Outside a transaction EnqueueBatch writes in a transaction of its own, and retries a
+// serialization failure itself when it knows that transaction is its own: begun on a
+// pool (through a DB type of yours that wraps one too) or on a connection outside a
+// transaction.
 func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) {
 	ps := make([]prepared, len(msgs))
 	first := make(map[string]prepared, len(msgs)) // each key's first message
