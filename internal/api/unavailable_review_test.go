@@ -14,6 +14,7 @@ import (
 	"github.com/outboxd/outboxd/internal/api"
 	"github.com/outboxd/outboxd/internal/intent"
 	"github.com/outboxd/outboxd/internal/pgtest"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // A database that accepts connections but never answers (a hung server, a stalled
@@ -117,6 +118,36 @@ func TestDatabaseEndedSessionIs503(t *testing.T) {
 		require.True(t, ended)
 
 		r := b.do(t, c.method, c.path, adminSecret, "k-1", c.body)
+		require.Equal(t, http.StatusServiceUnavailable, r.status, "%s %s: %s", c.method, c.path, r.raw)
+		require.Equal(t, "unavailable", r.errCode(t))
+		require.Contains(t, r.raw, "database is unavailable")
+	}
+}
+
+// A database that takes no writes (a hot standby the pool reached after a failover, a
+// primary demoted or set default_transaction_read_only: SQLSTATE 25006) is a 503 that
+// says so: not a 500 "internal error", which reads as a fault of the server or the
+// request, when the same request sent again once writes work is safe.
+func TestDatabaseReadOnlyIs503(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	_, err := outbox.Enqueue(t.Context(), pool, outbox.Message{Key: "k-1", Connector: "webhook", Payload: []byte(`{}`)})
+	require.NoError(t, err)
+	cfg := pool.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	ro, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(ro.Close)
+	svc := &intent.Service{Pool: ro, Policy: &intent.Policy{Tokens: []intent.Token{
+		{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
+	}}}
+	b := serveAPI(t, ro, svc, nil)
+
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/v1/intents", `{"connector":"webhook","payload":{}}`},
+		{"POST", "/v1/intents/k-1/cancel", ""},
+	} {
+		r := b.do(t, c.method, c.path, adminSecret, "k-2", c.body)
 		require.Equal(t, http.StatusServiceUnavailable, r.status, "%s %s: %s", c.method, c.path, r.raw)
 		require.Equal(t, "unavailable", r.errCode(t))
 		require.Contains(t, r.raw, "database is unavailable")

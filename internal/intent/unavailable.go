@@ -10,7 +10,10 @@ import (
 // of the request: no connection could be made, or PostgreSQL ended the session the call
 // had because it is shutting down (57P01 admin_shutdown, which a restart sends to every
 // session), crashed (57P02) or is starting up (57P03). The pool drops such a session, and
-// the same call made again, with its key, is safe whatever became of this one.
+// the same call made again, with its key, is safe whatever became of this one. A
+// database that takes no writes (25006 read_only_sql_transaction: a hot standby the pool
+// reached after a failover, a demoted primary, default_transaction_read_only) is
+// unavailable too: the write did not happen, and the same call works once writes do.
 func Unavailable(err error) bool {
 	if errors.As(err, new(*pgconn.ConnectError)) {
 		return true
@@ -20,7 +23,7 @@ func Unavailable(err error) bool {
 		return false
 	}
 	switch pgErr.Code {
-	case "57P01", "57P02", "57P03":
+	case "57P01", "57P02", "57P03", "25006":
 		return true
 	}
 	return false

@@ -620,3 +620,19 @@ func TestMCPDatabaseEndedSession(t *testing.T) {
 		require.Contains(t, msg, "database is unavailable", tool)
 	}
 }
+
+// A database that takes no writes (a hot standby reached after a failover, a demoted
+// primary: SQLSTATE 25006) is the same tool error as one that is down, which tells the
+// agent to call again later, not an "internal error".
+func TestMCPDatabaseReadOnly(t *testing.T) {
+	t.Parallel()
+	cfg := pgtest.DB(t).Config().Copy()
+	cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b := &testBundle{pool: pool, svc: &intent.Service{Pool: pool, Policy: testPolicy()}}
+	cs := b.connect(t, "agent")
+	msg := toolErr(t, call(t, cs, mcpserver.ToolPropose, map[string]any{"connector": "webhook", "key": "k-1", "payload": map[string]any{}}))
+	require.Contains(t, msg, "database is unavailable, so nothing was written")
+}
