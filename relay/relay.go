@@ -655,6 +655,7 @@ const minRecordDrain = 5 * time.Second
 func (r *Relay) start(ctx context.Context) error {
 	var (
 		server, version                 int
+		readOnly                        bool
 		role, missing, missingRetention string
 	)
 	b := retry.WithMaxDuration(30*time.Second, retry.WithCappedDuration(2*time.Second, retry.NewExponential(100*time.Millisecond)))
@@ -662,7 +663,9 @@ func (r *Relay) start(ctx context.Context) error {
 		if err := r.readClock(ctx); err != nil {
 			return retry.RetryableError(fmt.Errorf("reach database: %w", err))
 		}
-		if err := r.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&server); err != nil {
+		// transaction_read_only is on in every session of a hot standby, as of a primary
+		// set default_transaction_read_only.
+		if err := r.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, current_setting('transaction_read_only')::bool`).Scan(&server, &readOnly); err != nil {
 			return retryUnlessRefused(fmt.Errorf("read the server's version: %w", err))
 		}
 		var err error
@@ -685,6 +688,11 @@ func (r *Relay) start(ctx context.Context) error {
 	// changes are additive, and relays are upgraded one at a time.
 	if err := checkServerVersion(server); err != nil {
 		return err
+	}
+	// Every claim and every outcome would fail (SQLSTATE 25006) for as long as it runs.
+	if readOnly {
+		return errors.New("relay: the database takes no writes (it is a hot standby, or default_transaction_read_only is on): " +
+			"point the relay at the primary, with target_session_attrs=read-write in the URL if it lists several hosts")
 	}
 	if version < outboxd.SchemaVersion {
 		return fmt.Errorf("relay: the database's outbox schema is at version %d and this relay needs version %d: "+
