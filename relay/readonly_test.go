@@ -2,13 +2,16 @@ package relay
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // readOnlyPool is a pool on b's database whose sessions take no writes, as those of a
@@ -38,4 +41,49 @@ func TestRunFailsAtOnceOnAReadOnlyDatabase(t *testing.T) {
 	defer cancel()
 	err = r.Run(ctx)
 	require.ErrorContains(t, err, "takes no writes")
+}
+
+// A running relay whose database stops taking writes (a failover that left it on a
+// standby or a demoted primary) says so in Ready, so that /readyz is not "ready" while
+// every claim fails; and once writes work again it delivers by itself.
+func TestReadyReportsADatabaseThatTakesNoWrites(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	ctx := t.Context()
+	pcfg := b.pool.Config().Copy()
+	pcfg.ConnConfig.RuntimeParams["application_name"] = "readonly_test_relay"
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	var db string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db))
+	// setReadOnly sets the database's default and ends the relay's sessions, so the
+	// sessions it opens next have the new default, as after a failover.
+	setReadOnly := func(on bool) {
+		t.Helper()
+		stmt := `ALTER DATABASE ` + pgx.Identifier{db}.Sanitize() + ` RESET default_transaction_read_only`
+		if on {
+			stmt = `ALTER DATABASE ` + pgx.Identifier{db}.Sanitize() + ` SET default_transaction_read_only = on`
+		}
+		_, err := b.pool.Exec(ctx, stmt)
+		require.NoError(t, err)
+		_, err = b.pool.Exec(ctx, `SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'readonly_test_relay'`)
+		require.NoError(t, err)
+	}
+
+	_, cfg := b.clockedConfig(t)
+	r, _ := start(t, pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.Eventually(t, func() bool { return r.Ready(ctx) == nil }, waitTimeout, 5*time.Millisecond)
+
+	setReadOnly(true)
+	require.Eventually(t, func() bool {
+		err := r.Ready(ctx)
+		return err != nil && strings.Contains(err.Error(), "takes no writes")
+	}, waitTimeout, 5*time.Millisecond)
+
+	setReadOnly(false)
+	enqueue(t, b.pool, "after-read-only", "webhook", map[string]int{"n": 1})
+	waitStatus(t, b.pool, "after-read-only", outbox.StatusDelivered)
+	require.Eventually(t, func() bool { return r.Ready(ctx) == nil }, waitTimeout, 5*time.Millisecond)
 }

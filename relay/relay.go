@@ -474,7 +474,7 @@ func (r *Relay) readClock(ctx context.Context) error {
 const maxClockRoundTrip = 500 * time.Millisecond
 
 // Ready reports whether the relay can work: it runs (it has started) and has not been
-// asked to stop, the database answers and the LISTEN connection is up.
+// asked to stop, the database answers and takes writes, and the LISTEN connection is up.
 func (r *Relay) Ready(ctx context.Context) error {
 	if !r.running.Load() {
 		if r.runCalled.Load() && r.runDone.Load() == nil {
@@ -489,8 +489,15 @@ func (r *Relay) Ready(ctx context.Context) error {
 	if done := r.runDone.Load(); done != nil && isClosed(*done) {
 		return errors.New("relay is stopping: it claims no more rows and finishes the attempts in flight")
 	}
-	if err := r.pool.Ping(ctx); err != nil {
+	// Not a bare ping: a database that answers but takes no writes (a failover left the
+	// pool on a hot standby or a demoted primary) fails every claim and every outcome.
+	var readOnly bool
+	if err := r.pool.QueryRow(ctx, `SELECT current_setting('transaction_read_only')::bool`).Scan(&readOnly); err != nil {
 		return fmt.Errorf("database unreachable: %w", err)
+	}
+	if readOnly {
+		return errors.New("the database takes no writes (it is a hot standby, or default_transaction_read_only is on): " +
+			"no row is claimed or recorded until it does")
 	}
 	if !r.listening.Load() {
 		return errors.New("LISTEN connection is down (reconnecting)")
