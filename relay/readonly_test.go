@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,4 +87,68 @@ func TestReadyReportsADatabaseThatTakesNoWrites(t *testing.T) {
 	enqueue(t, b.pool, "after-read-only", "webhook", map[string]int{"n": 1})
 	waitStatus(t, b.pool, "after-read-only", outbox.StatusDelivered)
 	require.Eventually(t, func() bool { return r.Ready(ctx) == nil }, waitTimeout, 5*time.Millisecond)
+}
+
+// A failover that leaves the old primary up but taking no writes, while new sessions
+// reach the new primary (a URL with target_session_attrs=read-write, a DNS name or a
+// proxy that moved): the pool's sessions on the old server answer pings, so pgxpool
+// keeps them, and every claim failed with SQLSTATE 25006 until they reached the pool's
+// MaxConnLifetime (an hour by default). The relay must leave them and deliver by itself.
+func TestRelayLeavesSessionsThatTakeNoWrites(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	ctx := t.Context()
+	var failedOver atomic.Bool // false: new sessions take no writes, as on the old primary
+	var readOnlyNext atomic.Bool
+	pcfg := b.pool.Config().Copy()
+	pcfg.ConnConfig.RuntimeParams["application_name"] = "readonly_test_failover"
+	pcfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if readOnlyNext.Load() && !failedOver.Load() {
+			_, err := c.Exec(ctx, `SET default_transaction_read_only = on`)
+			return err
+		}
+		return nil
+	}
+	pcfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	_, cfg := b.clockedConfig(t)
+	r, _ := start(t, pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.Eventually(t, func() bool { return r.Ready(ctx) == nil }, waitTimeout, 5*time.Millisecond)
+
+	// The server stops taking writes: the relay's sessions are ended and come back
+	// read-only.
+	readOnlyNext.Store(true)
+	_, err = b.pool.Exec(ctx, `SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = 'readonly_test_failover'`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		err := r.Ready(ctx)
+		return err != nil && strings.Contains(err.Error(), "takes no writes")
+	}, waitTimeout, 5*time.Millisecond)
+	// Fill the pool with live read-only sessions, so that it opens no new one unless the
+	// relay leaves them: the ended sessions are found out one by one, as they are used.
+	held := make([]*pgxpool.Conn, 0, pcfg.MaxConns)
+	for len(held) < int(pcfg.MaxConns) {
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		var ro string
+		if err := c.QueryRow(ctx, `SHOW transaction_read_only`).Scan(&ro); err != nil {
+			c.Release() // an ended session: the pool drops it
+			continue
+		}
+		require.Equal(t, "on", ro)
+		held = append(held, c)
+	}
+	for _, c := range held {
+		c.Release()
+	}
+	enqueue(t, b.pool, "after-failover", "webhook", map[string]int{"n": 1})
+
+	// The new primary takes writes; the sessions on the old one stay up.
+	failedOver.Store(true)
+	in := waitStatus(t, b.pool, "after-failover", outbox.StatusDelivered)
+	require.Equal(t, 1, in.Attempts)
 }

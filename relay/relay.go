@@ -847,6 +847,14 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 			if ctx.Err() != nil {
 				return outs
 			}
+			if takesNoWrites(err) {
+				// A failover may have left the pool's sessions on a server that takes no
+				// writes while new ones reach the primary (target_session_attrs=read-write,
+				// a DNS name or a proxy that moved). Those sessions answer pings, so the
+				// pool would keep them until its MaxConnLifetime: close them all (those in
+				// use when they are released), so the next round opens new ones.
+				r.pool.Reset()
+			}
 			failures++
 			r.metrics.dbErrors.WithLabelValues("claim").Inc()
 			wait := backoff(failures, 100*time.Millisecond, 5*time.Second)
@@ -1835,6 +1843,14 @@ func refused(err error) bool {
 		return true
 	}
 	return false
+}
+
+// takesNoWrites reports whether err is PostgreSQL refusing a write because the server
+// takes none (SQLSTATE 25006): a hot standby, a demoted primary, a database set
+// default_transaction_read_only.
+func takesNoWrites(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "25006" // read_only_sql_transaction
 }
 
 // salvage writes outs after PostgreSQL refused them as one batch for their data
