@@ -14,7 +14,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1544,19 +1543,7 @@ func TestClaimStartsPastDeliveredRows(t *testing.T) {
 		require.NoError(t, err)
 		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		require.NoError(t, err)
-		for i, line := range lines {
-			if strings.Contains(line, "Index Scan using outbox_pending_due") {
-				for _, l := range lines[i+1:] {
-					if _, after, ok := strings.Cut(l, "Buffers: shared hit="); ok {
-						n, err := strconv.Atoi(strings.Fields(after)[0])
-						require.NoError(t, err)
-						return n
-					}
-				}
-			}
-		}
-		require.Fail(t, "no buffers for the index scan", strings.Join(lines, "\n"))
-		return 0
+		return pgtest.ScanBuffers(t, lines, "Index Scan using outbox_pending_due")
 	}
 	head := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	indexBuffers(head) // the first scan marks the dead entries as such

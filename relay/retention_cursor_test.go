@@ -3,8 +3,6 @@ package relay
 import (
 	"context"
 	"math"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -58,19 +56,7 @@ func TestRetentionBatchStartsAfterThePreviousOne(t *testing.T) {
 			Scan(&n, &after, &lastID))
 		require.EqualValues(t, retentionBatch, n)
 		afterID = *lastID
-		for i, line := range lines {
-			if strings.Contains(line, "Index Scan using outbox_finished_age") {
-				for _, l := range lines[i+1:] {
-					if _, b, ok := strings.Cut(l, "Buffers: shared hit="); ok {
-						k, err := strconv.Atoi(strings.Fields(b)[0])
-						require.NoError(t, err)
-						return k
-					}
-				}
-			}
-		}
-		require.Fail(t, "no buffers for the index scan", strings.Join(lines, "\n"))
-		return 0
+		return pgtest.ScanBuffers(t, lines, "Index Scan using outbox_finished_age")
 	}
 	first := batch()
 	batch()

@@ -126,17 +126,7 @@ func TestPurgeDeleteBatchStartsAfterThePreviousOne(t *testing.T) {
 		require.NoError(t, pool.QueryRow(t.Context(), purgeDeleteSQL, cutoff, 500, after, afterID).Scan(&n, &after, &lastID))
 		require.EqualValues(t, 500, n)
 		afterID = *lastID
-		for i, line := range lines {
-			if strings.Contains(line, "Scan using outbox_finished_age") {
-				for _, l := range lines[i+1:] {
-					if _, b, ok := strings.Cut(l, "Buffers: shared hit="); ok {
-						return atoi(t, strings.Fields(b)[0])
-					}
-				}
-			}
-		}
-		require.Fail(t, "no buffers for the index scan", strings.Join(lines, "\n"))
-		return 0
+		return pgtest.ScanBuffers(t, lines, "Scan using outbox_finished_age")
 	}
 	first := batch()
 	batch()
