@@ -94,7 +94,7 @@ func (s *Service) Create(ctx context.Context, tok *Token, key string, req Create
 		}
 	}
 	if err != nil {
-		return outbox.Intent{}, err // outbox's errors say what was refused
+		return outbox.Intent{}, s.leaveReadOnly(err) // outbox's errors say what was refused
 	}
 	return in, nil
 }
@@ -195,7 +195,8 @@ func (s *Service) Approve(ctx context.Context, tok *Token, key, reason string) (
 	if err := s.admin(ctx, tok, key); err != nil {
 		return outbox.Intent{}, err
 	}
-	return ops.Approve(ctx, s.Pool, key, actor(tok), reason, s.now())
+	in, err := ops.Approve(ctx, s.Pool, key, actor(tok), reason, s.now())
+	return in, s.leaveReadOnly(err)
 }
 
 // Reject cancels an awaiting_approval intent ([ops.Reject]); admin tokens only.
@@ -205,7 +206,8 @@ func (s *Service) Reject(ctx context.Context, tok *Token, key, reason string) (o
 	if err := s.admin(ctx, tok, key); err != nil {
 		return outbox.Intent{}, err
 	}
-	return ops.Reject(ctx, s.Pool, key, actor(tok), reason, s.now())
+	in, err := ops.Reject(ctx, s.Pool, key, actor(tok), reason, s.now())
+	return in, s.leaveReadOnly(err)
 }
 
 // Cancel cancels an intent with [ops.Cancel]'s rules; admin tokens only. Canceling
@@ -217,7 +219,7 @@ func (s *Service) Cancel(ctx context.Context, tok *Token, key, reason string) (o
 	}
 	res, err := ops.Cancel(ctx, s.Pool, []string{key}, actor(tok), reason, s.now())
 	if err != nil {
-		return outbox.Intent{}, err
+		return outbox.Intent{}, s.leaveReadOnly(err)
 	}
 	if len(res.NotFound) > 0 {
 		return outbox.Intent{}, fmt.Errorf("%w: no intent has key %q", outbox.ErrNotFound, key)

@@ -9,9 +9,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
@@ -635,4 +637,34 @@ func TestMCPDatabaseReadOnly(t *testing.T) {
 	cs := b.connect(t, "agent")
 	msg := toolErr(t, call(t, cs, mcpserver.ToolPropose, map[string]any{"connector": "webhook", "key": "k-1", "payload": map[string]any{}}))
 	require.Contains(t, msg, "database is unavailable, so nothing was written")
+}
+
+// A failover that leaves the old primary up but taking no writes, while new sessions
+// reach the new primary (target_session_attrs=read-write, a DNS name that moved): the
+// pool's session on the old server answers pings, so pgxpool keeps it until its
+// MaxConnLifetime (an hour by default). The agent is told calling again later is safe,
+// and a call made once the new primary takes writes must then work.
+func TestMCPLeavesSessionsThatTakeNoWrites(t *testing.T) {
+	t.Parallel()
+	var failedOver atomic.Bool
+	cfg := pgtest.DB(t).Config().Copy()
+	cfg.MaxConns = 1
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if !failedOver.Load() {
+			_, err := c.Exec(ctx, `SET default_transaction_read_only = on`)
+			return err
+		}
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b := &testBundle{pool: pool, svc: &intent.Service{Pool: pool, Policy: testPolicy()}}
+	cs := b.connect(t, "agent")
+	args := map[string]any{"connector": "webhook", "key": "k-1", "payload": map[string]any{}}
+	require.Contains(t, toolErr(t, call(t, cs, mcpserver.ToolPropose, args)), "database is unavailable")
+
+	failedOver.Store(true)
+	res := call(t, cs, mcpserver.ToolPropose, args)
+	require.False(t, res.IsError, text(res))
 }
