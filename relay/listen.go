@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -12,6 +13,10 @@ import (
 
 // notifyChannel is the channel schema.sql's insert trigger notifies.
 const notifyChannel = "outbox"
+
+// errRelisten ends a LISTEN connection that the claim loop found on a server that takes
+// no writes (see takesNoWrites): it is made again, where the pool's new sessions go.
+var errRelisten = errors.New("the pool's sessions were on a server that takes no writes")
 
 // listen keeps a dedicated connection LISTENing on the outbox channel and wakes the claim
 // loop on every notification. When the connection drops it reconnects with backoff, and
@@ -29,14 +34,25 @@ func (r *Relay) listen(ctx context.Context) {
 			return
 		}
 		failures++
-		r.metrics.dbErrors.WithLabelValues("listen").Inc()
 		wait := backoff(failures, 100*time.Millisecond, 5*time.Second)
+		if errors.Is(err, errRelisten) {
+			// Not a failure of its own: the claim loop has logged the refused round.
+			r.log.InfoContext(ctx, "LISTEN connection closed to LISTEN again where the pool's new sessions go; polling until it is back", "err", err, "retry_in", wait)
+			sleep(ctx, wait)
+			continue
+		}
+		r.metrics.dbErrors.WithLabelValues("listen").Inc()
 		r.log.WarnContext(ctx, "LISTEN connection lost; polling until it is back", "err", err, "retry_in", wait)
 		sleep(ctx, wait)
 	}
 }
 
 func (r *Relay) listenOnce(ctx context.Context) error {
+	// The connection made now is the new one a request to make it again asked for.
+	select {
+	case <-r.relisten:
+	default:
+	}
 	// Connected as the pool connects: its BeforeConnect may set what the DSN does not
 	// hold (a password that expires, such as an IAM token, or the current primary).
 	poolCfg := r.pool.Config()
@@ -71,9 +87,21 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		probe.Wait()
 		r.metrics.notifyWorking.Set(0)
 	}()
+	waitCtx, stopWait := context.WithCancel(ctx)
+	defer stopWait()
+	probe.Go(func() {
+		select {
+		case <-r.relisten:
+			stopWait()
+		case <-probeCtx.Done():
+		}
+	})
 	for {
-		n, err := conn.WaitForNotification(ctx)
+		n, err := conn.WaitForNotification(waitCtx)
 		if err != nil {
+			if ctx.Err() == nil && waitCtx.Err() != nil {
+				return errRelisten
+			}
 			return err
 		}
 		if n.Payload == r.probe {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/receiver"
@@ -151,4 +152,70 @@ func TestRelayLeavesSessionsThatTakeNoWrites(t *testing.T) {
 	failedOver.Store(true)
 	in := waitStatus(t, b.pool, "after-failover", outbox.StatusDelivered)
 	require.Equal(t, 1, in.Attempts)
+}
+
+// The same failover, seen by the LISTEN connection: it is made outside the pool, and
+// LISTEN still works on the old server, so it stayed there. NOTIFYs from inserts on the
+// new primary never reached the relay, which found rows only by polling, while /readyz
+// said LISTEN was up. A round refused with 25006 must move it too, and the NOTIFY
+// self-test must run again on the new connection.
+func TestRelayListensOnTheNewPrimaryAfterAFailover(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	ctx := t.Context()
+	var failedOver atomic.Bool // which server a new session reaches, named in its application_name
+	pcfg := b.pool.Config().Copy()
+	pcfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		cc.RuntimeParams["application_name"] = "readonly_test_listen_old"
+		if failedOver.Load() {
+			cc.RuntimeParams["application_name"] = "readonly_test_listen_new"
+		}
+		return nil
+	}
+	pcfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	// listener is the server the relay's LISTEN session is on ("" while there is none).
+	listener := func() string {
+		var names []string
+		rows, err := b.pool.Query(ctx, `SELECT application_name FROM pg_stat_activity
+			WHERE datname = current_database() AND query = 'LISTEN `+notifyChannel+`'
+			AND application_name LIKE 'readonly_test_listen_%'`)
+		require.NoError(t, err)
+		names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return strings.Join(names, ",")
+	}
+
+	_, cfg := b.clockedConfig(t)
+	r, err := New(pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	r.probeTimeout = waitTimeout // a busy machine must not make the self-test fail
+	run(t, r)
+	require.Eventually(t, func() bool { return r.Ready(ctx) == nil }, waitTimeout, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return listener() == "readonly_test_listen_old" }, waitTimeout, 5*time.Millisecond)
+
+	// The failover, at once for the relay: every session of its pool is on the old
+	// server, which now takes no writes, and new sessions reach the new primary.
+	held := make([]*pgxpool.Conn, 0, pcfg.MaxConns)
+	for len(held) < int(pcfg.MaxConns) {
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		_, err = c.Exec(ctx, `SET default_transaction_read_only = on`)
+		require.NoError(t, err)
+		held = append(held, c)
+	}
+	failedOver.Store(true)
+	enqueue(t, b.pool, "after-failover", "webhook", map[string]int{"n": 1})
+	for _, c := range held {
+		c.Release()
+	}
+	waitStatus(t, b.pool, "after-failover", outbox.StatusDelivered)
+	require.Positive(t, testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("claim")), "a claim round was refused")
+
+	require.Eventually(t, func() bool { return listener() == "readonly_test_listen_new" }, waitTimeout, 10*time.Millisecond,
+		"the LISTEN session is on %q", listener())
+	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.notifyWorking) == 1 }, waitTimeout, 10*time.Millisecond,
+		"the NOTIFY self-test runs again on the new LISTEN session")
 }

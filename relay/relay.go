@@ -64,9 +64,12 @@ type Relay struct {
 	rescan atomic.Bool
 
 	listening atomic.Bool
-	skew      atomic.Int64 // database clock minus local clock, when NowFunc is the real clock (see readClock)
-	skewRead  bool         // skew has been measured (see readClock)
-	probe     string       // the payload of this relay's NOTIFY self-test
+	// relisten asks the LISTEN connection to be made again, as the pool's are (see
+	// takesNoWrites in the claim loop).
+	relisten chan struct{}
+	skew     atomic.Int64 // database clock minus local clock, when NowFunc is the real clock (see readClock)
+	skewRead bool         // skew has been measured (see readClock)
+	probe    string       // the payload of this relay's NOTIFY self-test
 	// probeTimeout is how long the NOTIFY self-test waits; tests shorten it.
 	probeTimeout time.Duration
 	running      atomic.Bool
@@ -260,6 +263,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		log:       cfg.Logger.With("component", "relay", "relay_id", cfg.ID),
 		instances: make(map[string]*instance, len(instances)),
 		wake:      make(chan struct{}, 1),
+		relisten:  make(chan struct{}, 1),
 		slotFreed: make(chan struct{}, 1),
 		slots:     make(chan struct{}, cfg.Concurrency-reserved),
 		ownSlots:  make([]chan struct{}, reserved),
@@ -852,8 +856,10 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 				// writes while new ones reach the primary (target_session_attrs=read-write,
 				// a DNS name or a proxy that moved). Those sessions answer pings, so the
 				// pool would keep them until its MaxConnLifetime: close them all (those in
-				// use when they are released), so the next round opens new ones.
+				// use when they are released), so the next round opens new ones. The LISTEN
+				// connection, which LISTENs there just as well, is made again too.
 				r.pool.Reset()
+				notify(r.relisten)
 			}
 			failures++
 			r.metrics.dbErrors.WithLabelValues("claim").Inc()
