@@ -129,9 +129,9 @@ func ScanIntent(row pgx.Row, extra ...any) (Intent, error) {
 		return Intent{}, err
 	}
 	in.Payload, in.Result = payload, result
-	in.NextAttemptAt, in.CreatedAt, in.UpdatedAt = finiteTime(nextAt), finiteTime(createdAt), finiteTime(updatedAt)
+	in.NextAttemptAt, in.CreatedAt, in.UpdatedAt = FiniteTime(nextAt), FiniteTime(createdAt), FiniteTime(updatedAt)
 	if deliveredAt.Valid {
-		in.DeliveredAt = finiteTime(deliveredAt)
+		in.DeliveredAt = FiniteTime(deliveredAt)
 	}
 	in.Headers = DecodeHeaders(headers)
 	if len(in.Headers) == 0 {
@@ -147,10 +147,11 @@ var (
 	negativeInfiniteTime = time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)
 )
 
-// finiteTime is t's time, with ±infinity, and times past them, as infiniteTime and
-// negativeInfiniteTime (time.Time's MarshalJSON fails outside them, and with it every
-// JSON answer holding the row); zero when t is NULL.
-func finiteTime(t pgtype.Timestamptz) time.Time {
+// FiniteTime is t's time as [ScanIntent] reads a row's times: ±infinity (plain SQL can
+// write it, and time.Time cannot hold it), and times past them, as the latest and
+// earliest times JSON can carry (time.Time's MarshalJSON fails outside them, and with it
+// every JSON answer holding the row); zero when t is NULL.
+func FiniteTime(t pgtype.Timestamptz) time.Time {
 	switch {
 	case !t.Valid:
 		return time.Time{}
@@ -468,7 +469,7 @@ func scanInserted(row pgx.Row, msg func(key string) prepared) (Intent, error) {
 		return Intent{}, err
 	}
 	// As ScanIntent reads them: a NotBefore near year 9999's end is past it east of UTC.
-	in.NextAttemptAt, in.CreatedAt, in.UpdatedAt = finiteTime(nextAt), finiteTime(createdAt), finiteTime(updatedAt)
+	in.NextAttemptAt, in.CreatedAt, in.UpdatedAt = FiniteTime(nextAt), FiniteTime(createdAt), FiniteTime(updatedAt)
 	p := msg(in.Key)
 	in.Connector, in.Payload, in.OrderingKey, in.CreatedBy = p.Connector, p.payload, p.OrderingKey, p.CreatedBy
 	if len(p.Headers) > 0 {

@@ -92,7 +92,7 @@ func Inspect(ctx context.Context, db outbox.DB, key string) (Detail, error) {
 		return Detail{}, fmt.Errorf("inspect %q: %w", key, err)
 	}
 	d.Intent = in
-	d.LeaseExpiresAt, d.FirstAttemptAt = finiteTime(leaseExp), finiteTime(first)
+	d.LeaseExpiresAt, d.FirstAttemptAt = outbox.FiniteTime(leaseExp), outbox.FiniteTime(first)
 
 	rows, err := db.Query(ctx, attemptsSQL, in.ID)
 	if err != nil {
@@ -150,22 +150,4 @@ func WithoutCredentials(in outbox.Intent) outbox.Intent {
 		}
 	}
 	return in
-}
-
-// finiteTime is t's time, zero when NULL, and ±infinity (plain SQL can write it, and
-// time.Time cannot hold it) or a time past the years JSON can carry as the latest or
-// earliest time JSON can carry, as [outbox.ScanIntent] reads the row's own times.
-func finiteTime(t pgtype.Timestamptz) time.Time {
-	latest, earliest := time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC), time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)
-	switch {
-	case !t.Valid:
-		return time.Time{}
-	case t.InfinityModifier == pgtype.Infinity || t.Time.After(latest):
-		return latest
-	case t.InfinityModifier == pgtype.NegativeInfinity || t.Time.Before(earliest):
-		return earliest
-	case t.Time.Year() < 0 || t.Time.Year() > 9999:
-		return t.Time.UTC() // a zone's offset carries it past the years JSON can carry
-	}
-	return t.Time
 }
