@@ -1,7 +1,6 @@
 package api_test
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"strings"
@@ -89,14 +88,8 @@ func TestDatabaseDownIs503(t *testing.T) {
 func TestDatabaseEndedSessionIs503(t *testing.T) {
 	t.Parallel()
 	admin := pgtest.DB(t)
-	cfg := admin.Config().Copy()
-	cfg.MaxConns = 1
-	// As in a busy relay's pool, whose sessions are each used within pgxpool's 1s before
-	// it pings one: the request takes the ended session as it is.
-	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	// The request takes the ended session as it is, as in a busy relay's pool.
+	pool := pgtest.OneSessionPool(t, admin)
 	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{
 		{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
 	}}}
@@ -108,14 +101,7 @@ func TestDatabaseEndedSessionIs503(t *testing.T) {
 		{"GET", "/v1/intents", ""},
 		{"POST", "/v1/intents/k-1/cancel", ""},
 	} {
-		var pid uint32
-		require.NoError(t, pool.AcquireFunc(t.Context(), func(c *pgxpool.Conn) error {
-			pid = c.Conn().PgConn().PID()
-			return nil
-		}))
-		var ended bool
-		require.NoError(t, admin.QueryRow(t.Context(), `SELECT pg_terminate_backend($1, 10000)`, pid).Scan(&ended))
-		require.True(t, ended)
+		pgtest.EndSession(t, admin, pool)
 
 		r := b.do(t, c.method, c.path, adminSecret, "k-1", c.body)
 		require.Equal(t, http.StatusServiceUnavailable, r.status, "%s %s: %s", c.method, c.path, r.raw)

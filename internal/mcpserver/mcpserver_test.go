@@ -594,14 +594,8 @@ func TestMCPDatabaseConnectTimeout(t *testing.T) {
 func TestMCPDatabaseEndedSession(t *testing.T) {
 	t.Parallel()
 	admin := pgtest.DB(t)
-	cfg := admin.Config().Copy()
-	cfg.MaxConns = 1
-	// As in a busy pool, whose sessions are each used within pgxpool's 1s before it pings
-	// one: the call takes the ended session as it is.
-	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	// The call takes the ended session as it is, as in a busy pool.
+	pool := pgtest.OneSessionPool(t, admin)
 	b := &testBundle{pool: pool, svc: &intent.Service{Pool: pool, Policy: testPolicy()}}
 	cs := b.connect(t, "agent")
 	for tool, args := range map[string]map[string]any{
@@ -609,14 +603,7 @@ func TestMCPDatabaseEndedSession(t *testing.T) {
 		mcpserver.ToolGet:     {"key": "k-1"},
 		mcpserver.ToolList:    {},
 	} {
-		var pid uint32
-		require.NoError(t, pool.AcquireFunc(t.Context(), func(c *pgxpool.Conn) error {
-			pid = c.Conn().PgConn().PID()
-			return nil
-		}))
-		var ended bool
-		require.NoError(t, admin.QueryRow(t.Context(), `SELECT pg_terminate_backend($1, 10000)`, pid).Scan(&ended))
-		require.True(t, ended)
+		pgtest.EndSession(t, admin, pool)
 
 		msg := toolErr(t, call(t, cs, tool, args))
 		require.Contains(t, msg, "database is unavailable", tool)
