@@ -29,25 +29,8 @@ UPDATE outbox SET created_at = 'infinity' WHERE idempotency_key = 'from-plus';`)
 	require.NoError(t, err)
 
 	seen := map[string]int{}
-	after := ""
-	for range 10 {
-		args := []string{"list", "--limit", "1", "--json"}
-		if after != "" {
-			args = append(args, "--after", after)
-		}
-		code, out, errOut := d.cli(t, "", args...)
-		require.Equal(t, exitOK, code, errOut)
-		var page struct {
-			Intents []outbox.Intent `json:"intents"`
-			Next    string          `json:"next"`
-		}
-		require.NoError(t, json.Unmarshal([]byte(out), &page), out)
-		for _, in := range page.Intents {
-			seen[in.Key]++
-		}
-		if after = page.Next; after == "" {
-			break
-		}
+	for _, k := range listPageByPage(t, d) {
+		seen[k]++
 	}
 	require.Equal(t, map[string]int{"finite": 1, "parked": 1, "from-minus": 1, "from-plus": 1, "from-minus-2": 1}, seen)
 
@@ -87,6 +70,19 @@ UPDATE outbox SET created_at = '4713-01-01 00:00:00.5Z BC' WHERE idempotency_key
 UPDATE outbox SET created_at = '2000-01-01' WHERE idempotency_key = 'in-between';`)
 	require.NoError(t, err)
 
+	require.Equal(t, []string{"far-future", "newest", "in-between", "oldest", "before-christ"}, listPageByPage(t, d))
+
+	for _, k := range []string{"far-future", "before-christ"} {
+		code, out, errOut := d.cli(t, "", "inspect", k, "--json")
+		require.Equal(t, exitOK, code, "%s: %s", k, errOut)
+		require.True(t, json.Valid([]byte(out)), out)
+	}
+}
+
+// listPageByPage follows list --json --limit 1 from page to page, for at most 10 pages,
+// and gives the keys in the order listed.
+func listPageByPage(t *testing.T, d *opsDB) []string {
+	t.Helper()
 	var keys []string
 	after := ""
 	for range 10 {
@@ -108,11 +104,5 @@ UPDATE outbox SET created_at = '2000-01-01' WHERE idempotency_key = 'in-between'
 			break
 		}
 	}
-	require.Equal(t, []string{"far-future", "newest", "in-between", "oldest", "before-christ"}, keys)
-
-	for _, k := range []string{"far-future", "before-christ"} {
-		code, out, errOut := d.cli(t, "", "inspect", k, "--json")
-		require.Equal(t, exitOK, code, "%s: %s", k, errOut)
-		require.True(t, json.Valid([]byte(out)), out)
-	}
+	return keys
 }
