@@ -1,12 +1,10 @@
 package relay
 
 import (
-	"context"
 	"math"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
 
@@ -28,13 +26,8 @@ func TestRetentionBatchStartsAfterThePreviousOne(t *testing.T) {
 	_, err = pool.Exec(t.Context(), `ANALYZE outbox`)
 	require.NoError(t, err)
 
-	old, err := pool.Begin(t.Context())
-	require.NoError(t, err)
-	defer func() { _ = old.Rollback(context.WithoutCancel(t.Context())) }()
-	_, err = old.Exec(t.Context(), `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`)
-	require.NoError(t, err)
+	old := pgtest.OldSnapshot(t, pool)
 	var n int64
-	require.NoError(t, old.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&n))
 
 	cutoff := time.Now().Add(-7 * 24 * time.Hour)
 	after := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
@@ -42,14 +35,7 @@ func TestRetentionBatchStartsAfterThePreviousOne(t *testing.T) {
 	// batch deletes one batch and returns the buffers its scan of outbox_finished_age
 	// read, under EXPLAIN ANALYZE in a transaction rolled back first.
 	batch := func() int {
-		tx, err := pool.Begin(t.Context())
-		require.NoError(t, err)
-		rows, err := tx.Query(t.Context(), `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) `+retentionSQL,
-			cutoff, retentionBatch, []string{"webhook"}, after, afterID)
-		require.NoError(t, err)
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
-		require.NoError(t, tx.Rollback(t.Context()))
+		lines := pgtest.Explain(t, pool, retentionSQL, cutoff, retentionBatch, []string{"webhook"}, after, afterID)
 		// The same batch again, for real and for its cursor.
 		var lastID *int64
 		require.NoError(t, pool.QueryRow(t.Context(), retentionSQL, cutoff, retentionBatch, []string{"webhook"}, after, afterID).

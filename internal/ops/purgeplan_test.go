@@ -1,14 +1,12 @@
 package ops
 
 import (
-	"context"
 	"math"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
 
@@ -45,14 +43,7 @@ func TestPurgePayloadBatchStartsAfterThePreviousOne(t *testing.T) {
 	require.Equal(t, 1000, left)
 
 	// The next batch, rolled back.
-	tx, err := pool.Begin(t.Context())
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(t.Context()) }()
-	rows, err := tx.Query(t.Context(), `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) `+purgePayloadSQL,
-		now.Add(-24*time.Hour), 500, "t", "", now, after, cursorID)
-	require.NoError(t, err)
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
+	lines := pgtest.Explain(t, pool, purgePayloadSQL, now.Add(-24*time.Hour), 500, "t", "", now, after, cursorID)
 	plan := strings.Join(lines, "\n")
 	// The rows the index scan read: those it passed on, and those its filter removed,
 	// on the lines below it that are indented deeper than its own.
@@ -100,13 +91,8 @@ func TestPurgeDeleteBatchStartsAfterThePreviousOne(t *testing.T) {
 	_, err = pool.Exec(t.Context(), `ANALYZE outbox`)
 	require.NoError(t, err)
 
-	old, err := pool.Begin(t.Context())
-	require.NoError(t, err)
-	defer func() { _ = old.Rollback(context.WithoutCancel(t.Context())) }()
-	_, err = old.Exec(t.Context(), `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`)
-	require.NoError(t, err)
+	old := pgtest.OldSnapshot(t, pool)
 	var n int64
-	require.NoError(t, old.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&n))
 
 	cutoff := now.Add(-24 * time.Hour)
 	after := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
@@ -114,14 +100,7 @@ func TestPurgeDeleteBatchStartsAfterThePreviousOne(t *testing.T) {
 	// batch deletes one batch of 500 and returns the buffers its scan of
 	// outbox_finished_age read, under EXPLAIN ANALYZE in a transaction rolled back first.
 	batch := func() int {
-		tx, err := pool.Begin(t.Context())
-		require.NoError(t, err)
-		rows, err := tx.Query(t.Context(), `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) `+purgeDeleteSQL,
-			cutoff, 500, after, afterID)
-		require.NoError(t, err)
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
-		require.NoError(t, tx.Rollback(t.Context()))
+		lines := pgtest.Explain(t, pool, purgeDeleteSQL, cutoff, 500, after, afterID)
 		var lastID *int64
 		require.NoError(t, pool.QueryRow(t.Context(), purgeDeleteSQL, cutoff, 500, after, afterID).Scan(&n, &after, &lastID))
 		require.EqualValues(t, 500, n)

@@ -1,10 +1,13 @@
 package pgtest
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -38,4 +41,35 @@ func ScanBuffers(t testing.TB, lines []string, node string) int {
 	}
 	require.Fail(t, "no buffers for "+node, strings.Join(lines, "\n"))
 	return 0
+}
+
+// Explain runs query with args under EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF)
+// in a transaction it rolls back, so what the query writes is undone, and returns the
+// plan's lines.
+func Explain(t testing.TB, pool *pgxpool.Pool, query string, args ...any) []string {
+	t.Helper()
+	tx, err := pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
+	rows, err := tx.Query(t.Context(), `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) `+query, args...)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(t.Context()))
+	return lines
+}
+
+// OldSnapshot begins a REPEATABLE READ transaction that holds its snapshot (a long
+// report, a backup), so the rows deleted meanwhile keep live index entries, and rolls
+// it back when the test ends if the test did not.
+func OldSnapshot(t testing.TB, pool *pgxpool.Pool) pgx.Tx {
+	t.Helper()
+	old, err := pool.Begin(t.Context())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = old.Rollback(context.Background()) })
+	_, err = old.Exec(t.Context(), `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`)
+	require.NoError(t, err)
+	var n int64
+	require.NoError(t, old.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&n))
+	return old
 }
