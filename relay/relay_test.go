@@ -1535,14 +1535,8 @@ func TestClaimStartsPastDeliveredRows(t *testing.T) {
 
 	// The index scan's buffers for a claim of one row starting at from, rolled back.
 	indexBuffers := func(from pgtype.Timestamptz) int {
-		tx, err := pool.Begin(t.Context())
-		require.NoError(t, err)
-		defer func() { _ = tx.Rollback(t.Context()) }()
-		rows, err := tx.Query(t.Context(), `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) `+claimSQL,
+		lines := pgtest.Explain(t, pool, claimSQL,
 			"webhook", time.Now().Add(time.Minute), 1, "r", time.Now().Add(time.Hour), from, int64(1<<20))
-		require.NoError(t, err)
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
 		return pgtest.ScanBuffers(t, lines, "Index Scan using outbox_pending_due")
 	}
 	head := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
