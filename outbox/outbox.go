@@ -102,6 +102,16 @@ type Intent struct {
 	Inserted bool `json:"-"`
 }
 
+// WaitingBehind is the last_error of a row the relay parked behind row id, an earlier
+// row of its ordering key whose attempt failed and waits for its retry. The parked row
+// cannot go before that retry, so it takes the retry's time as its next_attempt_at,
+// and claims stop reading it again and again until then. Only rows never attempted and
+// already due are parked, so their own schedule has passed. Canceling row id (ops.Cancel)
+// makes them due again at once, and the claim that takes one clears the text.
+func WaitingBehind(id int64) string {
+	return fmt.Sprintf("waiting behind row %d of its ordering key, whose failed attempt is retried first", id)
+}
+
 // IntentColumns lists, in [ScanIntent]'s order, the outbox columns an Intent reads.
 const IntentColumns = `id, idempotency_key, connector, payload, status, attempts, next_attempt_at,
 	coalesce(last_error, ''), result, coalesce(ordering_key, ''), headers, coalesce(created_by, ''),

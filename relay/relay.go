@@ -1993,13 +1993,40 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 // recordAgainSQL, a statement of its own that starts once the earlier write has ended,
 // then sees the attempts it logged.
 func queueRecord(b *pgx.Batch, batch []outcome, args []any) int {
+	n := 1
 	if !anyMaybeWritten(batch) {
 		b.Queue(recordSQL, args...)
-		return 1
+	} else {
+		b.Queue(lockAgainSQL, args[1])
+		b.Queue(recordAgainSQL, args...)
+		n = 2
 	}
-	b.Queue(lockAgainSQL, args[1])
-	b.Queue(recordAgainSQL, args...)
-	return 2
+	return n + queuePark(b, batch)
+}
+
+// queuePark queues parkSQL when batch puts rows of ordering keys back to pending for a
+// later retry, and returns how many statements that is (0 or 1). It runs after their
+// outcomes, in the same transaction, so it sees them as written (or not written, for a
+// late outcome the row no longer takes).
+func queuePark(b *pgx.Batch, batch []outcome) int {
+	var (
+		heads []int64
+		whys  []string
+		at    time.Time
+	)
+	for _, o := range batch {
+		if o.ordered && o.status == outbox.StatusPending && o.nextAt != nil {
+			heads, whys = append(heads, o.id), append(whys, outbox.WaitingBehind(o.id))
+			if o.finished.After(at) {
+				at = o.finished
+			}
+		}
+	}
+	if len(heads) == 0 {
+		return 0
+	}
+	b.Queue(parkSQL, heads, at, whys)
+	return 1
 }
 
 // execRecord writes batch, whose recordSQL arguments are args, in one transaction (see

@@ -86,7 +86,10 @@ WITH due AS (
 )
 UPDATE outbox o
 SET status = 'delivering', lease_owner = $4, lease_expires_at = $5,
-    attempts = o.attempts + 1, updated_at = $2, first_attempt_at = coalesce(o.first_attempt_at, $2)
+    attempts = o.attempts + 1, updated_at = $2, first_attempt_at = coalesce(o.first_attempt_at, $2),
+    -- A row parked behind its key's earlier row (parkSQL) no longer waits.
+    last_error = CASE WHEN o.attempts = 0 AND starts_with(o.last_error, 'waiting behind row ') THEN NULL
+                      ELSE o.last_error END
 FROM fits
 WHERE o.id = fits.id AND fits.before < $7
 RETURNING o.id, o.idempotency_key, o.payload, o.headers, o.attempts, o.ambiguous, o.created_at,
@@ -167,6 +170,34 @@ const recordWrite = `upd AS (
 INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
 SELECT r.id, r.attempt, $1, r.started_at, r.finished_at, r.outcome, r.ambiguous, r.last_error
 FROM r`
+
+// parkSQL parks the rows waiting behind rows $1, rows of ordering keys whose attempt
+// failed and that went back to pending for a retry after $2 (the relay's clock): a row
+// behind one of them cannot go before that retry, and every claim until then would read
+// it again from outbox_pending_due and look up its key's earlier rows, about 15–25 µs a
+// row here, so a key with thousands of rows behind a failing head slowed every claim of
+// its connector. A parked row takes the retry's time as its next_attempt_at, and $3 (the
+// head's, in the order of $1; outbox.WaitingBehind) as its last_error, which says why it
+// waits and marks it as parked. Only rows never attempted and due by $2 are parked: their
+// own schedule has passed, so canceling the head can make them due at once (ops.Cancel),
+// and a row scheduled for later keeps its time. A parked row is due again when the head's
+// retry is, and parked anew if that fails too. Rows another transaction holds are left
+// as they are.
+const parkSQL = `
+WITH p AS (
+    SELECT f.id, h.next_attempt_at AS until, w.why
+    FROM unnest($1::bigint[], $3::text[]) AS w(id, why)
+    JOIN outbox h ON h.id = w.id
+    JOIN outbox f ON f.ordering_key = h.ordering_key AND f.id > h.id
+    WHERE h.status = 'pending' AND h.next_attempt_at > $2
+      AND f.status = 'pending' AND f.attempts = 0 AND f.next_attempt_at <= $2
+      AND (f.last_error IS NULL OR starts_with(f.last_error, 'waiting behind row '))
+    FOR UPDATE OF f SKIP LOCKED
+)
+UPDATE outbox f
+SET next_attempt_at = p.until, last_error = p.why, updated_at = $2
+FROM p
+WHERE f.id = p.id`
 
 // releaseSQL hands back rows this relay ($1) claimed but never started, $2 with the
 // attempts $4 they were claimed for and their claims' leases $5: they return to pending

@@ -1,0 +1,174 @@
+package relay
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/internal/pgtest"
+	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// parkedSetup enqueues a head and n rows behind it on ordering key "k", plus "soon" and
+// "later", rows of the key scheduled 10 minutes and 2 hours after the relay's clock;
+// claims the head and fails its attempt with a retry an hour later, written with a claim
+// round. It returns the head's row and the retry's time.
+func parkedSetup(t *testing.T, n int) (b *testBundle, clock *testClock, r *Relay, head claimed, retryAt time.Time) {
+	t.Helper()
+	ctx := t.Context()
+	b = setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	r = b.newRelay(t, cfg)
+	msgs := []outbox.Message{{Key: "head", Connector: "webhook", OrderingKey: "k", Payload: []int{0}}}
+	for i := 1; i <= n; i++ {
+		msgs = append(msgs, outbox.Message{Key: fmt.Sprintf("f-%d", i), Connector: "webhook", OrderingKey: "k", Payload: []int{i}})
+	}
+	msgs = append(msgs,
+		outbox.Message{Key: "soon", Connector: "webhook", OrderingKey: "k", Payload: []int{-1}, NotBefore: clock.Now().Add(10 * time.Minute)},
+		outbox.Message{Key: "later", Connector: "webhook", OrderingKey: "k", Payload: []int{-2}, NotBefore: clock.Now().Add(2 * time.Hour)})
+	_, err := outbox.EnqueueBatch(ctx, b.pool, msgs)
+	require.NoError(t, err)
+
+	require.Equal(t, 1, claimOnce(t, r), "the head; the rows behind it wait")
+	inst := r.instances["webhook"]
+	head = <-inst.jobs
+	require.Equal(t, "head", head.key)
+	o := r.decide(inst, head, nil, connectors.RetryAfter(errors.New("receiver unavailable"), time.Hour), clock.Now())
+	o.started = clock.Now()
+	require.Equal(t, outbox.StatusPending, o.status)
+	_, wrote, _, _, err := r.claimRound(ctx, []outcome{o}, true)
+	require.NoError(t, err)
+	require.True(t, wrote)
+	r.done(inst, head)
+	return b, clock, r, head, *o.nextAt
+}
+
+// rowState is a row's next_attempt_at and last_error.
+func rowState(t *testing.T, b *testBundle, key string) (time.Time, string) {
+	t.Helper()
+	in, err := outbox.Get(t.Context(), b.pool, key)
+	require.NoError(t, err)
+	return in.NextAttemptAt, in.LastError
+}
+
+// Rows waiting behind a head whose attempt failed cannot go before its retry. Every
+// claim used to read each of them again from outbox_pending_due and look up its key's
+// earlier rows, about 15–25 µs a row, so a key with thousands of rows behind a failing
+// head slowed every claim of its connector (and of the round) until the head went. They
+// are parked at the retry's time instead, saying why, and go once the head has.
+func TestRowsBehindAFailingHeadWaitForItsRetry(t *testing.T) {
+	t.Parallel()
+	const n = 300
+	ctx := t.Context()
+	b, clock, r, head, retryAt := parkedSetup(t, n)
+	soon, _ := rowState(t, b, "soon")
+	later, _ := rowState(t, b, "later")
+
+	var parked int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM outbox
+		WHERE idempotency_key LIKE 'f-%' AND next_attempt_at = $1 AND last_error = $2`,
+		retryAt, outbox.WaitingBehind(head.id)).Scan(&parked))
+	require.Equal(t, n, parked, "every row behind the head waits for its retry")
+	at, why := rowState(t, b, "soon")
+	require.Equal(t, soon, at, "a row not yet due is left as it is: canceling the head could not give its time back")
+	require.Empty(t, why)
+	at, _ = rowState(t, b, "later")
+	require.Equal(t, later, at, "a row scheduled after the retry keeps its time")
+
+	// A claim from the head of the index no longer reads them.
+	scan := func() int {
+		lines := pgtest.Explain(t, b.pool, claimSQL, "webhook", clock.Now().Add(30*time.Minute), 1000, "r",
+			clock.Now().Add(time.Hour), pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, int64(1<<20))
+		return pgtest.ScanBuffers(t, lines, "Index Scan using outbox_pending_due")
+	}
+	scan() // the first scan marks the dead entries as such
+	parkedScan := scan()
+	_, err := b.pool.Exec(ctx, `UPDATE outbox SET next_attempt_at = $1::timestamptz - interval '1 hour' WHERE idempotency_key LIKE 'f-%'`, clock.Now())
+	require.NoError(t, err)
+	scan()
+	dueScan := scan()
+	require.Greater(t, dueScan, 2*n, "unparked, the same claim reads every row behind the head, and looks up its key")
+	// Parked, it reads at most the index entries their former versions left (a scan
+	// marks them dead once no snapshot can see them), not the rows nor their keys.
+	require.Less(t, parkedScan*5, dueScan, "the parked rows are not due: %d buffers against %d", parkedScan, dueScan)
+	_, err = b.pool.Exec(ctx, `UPDATE outbox SET next_attempt_at = $1 WHERE idempotency_key LIKE 'f-%'`, retryAt)
+	require.NoError(t, err)
+
+	// At the retry's time the head goes first; the rows behind it wait for it.
+	clock.Advance(time.Hour + time.Second)
+	require.Equal(t, 1, claimOnce(t, r))
+	inst := r.instances["webhook"]
+	again := <-inst.jobs
+	require.Equal(t, "head", again.key)
+	o := r.decide(inst, again, json.RawMessage(`{}`), nil, clock.Now())
+	o.started = clock.Now()
+	took, wrote, _, _, err := r.claimRound(ctx, []outcome{o}, true)
+	require.NoError(t, err)
+	require.True(t, wrote)
+	require.Equal(t, 1, took, "the round that writes the head's delivery takes the key's next row")
+	r.done(inst, again)
+	next := <-inst.jobs
+	require.Equal(t, "f-1", next.key)
+	_, why = rowState(t, b, "f-1")
+	require.Empty(t, why, "taken, it waits no longer")
+	_, why = rowState(t, b, "f-2")
+	require.Equal(t, outbox.WaitingBehind(head.id), why, "still waiting (behind f-1 now, which the text does not claim to follow)")
+}
+
+// A row parked behind a head that fails again is parked at the new retry.
+func TestParkedRowsFollowTheHeadsNextRetry(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b, clock, r, head, retryAt := parkedSetup(t, 3)
+	clock.Advance(time.Hour + time.Second)
+	require.Equal(t, 1, claimOnce(t, r))
+	inst := r.instances["webhook"]
+	again := <-inst.jobs
+	o := r.decide(inst, again, nil, connectors.RetryAfter(errors.New("receiver unavailable"), 2*time.Hour), clock.Now())
+	o.started = clock.Now()
+	_, _, _, _, err := r.claimRound(ctx, []outcome{o}, true)
+	require.NoError(t, err)
+	r.done(inst, again)
+	at, why := rowState(t, b, "f-3")
+	require.True(t, at.After(retryAt.Add(time.Hour)), "parked at the second retry, %s", at)
+	require.Equal(t, *o.nextAt, at)
+	require.Equal(t, outbox.WaitingBehind(head.id), why)
+}
+
+// Canceling the failing head lets the rows parked behind it go at once, not at the retry
+// that will not come; a row scheduled for later keeps its time.
+func TestCancelingAFailingHeadReleasesTheRowsParkedBehindIt(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b, _, r, _, retryAt := parkedSetup(t, 3)
+	soon, _ := rowState(t, b, "soon")
+	// A row of another key, parked behind a row of its own, is not released.
+	_, err := b.pool.Exec(ctx, `INSERT INTO outbox (idempotency_key, connector, payload, ordering_key, next_attempt_at, last_error)
+		VALUES ('other', 'webhook', '{}', 'other', $1, $2)`, retryAt, outbox.WaitingBehind(1<<40))
+	require.NoError(t, err)
+
+	res, err := ops.Cancel(ctx, b.pool, []string{"head"}, "test", "poison", time.Time{})
+	require.NoError(t, err)
+	require.Equal(t, []string{"head"}, res.Canceled)
+	for _, key := range []string{"f-1", "f-2", "f-3"} {
+		at, why := rowState(t, b, key)
+		require.True(t, at.Before(retryAt.Add(-30*time.Minute)), "%s due again: %s", key, at)
+		require.Empty(t, why)
+	}
+	at, _ := rowState(t, b, "soon")
+	require.Equal(t, soon, at)
+	at, why := rowState(t, b, "other")
+	require.Equal(t, retryAt, at)
+	require.NotEmpty(t, why)
+
+	require.Equal(t, 1, claimOnce(t, r), "the key's next row, without waiting for the canceled head's retry")
+	require.Equal(t, "f-1", (<-r.instances["webhook"].jobs).key)
+}
