@@ -302,9 +302,9 @@ func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 // on (pgx closes the connection by default, or the cancelled statement aborts the
 // transaction): nothing of the batch is written, and nothing of the caller's work either.
 // Outside a transaction EnqueueBatch writes in a transaction of its own, and retries a
-// serialization failure itself when it knows that transaction is its own: begun on a
-// pool (through a DB type of yours that wraps one too) or on a connection outside a
-// transaction.
+// serialization failure or a deadlock itself when it knows that transaction is its own:
+// begun on a pool (through a DB type of yours that wraps one too) or on a connection
+// outside a transaction.
 func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) {
 	ps := make([]prepared, len(msgs))
 	first := make(map[string]prepared, len(msgs)) // each key's first message
@@ -376,18 +376,22 @@ func txStatus(db DB) byte {
 const ownTxRetries = 3
 
 // retryOwnTx runs f and runs it again after a serialization failure (SQLSTATE 40001)
-// when own reports that the transaction that failed is known to be Enqueue's own (an
-// autocommit statement on a pool or a connection outside a transaction) or EnqueueBatch's,
-// so that nothing of it was written. Where the session's default isolation is REPEATABLE READ or
-// SERIALIZABLE, a key that another transaction commits while the insert waits on it
-// fails the insert so; a new snapshot sees the row, and the caller, who holds no
-// transaction to retry, gets the existing intent or ErrKeyConflict, as under READ
-// COMMITTED. In the caller's transaction the failure is the caller's to retry.
+// or a deadlock (40P01) when own reports that the transaction that failed is known to be
+// Enqueue's own (an autocommit statement on a pool or a connection outside a
+// transaction) or EnqueueBatch's, so that nothing of it was written. Where the session's
+// default isolation is REPEATABLE READ or SERIALIZABLE, a key that another transaction
+// commits while the insert waits on it fails the insert so; a new snapshot sees the
+// row, and the caller, who holds no transaction to retry, gets the existing intent or
+// ErrKeyConflict, as under READ COMMITTED. A batch takes its keys in key order, but a
+// transaction that enqueues one key and then another (or plain SQL) takes them in its
+// own, and PostgreSQL may end the batch's transaction as the deadlock's victim; the
+// other one has then gone on, and the batch, begun again, waits for it. In the caller's
+// transaction the failure is the caller's to retry.
 func retryOwnTx(own func() bool, f func() error) error {
 	for n := 0; ; n++ {
 		err := f()
 		var pgErr *pgconn.PgError
-		if n == ownTxRetries || !errors.As(err, &pgErr) || pgErr.Code != "40001" || !own() {
+		if n == ownTxRetries || !errors.As(err, &pgErr) || (pgErr.Code != "40001" && pgErr.Code != "40P01") || !own() {
 			return err
 		}
 	}
