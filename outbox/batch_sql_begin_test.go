@@ -14,6 +14,8 @@ import (
 // transaction begun with SQL: the batch is part of that transaction, as Enqueue's row
 // is. Its own BEGIN and COMMIT committed the caller's transaction, whose later ROLLBACK
 // then removed nothing; a conflict's ROLLBACK rolled back the caller's earlier work.
+// The same through a DB of the caller's that wraps the connection, which the package
+// cannot see into.
 func TestBatchOnConnectionInSQLTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -24,7 +26,10 @@ func TestBatchOnConnectionInSQLTransaction(t *testing.T) {
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
-	for name, db := range map[string]outbox.DB{"pgxpool.Conn": conn, "pgx.Conn": conn.Conn()} {
+	for name, db := range map[string]outbox.DB{
+		"pgxpool.Conn": conn, "pgx.Conn": conn.Conn(),
+		"wrapped pgxpool.Conn": wrapDB{conn}, "wrapped pgx.Conn": wrapDB{conn.Conn()},
+	} {
 		_, err = conn.Exec(ctx, `BEGIN`)
 		require.NoError(t, err)
 		_, err = outbox.Enqueue(ctx, db, webhookMsg("mine", []int{1}))

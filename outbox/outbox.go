@@ -304,7 +304,9 @@ func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 // Outside a transaction EnqueueBatch writes in a transaction of its own, and retries a
 // serialization failure or a deadlock itself when it knows that transaction is its own:
 // begun on a pool (through a DB type of yours that wraps one too) or on a connection
-// outside a transaction.
+// outside a transaction. Through a DB type of yours that wraps a connection, one more
+// statement tells whether its session is in a transaction: its rows must name their
+// connection ([pgx.Rows.Conn]), as pgx's do.
 func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) {
 	ps := make([]prepared, len(msgs))
 	first := make(map[string]prepared, len(msgs)) // each key's first message
@@ -324,15 +326,19 @@ func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) 
 	if len(ps) == 0 {
 		return nil, nil
 	}
-	if inTransaction(db) {
+	st, err := sessionTxStatus(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("enqueue batch: %w", err)
+	}
+	if st == 'T' || st == 'E' { // in a transaction, or in a failed one
 		return enqueueBatch(ctx, db, ps, first)
 	}
 	// Outside a transaction the undo would come too late: others could see the rows.
 	// A transaction that a pool began is EnqueueBatch's own whatever db is (a DB of the
 	// caller's that wraps the pool, say): a pool never hands out a session inside one.
 	var out []Intent
-	own := txStatus(db) == 'I'
-	err := retryOwnTx(func() bool { return own }, func() error {
+	own := st == 'I'
+	err = retryOwnTx(func() bool { return own }, func() error {
 		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) (err error) {
 			if _, ok := tx.(*pgxpool.Tx); ok {
 				own = true
@@ -344,13 +350,32 @@ func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) 
 	return out, err
 }
 
-// inTransaction reports whether db is the caller's transaction: a [pgx.Tx], or a
-// connection ([*pgx.Conn], [*pgxpool.Conn]) whose session is inside a transaction begun
-// with SQL (BEGIN), where a BEGIN of the package's own would not nest, and its COMMIT or
-// ROLLBACK would end the caller's.
-func inTransaction(db DB) bool {
-	st := txStatus(db)
-	return st == 'T' || st == 'E' // in a transaction, or in a failed one
+// probeSQL is sent through a DB that txStatus cannot see into, for the connection its
+// rows name.
+const probeSQL = `SELECT`
+
+// sessionTxStatus is the status of the session db sends on, for EnqueueBatch to tell
+// whether db is the caller's transaction: a [pgx.Tx], or a connection ([*pgx.Conn],
+// [*pgxpool.Conn]) whose session is inside a transaction begun with SQL (BEGIN), where a
+// BEGIN of the package's own would not nest, and its COMMIT or ROLLBACK would end the
+// caller's. So is a DB of the caller's that wraps such a connection (one that traces its
+// statements, say), which txStatus cannot see into: for one, a statement is sent
+// through it, and the session's status read from the connection its rows name
+// ([pgx.Rows.Conn]), as pgx's rows do, while they hold it (a pool's goes back to the
+// pool when they close). 0 when the rows name none.
+func sessionTxStatus(ctx context.Context, db DB) (byte, error) {
+	if st := txStatus(db); st != 0 {
+		return st, nil
+	}
+	rows, err := db.Query(ctx, probeSQL)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	if c := rows.Conn(); c != nil {
+		return c.PgConn().TxStatus(), nil
+	}
+	return 0, nil
 }
 
 // txStatus is the transaction status of the session db sends on, as PostgreSQL reports
