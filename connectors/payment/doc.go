@@ -75,6 +75,11 @@
 //   - idempotency_error otherwise (the key was used with other parameters),
 //     invalid_request_error and other 4xx are permanent ([connectors.Permanent]), with
 //     Stripe's message.
+//   - A 4xx whose body is lost on the way (the connection drops, or the time limit
+//     strikes, after the status line) is retried, as stripe-go retries a failed read: the
+//     status alone does not tell a card decline from a refused request, nor what to fix,
+//     and Stripe answers the same key again in full (it replays an answer it saved, and
+//     checks again a request it saved nothing for).
 //   - An unknown operation, a payload or params that do not decode, a missing or
 //     malformed "id" (letters, digits and '_' only), a metadata key that is empty or holds
 //     square brackets, or a key Stripe would refuse are permanent, and nothing is sent.

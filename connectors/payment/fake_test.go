@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -49,6 +50,9 @@ type action struct {
 	// DropAfterEffect acts (and stores the answer), then closes the connection
 	// without answering.
 	DropAfterEffect bool
+	// CutBody, with Status, sends the status line, the headers and half the body, then
+	// closes the connection: the answer's body is lost on the way.
+	CutBody bool
 }
 
 func startFake(t *testing.T) *fakeStripe {
@@ -105,6 +109,10 @@ func (f *fakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 	case act.DropBeforeEffect:
 		f.mu.Unlock()
 		drop(w)
+		return
+	case act.Status != 0 && act.CutBody:
+		f.mu.Unlock()
+		cutJSON(w, act.Status, act.Header, act.Body)
 		return
 	case act.Status != 0:
 		f.mu.Unlock()
@@ -175,6 +183,23 @@ func writeJSON(w http.ResponseWriter, status int, header http.Header, body strin
 	w.Header().Set("Request-Id", "req_fake")
 	w.WriteHeader(status)
 	_, _ = w.Write([]byte(body))
+}
+
+// cutJSON starts the answer writeJSON gives, with a Content-Length for the whole body,
+// and closes the connection after half the body.
+func cutJSON(w http.ResponseWriter, status int, header http.Header, body string) {
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	for k, vs := range header {
+		for _, v := range vs {
+			w.Header().Add(k, v)
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Request-Id", "req_fake")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(body[:len(body)/2]))
+	w.(http.Flusher).Flush()
+	drop(w)
 }
 
 // drop closes the connection without an answer.

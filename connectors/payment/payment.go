@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptrace"
@@ -481,9 +482,23 @@ func (c *Connector) classify(ctx context.Context, what string, ex *exchange, err
 		// An answer that is not a Stripe error object: a proxy's page, a 2xx body
 		// stripe-go could not decode, or an answer the attempt's time limit cut short.
 		detail := errors.New(connectors.Excerpt(err.Error(), maxErrorExcerpt))
-		if errors.Is(context.Cause(ctx), ErrTimeout) && (errors.Is(err, ErrTimeout) || errors.Is(err, context.DeadlineExceeded)) {
+		timedOut := errors.Is(context.Cause(ctx), ErrTimeout) && (errors.Is(err, ErrTimeout) || errors.Is(err, context.DeadlineExceeded))
+		if timedOut {
 			// ErrTimeout's doc: errors.Is finds it in the error Deliver returns.
 			detail = fmt.Errorf("the rest of the answer did not come within %s: %w", c.timeout, ErrTimeout)
+		}
+		if ex.bodyLost.Load() && status >= 400 && status <= 499 {
+			// A 4xx whose body was lost on the way is not yet Stripe's answer: the status
+			// alone does not tell a card decline (the key's outcome, to store) from a
+			// refused request, and what to fix is in the body. A retry with the same key
+			// brings the whole answer: Stripe replays one it saved, and checks again a
+			// request it saved nothing for. stripe-go, whose own retries are off, retries
+			// such a read error whatever the status.
+			if !timedOut {
+				detail = fmt.Errorf("the connection dropped before the rest of the answer came: %w", detail)
+			}
+			return nil, retryable(fmt.Errorf("%s: Stripe answered %s, but %w; a retry with the same key gets the whole answer",
+				what, connectors.StatusText(status), detail), header)
 		}
 		return nil, classifyStatus(what, status, header, detail, status >= 200 && status <= 299)
 	}
@@ -607,13 +622,15 @@ func retryable(err error, header http.Header) error {
 const maxErrorExcerpt = 200
 
 // exchange records what the transport saw of one attempt, for classification: whether
-// a connection was obtained, and the answer's status and headers when one came (a
-// non-Stripe error body loses them inside stripe-go).
+// a connection was obtained, the answer's status and headers when one came (a
+// non-Stripe error body loses them inside stripe-go), and whether reading its body
+// failed (stripe-go returns the bare read error).
 type exchange struct {
-	gotConn atomic.Bool
-	mu      sync.Mutex
-	status  int
-	header  http.Header
+	gotConn  atomic.Bool
+	bodyLost atomic.Bool
+	mu       sync.Mutex
+	status   int
+	header   http.Header
 }
 
 func (e *exchange) answer() (int, http.Header) {
@@ -642,9 +659,25 @@ func (t *observingTransport) RoundTrip(req *http.Request) (*http.Response, error
 			ex.mu.Lock()
 			ex.status, ex.header = resp.StatusCode, resp.Header
 			ex.mu.Unlock()
+			resp.Body = &observedBody{ReadCloser: resp.Body, ex: ex}
 		}
 	}
 	return resp, err
+}
+
+// observedBody is an answer's body that records in its exchange a read that failed
+// before the end: the connection dropped, or the attempt's time limit struck.
+type observedBody struct {
+	io.ReadCloser
+	ex *exchange
+}
+
+func (b *observedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.ex.bodyLost.Store(true)
+	}
+	return n, err
 }
 
 // CloseIdleConnections closes the idle connections of the transport underneath.
