@@ -68,6 +68,9 @@
 //     answer carrying Stripe-Should-Retry: true. A 5xx or api_error leaves Stripe's
 //     outcome unknown, so it is also [connectors.Ambiguous]; once Stripe answers a retry
 //     with the 500 it saved for the key (Idempotent-Replayed: true), that is final too.
+//     A 409 is ambiguous as well: the request still running (an earlier attempt whose
+//     answer was lost) may act, so a row whose attempts run out on 409s ends dead marked
+//     ambiguous.
 //   - An answer carrying Stripe-Should-Retry: false is final, as for Stripe's own
 //     libraries (a retry would replay it): permanent (a 409 too), and also ambiguous
 //     for a 5xx or api_error.

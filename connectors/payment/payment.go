@@ -545,8 +545,13 @@ func classifyStripe(what string, status int, header http.Header, se *stripe.Erro
 	switch {
 	case status == http.StatusConflict && header.Get("Stripe-Should-Retry") != "false":
 		// A concurrent request with the same key is still running (Stripe sends this as
-		// an idempotency_error, but it is not a key reused with other parameters).
-		return nil, retryable(errors.New(answered), header)
+		// an idempotency_error, but it is not a key reused with other parameters). It
+		// is an earlier attempt whose answer was lost, which may yet act: this attempt
+		// leaves the key's outcome as unknown as that one did, so it is ambiguous too.
+		// The row's mark tells of its latest attempt only, and a row whose attempts
+		// ran out on 409s would otherwise end dead as if Stripe had not acted.
+		return nil, connectors.Ambiguous(retryable(fmt.Errorf(
+			"%s (an earlier request with this key is still running at Stripe and may act; a retry with the same key gets its answer)", answered), header))
 	case se.Type == stripe.ErrorTypeCard:
 		// The attempt happened and has a final outcome; Stripe replays the same decline
 		// for the same key, so it is the stored answer rather than a failure.
