@@ -67,7 +67,9 @@ type Message struct {
 	// NotBefore delays the first attempt. Zero means now.
 	NotBefore time.Time
 	// Headers travel with the row to the receiver, such as a W3C "traceparent".
-	// Names are lowercase. Headers are not part of the request's identity.
+	// Names are lowercase. Headers are not part of the request's identity. The webhook
+	// connector sends them with its request; slack, email and payment do not (see each
+	// connector's package documentation).
 	Headers map[string]string
 	// RequireApproval makes the intent start awaiting_approval instead of pending.
 	RequireApproval bool

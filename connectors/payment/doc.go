@@ -24,6 +24,11 @@
 // refused before anything is sent. A row cannot set request options (idempotency key,
 // headers, connected account).
 //
+// The row's own headers ([connectors.Delivery.Headers], such as traceparent) are not
+// sent to Stripe either: Stripe reads request headers as options (Stripe-Account acts on
+// a connected account, Stripe-Version changes the API's answers), and the API key comes
+// only from configuration.
+//
 // # Idempotency
 //
 // Every attempt sends Idempotency-Key: <the row's key>, the same on each attempt. Stripe
