@@ -172,3 +172,57 @@ func TestCancelingAFailingHeadReleasesTheRowsParkedBehindIt(t *testing.T) {
 	require.Equal(t, 1, claimOnce(t, r), "the key's next row, without waiting for the canceled head's retry")
 	require.Equal(t, "f-1", (<-r.instances["webhook"].jobs).key)
 }
+
+// A row parked behind a failing head took the head's retry as its next_attempt_at,
+// which is no NotBefore of its own: outboxd_commit_to_delivery_seconds measures it from
+// its creation, as any row that waited for an earlier row of its key, not from the
+// retry (which left the hour it waited out of the histogram).
+func TestCommitToDeliveryOfAParkedRow(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b, clock, r, _, _ := parkedSetup(t, 1)
+	parked, err := outbox.Get(ctx, b.pool, "f-1")
+	require.NoError(t, err)
+
+	clock.Advance(time.Hour + time.Second)
+	require.Equal(t, 1, claimOnce(t, r))
+	inst := r.instances["webhook"]
+	head := <-inst.jobs
+	o := r.decide(inst, head, json.RawMessage(`{}`), nil, clock.Now())
+	o.started = clock.Now()
+	_, _, _, _, err = r.claimRound(ctx, []outcome{o}, true)
+	require.NoError(t, err)
+	r.done(inst, head)
+	next := <-inst.jobs
+	require.Equal(t, "f-1", next.key)
+	r.deliver(ctx, inst, next)
+	require.Equal(t, statusDelivered, (<-r.results).status)
+
+	n, sum := histogramOf(t, b.registry, "outboxd_commit_to_delivery_seconds", "webhook")
+	require.EqualValues(t, 1, n)
+	require.InDelta(t, clock.Now().Sub(parked.CreatedAt).Seconds(), sum, 1, "measured from its creation, not from the head's retry")
+}
+
+// A row released by canceling the head it was parked behind is measured from its
+// creation too, not from the cancel.
+func TestCommitToDeliveryOfARowReleasedByACancel(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b, clock, r, _, _ := parkedSetup(t, 1)
+	parked, err := outbox.Get(ctx, b.pool, "f-1")
+	require.NoError(t, err)
+
+	clock.Advance(30 * time.Minute)
+	_, err = ops.Cancel(ctx, b.pool, []string{"head"}, "test", "poison", clock.Now())
+	require.NoError(t, err)
+	require.Equal(t, 1, claimOnce(t, r))
+	inst := r.instances["webhook"]
+	next := <-inst.jobs
+	require.Equal(t, "f-1", next.key)
+	r.deliver(ctx, inst, next)
+	require.Equal(t, statusDelivered, (<-r.results).status)
+
+	n, sum := histogramOf(t, b.registry, "outboxd_commit_to_delivery_seconds", "webhook")
+	require.EqualValues(t, 1, n)
+	require.InDelta(t, clock.Now().Sub(parked.CreatedAt).Seconds(), sum, 1, "measured from its creation, not from the cancel")
+}

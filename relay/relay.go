@@ -175,6 +175,7 @@ type claimed struct {
 	claimedAt time.Time // the relay's clock at the claim; the lease runs from then
 	ordered   bool      // the row has an ordering key
 	dueAt     time.Time // its next_attempt_at
+	parked    bool      // it was parked behind an earlier row of its key: dueAt is that row's retry
 	lease     time.Time // its lease expiry, unique to the round that claimed it
 	size      int64     // its payload's and headers' bytes, counted in Relay.claimedBytes
 	// local is Config.NowFunc's own reading at the claim, uncorrected: how long the row
@@ -187,9 +188,12 @@ type claimed struct {
 // outboxd_commit_to_delivery_seconds starts: its creation, or its NotBefore time when
 // that is later. Its first attempt is due at NotBefore (next_attempt_at, which is the
 // creation time without one); a later attempt's next_attempt_at is a retry's, and the
-// retries count from creation.
+// retries count from creation. A parked row's next_attempt_at is the retry of the
+// earlier row of its key it waited for (relay/sql.go, parkSQL), not a time of its own:
+// it counts from creation, as a row that waited for its key unparked does (a NotBefore
+// of its own, which had passed when it was parked, is no longer known).
 func (c claimed) committedFor() time.Time {
-	if c.attempt == 1 && c.dueAt.After(c.createdAt) {
+	if c.attempt == 1 && !c.parked && c.dueAt.After(c.createdAt) {
 		return c.dueAt
 	}
 	return c.createdAt
@@ -1268,7 +1272,7 @@ func scanClaimed(row pgx.CollectableRow, now time.Time) (claimed, error) {
 		// Plain SQL may write ±infinity, which time.Time cannot hold.
 		createdAt, firstAt, due pgtype.Timestamptz
 	)
-	if err := row.Scan(&c.id, &c.key, &payload, &headers, &c.attempt, &c.ambiguous, &createdAt, &firstAt, &c.ordered, &due); err != nil {
+	if err := row.Scan(&c.id, &c.key, &payload, &headers, &c.attempt, &c.ambiguous, &createdAt, &firstAt, &c.ordered, &due, &c.parked); err != nil {
 		return c, err
 	}
 	c.payload, c.claimedAt = payload, now

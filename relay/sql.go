@@ -64,7 +64,10 @@ WITH due AS (
            CASE WHEN pg_column_size(o.payload) <= 1024 AND pg_column_compression(o.payload) IS NULL
                 THEN pg_column_size(o.payload) ELSE octet_length(o.payload::text) END
            + CASE WHEN pg_column_size(o.headers) <= 1024 AND pg_column_compression(o.headers) IS NULL
-                  THEN pg_column_size(o.headers) ELSE octet_length(o.headers::text) END AS size
+                  THEN pg_column_size(o.headers) ELSE octet_length(o.headers::text) END AS size,
+           -- Parked behind its key's earlier row (parkSQL): next_attempt_at is that row's
+           -- retry, not the row's own schedule (see claimed.committedFor).
+           o.attempts = 0 AND coalesce(starts_with(o.last_error, 'waiting behind row '), false) AS parked
     FROM outbox o
     WHERE o.status = 'pending'
       AND o.connector = $1
@@ -81,19 +84,18 @@ WITH due AS (
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 ), fits AS (
-    SELECT id, sum(size) OVER (ORDER BY next_attempt_at, id ROWS UNBOUNDED PRECEDING) - size AS before
+    SELECT id, parked, sum(size) OVER (ORDER BY next_attempt_at, id ROWS UNBOUNDED PRECEDING) - size AS before
     FROM due
 )
 UPDATE outbox o
 SET status = 'delivering', lease_owner = $4, lease_expires_at = $5,
     attempts = o.attempts + 1, updated_at = $2, first_attempt_at = coalesce(o.first_attempt_at, $2),
     -- A row parked behind its key's earlier row (parkSQL) no longer waits.
-    last_error = CASE WHEN o.attempts = 0 AND starts_with(o.last_error, 'waiting behind row ') THEN NULL
-                      ELSE o.last_error END
+    last_error = CASE WHEN fits.parked THEN NULL ELSE o.last_error END
 FROM fits
 WHERE o.id = fits.id AND fits.before < $7
 RETURNING o.id, o.idempotency_key, o.payload, o.headers, o.attempts, o.ambiguous, o.created_at,
-          o.first_attempt_at, o.ordering_key IS NOT NULL, o.next_attempt_at`
+          o.first_attempt_at, o.ordering_key IS NOT NULL, o.next_attempt_at, fits.parked`
 
 // recordSQL writes many outcomes in one round trip: it updates each row still leased to
 // this relay ($1) for the same attempt, and logs every attempt. A row whose lease expired

@@ -34,13 +34,17 @@ UPDATE outbox
 SET status = 'canceled', lease_owner = NULL, lease_expires_at = NULL, updated_at = $2
 WHERE id = ANY($1)`
 
-// unparkSQL makes due at $3 the rows the relay parked behind rows $1 (canceled), each
-// marked with its head's text $2 (outbox.WaitingBehind, in the order of $1): they
+// unparkSQL makes due again the rows the relay parked behind rows $1 (canceled at $3),
+// each marked with its head's text $2 (outbox.WaitingBehind, in the order of $1): they
 // waited for that row's retry, which will not come now. They were due when parked and
-// never attempted, so their own schedule has passed (relay/sql.go, parkSQL).
+// never attempted, so their own schedule has passed (relay/sql.go, parkSQL). They are
+// due from their creation, as before they were parked: a row's first attempt measures
+// outboxd_commit_to_delivery_seconds from its next_attempt_at when that is later than
+// its creation (its NotBefore), and the cancel's time would have left out how long it
+// waited for the canceled row.
 const unparkSQL = `
 UPDATE outbox f
-SET next_attempt_at = $3, last_error = NULL, updated_at = $3
+SET next_attempt_at = least(f.created_at, $3), last_error = NULL, updated_at = $3
 FROM unnest($1::bigint[], $2::text[]) AS w(id, why)
 JOIN outbox c ON c.id = w.id
 WHERE f.ordering_key = c.ordering_key AND f.id > c.id
