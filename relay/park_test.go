@@ -226,3 +226,18 @@ func TestCommitToDeliveryOfARowReleasedByACancel(t *testing.T) {
 	require.EqualValues(t, 1, n)
 	require.InDelta(t, clock.Now().Sub(parked.CreatedAt).Seconds(), sum, 1, "measured from its creation, not from the cancel")
 }
+
+// A parked row that is itself canceled waits for nothing any more: its last_error no
+// longer says it waits behind the failing head (list, inspect, the API and MCP show it).
+func TestCancelingAParkedRowDropsItsParkingText(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b, _, _, _, _ := parkedSetup(t, 2)
+	res, err := ops.Cancel(ctx, b.pool, []string{"f-2"}, "test", "not needed", time.Time{})
+	require.NoError(t, err)
+	require.Equal(t, []string{"f-2"}, res.Canceled)
+	in, err := outbox.Get(ctx, b.pool, "f-2")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusCanceled, in.Status)
+	require.Empty(t, in.LastError)
+}

@@ -28,10 +28,14 @@ type CancelResult struct {
 // Cancel accepts; clearing them keeps the row tidy if that ever changes. ambiguous is
 // kept: the relay whose lease expired during the row's last attempt may still write that
 // attempt's outcome, and a delivery it reports is recorded over the cancel (relay/sql.go,
-// recordSQL), since the receiver acted.
+// recordSQL), since the receiver acted. A row the relay parked behind an earlier row of
+// its key (outbox.WaitingBehind) loses that text: canceled, it waits for nothing, and
+// list, inspect, the API and MCP would show it as waiting.
 const cancelSQL = `
 UPDATE outbox
-SET status = 'canceled', lease_owner = NULL, lease_expires_at = NULL, updated_at = $2
+SET status = 'canceled', lease_owner = NULL, lease_expires_at = NULL, updated_at = $2,
+    last_error = CASE WHEN attempts = 0 AND starts_with(last_error, 'waiting behind row ') THEN NULL
+                      ELSE last_error END
 WHERE id = ANY($1)`
 
 // unparkSQL makes due again the rows the relay parked behind rows $1 (canceled at $3),
