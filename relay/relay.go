@@ -481,6 +481,19 @@ func (r *Relay) readClock(ctx context.Context) error {
 // between a connector's timeout and OUTBOX_LEASE.
 const maxClockRoundTrip = 500 * time.Millisecond
 
+// ResetPool closes the sessions of r's pool, as [pgxpool.Pool.Reset] does (those in use
+// when they are released), and makes r's LISTEN connection again, which is made outside
+// the pool. The claim loop calls it when a round is refused because the server takes no
+// writes (SQLSTATE 25006); so must anything else that shares the pool and resets it for
+// that reason (the intent API in outboxd serve). After a failover that left the old
+// primary up, the first such reset moves the pool's sessions to the new primary, so that
+// r's claims are then never refused, and a LISTEN connection not made again would stay on
+// the old server, where no NOTIFY from the new primary reaches it.
+func (r *Relay) ResetPool() {
+	r.pool.Reset()
+	notify(r.relisten)
+}
+
 // Ready reports whether the relay can work: it runs (it has started) and has not been
 // asked to stop, the database answers and takes writes, and the LISTEN connection is up.
 func (r *Relay) Ready(ctx context.Context) error {
@@ -862,8 +875,7 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 				// pool would keep them until its MaxConnLifetime: close them all (those in
 				// use when they are released), so the next round opens new ones. The LISTEN
 				// connection, which LISTENs there just as well, is made again too.
-				r.pool.Reset()
-				notify(r.relisten)
+				r.ResetPool()
 			}
 			failures++
 			r.metrics.dbErrors.WithLabelValues("claim").Inc()

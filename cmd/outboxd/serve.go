@@ -125,7 +125,9 @@ func serve(ctx context.Context, e *env) (err error) {
 		Logger:          logger.With("component", "http"),
 	})
 	if len(cfg.API.Tokens) > 0 {
-		svc := &intent.Service{Pool: pool, Policy: cfg.API.Policy()}
+		// The API's writes reset the pool when they meet a server that takes no writes
+		// (a failover): through the relay, whose LISTEN connection must move as well.
+		svc := &intent.Service{Pool: pool, Policy: cfg.API.Policy(), ResetFunc: r.ResetPool}
 		apiHandler := api.New(svc, &api.Config{
 			Rate:    cfg.API.Rate,
 			MaxBody: cfg.API.MaxBody,

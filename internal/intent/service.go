@@ -43,6 +43,12 @@ type Service struct {
 	// NowFunc is the clock of audit rows. Defaults to the database's clock, on which
 	// relays and operators' commands write every other time of a row.
 	NowFunc func() time.Time
+	// ResetFunc closes the pool's sessions after a write met a server that takes no
+	// writes (see leaveReadOnly). Defaults to Pool.Reset. A relay sharing the pool must
+	// hear of it (outboxd serve sets the relay's ResetPool): this reset moves the pool to
+	// the new primary before any claim of the relay's is refused, and the relay's LISTEN
+	// connection, made outside the pool, would stay on the old server.
+	ResetFunc func()
 }
 
 // now is NowFunc's time, or zero for the database's clock (see [ops.Approve]).

@@ -29,16 +29,20 @@ func Unavailable(err error) bool {
 	return false
 }
 
-// leaveReadOnly closes the pool's sessions (those in use when they are released) when
-// err is a write refused because the server takes none (25006), and returns err. After
-// a failover that left the old primary up, new sessions may reach the new primary
-// (target_session_attrs=read-write, a DNS name or a proxy that moved) while the pool's
-// sessions on the old one answer pings, so pgxpool would keep them, and refuse every
-// write, until its MaxConnLifetime (an hour by default).
+// leaveReadOnly closes the pool's sessions (those in use when they are released), through
+// ResetFunc when it is set, when err is a write refused because the server takes none
+// (25006), and returns err. After a failover that left the old primary up, new sessions
+// may reach the new primary (target_session_attrs=read-write, a DNS name or a proxy that
+// moved) while the pool's sessions on the old one answer pings, so pgxpool would keep
+// them, and refuse every write, until its MaxConnLifetime (an hour by default).
 func (s *Service) leaveReadOnly(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "25006" {
-		s.Pool.Reset()
+		if s.ResetFunc != nil {
+			s.ResetFunc()
+		} else {
+			s.Pool.Reset()
+		}
 	}
 	return err
 }
