@@ -20,7 +20,7 @@
 // Errors are JSON {"error": {"code": "...", "message": "..."}}. Each token is rate
 // limited on its own ([Config.Rate]); a limited request answers 429 with Retry-After. A
 // request the database does not answer within [Config.CallTimeout], or that finds it
-// down, answers 503.
+// down, or whose transaction it ends on a conflict with concurrent work, answers 503.
 // Tokens never appear in logs: requests are logged with the token's name.
 package api
 
@@ -442,6 +442,15 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		h.cfg.Logger.ErrorContext(r.Context(), "intent api: database unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusServiceUnavailable, "unavailable",
 			"the database is unavailable; sending the same request again later (with the same Idempotency-Key) is safe")
+	case intent.Contended(err):
+		// PostgreSQL ended the request's transaction on a conflict with concurrent work:
+		// nothing was written, and the same request again may well succeed. A 500 would
+		// read as a fault of the server's, which a client does not retry.
+		h.cfg.Logger.WarnContext(r.Context(), "intent api: the database ended the request's transaction on a conflict with concurrent work",
+			"method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusServiceUnavailable, "unavailable",
+			"the database ended the request's transaction on a conflict with concurrent work (a serialization failure or a deadlock), "+
+				"so nothing was written; sending the same request again (with the same Idempotency-Key) is safe")
 	case errors.Is(err, errCallTimeout):
 		h.cfg.Logger.ErrorContext(r.Context(), "intent api: the database did not answer", "method", r.Method, "path", r.URL.Path,
 			"timeout", h.cfg.CallTimeout.String(), "err", err)

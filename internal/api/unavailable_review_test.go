@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strings"
@@ -138,4 +139,66 @@ func TestDatabaseReadOnlyIs503(t *testing.T) {
 		require.Equal(t, "unavailable", r.errCode(t))
 		require.Contains(t, r.raw, "database is unavailable")
 	}
+}
+
+// A transaction PostgreSQL ends to resolve a conflict with concurrent work (a
+// serialization failure, SQLSTATE 40001, or a deadlock, 40P01) wrote nothing, and the
+// same request sent again is safe and may well succeed: a 503 that says so, not a 500
+// "internal error", which reads as a fault of the server or the request. Here a database
+// whose default isolation is REPEATABLE READ, and two decisions on one intent at once:
+// the approval waits for the other's lock, and PostgreSQL fails it once the other commits.
+func TestSerializationFailureIs503(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pgtest.DB(t)
+	_, err := outbox.Enqueue(ctx, pool, outbox.Message{Key: "k-1", Connector: "webhook", Payload: []byte(`{}`), RequireApproval: true})
+	require.NoError(t, err)
+	cfg := pool.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+	cfg.ConnConfig.RuntimeParams["application_name"] = "serialization_test_api"
+	rr, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(rr.Close)
+	svc := &intent.Service{Pool: rr, Policy: &intent.Policy{Tokens: []intent.Token{
+		{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
+	}}}
+	b := serveAPI(t, rr, svc, nil)
+
+	other, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Rollback(context.WithoutCancel(ctx)) })
+	_, err = other.Exec(ctx, `UPDATE outbox SET updated_at = now() WHERE idempotency_key = 'k-1'`)
+	require.NoError(t, err)
+	answer := make(chan response, 1)
+	go func() {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.url+"/v1/intents/k-1/approve", nil)
+		if err != nil {
+			answer <- response{raw: err.Error()}
+			return
+		}
+		req.Header.Set("Authorization", "Bearer "+adminSecret)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answer <- response{raw: err.Error()}
+			return
+		}
+		defer res.Body.Close()
+		raw, _ := io.ReadAll(res.Body)
+		answer <- response{status: res.StatusCode, raw: string(raw)}
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE application_name = 'serialization_test_api' AND wait_event_type = 'Lock')`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond, "the approval waits for the other transaction's lock")
+	require.NoError(t, other.Commit(ctx))
+
+	r := <-answer
+	require.Equal(t, http.StatusServiceUnavailable, r.status, r.raw)
+	require.Contains(t, r.raw, `"code":"unavailable"`)
+	require.Contains(t, r.raw, "sending the same request again")
+	again := b.do(t, http.MethodPost, "/v1/intents/k-1/approve", adminSecret, "", "")
+	require.Equal(t, http.StatusOK, again.status, again.raw)
+	require.Equal(t, outbox.StatusPending, again.body["status"])
 }

@@ -29,6 +29,19 @@ func Unavailable(err error) bool {
 	return false
 }
 
+// Contended reports whether err is PostgreSQL ending the call's transaction to resolve a
+// conflict with concurrent work: a serialization failure (40001: under a default
+// isolation of REPEATABLE READ or SERIALIZABLE, a row that another transaction changed
+// meanwhile, such as two decisions on one intent at once) or a deadlock (40P01). outbox
+// retries them itself only in a transaction of its own, and a few times; the operators'
+// decisions not at all. Like [Unavailable], it is no fault of the request: the
+// transaction wrote nothing, and the same call made again, with its key, is safe and
+// may well succeed.
+func Contended(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01") // serialization_failure, deadlock_detected
+}
+
 // leaveReadOnly closes the pool's sessions (those in use when they are released), through
 // ResetFunc when it is set, when err is a write refused because the server takes none
 // (25006), and returns err. After a failover that left the old primary up, new sessions
