@@ -111,7 +111,24 @@ type Intent struct {
 // already due are parked, so their own schedule has passed. Canceling row id (ops.Cancel)
 // makes them due again at once, and the claim that takes one clears the text.
 func WaitingBehind(id int64) string {
-	return fmt.Sprintf("waiting behind row %d of its ordering key, whose failed attempt is retried first", id)
+	return ParkedBehind(id) + ", whose failed attempt is retried first"
+}
+
+// WaitingForOperator is the last_error of a row the relay parked behind row id, an
+// earlier row of its ordering key that is held or awaits approval, which only an
+// operator ends. The parked row's next_attempt_at is a minute ahead, renewed while row
+// id waits, so that claims do not read it again and again meanwhile. Replaying,
+// approving, rejecting or canceling row id (package ops) makes it due at once; a row id
+// ended otherwise (plain SQL, a late delivery) lets it go within that minute.
+func WaitingForOperator(id int64) string {
+	return ParkedBehind(id) + ", which waits for an operator (held, or awaiting approval)"
+}
+
+// ParkedBehind is how the last_error of a row parked behind row id begins
+// ([WaitingBehind], [WaitingForOperator]): what an operator's decision on row id
+// looks for to release the rows parked behind it.
+func ParkedBehind(id int64) string {
+	return fmt.Sprintf("waiting behind row %d of its ordering key", id)
 }
 
 // IntentColumns lists, in [ScanIntent]'s order, the outbox columns an Intent reads.

@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // Intervals of the background work. Reclaiming runs every poll interval, so a dead
@@ -40,6 +42,7 @@ func (r *Relay) maintain(ctx context.Context) {
 	r.seen(ctx)
 	r.reclaim(ctx)
 	r.refreshStats(ctx)
+	r.parkWaiting(ctx)
 	for {
 		select {
 		case <-ctx.Done():
@@ -49,6 +52,7 @@ func (r *Relay) maintain(ctx context.Context) {
 		case <-stats.C:
 			r.seen(ctx)
 			r.refreshStats(ctx)
+			r.parkWaiting(ctx)
 		}
 	}
 }
@@ -165,6 +169,47 @@ func (r *Relay) reclaim(ctx context.Context) {
 		// behind where claims start.
 		r.rescan.Store(true)
 		notify(r.wake)
+	}
+}
+
+const (
+	// parkFor is how long a row parked behind a row waiting for an operator stays
+	// parked before it is due again (see parkWaitingSQL): how late it may go after that
+	// row ends other than by an operator's decision through package ops.
+	parkFor = time.Minute
+	// waitingHeads is the most rows waiting for an operator one pass parks behind.
+	waitingHeads = 10000
+)
+
+// parkWaiting parks the rows waiting behind rows held or awaiting approval (see
+// parkWaitingSQL), every statsInterval.
+func (r *Relay) parkWaiting(ctx context.Context) {
+	fail := func(err error) {
+		if ctx.Err() == nil {
+			r.metrics.dbErrors.WithLabelValues("park").Inc()
+			r.log.WarnContext(ctx, "parking rows behind rows that wait for an operator failed; trying again later", "err", err)
+		}
+	}
+	rows, err := r.pool.Query(ctx, waitingHeadsSQL, waitingHeads)
+	if err != nil {
+		fail(err)
+		return
+	}
+	heads, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		fail(err)
+		return
+	}
+	if len(heads) == 0 {
+		return
+	}
+	whys := make([]string, len(heads))
+	for i, id := range heads {
+		whys[i] = outbox.WaitingForOperator(id)
+	}
+	now := r.now()
+	if _, err := r.pool.Exec(ctx, parkWaitingSQL, heads, now, now.Add(statsInterval), whys, now.Add(parkFor)); err != nil {
+		fail(err)
 	}
 }
 

@@ -241,3 +241,108 @@ func TestCancelingAParkedRowDropsItsParkingText(t *testing.T) {
 	require.Equal(t, outbox.StatusCanceled, in.Status)
 	require.Empty(t, in.LastError)
 }
+
+// waitingSetup enqueues a head and three rows behind it on ordering key "k", plus "soon",
+// a row of the key scheduled 5 minutes after the relay's clock, and puts the head in
+// status (held, or awaiting_approval) as an operator's wait.
+func waitingSetup(t *testing.T, status string) (b *testBundle, clock *testClock, r *Relay, head outbox.Intent) {
+	t.Helper()
+	ctx := t.Context()
+	b = setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	r = b.newRelay(t, cfg)
+	head = enqueueOrdered(t, b.pool, "head", "k")
+	for _, key := range []string{"f-1", "f-2", "f-3"} {
+		enqueueOrdered(t, b.pool, key, "k")
+	}
+	_, err := outbox.Enqueue(ctx, b.pool, outbox.Message{Key: "soon", Connector: "webhook", OrderingKey: "k",
+		Payload: []int{1}, NotBefore: clock.Now().Add(5 * time.Minute)})
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE outbox SET status = $1, attempts = CASE WHEN $1 = 'held' THEN 1 ELSE 0 END,
+		ambiguous = ($1 = 'held') WHERE idempotency_key = 'head'`, status)
+	require.NoError(t, err)
+	return b, clock, r, head
+}
+
+// Rows behind a row held for an operator, or awaiting approval, wait for a person, for
+// hours maybe; every claim read them again meanwhile, as behind a failing row. They are
+// parked a minute at a time, renewed while the row waits, and released by the
+// operator's decision.
+func TestRowsBehindARowWaitingForAnOperatorAreParked(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		status string
+		decide func(t *testing.T, b *testBundle)
+	}{
+		{outbox.StatusHeld, func(t *testing.T, b *testBundle) {
+			res, err := ops.Replay(t.Context(), b.pool, ops.Selection{Keys: []string{"head"}}, ops.ReplayOptions{Actor: "test"})
+			require.NoError(t, err)
+			require.Equal(t, []string{"head"}, res.Replayed)
+		}},
+		{outbox.StatusAwaitingApproval, func(t *testing.T, b *testBundle) {
+			_, err := ops.Approve(t.Context(), b.pool, "head", "test", "", time.Time{})
+			require.NoError(t, err)
+		}},
+		{"rejected", func(t *testing.T, b *testBundle) {
+			_, err := ops.Reject(t.Context(), b.pool, "head", "test", "", time.Time{})
+			require.NoError(t, err)
+		}},
+	} {
+		t.Run(tc.status, func(t *testing.T) {
+			t.Parallel()
+			status := tc.status
+			if status == "rejected" {
+				status = outbox.StatusAwaitingApproval
+			}
+			b, clock, r, head := waitingSetup(t, status)
+			soon, _ := rowState(t, b, "soon")
+			r.parkWaiting(t.Context())
+			first, why := rowState(t, b, "f-3")
+			require.Equal(t, outbox.WaitingForOperator(head.ID), why)
+			require.WithinDuration(t, r.now().Add(parkFor), first, time.Millisecond)
+			at, why := rowState(t, b, "soon")
+			require.Equal(t, soon, at, "a row not yet due keeps its time")
+			require.Empty(t, why)
+			require.Zero(t, claimOnce(t, r), "nothing is due")
+
+			// While the row waits, the next pass before the parking runs out renews it.
+			clock.Advance(parkFor - statsInterval/2)
+			r.parkWaiting(t.Context())
+			renewed, _ := rowState(t, b, "f-3")
+			require.True(t, renewed.After(first), "renewed: %s, then %s", first, renewed)
+			require.Zero(t, claimOnce(t, r))
+
+			// The operator's decision releases them.
+			tc.decide(t, b)
+			for _, key := range []string{"f-1", "f-2", "f-3"} {
+				at, why := rowState(t, b, key)
+				require.True(t, at.Before(clock.Now()), "%s due again: %s", key, at)
+				require.Empty(t, why)
+			}
+			want := "head" // approved or replayed, it goes first
+			if tc.status == "rejected" {
+				want = "f-1"
+			}
+			require.Equal(t, 1, claimOnce(t, r))
+			require.Equal(t, want, (<-r.instances["webhook"].jobs).key)
+		})
+	}
+}
+
+// A row parked behind a row that waits for an operator is due again when its parking
+// runs out, if no pass renews it: the row it waited for may have ended some other way
+// (plain SQL, a late delivery).
+func TestParkedBehindAnOperatorGoesWhenTheWaitEndsOtherwise(t *testing.T) {
+	t.Parallel()
+	b, clock, r, _ := waitingSetup(t, outbox.StatusHeld)
+	r.parkWaiting(t.Context())
+	_, err := b.pool.Exec(t.Context(), `UPDATE outbox SET status = 'delivered' WHERE idempotency_key = 'head'`)
+	require.NoError(t, err)
+	r.parkWaiting(t.Context())
+	require.Zero(t, claimOnce(t, r), "still parked")
+	clock.Advance(parkFor + time.Second)
+	require.Equal(t, 1, claimOnce(t, r))
+	require.Equal(t, "f-1", (<-r.instances["webhook"].jobs).key)
+	_, why := rowState(t, b, "f-1")
+	require.Empty(t, why)
+}

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,24 +111,37 @@ func TestRelayWorksWithTheREADMEsPrivileges(t *testing.T) {
 
 	b.receiver.Plan("retried", receiver.Plan{FailFirst: 1})
 	b.receiver.Plan("refused", receiver.Plan{PermanentStatus: 400})
+	b.receiver.Plan("chain-1", receiver.Plan{FailFirst: 1}) // parks chain-2 behind it
 	r, stop := start(t, pool, b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
 	for _, key := range []string{"plain", "retried", "refused"} {
 		enqueue(t, b.pool, key, "webhook", map[string]string{"key": key})
 	}
+	enqueueOrdered(t, b.pool, "chain-1", "chain")
+	enqueueOrdered(t, b.pool, "chain-2", "chain")
 	waitStatus(t, b.pool, "plain", outbox.StatusDelivered)
 	waitStatus(t, b.pool, "retried", outbox.StatusDelivered)
 	waitStatus(t, b.pool, "refused", outbox.StatusDead)
+	waitStatus(t, b.pool, "chain-2", outbox.StatusDelivered)
 
 	// The background work: reclaiming a lease that expired, deleting a row past
-	// retention (and its attempts), the row statistics.
+	// retention (and its attempts), the row statistics, parking a row behind a held one.
 	_, err := b.pool.Exec(ctx, `
 INSERT INTO outbox (idempotency_key, connector, payload, status, attempts, lease_owner, lease_expires_at, updated_at)
 VALUES ('expired', 'webhook', '{}', 'delivering', 1, 'gone', now() - interval '1 minute', now() - interval '2 minutes'),
        ('old', 'webhook', '{}', 'delivered', 1, NULL, NULL, now() - interval '1000 hours')`)
 	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `
+INSERT INTO outbox (idempotency_key, connector, payload, ordering_key, status, attempts, next_attempt_at)
+VALUES ('waits', 'webhook', '{}', 'held', 'held', 1, now()),
+       ('behind', 'webhook', '{}', 'held', 'pending', 0, now() - interval '1 hour')`)
+	require.NoError(t, err)
 	r.reclaim(ctx)
 	r.deleteExpired(ctx)
 	r.refreshStats(ctx)
+	r.parkWaiting(ctx)
+	behind, err := outbox.Get(ctx, b.pool, "behind")
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(behind.LastError, "waiting behind row"), behind.LastError)
 	require.Zero(t, testutil.CollectAndCount(r.metrics.dbErrors), "database errors")
 	waitStatus(t, b.pool, "expired", outbox.StatusDelivered)
 	_, err = outbox.Get(ctx, b.pool, "old")

@@ -201,6 +201,40 @@ SET next_attempt_at = p.until, last_error = p.why, updated_at = $2
 FROM p
 WHERE f.id = p.id`
 
+// waitingHeadsSQL finds rows of ordering keys that are held or await approval, which
+// only an operator ends (outbox_needs_attention), up to $1, for parkWaitingSQL.
+const waitingHeadsSQL = `
+SELECT id FROM outbox
+WHERE status IN ('held', 'awaiting_approval') AND ordering_key IS NOT NULL
+ORDER BY status, created_at DESC, id DESC
+LIMIT $1`
+
+// parkWaitingSQL parks the rows waiting behind rows $1, rows of ordering keys held or
+// awaiting approval, until $5, with $4 (outbox.WaitingForOperator, in the order of $1)
+// as their last_error, as parkSQL does behind a failed row, for the same reason: every
+// claim would read them again while an operator has not decided. Since that has no
+// time, a parked row is due again at $5 (the relay's clock $2 and a minute), and parked
+// anew by the next pass that finds its row still waiting, if its time runs out before
+// $3 (the next pass). Rows never attempted and due by $2, or parked already, are
+// parked; a row scheduled for later keeps its time until then. An operator's decision
+// on row $1 makes them due at once (package ops, unpark).
+const parkWaitingSQL = `
+WITH p AS (
+    SELECT f.id, w.why
+    FROM unnest($1::bigint[], $4::text[]) AS w(id, why)
+    JOIN outbox h ON h.id = w.id
+    JOIN outbox f ON f.ordering_key = h.ordering_key AND f.id > h.id
+    WHERE h.status IN ('held', 'awaiting_approval')
+      AND f.status = 'pending' AND f.attempts = 0
+      AND ((f.last_error IS NULL AND f.next_attempt_at <= $2)
+           OR (starts_with(f.last_error, 'waiting behind row ') AND f.next_attempt_at <= $3))
+    FOR UPDATE OF f SKIP LOCKED
+)
+UPDATE outbox f
+SET next_attempt_at = $5, last_error = p.why, updated_at = $2
+FROM p
+WHERE f.id = p.id`
+
 // releaseSQL hands back rows this relay ($1) claimed but never started, $2 with the
 // attempts $4 they were claimed for and their claims' leases $5: they return to pending
 // and the attempt that never began is uncounted. A row claimed again since (its lease

@@ -92,6 +92,10 @@ func decide(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, 
 		if _, err := tx.Exec(ctx, decideSQL, in.ID, to, now); err != nil {
 			return fmt.Errorf("%s %q: %w", action, key, err)
 		}
+		// Rows the relay parked behind it, for an operator, go: after it once approved.
+		if err := unpark(ctx, tx, []int64{in.ID}, now); err != nil {
+			return err
+		}
 		d, _ := json.Marshal(map[string]string{"from_status": in.Status}) // always encodes
 		if err := audit(ctx, tx, action, actor, reason, now, []int64{in.ID}, []string{string(d)}); err != nil {
 			return err

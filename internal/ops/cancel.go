@@ -29,7 +29,7 @@ type CancelResult struct {
 // kept: the relay whose lease expired during the row's last attempt may still write that
 // attempt's outcome, and a delivery it reports is recorded over the cancel (relay/sql.go,
 // recordSQL), since the receiver acted. A row the relay parked behind an earlier row of
-// its key (outbox.WaitingBehind) loses that text: canceled, it waits for nothing, and
+// its key (outbox.ParkedBehind) loses that text: canceled, it waits for nothing, and
 // list, inspect, the API and MCP would show it as waiting.
 const cancelSQL = `
 UPDATE outbox
@@ -38,22 +38,6 @@ SET status = 'canceled', lease_owner = NULL, lease_expires_at = NULL, updated_at
                       ELSE last_error END
 WHERE id = ANY($1)`
 
-// unparkSQL makes due again the rows the relay parked behind rows $1 (canceled at $3),
-// each marked with its head's text $2 (outbox.WaitingBehind, in the order of $1): they
-// waited for that row's retry, which will not come now. They were due when parked and
-// never attempted, so their own schedule has passed (relay/sql.go, parkSQL). They are
-// due from their creation, as before they were parked: a row's first attempt measures
-// outboxd_commit_to_delivery_seconds from its next_attempt_at when that is later than
-// its creation (its NotBefore), and the cancel's time would have left out how long it
-// waited for the canceled row.
-const unparkSQL = `
-UPDATE outbox f
-SET next_attempt_at = least(f.created_at, $3), last_error = NULL, updated_at = $3
-FROM unnest($1::bigint[], $2::text[]) AS w(id, why)
-JOIN outbox c ON c.id = w.id
-WHERE f.ordering_key = c.ordering_key AND f.id > c.id
-  AND f.status = 'pending' AND f.attempts = 0 AND f.last_error = w.why`
-
 // Cancel cancels the intents with keys, so they are never sent: pending, held and
 // awaiting_approval rows become canceled, each with an outbox_audit row (action cancel,
 // details {"from_status": ...}). A row that is in flight (delivering), delivered or dead is
@@ -61,7 +45,7 @@ WHERE f.ordering_key = c.ordering_key AND f.id > c.id
 // recording its outcome, or an approval in progress): Cancel locks with FOR UPDATE SKIP LOCKED and never waits for or
 // overwrites a relay. Already canceled rows are unchanged, so cancelling twice is harmless;
 // unknown keys are listed in NotFound. Rows the relay parked behind a canceled row of
-// their ordering key (outbox.WaitingBehind) become due at once. Keys are handled in
+// their ordering key (outbox.ParkedBehind) become due at once. Keys are handled in
 // batches of 500, each its own transaction.
 func Cancel(ctx context.Context, pool *pgxpool.Pool, keys []string, actor, reason string, now time.Time) (CancelResult, error) {
 	res := CancelResult{Canceled: []string{}, Unchanged: []string{}, Refused: map[string]string{}, NotFound: []string{}}
@@ -142,12 +126,8 @@ func cancelBatch(ctx context.Context, tx pgx.Tx, b []target, actor, reason strin
 		if _, err := tx.Exec(ctx, cancelSQL, cancelIDs, now); err != nil {
 			return fmt.Errorf("cancel rows: %w", err)
 		}
-		whys := make([]string, len(cancelIDs))
-		for i, id := range cancelIDs {
-			whys[i] = outbox.WaitingBehind(id)
-		}
-		if _, err := tx.Exec(ctx, unparkSQL, cancelIDs, whys, now); err != nil {
-			return fmt.Errorf("release the rows waiting behind them: %w", err)
+		if err := unpark(ctx, tx, cancelIDs, now); err != nil {
+			return err
 		}
 		// A canceled row no longer holds its ordering key back: wake the relays, whose
 		// claims then start at the head of the index, where the key's next row may lie

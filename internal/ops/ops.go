@@ -231,3 +231,38 @@ func dbNowOr(ctx context.Context, db outbox.DB, t time.Time) (time.Time, error) 
 	}
 	return t, nil
 }
+
+// unparkSQL makes due again the rows the relay parked behind rows $1, which an
+// operator's decision at $3 just ended or released (canceled, replayed, approved,
+// rejected), each found by how its last_error begins, $2 (outbox.ParkedBehind, in the
+// order of $1): they waited for that row, a retry of it or an operator's decision (see
+// relay/sql.go, parkSQL and parkWaitingSQL). They were due when parked and never
+// attempted, so their own schedule has passed. They are due from their creation, as
+// before they were parked: a row's first attempt measures
+// outboxd_commit_to_delivery_seconds from its next_attempt_at when that is later than
+// its creation (its NotBefore), and the decision's time would have left out how long
+// it waited. A row that must still wait for the row it was parked behind (approved, or
+// replayed, it goes first) is held back by the claim's own check meanwhile.
+const unparkSQL = `
+UPDATE outbox f
+SET next_attempt_at = least(f.created_at, $3), last_error = NULL, updated_at = $3
+FROM unnest($1::bigint[], $2::text[]) AS w(id, prefix)
+JOIN outbox c ON c.id = w.id
+WHERE f.ordering_key = c.ordering_key AND f.id > c.id
+  AND f.status = 'pending' AND f.attempts = 0 AND starts_with(f.last_error, w.prefix || ',')`
+
+// unpark makes due again, in tx, the rows the relay parked behind rows ids (see
+// unparkSQL).
+func unpark(ctx context.Context, tx pgx.Tx, ids []int64, now time.Time) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	prefixes := make([]string, len(ids))
+	for i, id := range ids {
+		prefixes[i] = outbox.ParkedBehind(id)
+	}
+	if _, err := tx.Exec(ctx, unparkSQL, ids, prefixes, now); err != nil {
+		return fmt.Errorf("release the rows waiting behind them: %w", err)
+	}
+	return nil
+}

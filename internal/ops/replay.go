@@ -323,6 +323,10 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 			return fmt.Errorf("put rows back: %w", err)
 		}
 	}
+	// Rows the relay parked behind a replayed row (held: for an operator) go once it has.
+	if err := unpark(ctx, tx, auditIDs, now); err != nil {
+		return err
+	}
 	return audit(ctx, tx, ActionReplay, opts.Actor, opts.Reason, now, auditIDs, details)
 }
 
