@@ -208,7 +208,21 @@ func (r *Relay) parkWaiting(ctx context.Context) {
 		whys[i] = outbox.WaitingForOperator(id)
 	}
 	now := r.now()
-	if _, err := r.pool.Exec(ctx, parkWaitingSQL, heads, now, now.Add(statsInterval), whys, now.Add(parkFor)); err != nil {
+	// Two statements, the second with a snapshot taken once the first holds the rows
+	// (see lockWaitingSQL).
+	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, lockWaitingSQL, heads, now, now.Add(statsInterval))
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		_, err = tx.Exec(ctx, parkWaitingSQL, heads, now, now.Add(statsInterval), whys, now.Add(parkFor), ids)
+		return err
+	})
+	if err != nil {
 		fail(err)
 	}
 }

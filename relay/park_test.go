@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/connectors"
@@ -345,4 +346,90 @@ func TestParkedBehindAnOperatorGoesWhenTheWaitEndsOtherwise(t *testing.T) {
 	require.Equal(t, "f-1", (<-r.instances["webhook"].jobs).key)
 	_, why := rowState(t, b, "f-1")
 	require.Empty(t, why)
+}
+
+// An operator's decision on a row waiting for one releases the rows parked behind it at
+// once, also when a relay's parking pass runs meanwhile. The pass read the row as held
+// when it began, then reached a row behind it after the decision had committed: it
+// parked that row anew behind a row no longer held, for a minute. Here the pass is held
+// up (a trigger waits for a lock the test holds) at a row of another key it parks first,
+// and the head is canceled then.
+func TestDecisionDuringAParkingPassReleasesTheRowsBehind(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	r := b.newRelay(t, cfg)
+	enqueueOrdered(t, b.pool, "head", "k")
+	enqueueOrdered(t, b.pool, "other", "o") // newer: the pass parks behind it first
+	enqueueOrdered(t, b.pool, "o-1", "o")
+	enqueueOrdered(t, b.pool, "f-1", "k")
+	_, err := b.pool.Exec(ctx, `UPDATE outbox SET status = 'held', attempts = 1, ambiguous = true
+		WHERE idempotency_key IN ('head', 'other')`)
+	require.NoError(t, err)
+	r.parkWaiting(ctx)
+	clock.Advance(parkFor - statsInterval/2) // the next pass renews both
+	_, err = b.pool.Exec(ctx, `
+CREATE FUNCTION test_block_park() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.idempotency_key = 'o-1' AND NEW.last_error IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock_shared(4345);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER test_block_park BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION test_block_park();`)
+	require.NoError(t, err)
+	locker, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer locker.Release()
+	_, err = locker.Exec(ctx, `SELECT pg_advisory_lock(4345)`)
+	require.NoError(t, err)
+	waiting := func(events ...string) bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event = ANY($1) AND datname = current_database()`, events).Scan(&n))
+		return n > 0
+	}
+
+	passed := make(chan struct{})
+	go func() { defer close(passed); r.parkWaiting(ctx) }()
+	require.Eventually(t, func() bool { return waiting("advisory") }, waitTimeout, 10*time.Millisecond, "the pass waits at o-1")
+	canceled := make(chan error, 1)
+	go func() {
+		_, err := ops.Cancel(ctx, b.pool, []string{"head"}, "test", "", time.Time{})
+		canceled <- err
+	}()
+	var cancelErr error
+	cancelDone := false
+	require.Eventually(t, func() bool {
+		select {
+		case cancelErr = <-canceled:
+			cancelDone = true
+			return true
+		default:
+			return waiting("transactionid", "tuple") // or it waits for the pass
+		}
+	}, waitTimeout, 10*time.Millisecond)
+	_, err = locker.Exec(ctx, `SELECT pg_advisory_unlock(4345)`)
+	require.NoError(t, err)
+	<-passed
+	if !cancelDone {
+		cancelErr = <-canceled
+	}
+	require.NoError(t, cancelErr)
+	require.Zero(t, testutil.CollectAndCount(r.metrics.dbErrors), "database errors")
+
+	at, why := rowState(t, b, "f-1")
+	require.Empty(t, why, "head is canceled")
+	require.True(t, at.Before(clock.Now()), "due: %s", at)
+	at, why = rowState(t, b, "o-1")
+	require.Equal(t, outbox.WaitingForOperator(mustGet(t, b, "other").ID), why, "other still held")
+	require.WithinDuration(t, clock.Now().Add(parkFor), at, time.Millisecond, "renewed")
+}
+
+func mustGet(t *testing.T, b *testBundle, key string) outbox.Intent {
+	t.Helper()
+	in, err := outbox.Get(t.Context(), b.pool, key)
+	require.NoError(t, err)
+	return in
 }

@@ -209,6 +209,28 @@ WHERE status IN ('held', 'awaiting_approval') AND ordering_key IS NOT NULL
 ORDER BY status, created_at DESC, id DESC
 LIMIT $1`
 
+// waitingFollowers is the rows parkWaitingSQL parks behind rows w (see there), as f.
+const waitingFollowers = `
+    JOIN outbox h ON h.id = w.id
+    JOIN outbox f ON f.ordering_key = h.ordering_key AND f.id > h.id
+    WHERE h.status IN ('held', 'awaiting_approval')
+      AND f.status = 'pending' AND f.attempts = 0
+      AND ((f.last_error IS NULL AND f.next_attempt_at <= $2)
+           OR (starts_with(f.last_error, 'waiting behind row ') AND f.next_attempt_at <= $3))`
+
+// lockWaitingSQL locks, for parkWaitingSQL in the same transaction, the rows it may
+// park behind rows $1 (by the relay's clock $2 and its next pass $3), and returns them.
+// The statement that parks them checks their rows still wait only once it holds them:
+// an operator's decision on such a row that committed while one statement read it as
+// waiting and then reached the rows behind it (released by the decision, or never
+// parked) left them parked behind a row that no longer waits, for a minute. Locked
+// first, a row is released by a decision that commits after the parking (package ops,
+// unpark, waits for it), and one that committed before is seen by the parking.
+const lockWaitingSQL = `
+SELECT f.id
+FROM unnest($1::bigint[]) AS w(id)` + waitingFollowers + `
+FOR UPDATE OF f SKIP LOCKED`
+
 // parkWaitingSQL parks the rows waiting behind rows $1, rows of ordering keys held or
 // awaiting approval, until $5, with $4 (outbox.WaitingForOperator, in the order of $1)
 // as their last_error, as parkSQL does behind a failed row, for the same reason: every
@@ -216,18 +238,14 @@ LIMIT $1`
 // time, a parked row is due again at $5 (the relay's clock $2 and a minute), and parked
 // anew by the next pass that finds its row still waiting, if its time runs out before
 // $3 (the next pass). Rows never attempted and due by $2, or parked already, are
-// parked; a row scheduled for later keeps its time until then. An operator's decision
+// parked; a row scheduled for later keeps its time until then. Only rows $6, which
+// lockWaitingSQL locked in the same transaction, are parked. An operator's decision
 // on row $1 makes them due at once (package ops, unpark).
 const parkWaitingSQL = `
 WITH p AS (
     SELECT f.id, w.why
-    FROM unnest($1::bigint[], $4::text[]) AS w(id, why)
-    JOIN outbox h ON h.id = w.id
-    JOIN outbox f ON f.ordering_key = h.ordering_key AND f.id > h.id
-    WHERE h.status IN ('held', 'awaiting_approval')
-      AND f.status = 'pending' AND f.attempts = 0
-      AND ((f.last_error IS NULL AND f.next_attempt_at <= $2)
-           OR (starts_with(f.last_error, 'waiting behind row ') AND f.next_attempt_at <= $3))
+    FROM unnest($1::bigint[], $4::text[]) AS w(id, why)` + waitingFollowers + `
+      AND f.id = ANY($6::bigint[])
     FOR UPDATE OF f SKIP LOCKED
 )
 UPDATE outbox f
