@@ -104,24 +104,25 @@ type Intent struct {
 	Inserted bool `json:"-"`
 }
 
-// WaitingBehind is the last_error of a row the relay parked behind row id, an earlier
-// row of its ordering key whose attempt failed and waits for its retry. The parked row
+// WaitingBehind is the last_error of a row the relay parked behind row id (whose
+// idempotency key is key, which operators act on), an earlier row of its ordering key
+// whose attempt failed and waits for its retry. The parked row
 // cannot go before that retry, so it takes the retry's time as its next_attempt_at,
 // and claims stop reading it again and again until then. Only rows never attempted and
 // already due are parked, so their own schedule has passed. Canceling row id (ops.Cancel)
 // makes them due again at once, and the claim that takes one clears the text.
-func WaitingBehind(id int64) string {
-	return ParkedBehind(id) + ", whose failed attempt is retried first"
+func WaitingBehind(id int64, key string) string {
+	return ParkedBehind(id) + fmt.Sprintf(" (key %q), whose failed attempt is retried first", key)
 }
 
-// WaitingForOperator is the last_error of a row the relay parked behind row id, an
-// earlier row of its ordering key that is held or awaits approval, which only an
+// WaitingForOperator is the last_error of a row the relay parked behind row id (key
+// key), an earlier row of its ordering key that is held or awaits approval, which only an
 // operator ends. The parked row's next_attempt_at is a minute ahead, renewed while row
 // id waits, so that claims do not read it again and again meanwhile. Replaying,
 // approving, rejecting or canceling row id (package ops) makes it due at once; a row id
 // ended otherwise (plain SQL, a late delivery) lets it go within that minute.
-func WaitingForOperator(id int64) string {
-	return ParkedBehind(id) + ", which waits for an operator (held, or awaiting approval)"
+func WaitingForOperator(id int64, key string) string {
+	return ParkedBehind(id) + fmt.Sprintf(" (key %q), which waits for an operator (held, or awaiting approval)", key)
 }
 
 // ParkedBehind is how the last_error of a row parked behind row id begins

@@ -195,17 +195,21 @@ func (r *Relay) parkWaiting(ctx context.Context) {
 		fail(err)
 		return
 	}
-	heads, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	type head struct {
+		ID  int64
+		Key string
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowToStructByPos[head])
 	if err != nil {
 		fail(err)
 		return
 	}
-	if len(heads) == 0 {
+	if len(found) == 0 {
 		return
 	}
-	whys := make([]string, len(heads))
-	for i, id := range heads {
-		whys[i] = outbox.WaitingForOperator(id)
+	heads, whys := make([]int64, len(found)), make([]string, len(found))
+	for i, h := range found {
+		heads[i], whys[i] = h.ID, outbox.WaitingForOperator(h.ID, h.Key)
 	}
 	now := r.now()
 	// Two statements, the second with a snapshot taken once the first holds the rows

@@ -76,7 +76,7 @@ func TestRowsBehindAFailingHeadWaitForItsRetry(t *testing.T) {
 	var parked int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM outbox
 		WHERE idempotency_key LIKE 'f-%' AND next_attempt_at = $1 AND last_error = $2`,
-		retryAt, outbox.WaitingBehind(head.id)).Scan(&parked))
+		retryAt, outbox.WaitingBehind(head.id, "head")).Scan(&parked))
 	require.Equal(t, n, parked, "every row behind the head waits for its retry")
 	at, why := rowState(t, b, "soon")
 	require.Equal(t, soon, at, "a row not yet due is left as it is: canceling the head could not give its time back")
@@ -121,7 +121,7 @@ func TestRowsBehindAFailingHeadWaitForItsRetry(t *testing.T) {
 	_, why = rowState(t, b, "f-1")
 	require.Empty(t, why, "taken, it waits no longer")
 	_, why = rowState(t, b, "f-2")
-	require.Equal(t, outbox.WaitingBehind(head.id), why, "still waiting (behind f-1 now, which the text does not claim to follow)")
+	require.Equal(t, outbox.WaitingBehind(head.id, "head"), why, "still waiting (behind f-1 now, which the text does not claim to follow)")
 }
 
 // A row parked behind a head that fails again is parked at the new retry.
@@ -141,7 +141,7 @@ func TestParkedRowsFollowTheHeadsNextRetry(t *testing.T) {
 	at, why := rowState(t, b, "f-3")
 	require.True(t, at.After(retryAt.Add(time.Hour)), "parked at the second retry, %s", at)
 	require.Equal(t, *o.nextAt, at)
-	require.Equal(t, outbox.WaitingBehind(head.id), why)
+	require.Equal(t, outbox.WaitingBehind(head.id, "head"), why)
 }
 
 // Canceling the failing head lets the rows parked behind it go at once, not at the retry
@@ -153,7 +153,7 @@ func TestCancelingAFailingHeadReleasesTheRowsParkedBehindIt(t *testing.T) {
 	soon, _ := rowState(t, b, "soon")
 	// A row of another key, parked behind a row of its own, is not released.
 	_, err := b.pool.Exec(ctx, `INSERT INTO outbox (idempotency_key, connector, payload, ordering_key, next_attempt_at, last_error)
-		VALUES ('other', 'webhook', '{}', 'other', $1, $2)`, retryAt, outbox.WaitingBehind(1<<40))
+		VALUES ('other', 'webhook', '{}', 'other', $1, $2)`, retryAt, outbox.WaitingBehind(1<<40, "gone"))
 	require.NoError(t, err)
 
 	res, err := ops.Cancel(ctx, b.pool, []string{"head"}, "test", "poison", time.Time{})
@@ -299,7 +299,7 @@ func TestRowsBehindARowWaitingForAnOperatorAreParked(t *testing.T) {
 			soon, _ := rowState(t, b, "soon")
 			r.parkWaiting(t.Context())
 			first, why := rowState(t, b, "f-3")
-			require.Equal(t, outbox.WaitingForOperator(head.ID), why)
+			require.Equal(t, outbox.WaitingForOperator(head.ID, "head"), why)
 			require.WithinDuration(t, r.now().Add(parkFor), first, time.Millisecond)
 			at, why := rowState(t, b, "soon")
 			require.Equal(t, soon, at, "a row not yet due keeps its time")
@@ -423,7 +423,7 @@ CREATE TRIGGER test_block_park BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNC
 	require.Empty(t, why, "head is canceled")
 	require.True(t, at.Before(clock.Now()), "due: %s", at)
 	at, why = rowState(t, b, "o-1")
-	require.Equal(t, outbox.WaitingForOperator(mustGet(t, b, "other").ID), why, "other still held")
+	require.Equal(t, outbox.WaitingForOperator(mustGet(t, b, "other").ID, "other"), why, "other still held")
 	require.WithinDuration(t, clock.Now().Add(parkFor), at, time.Millisecond, "renewed")
 }
 

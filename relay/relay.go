@@ -202,6 +202,7 @@ func (c claimed) committedFor() time.Time {
 // outcome is how one attempt ended, waiting to be recorded.
 type outcome struct {
 	id        int64
+	key       string // its idempotency key, which names it to the rows parked behind it (queuePark)
 	attempt   int
 	status    string
 	nextAt    *time.Time
@@ -1721,7 +1722,7 @@ func forgottenReason(inst *instance, row claimed) string {
 func (r *Relay) holdForgotten(inst *instance, row claimed, now time.Time) outcome {
 	msg := fmt.Sprintf("attempt %d not sent: %s", row.attempt, forgottenReason(inst, row))
 	inst.outcomes[statusHeld].Inc() // no duration: the connector was not called
-	return outcome{id: row.id, attempt: row.attempt, status: statusHeld, lastError: &msg,
+	return outcome{id: row.id, key: row.key, attempt: row.attempt, status: statusHeld, lastError: &msg,
 		started: now, finished: now, record: statusHeld, ordered: row.ordered}
 }
 
@@ -1762,7 +1763,7 @@ const (
 
 // decide turns an attempt's result into the row's next state.
 func (r *Relay) decide(inst *instance, row claimed, result json.RawMessage, err error, now time.Time) outcome {
-	o := outcome{id: row.id, attempt: row.attempt, finished: now, ordered: row.ordered}
+	o := outcome{id: row.id, key: row.key, attempt: row.attempt, finished: now, ordered: row.ordered}
 	if len(result) > 0 && json.Valid(result) {
 		o.result = storableJSON(result)
 	}
@@ -2032,7 +2033,7 @@ func queuePark(b *pgx.Batch, batch []outcome) int {
 	)
 	for _, o := range batch {
 		if o.ordered && o.status == outbox.StatusPending && o.nextAt != nil {
-			heads, whys = append(heads, o.id), append(whys, outbox.WaitingBehind(o.id))
+			heads, whys = append(heads, o.id), append(whys, outbox.WaitingBehind(o.id, o.key))
 			if o.finished.After(at) {
 				at = o.finished
 			}

@@ -202,9 +202,10 @@ FROM p
 WHERE f.id = p.id`
 
 // waitingHeadsSQL finds rows of ordering keys that are held or await approval, which
-// only an operator ends (outbox_needs_attention), up to $1, for parkWaitingSQL.
+// only an operator ends (outbox_needs_attention), up to $1, for parkWaitingSQL: their
+// ids and their keys, which the rows parked behind them name.
 const waitingHeadsSQL = `
-SELECT id FROM outbox
+SELECT id, idempotency_key FROM outbox
 WHERE status IN ('held', 'awaiting_approval') AND ordering_key IS NOT NULL
 ORDER BY status, created_at DESC, id DESC
 LIMIT $1`
