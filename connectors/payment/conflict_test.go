@@ -37,3 +37,21 @@ func TestDeliver_ConflictIsAmbiguous(t *testing.T) {
 		require.Contains(t, err.Error(), "still running at Stripe")
 	}
 }
+
+// A 409 whose body is lost on the way is retried as any 4xx cut short is, and is
+// ambiguous as a whole 409 is: the status line is Stripe's, and a 409 says an earlier
+// request with the key is still running and may act. It was retried unmarked, so a row
+// whose last attempt met it ended dead as if Stripe had not acted.
+func TestDeliver_ConflictCutShortIsAmbiguous(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const key = "order-13:charge"
+	b.f.Plan(key, action{Status: http.StatusConflict, CutBody: true,
+		Body: `{"error":{"type":"idempotency_error","message":"There is currently another in-progress request using this Idempotent Key."}}`})
+
+	raw, err := b.c.Deliver(t.Context(), delivery(key, createPI))
+	require.Nil(t, raw)
+	require.False(t, connectors.IsPermanent(err), "%v", err)
+	require.True(t, connectors.IsAmbiguous(err), "a 409 leaves the key's outcome unknown, its body or not: %v", err)
+	require.Contains(t, err.Error(), "409 Conflict")
+}

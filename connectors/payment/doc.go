@@ -87,7 +87,8 @@
 //     strikes, after the status line) is retried, as stripe-go retries a failed read: the
 //     status alone does not tell a card decline from a refused request, nor what to fix,
 //     and Stripe answers the same key again in full (it replays an answer it saved, and
-//     checks again a request it saved nothing for).
+//     checks again a request it saved nothing for). A 409 so cut short is ambiguous as
+//     well, as a whole one is.
 //   - An unknown operation, a payload or params that do not decode, a missing or
 //     malformed "id" (letters, digits and '_' only), a metadata key that is empty or holds
 //     square brackets, or a key Stripe would refuse are permanent, and nothing is sent.

@@ -497,8 +497,14 @@ func (c *Connector) classify(ctx context.Context, what string, ex *exchange, err
 			if !timedOut {
 				detail = fmt.Errorf("the connection dropped before the rest of the answer came: %w", detail)
 			}
-			return nil, retryable(fmt.Errorf("%s: Stripe answered %s, but %w; a retry with the same key gets the whole answer",
+			lost := retryable(fmt.Errorf("%s: Stripe answered %s, but %w; a retry with the same key gets the whole answer",
 				what, connectors.StatusText(status), detail), header)
+			if status == http.StatusConflict {
+				// The status line says as much as a whole 409 does (see classifyStripe):
+				// an earlier request with the key is still running and may act.
+				lost = connectors.Ambiguous(lost)
+			}
+			return nil, lost
 		}
 		return nil, classifyStatus(what, status, header, detail, status >= 200 && status <= 299)
 	}
