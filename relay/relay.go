@@ -29,6 +29,7 @@ import (
 
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/internal/replaylock"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -1190,6 +1191,13 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 	local := r.cfg.NowFunc()
 	now := r.corrected(local)
 	b := &pgx.Batch{}
+	if len(plans) > 0 {
+		// First, holding no row yet: a replay of a row with an ordering key waits for
+		// this round, and the round for a replay under way, before its claims take their
+		// snapshots (see internal/replaylock). A round that waited here holding the row
+		// locks of its outcomes could deadlock with the replay, which then writes rows.
+		b.Queue(replaylock.ClaimSQL)
+	}
 	records := 0
 	if len(outs) > 0 {
 		records = queueRecord(b, outs, r.recordArgs(outs))
@@ -1212,6 +1220,12 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 	}
 	got := make([][]claimed, len(plans))
 	err := r.sendWrite(ctx, outs, b, func(br pgx.BatchResults) error {
+		if len(plans) > 0 {
+			if _, err := br.Exec(); err != nil {
+				_ = br.Close()
+				return fmt.Errorf("claim: wait for a replay under way: %w", err)
+			}
+		}
 		for range records {
 			if _, err := br.Exec(); err != nil {
 				_ = br.Close()

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/internal/replaylock"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -247,6 +248,14 @@ func (r *ReplayResult) merge(b ReplayResult) {
 
 // replayBatch replays one batch in tx, recording the outcome of each key in br.
 func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions, now time.Time, br *ReplayResult) error {
+	if !opts.NewKey {
+		// Before any row is locked (a claim round waiting for this one may be writing
+		// outcomes of such rows): see internal/replaylock. A copy (NewKey) is a new row
+		// behind the others of its key, and needs none.
+		if _, err := tx.Exec(ctx, replaylock.ReplaySQL, ids(b)); err != nil {
+			return fmt.Errorf("wait for claims under way: %w", err)
+		}
+	}
 	locked, err := lockRows(ctx, tx, ids(b))
 	if err != nil {
 		return err

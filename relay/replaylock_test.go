@@ -1,0 +1,102 @@
+package relay
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/internal/replaylock"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// waitAdvisory waits until a session of the test's database waits for an advisory lock,
+// or until done (a buffered channel) holds a result, the work having gone on instead.
+func waitAdvisory[T any](t *testing.T, b *testBundle, done chan T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory')`).Scan(&waiting))
+		return waiting || len(done) > 0
+	}, waitTimeout, 5*time.Millisecond)
+}
+
+// A replay puts a dead row of an ordering key back to pending. A claim statement whose
+// snapshot predates the replay's commit reads it as dead and may take the key's next row
+// after that commit, while a newer claim takes the replayed row: two rows of the key in
+// flight. Claim rounds and replays of ordered rows therefore exclude each other
+// (internal/replaylock): a round waits for a replay under way, and a replay for the
+// rounds under way.
+func TestClaimRoundsAndReplaysOfOrderedRowsExcludeEachOther(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	r := b.newRelay(t, cfg)
+	head := enqueueOrdered(t, b.pool, "k-1", "k")
+	enqueueOrdered(t, b.pool, "k-2", "k")
+	enqueue(t, b.pool, "plain", "webhook", map[string]int{"n": 1})
+
+	got := claimRows(t, r, "webhook")
+	require.ElementsMatch(t, []string{"k-1", "plain"}, claimedKeys(got))
+	for _, row := range got {
+		if row.key == "k-1" {
+			o := r.decide(r.instances["webhook"], row, nil, connectors.Permanent(errors.New("422")), clock.Now())
+			o.started = row.claimedAt
+			r.writeOutcomes(ctx, []outcome{o}) // k-1 dead: k-2 may go
+		}
+		r.done(r.instances["webhook"], row)
+	}
+
+	// A replay of k-1 under way: the next claim round waits for it.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, replaylock.ReplaySQL, []int64{head.ID})
+	require.NoError(t, err)
+	claimed := make(chan int, 1)
+	go func() {
+		n, _, _, _, err := r.claimRound(ctx, nil, false)
+		if err != nil {
+			n = -1
+		}
+		claimed <- n
+	}()
+	waitAdvisory(t, b, claimed)
+	require.Zero(t, len(claimed), "the claim round went on during the replay")
+	_, err = tx.Exec(ctx, `UPDATE outbox SET status = 'pending' WHERE id = $1`, head.ID) // the replay
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 1, <-claimed)
+	require.Equal(t, "k-1", (<-r.instances["webhook"].jobs).key, "the round sees the replay: the replayed row goes first")
+
+	// A claim round under way: a replay of a row with an ordering key waits for it; one
+	// of rows without waits for nothing.
+	round, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer round.Rollback(ctx)
+	_, err = round.Exec(ctx, replaylock.ClaimSQL)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE outbox SET status = 'dead' WHERE idempotency_key IN ('k-1', 'plain')`)
+	require.NoError(t, err)
+	res, err := ops.Replay(ctx, b.pool, ops.Selection{Keys: []string{"plain"}}, ops.ReplayOptions{Actor: "op"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"plain"}, res.Replayed, "no ordering key: no wait")
+	replayed := make(chan error, 1)
+	go func() {
+		_, err := ops.Replay(ctx, b.pool, ops.Selection{Keys: []string{"k-1"}}, ops.ReplayOptions{Actor: "op"})
+		replayed <- err
+	}()
+	waitAdvisory(t, b, replayed)
+	require.Zero(t, len(replayed), "the replay went on during the claim round")
+	require.NoError(t, round.Commit(ctx))
+	require.NoError(t, <-replayed)
+	in, err := outbox.Get(ctx, b.pool, "k-1")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusPending, in.Status)
+}
