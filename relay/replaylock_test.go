@@ -1,9 +1,16 @@
 package relay
 
 import (
+	"context"
 	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stretchr/testify/require"
 
@@ -99,4 +106,69 @@ func TestClaimRoundsAndReplaysOfOrderedRowsExcludeEachOther(t *testing.T) {
 	in, err := outbox.Get(ctx, b.pool, "k-1")
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatusPending, in.Status)
+}
+
+// stallAt blocks the client of a pool before it sends a statement containing at, once
+// armed, until resume is closed: a process suspended, or a network gone, mid-transaction.
+type stallAt struct {
+	at      string
+	armed   atomic.Bool
+	stalled chan struct{} // closed when it stalls
+	resume  chan struct{}
+}
+
+func (s *stallAt) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, s.at) && s.armed.CompareAndSwap(true, false) {
+		close(s.stalled)
+		<-s.resume
+	}
+	return ctx
+}
+
+func (s *stallAt) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// While a replay holds the lock, no relay claims a row or records an outcome. A replay
+// whose client stalled in its batch's transaction (an operator's laptop asleep, a
+// network gone) kept it until the server noticed the session was gone, which with TCP
+// keepalive's defaults takes hours: every relay stood still meanwhile. Its session is now
+// ended once it idles in the transaction for a few seconds.
+func TestStalledReplayDoesNotStopClaims(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, receiver.Options{})
+	_, cfg := b.clockedConfig(t)
+	r := b.newRelay(t, cfg)
+	head := enqueueOrdered(t, b.pool, "k-1", "k")
+	enqueueOrdered(t, b.pool, "k-2", "k")
+	_, err := b.pool.Exec(ctx, `UPDATE outbox SET status = 'dead' WHERE id = $1`, head.ID)
+	require.NoError(t, err)
+
+	stall := &stallAt{at: "FOR UPDATE OF o SKIP LOCKED", stalled: make(chan struct{}), resume: make(chan struct{})}
+	resume := sync.OnceFunc(func() { close(stall.resume) })
+	defer resume()
+	pc := b.pool.Config()
+	pc.ConnConfig.Tracer = stall
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	stall.armed.Store(true)
+	replayed := make(chan error, 1)
+	go func() {
+		_, err := ops.Replay(ctx, pool, ops.Selection{Keys: []string{"k-1"}}, ops.ReplayOptions{Actor: "op"})
+		replayed <- err
+	}()
+	<-stall.stalled // the replay holds the lock, and its client stands still
+
+	claimed := make(chan error, 1)
+	go func() {
+		_, _, _, _, err := r.claimRound(ctx, nil, false)
+		claimed <- err
+	}()
+	require.NoError(t, <-claimed, "the claim round waited for the stalled replay until it gave up")
+	require.Equal(t, "k-2", (<-r.instances["webhook"].jobs).key)
+	resume()
+	require.Error(t, <-replayed, "the replay's session was ended")
+	in, err := outbox.Get(ctx, b.pool, "k-1")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDead, in.Status, "nothing of the batch committed")
 }
