@@ -172,3 +172,42 @@ func TestStalledReplayDoesNotStopClaims(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatusDead, in.Status, "nothing of the batch committed")
 }
+
+// A replay that waits for the lock holds off every claim round that asks for it after
+// it (PostgreSQL queues them behind it). A round that stood still while holding the lock
+// shared (its relay's process frozen while the database sent it a large batch, or waiting
+// for a row behind a pooler whose client was gone) kept the replay waiting, and with it
+// every relay, for as long as it lasted. The replay now gives up after a few seconds,
+// and the relays go on.
+func TestReplayWaitingBehindAStuckRoundGivesUp(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, receiver.Options{})
+	_, cfg := b.clockedConfig(t)
+	r := b.newRelay(t, cfg)
+	head := enqueueOrdered(t, b.pool, "k-1", "k")
+	enqueueOrdered(t, b.pool, "k-2", "k")
+	_, err := b.pool.Exec(ctx, `UPDATE outbox SET status = 'dead' WHERE id = $1`, head.ID)
+	require.NoError(t, err)
+
+	stuck, err := b.pool.Begin(ctx) // a round that never ends
+	require.NoError(t, err)
+	defer stuck.Rollback(ctx)
+	_, err = stuck.Exec(ctx, replaylock.ClaimSQL)
+	require.NoError(t, err)
+	replayed := make(chan error, 1)
+	go func() {
+		_, err := ops.Replay(ctx, b.pool, ops.Selection{Keys: []string{"k-1"}}, ops.ReplayOptions{Actor: "op"})
+		replayed <- err
+	}()
+	waitAdvisory(t, b, replayed)
+
+	claimed := make(chan error, 1)
+	go func() {
+		_, _, _, _, err := r.claimRound(ctx, nil, false)
+		claimed <- err
+	}()
+	require.NoError(t, <-claimed, "the claim round waited behind the replay until it gave up")
+	require.Equal(t, "k-2", (<-r.instances["webhook"].jobs).key)
+	require.ErrorContains(t, <-replayed, "lock timeout")
+}

@@ -252,7 +252,7 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 		// Before any row is locked (a claim round waiting for this one may be writing
 		// outcomes of such rows): see internal/replaylock. A copy (NewKey) is a new row
 		// behind the others of its key, and needs none.
-		if _, err := tx.Exec(ctx, replaylock.ReplayIdleSQL); err != nil {
+		if _, err := tx.Exec(ctx, replaylock.ReplayLimitsSQL); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, replaylock.ReplaySQL, ids(b)); err != nil {

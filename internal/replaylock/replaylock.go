@@ -20,14 +20,24 @@ const key = `(1868724324::bigint << 32) | 'outbox'::regclass::oid::bigint`
 // ClaimSQL takes the lock shared until the transaction ends: a relay's claim round.
 const ClaimSQL = `SELECT pg_advisory_xact_lock_shared(` + key + `)`
 
-// ReplayIdleSQL ends the session of a replay's transaction, should its client leave it
-// idle in the transaction for five seconds: while a replay holds the lock, no relay claims
-// a row or records an outcome, and a replay whose client stood still (a process
-// suspended, an operator's laptop asleep, a network gone) held it until the server
-// noticed the session was gone, which with TCP keepalive's defaults takes hours. A replay
-// sends the statements of a batch one after the other, and never idles that long
-// otherwise. Set for the transaction only, before ReplaySQL.
-const ReplayIdleSQL = `SELECT set_config('idle_in_transaction_session_timeout', '5s', true)`
+// ReplayLimitsSQL bounds, for the rest of a replay's transaction, what it may keep the
+// relays waiting for: while a replay holds the lock, or waits for it (PostgreSQL queues
+// the claim rounds that ask after it behind it), no relay claims a row or records an
+// outcome.
+//
+// Its session is ended should its client leave it idle in the transaction for five
+// seconds: a replay whose client stood still (a process suspended, an operator's laptop
+// asleep, a network gone) held the lock until the server noticed the session was gone,
+// which with TCP keepalive's defaults takes hours. A replay sends the statements of a
+// batch one after the other, and never idles that long otherwise.
+//
+// It waits five seconds at most for a lock (lock_timeout), this one or a row's, and then
+// fails: claim rounds take milliseconds, but one that stood still while holding the lock
+// shared (its relay's process frozen while the database sent it a large batch, or a
+// round behind a pooler whose client was gone, waiting for a row) kept the replay
+// waiting, and every relay behind it, for as long as it lasted. Run before ReplaySQL.
+const ReplayLimitsSQL = `SELECT set_config('idle_in_transaction_session_timeout', '5s', true),
+       set_config('lock_timeout', '5s', true)`
 
 // ReplaySQL takes the lock alone until the transaction ends when one of rows $1 (ids)
 // has an ordering key: a replay, before it changes them.
