@@ -211,3 +211,31 @@ func TestReplayWaitingBehindAStuckRoundGivesUp(t *testing.T) {
 	require.Equal(t, "k-2", (<-r.instances["webhook"].jobs).key)
 	require.ErrorContains(t, <-replayed, "lock timeout")
 }
+
+// A dry run of a replay changes nothing, so it neither waits for claim rounds under way
+// nor holds off new ones.
+func TestDryRunReplayDoesNotWaitForClaimRounds(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, receiver.Options{})
+	enqueueOrdered(t, b.pool, "k-1", "k")
+	_, err := b.pool.Exec(ctx, `UPDATE outbox SET status = 'dead', attempts = 1 WHERE idempotency_key = 'k-1'`)
+	require.NoError(t, err)
+	round, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer round.Rollback(ctx)
+	_, err = round.Exec(ctx, replaylock.ClaimSQL)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() {
+		res, err := ops.Replay(ctx, b.pool, ops.Selection{Keys: []string{"k-1"}}, ops.ReplayOptions{Actor: "op", DryRun: true})
+		if err == nil && len(res.Replayed) != 1 {
+			err = errors.New("not replayed in the dry run")
+		}
+		done <- err
+	}()
+	waitAdvisory(t, b, done)
+	require.Len(t, done, 1, "the dry run waits for the claim round")
+	require.NoError(t, <-done)
+}

@@ -248,10 +248,11 @@ func (r *ReplayResult) merge(b ReplayResult) {
 
 // replayBatch replays one batch in tx, recording the outcome of each key in br.
 func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions, now time.Time, br *ReplayResult) error {
-	if !opts.NewKey {
+	if !opts.NewKey && !opts.DryRun {
 		// Before any row is locked (a claim round waiting for this one may be writing
 		// outcomes of such rows): see internal/replaylock. A copy (NewKey) is a new row
-		// behind the others of its key, and needs none.
+		// behind the others of its key, and needs none; nor does a dry run, which
+		// changes nothing and would hold off every relay while it runs.
 		if _, err := tx.Exec(ctx, replaylock.ReplayLimitsSQL); err != nil {
 			return err
 		}
