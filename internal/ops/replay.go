@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/connectors"
@@ -257,6 +258,13 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 			return err
 		}
 		if _, err := tx.Exec(ctx, replaylock.ReplaySQL, ids(b)); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: ReplayLimitsSQL's lock_timeout
+				// The bare "canceling statement due to lock timeout" says neither what held
+				// the replay nor whether to run it again.
+				return fmt.Errorf("wait for claims under way: a relay's claim round held the replay off for five seconds, "+
+					"so this batch was left as it was (earlier batches stay replayed); running the replay again is safe: %w", err)
+			}
 			return fmt.Errorf("wait for claims under way: %w", err)
 		}
 	}
