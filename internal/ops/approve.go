@@ -33,8 +33,10 @@ const decideSQL = `UPDATE outbox SET status = $2, updated_at = $3 WHERE id = $1`
 
 // Approve lets the intent with key be delivered: awaiting_approval becomes pending, with
 // an outbox_audit row (action approve, details {"from_status": ...}), and idle relays are
-// woken at commit. Approving an intent that is already past approval (pending, delivering,
-// delivered, dead, held) changes nothing and returns it, so approving twice is harmless.
+// woken at commit. Rows the relay parked behind it (outbox.WaitingForOperator) become
+// due at once, to go after it. Approving an intent that is already past approval
+// (pending, delivering, delivered, dead, held) changes nothing and returns it, so
+// approving twice is harmless.
 // A canceled intent (rejected or canceled) is refused with an error wrapping
 // [ErrConflictState]; an unknown key with one wrapping [outbox.ErrNotFound].
 func Approve(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, now time.Time) (outbox.Intent, error) {
@@ -42,10 +44,11 @@ func Approve(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string,
 }
 
 // Reject refuses the intent with key: awaiting_approval becomes canceled, with an
-// outbox_audit row (action reject). Rejecting a canceled intent changes nothing and
-// returns it, so rejecting twice is harmless. An intent past approval (pending and later)
-// is refused with an error wrapping [ErrConflictState]; a pending or held one can be
-// canceled with [Cancel] instead.
+// outbox_audit row (action reject), and rows the relay parked behind it
+// (outbox.WaitingForOperator) become due at once. Rejecting a canceled intent changes
+// nothing and returns it, so rejecting twice is harmless. An intent past approval
+// (pending and later) is refused with an error wrapping [ErrConflictState]; a pending or
+// held one can be canceled with [Cancel] instead.
 // An unknown key gives an error wrapping [outbox.ErrNotFound].
 func Reject(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, now time.Time) (outbox.Intent, error) {
 	return decide(ctx, pool, key, actor, reason, now, ActionReject)
@@ -92,7 +95,8 @@ func decide(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, 
 		if _, err := tx.Exec(ctx, decideSQL, in.ID, to, now); err != nil {
 			return fmt.Errorf("%s %q: %w", action, key, err)
 		}
-		// Rows the relay parked behind it, for an operator, go: after it once approved.
+		// Rows the relay parked behind it while it awaited a decision are due again (once
+		// approved, it still goes first: see unparkSQL).
 		if err := unpark(ctx, tx, []int64{in.ID}, now); err != nil {
 			return err
 		}

@@ -98,7 +98,8 @@ WHERE id = ANY($1)`
 
 // waitLaterClaimsSQL waits for the transactions that lock (claim) a pending row that
 // follows one of rows $1 in its ordering key. FOR KEY SHARE conflicts with the claim's
-// FOR UPDATE only; claims never wait, so this cannot deadlock with them.
+// FOR UPDATE only; claims never wait for a row (a claim round waits only for the replay
+// lock, before it holds any), so this cannot deadlock with them.
 const waitLaterClaimsSQL = `
 SELECT 1 FROM outbox l JOIN outbox r ON l.ordering_key = r.ordering_key AND l.id > r.id
 WHERE r.id = ANY($1) AND l.status = 'pending'
@@ -119,7 +120,12 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 // each batch its own short transaction. It is safe while relays run: each batch locks its
 // rows with FOR UPDATE SKIP LOCKED, so a row a relay is recording an outcome for is
 // reported as refused and left to the relay, never overwritten; and a row in flight
-// (delivering with a live lease) is refused too.
+// (delivering with a live lease) is refused too. A batch that puts back rows of
+// ordering keys first waits for the relays' claim rounds under way, and holds off new
+// ones until it commits (internal/replaylock); after five seconds of waiting for a lock
+// it fails, to be run again, and one whose client stands still in it for five seconds
+// has its session ended by the server. Rows the relay parked behind a replayed row
+// (outbox.ParkedBehind) become due at once, to go after it.
 //
 // By status:
 //
