@@ -324,9 +324,10 @@ func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 // Outside a transaction EnqueueBatch writes in a transaction of its own, and retries a
 // serialization failure or a deadlock itself when it knows that transaction is its own:
 // begun on a pool (through a DB type of yours that wraps one too) or on a connection
-// outside a transaction. Through a DB type of yours that wraps a connection, one more
-// statement tells whether its session is in a transaction: its rows must name their
-// connection ([pgx.Rows.Conn]), as pgx's do.
+// outside a transaction. Through a DB type of yours, which the package cannot see into
+// (whether it wraps a pool, a connection or a transaction), one more statement tells
+// whether its session is in a transaction: its rows must name their connection
+// ([pgx.Rows.Conn]), as pgx's do.
 func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) {
 	ps := make([]prepared, len(msgs))
 	first := make(map[string]prepared, len(msgs)) // each key's first message
