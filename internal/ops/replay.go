@@ -261,7 +261,7 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 		// behind the others of its key, and needs none; nor does a dry run, which
 		// changes nothing and would hold off every relay while it runs.
 		if _, err := tx.Exec(ctx, replaylock.ReplayLimitsSQL); err != nil {
-			return err
+			return fmt.Errorf("limit how long the replay may hold the relays off: %w", err)
 		}
 		if _, err := tx.Exec(ctx, replaylock.ReplaySQL, ids(b)); err != nil {
 			var pgErr *pgconn.PgError
