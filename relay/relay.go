@@ -176,7 +176,7 @@ type claimed struct {
 	claimedAt time.Time // the relay's clock at the claim; the lease runs from then
 	ordered   bool      // the row has an ordering key
 	dueAt     time.Time // its next_attempt_at
-	parked    bool      // it was parked behind an earlier row of its key: dueAt is that row's retry
+	parked    bool      // it was parked behind an earlier row of its key: dueAt is not its own (see committedFor)
 	lease     time.Time // its lease expiry, unique to the round that claimed it
 	size      int64     // its payload's and headers' bytes, counted in Relay.claimedBytes
 	// local is Config.NowFunc's own reading at the claim, uncorrected: how long the row
@@ -189,10 +189,11 @@ type claimed struct {
 // outboxd_commit_to_delivery_seconds starts: its creation, or its NotBefore time when
 // that is later. Its first attempt is due at NotBefore (next_attempt_at, which is the
 // creation time without one); a later attempt's next_attempt_at is a retry's, and the
-// retries count from creation. A parked row's next_attempt_at is the retry of the
-// earlier row of its key it waited for (relay/sql.go, parkSQL), not a time of its own:
-// it counts from creation, as a row that waited for its key unparked does (a NotBefore
-// of its own, which had passed when it was parked, is no longer known).
+// retries count from creation. A parked row's next_attempt_at is not a time of its
+// own: the retry of the earlier row of its key it waited for (relay/sql.go, parkSQL),
+// or the end of a minute's parking behind one that waits for an operator
+// (parkWaitingSQL). It counts from creation, as a row that waited for its key unparked
+// does (a NotBefore of its own, which had passed when it was parked, is no longer known).
 func (c claimed) committedFor() time.Time {
 	if c.attempt == 1 && !c.parked && c.dueAt.After(c.createdAt) {
 		return c.dueAt
