@@ -2023,7 +2023,8 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 // may have committed, lockAgainSQL and then recordAgainSQL. The earlier write may also
 // still be running in the database (its connection broke and the cancel was lost):
 // recordAgainSQL, a statement of its own that starts once the earlier write has ended,
-// then sees the attempts it logged.
+// then sees the attempts it logged. Then parkSQL, when batch retries rows of ordering
+// keys later (queuePark).
 func queueRecord(b *pgx.Batch, batch []outcome, args []any) int {
 	n := 1
 	if !anyMaybeWritten(batch) {
