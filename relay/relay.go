@@ -1224,7 +1224,7 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 		if len(plans) > 0 {
 			if _, err := br.Exec(); err != nil {
 				_ = br.Close()
-				return fmt.Errorf("claim: wait for a replay under way: %w", err)
+				return fmt.Errorf("claim: lock out replays of rows with ordering keys: %w", err)
 			}
 		}
 		for range records {
