@@ -25,8 +25,9 @@ const (
 )
 
 // maintain runs the periodic work: put back rows whose lease expired, refresh the gauges,
-// report rows for unknown connectors, renew the word that this relay runs (see seen), and
-// delete rows past retention.
+// report rows for unknown connectors, renew the word that this relay runs (see seen),
+// park the rows behind rows that wait for an operator (see parkWaiting), and delete rows
+// past retention.
 func (r *Relay) maintain(ctx context.Context) {
 	// Retention runs on its own: a backlog of rows past retention (retention turned on
 	// or shortened on a large table) takes many batches, and reclaiming expired leases
