@@ -65,8 +65,9 @@ WITH due AS (
                 THEN pg_column_size(o.payload) ELSE octet_length(o.payload::text) END
            + CASE WHEN pg_column_size(o.headers) <= 1024 AND pg_column_compression(o.headers) IS NULL
                   THEN pg_column_size(o.headers) ELSE octet_length(o.headers::text) END AS size,
-           -- Parked behind its key's earlier row (parkSQL): next_attempt_at is that row's
-           -- retry, not the row's own schedule (see claimed.committedFor).
+           -- Parked behind its key's earlier row (parkSQL, parkWaitingSQL): next_attempt_at
+           -- is that row's retry, or the end of a minute's parking behind a row that waits
+           -- for an operator, not the row's own schedule (see claimed.committedFor).
            o.attempts = 0 AND coalesce(starts_with(o.last_error, 'waiting behind row '), false) AS parked
     FROM outbox o
     WHERE o.status = 'pending'
@@ -90,7 +91,7 @@ WITH due AS (
 UPDATE outbox o
 SET status = 'delivering', lease_owner = $4, lease_expires_at = $5,
     attempts = o.attempts + 1, updated_at = $2, first_attempt_at = coalesce(o.first_attempt_at, $2),
-    -- A row parked behind its key's earlier row (parkSQL) no longer waits.
+    -- A row parked behind its key's earlier row (parkSQL, parkWaitingSQL) no longer waits.
     last_error = CASE WHEN fits.parked THEN NULL ELSE o.last_error END
 FROM fits
 WHERE o.id = fits.id AND fits.before < $7
