@@ -226,8 +226,12 @@ const waitingFollowers = `
 // an operator's decision on such a row that committed while one statement read it as
 // waiting and then reached the rows behind it (released by the decision, or never
 // parked) left them parked behind a row that no longer waits, for a minute. Locked
-// first, a row is released by a decision that commits after the parking (package ops,
-// unpark, waits for it), and one that committed before is seen by the parking.
+// first, a row parked already is released by a decision that commits after the parking
+// (package ops, unpark, waits for it), and a decision that committed before the parking
+// began is seen by it. A row not parked yet is not covered: unpark, which does not see
+// it parked, does not wait for it, so a decision that commits while parkWaitingSQL runs
+// leaves it parked for up to parkFor. That is the first pass behind a row only; later
+// passes renew rows parked already.
 const lockWaitingSQL = `
 SELECT f.id
 FROM unnest($1::bigint[]) AS w(id)` + waitingFollowers + `
