@@ -355,9 +355,21 @@ func TestParkedBehindAnOperatorGoesWhenTheWaitEndsOtherwise(t *testing.T) {
 // when it began, then reached a row behind it after the decision had committed: it
 // parked that row anew behind a row no longer held, for a minute. Here the pass is held
 // up (a trigger waits for a lock the test holds) at a row of another key it parks first,
-// and the head is canceled then.
+// and the head is canceled then: with the rows behind it parked by an earlier pass,
+// which the decision releases, and with them not parked yet, which the decision does not
+// touch (the pass first parked them once the decision had committed).
 func TestDecisionDuringAParkingPassReleasesTheRowsBehind(t *testing.T) {
 	t.Parallel()
+	for _, parkedBefore := range []bool{true, false} {
+		t.Run(fmt.Sprintf("parked before: %t", parkedBefore), func(t *testing.T) {
+			t.Parallel()
+			decisionDuringAParkingPass(t, parkedBefore)
+		})
+	}
+}
+
+func decisionDuringAParkingPass(t *testing.T, parkedBefore bool) {
+	t.Helper()
 	ctx := t.Context()
 	b := setup(t, receiver.Options{})
 	clock, cfg := b.clockedConfig(t)
@@ -369,8 +381,10 @@ func TestDecisionDuringAParkingPassReleasesTheRowsBehind(t *testing.T) {
 	_, err := b.pool.Exec(ctx, `UPDATE outbox SET status = 'held', attempts = 1, ambiguous = true
 		WHERE idempotency_key IN ('head', 'other')`)
 	require.NoError(t, err)
-	r.parkWaiting(ctx)
-	clock.Advance(parkFor - statsInterval/2) // the next pass renews both
+	if parkedBefore {
+		r.parkWaiting(ctx)
+		clock.Advance(parkFor - statsInterval/2) // the next pass renews both
+	}
 	_, err = b.pool.Exec(ctx, `
 CREATE FUNCTION test_block_park() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -426,7 +440,7 @@ CREATE TRIGGER test_block_park BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNC
 	require.True(t, at.Before(clock.Now()), "due: %s", at)
 	at, why = rowState(t, b, "o-1")
 	require.Equal(t, outbox.WaitingForOperator(mustGet(t, b, "other").ID, "other"), why, "other still held")
-	require.WithinDuration(t, clock.Now().Add(parkFor), at, time.Millisecond, "renewed")
+	require.WithinDuration(t, clock.Now().Add(parkFor), at, time.Millisecond, "parked for a minute from the pass")
 }
 
 func mustGet(t *testing.T, b *testBundle, key string) outbox.Intent {

@@ -251,6 +251,17 @@ JOIN outbox c ON c.id = w.id
 WHERE f.ordering_key = c.ordering_key AND f.id > c.id
   AND f.status = 'pending' AND f.attempts = 0 AND starts_with(f.last_error, w.prefix || ' (key ')`
 
+// unparkLockSQL locks the rows the relay may park behind rows $1, waiting for a parking
+// pass that holds them (relay/sql.go, lockWaitingSQL): such a pass read rows $1 as
+// waiting for an operator before this decision committed, and parks rows that were not
+// parked yet, which unparkSQL's snapshot would not see as parked. Once it has them,
+// unparkSQL, a statement of its own, sees what the pass parked.
+const unparkLockSQL = `
+SELECT 1
+FROM outbox f JOIN outbox c ON f.ordering_key = c.ordering_key AND f.id > c.id
+WHERE c.id = ANY($1) AND f.status = 'pending' AND f.attempts = 0
+FOR UPDATE OF f`
+
 // unpark makes due again, in tx, the rows the relay parked behind rows ids (see
 // unparkSQL).
 func unpark(ctx context.Context, tx pgx.Tx, ids []int64, now time.Time) error {
@@ -260,6 +271,9 @@ func unpark(ctx context.Context, tx pgx.Tx, ids []int64, now time.Time) error {
 	prefixes := make([]string, len(ids))
 	for i, id := range ids {
 		prefixes[i] = outbox.ParkedBehind(id)
+	}
+	if _, err := tx.Exec(ctx, unparkLockSQL, ids); err != nil {
+		return fmt.Errorf("wait for the relays' parking of the rows behind them: %w", err)
 	}
 	if _, err := tx.Exec(ctx, unparkSQL, ids, prefixes, now); err != nil {
 		return fmt.Errorf("release the rows waiting behind them: %w", err)
