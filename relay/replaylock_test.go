@@ -127,7 +127,8 @@ func (s *stallAt) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.Tra
 
 func (s *stallAt) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// While a replay holds the lock, no relay claims a row or records an outcome. A replay
+// While a replay holds the lock, no relay claims a row (nor records the outcomes that
+// ride with its claims). A replay
 // whose client stalled in its batch's transaction (an operator's laptop asleep, a
 // network gone) kept it until the server noticed the session was gone, which with TCP
 // keepalive's defaults takes hours: every relay stood still meanwhile. Its session is now

@@ -22,8 +22,8 @@ const ClaimSQL = `SELECT pg_advisory_xact_lock_shared(` + key + `)`
 
 // ReplayLimitsSQL bounds, for the rest of a replay's transaction, what it may keep the
 // relays waiting for: while a replay holds the lock, or waits for it (PostgreSQL queues
-// the claim rounds that ask after it behind it), no relay claims a row or records an
-// outcome.
+// the claim rounds that ask after it behind it), no relay claims a row, nor records the
+// outcomes that ride with its claims (a relay that only records them goes on).
 //
 // Its session is ended should its client leave it idle in the transaction for five
 // seconds: a replay whose client stood still (a process suspended, an operator's laptop
