@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -106,13 +107,13 @@ type Intent struct {
 
 // WaitingBehind is the last_error of a row the relay parked behind row id (whose
 // idempotency key is key, which operators act on), an earlier row of its ordering key
-// whose attempt failed and waits for its retry. The parked row
-// cannot go before that retry, so it takes the retry's time as its next_attempt_at,
-// and claims stop reading it again and again until then. Only rows never attempted and
+// whose attempt failed and waits for its retry. The parked row cannot go before that
+// retry, so it takes the retry's time as its next_attempt_at, and claims stop reading it
+// again and again until then. Only rows never attempted and
 // already due are parked, so their own schedule has passed. Canceling row id (ops.Cancel)
 // makes them due again at once, and the claim that takes one clears the text.
 func WaitingBehind(id int64, key string) string {
-	return ParkedBehind(id) + fmt.Sprintf(" (key %q), whose failed attempt is retried first", key)
+	return ParkedBehind(id) + fmt.Sprintf("%q), whose failed attempt is retried first", key)
 }
 
 // WaitingForOperator is the last_error of a row the relay parked behind row id (key
@@ -122,15 +123,20 @@ func WaitingBehind(id int64, key string) string {
 // approving, rejecting or canceling row id (package ops) makes it due at once; a row id
 // ended otherwise (plain SQL, a late delivery) lets it go within that minute.
 func WaitingForOperator(id int64, key string) string {
-	return ParkedBehind(id) + fmt.Sprintf(" (key %q), which waits for an operator (held, or awaiting approval)", key)
+	return ParkedBehind(id) + fmt.Sprintf("%q), which waits for an operator (held, or awaiting approval)", key)
 }
 
 // ParkedBehind is how the last_error of a row parked behind row id begins
 // ([WaitingBehind], [WaitingForOperator]): what an operator's decision on row id
 // looks for to release the rows parked behind it.
 func ParkedBehind(id int64) string {
-	return fmt.Sprintf("waiting behind row %d of its ordering key", id)
+	return ParkedPrefix + strconv.FormatInt(id, 10) + " of its ordering key (key "
 }
+
+// ParkedPrefix begins the last_error of every parked row ([ParkedBehind]). A row never
+// attempted whose last_error begins so is parked: the claim, the parking and cancel find
+// them by it in SQL.
+const ParkedPrefix = "waiting behind row "
 
 // IntentColumns lists, in [ScanIntent]'s order, the outbox columns an Intent reads.
 const IntentColumns = `id, idempotency_key, connector, payload, status, attempts, next_attempt_at,

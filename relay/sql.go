@@ -1,5 +1,7 @@
 package relay
 
+import "github.com/outboxd/outboxd/outbox"
+
 // claimSQL takes up to $3 due rows of connector $1 and leases them to relay $4 until $5,
 // in one statement: the CTE locks candidates with SKIP LOCKED, so relays sharing the table
 // never take the same row, and the UPDATE marks them delivering and counts the attempt.
@@ -68,7 +70,7 @@ WITH due AS (
            -- Parked behind its key's earlier row (parkSQL, parkWaitingSQL): next_attempt_at
            -- is that row's retry, or the end of a minute's parking behind a row that waits
            -- for an operator, not the row's own schedule (see claimed.committedFor).
-           o.attempts = 0 AND coalesce(starts_with(o.last_error, 'waiting behind row '), false) AS parked
+           o.attempts = 0 AND coalesce(starts_with(o.last_error, '` + outbox.ParkedPrefix + `'), false) AS parked
     FROM outbox o
     WHERE o.status = 'pending'
       AND o.connector = $1
@@ -194,7 +196,7 @@ WITH p AS (
     JOIN outbox f ON f.ordering_key = h.ordering_key AND f.id > h.id
     WHERE h.status = 'pending' AND h.next_attempt_at > $2
       AND f.status = 'pending' AND f.attempts = 0 AND f.next_attempt_at <= $2
-      AND (f.last_error IS NULL OR starts_with(f.last_error, 'waiting behind row '))
+      AND (f.last_error IS NULL OR starts_with(f.last_error, '` + outbox.ParkedPrefix + `'))
     FOR UPDATE OF f SKIP LOCKED
 )
 UPDATE outbox f
@@ -218,7 +220,7 @@ const waitingFollowers = `
     WHERE h.status IN ('held', 'awaiting_approval')
       AND f.status = 'pending' AND f.attempts = 0
       AND ((f.last_error IS NULL AND f.next_attempt_at <= $2)
-           OR (starts_with(f.last_error, 'waiting behind row ') AND f.next_attempt_at <= $3))`
+           OR (starts_with(f.last_error, '` + outbox.ParkedPrefix + `') AND f.next_attempt_at <= $3))`
 
 // lockWaitingSQL locks, for parkWaitingSQL in the same transaction, the rows it may
 // park behind rows $1 (by the relay's clock $2 and its next pass $3), and returns them.

@@ -34,7 +34,7 @@ type CancelResult struct {
 const cancelSQL = `
 UPDATE outbox
 SET status = 'canceled', lease_owner = NULL, lease_expires_at = NULL, updated_at = $2,
-    last_error = CASE WHEN attempts = 0 AND starts_with(last_error, 'waiting behind row ') THEN NULL
+    last_error = CASE WHEN attempts = 0 AND starts_with(last_error, '` + outbox.ParkedPrefix + `') THEN NULL
                       ELSE last_error END
 WHERE id = ANY($1)`
 

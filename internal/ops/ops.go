@@ -249,7 +249,7 @@ SET next_attempt_at = least(f.created_at, $3), last_error = NULL, updated_at = $
 FROM unnest($1::bigint[], $2::text[]) AS w(id, prefix)
 JOIN outbox c ON c.id = w.id
 WHERE f.ordering_key = c.ordering_key AND f.id > c.id
-  AND f.status = 'pending' AND f.attempts = 0 AND starts_with(f.last_error, w.prefix || ' (key ')`
+  AND f.status = 'pending' AND f.attempts = 0 AND starts_with(f.last_error, w.prefix)`
 
 // unparkLockSQL locks the rows the relay may park behind rows $1, waiting for a parking
 // pass that holds them (relay/sql.go, lockWaitingSQL): such a pass read rows $1 as
