@@ -33,6 +33,48 @@ func waitAdvisory[T any](t *testing.T, b *testBundle, done chan T) {
 	}, waitTimeout, 5*time.Millisecond)
 }
 
+// deadHead enqueues k-1 and k-2 on ordering key "k" and puts k-1 to dead, as an
+// operator finds it to replay, and returns k-1.
+func deadHead(t *testing.T, b *testBundle) outbox.Intent {
+	t.Helper()
+	head := enqueueOrdered(t, b.pool, "k-1", "k")
+	enqueueOrdered(t, b.pool, "k-2", "k")
+	_, err := b.pool.Exec(t.Context(), `UPDATE outbox SET status = 'dead', attempts = 1 WHERE id = $1`, head.ID)
+	require.NoError(t, err)
+	return head
+}
+
+// holdClaimRound opens a transaction that holds the replay lock as a claim round under
+// way does, until it commits or the test ends.
+func holdClaimRound(t *testing.T, b *testBundle) pgx.Tx {
+	t.Helper()
+	round, err := b.pool.Begin(t.Context())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = round.Rollback(context.WithoutCancel(t.Context())) })
+	_, err = round.Exec(t.Context(), replaylock.ClaimSQL)
+	require.NoError(t, err)
+	return round
+}
+
+// replayResult is what ops.Replay returned.
+type replayResult struct {
+	res ops.ReplayResult
+	err error
+}
+
+// replayInBackground replays keys (as actor "op") in a goroutine and sends what it
+// returned on the channel it returns.
+func replayInBackground(t *testing.T, b *testBundle, opts ops.ReplayOptions, keys ...string) chan replayResult {
+	t.Helper()
+	opts.Actor = "op"
+	done := make(chan replayResult, 1)
+	go func() {
+		res, err := ops.Replay(t.Context(), b.pool, ops.Selection{Keys: keys}, opts)
+		done <- replayResult{res, err}
+	}()
+	return done
+}
+
 // A replay puts a dead row of an ordering key back to pending. A claim statement whose
 // snapshot predates the replay's commit reads it as dead and may take the key's next row
 // after that commit, while a newer claim takes the replayed row: two rows of the key in
@@ -84,25 +126,17 @@ func TestClaimRoundsAndReplaysOfOrderedRowsExcludeEachOther(t *testing.T) {
 
 	// A claim round under way: a replay of a row with an ordering key waits for it; one
 	// of rows without waits for nothing.
-	round, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer round.Rollback(ctx)
-	_, err = round.Exec(ctx, replaylock.ClaimSQL)
-	require.NoError(t, err)
+	round := holdClaimRound(t, b)
 	_, err = b.pool.Exec(ctx, `UPDATE outbox SET status = 'dead' WHERE idempotency_key IN ('k-1', 'plain')`)
 	require.NoError(t, err)
 	res, err := ops.Replay(ctx, b.pool, ops.Selection{Keys: []string{"plain"}}, ops.ReplayOptions{Actor: "op"})
 	require.NoError(t, err)
 	require.Equal(t, []string{"plain"}, res.Replayed, "no ordering key: no wait")
-	replayed := make(chan error, 1)
-	go func() {
-		_, err := ops.Replay(ctx, b.pool, ops.Selection{Keys: []string{"k-1"}}, ops.ReplayOptions{Actor: "op"})
-		replayed <- err
-	}()
+	replayed := replayInBackground(t, b, ops.ReplayOptions{}, "k-1")
 	waitAdvisory(t, b, replayed)
 	require.Zero(t, len(replayed), "the replay went on during the claim round")
 	require.NoError(t, round.Commit(ctx))
-	require.NoError(t, <-replayed)
+	require.NoError(t, (<-replayed).err)
 	in, err := outbox.Get(ctx, b.pool, "k-1")
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatusPending, in.Status)
@@ -128,21 +162,17 @@ func (s *stallAt) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.Tra
 func (s *stallAt) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // While a replay holds the lock, no relay claims a row (nor records the outcomes that
-// ride with its claims). A replay
-// whose client stalled in its batch's transaction (an operator's laptop asleep, a
-// network gone) kept it until the server noticed the session was gone, which with TCP
-// keepalive's defaults takes hours: every relay stood still meanwhile. Its session is now
-// ended once it idles in the transaction for a few seconds.
+// ride with its claims). A replay whose client stalled in its batch's transaction (an
+// operator's laptop asleep, a network gone) kept it until the server noticed the session
+// was gone, which with TCP keepalive's defaults takes hours: every relay stood still
+// meanwhile. Its session is now ended once it idles in the transaction for a few seconds.
 func TestStalledReplayDoesNotStopClaims(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setup(t, receiver.Options{})
 	_, cfg := b.clockedConfig(t)
 	r := b.newRelay(t, cfg)
-	head := enqueueOrdered(t, b.pool, "k-1", "k")
-	enqueueOrdered(t, b.pool, "k-2", "k")
-	_, err := b.pool.Exec(ctx, `UPDATE outbox SET status = 'dead' WHERE id = $1`, head.ID)
-	require.NoError(t, err)
+	deadHead(t, b)
 
 	stall := &stallAt{at: "FOR UPDATE OF o SKIP LOCKED", stalled: make(chan struct{}), resume: make(chan struct{})}
 	resume := sync.OnceFunc(func() { close(stall.resume) })
@@ -160,12 +190,8 @@ func TestStalledReplayDoesNotStopClaims(t *testing.T) {
 	}()
 	<-stall.stalled // the replay holds the lock, and its client stands still
 
-	claimed := make(chan error, 1)
-	go func() {
-		_, _, _, _, err := r.claimRound(ctx, nil, false)
-		claimed <- err
-	}()
-	require.NoError(t, <-claimed, "the claim round waited for the stalled replay until it gave up")
+	_, _, _, _, err = r.claimRound(ctx, nil, false)
+	require.NoError(t, err, "the claim round waited for the stalled replay until it gave up")
 	require.Equal(t, "k-2", (<-r.instances["webhook"].jobs).key)
 	resume()
 	require.Error(t, <-replayed, "the replay's session was ended")
@@ -186,57 +212,30 @@ func TestReplayWaitingBehindAStuckRoundGivesUp(t *testing.T) {
 	b := setup(t, receiver.Options{})
 	_, cfg := b.clockedConfig(t)
 	r := b.newRelay(t, cfg)
-	head := enqueueOrdered(t, b.pool, "k-1", "k")
-	enqueueOrdered(t, b.pool, "k-2", "k")
-	_, err := b.pool.Exec(ctx, `UPDATE outbox SET status = 'dead' WHERE id = $1`, head.ID)
-	require.NoError(t, err)
+	deadHead(t, b)
 
-	stuck, err := b.pool.Begin(ctx) // a round that never ends
-	require.NoError(t, err)
-	defer stuck.Rollback(ctx)
-	_, err = stuck.Exec(ctx, replaylock.ClaimSQL)
-	require.NoError(t, err)
-	replayed := make(chan error, 1)
-	go func() {
-		_, err := ops.Replay(ctx, b.pool, ops.Selection{Keys: []string{"k-1"}}, ops.ReplayOptions{Actor: "op"})
-		replayed <- err
-	}()
+	holdClaimRound(t, b) // a round that never ends
+	replayed := replayInBackground(t, b, ops.ReplayOptions{}, "k-1")
 	waitAdvisory(t, b, replayed)
 
-	claimed := make(chan error, 1)
-	go func() {
-		_, _, _, _, err := r.claimRound(ctx, nil, false)
-		claimed <- err
-	}()
-	require.NoError(t, <-claimed, "the claim round waited behind the replay until it gave up")
+	_, _, _, _, err := r.claimRound(ctx, nil, false)
+	require.NoError(t, err, "the claim round waited behind the replay until it gave up")
 	require.Equal(t, "k-2", (<-r.instances["webhook"].jobs).key)
-	require.ErrorContains(t, <-replayed, "lock timeout")
+	require.ErrorContains(t, (<-replayed).err, "lock timeout")
 }
 
 // A dry run of a replay changes nothing, so it neither waits for claim rounds under way
 // nor holds off new ones.
 func TestDryRunReplayDoesNotWaitForClaimRounds(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
 	b := setup(t, receiver.Options{})
-	enqueueOrdered(t, b.pool, "k-1", "k")
-	_, err := b.pool.Exec(ctx, `UPDATE outbox SET status = 'dead', attempts = 1 WHERE idempotency_key = 'k-1'`)
-	require.NoError(t, err)
-	round, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer round.Rollback(ctx)
-	_, err = round.Exec(ctx, replaylock.ClaimSQL)
-	require.NoError(t, err)
+	deadHead(t, b)
+	holdClaimRound(t, b)
 
-	done := make(chan error, 1)
-	go func() {
-		res, err := ops.Replay(ctx, b.pool, ops.Selection{Keys: []string{"k-1"}}, ops.ReplayOptions{Actor: "op", DryRun: true})
-		if err == nil && len(res.Replayed) != 1 {
-			err = errors.New("not replayed in the dry run")
-		}
-		done <- err
-	}()
+	done := replayInBackground(t, b, ops.ReplayOptions{DryRun: true}, "k-1")
 	waitAdvisory(t, b, done)
 	require.Len(t, done, 1, "the dry run waits for the claim round")
-	require.NoError(t, <-done)
+	got := <-done
+	require.NoError(t, got.err)
+	require.Len(t, got.res.Replayed, 1, "replayed in the dry run")
 }
