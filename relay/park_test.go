@@ -176,6 +176,21 @@ func TestCancelingAFailingHeadReleasesTheRowsParkedBehindIt(t *testing.T) {
 	require.Equal(t, "f-1", (<-r.instances["webhook"].jobs).key)
 }
 
+// requireDeliveredFromCreation delivers f-1, which r has claimed, and requires
+// outboxd_commit_to_delivery_seconds to hold that one delivery, measured from parked's
+// creation (why says what it was not measured from).
+func requireDeliveredFromCreation(t *testing.T, b *testBundle, clock *testClock, r *Relay, parked outbox.Intent, why string) {
+	t.Helper()
+	inst := r.instances["webhook"]
+	next := <-inst.jobs
+	require.Equal(t, "f-1", next.key)
+	r.deliver(t.Context(), inst, next)
+	require.Equal(t, statusDelivered, (<-r.results).status)
+	n, sum := histogramOf(t, b.registry, "outboxd_commit_to_delivery_seconds", "webhook")
+	require.EqualValues(t, 1, n)
+	require.InDelta(t, clock.Now().Sub(parked.CreatedAt).Seconds(), sum, 1, why)
+}
+
 // A row parked behind a failing head took the head's retry as its next_attempt_at,
 // which is no NotBefore of its own: outboxd_commit_to_delivery_seconds measures it from
 // its creation, as any row that waited for an earlier row of its key, not from the
@@ -196,14 +211,7 @@ func TestCommitToDeliveryOfAParkedRow(t *testing.T) {
 	_, _, _, _, err = r.claimRound(ctx, []outcome{o}, true)
 	require.NoError(t, err)
 	r.done(inst, head)
-	next := <-inst.jobs
-	require.Equal(t, "f-1", next.key)
-	r.deliver(ctx, inst, next)
-	require.Equal(t, statusDelivered, (<-r.results).status)
-
-	n, sum := histogramOf(t, b.registry, "outboxd_commit_to_delivery_seconds", "webhook")
-	require.EqualValues(t, 1, n)
-	require.InDelta(t, clock.Now().Sub(parked.CreatedAt).Seconds(), sum, 1, "measured from its creation, not from the head's retry")
+	requireDeliveredFromCreation(t, b, clock, r, parked, "measured from its creation, not from the head's retry")
 }
 
 // A row released by canceling the head it was parked behind is measured from its
@@ -219,15 +227,7 @@ func TestCommitToDeliveryOfARowReleasedByACancel(t *testing.T) {
 	_, err = ops.Cancel(ctx, b.pool, []string{"head"}, "test", "poison", clock.Now())
 	require.NoError(t, err)
 	require.Equal(t, 1, claimOnce(t, r))
-	inst := r.instances["webhook"]
-	next := <-inst.jobs
-	require.Equal(t, "f-1", next.key)
-	r.deliver(ctx, inst, next)
-	require.Equal(t, statusDelivered, (<-r.results).status)
-
-	n, sum := histogramOf(t, b.registry, "outboxd_commit_to_delivery_seconds", "webhook")
-	require.EqualValues(t, 1, n)
-	require.InDelta(t, clock.Now().Sub(parked.CreatedAt).Seconds(), sum, 1, "measured from its creation, not from the cancel")
+	requireDeliveredFromCreation(t, b, clock, r, parked, "measured from its creation, not from the cancel")
 }
 
 // A parked row that is itself canceled waits for nothing any more: its last_error no
