@@ -26,10 +26,7 @@ func TestDatabaseNotAnsweringIs503(t *testing.T) {
 	pool, err := pgxpool.New(t.Context(), "postgres://app:hunter2@"+pgtest.UnansweringAddr(t)+"/app")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{
-		{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
-	}}}
-	b := serveAPI(t, pool, svc, &api.Config{CallTimeout: 100 * time.Millisecond})
+	b := serveAPI(t, pool, adminService(pool), &api.Config{CallTimeout: 100 * time.Millisecond})
 
 	for _, c := range []struct{ method, path, body string }{
 		{"POST", "/v1/intents", `{"connector":"webhook","payload":{}}`},
@@ -62,10 +59,7 @@ func TestDatabaseDownIs503(t *testing.T) {
 	pool, err := pgxpool.New(t.Context(), "postgres://app:hunter2@"+addr+"/app")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{
-		{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
-	}}}
-	b := serveAPI(t, pool, svc, nil)
+	b := serveAPI(t, pool, adminService(pool), nil)
 
 	for _, c := range []struct{ method, path, body string }{
 		{"POST", "/v1/intents", `{"connector":"webhook","payload":{}}`},
@@ -74,9 +68,7 @@ func TestDatabaseDownIs503(t *testing.T) {
 		{"POST", "/v1/intents/k-1/cancel", ""},
 	} {
 		r := b.do(t, c.method, c.path, adminSecret, "k-1", c.body)
-		require.Equal(t, http.StatusServiceUnavailable, r.status, "%s %s: %s", c.method, c.path, r.raw)
-		require.Equal(t, "unavailable", r.errCode(t))
-		require.Contains(t, r.raw, "database is unavailable")
+		requireUnavailable(t, r, c.method+" "+c.path)
 		require.NotContains(t, r.raw, "hunter2")
 		require.NotContains(t, r.raw, addr)
 	}
@@ -91,10 +83,7 @@ func TestDatabaseEndedSessionIs503(t *testing.T) {
 	admin := pgtest.DB(t)
 	// The request takes the ended session as it is, as in a busy relay's pool.
 	pool := pgtest.OneSessionPool(t, admin)
-	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{
-		{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
-	}}}
-	b := serveAPI(t, pool, svc, nil)
+	b := serveAPI(t, pool, adminService(pool), nil)
 
 	for _, c := range []struct{ method, path, body string }{
 		{"POST", "/v1/intents", `{"connector":"webhook","payload":{}}`},
@@ -105,9 +94,7 @@ func TestDatabaseEndedSessionIs503(t *testing.T) {
 		pgtest.EndSession(t, admin, pool)
 
 		r := b.do(t, c.method, c.path, adminSecret, "k-1", c.body)
-		require.Equal(t, http.StatusServiceUnavailable, r.status, "%s %s: %s", c.method, c.path, r.raw)
-		require.Equal(t, "unavailable", r.errCode(t))
-		require.Contains(t, r.raw, "database is unavailable")
+		requireUnavailable(t, r, c.method+" "+c.path)
 	}
 }
 
@@ -120,24 +107,15 @@ func TestDatabaseReadOnlyIs503(t *testing.T) {
 	pool := pgtest.DB(t)
 	_, err := outbox.Enqueue(t.Context(), pool, outbox.Message{Key: "k-1", Connector: "webhook", Payload: []byte(`{}`)})
 	require.NoError(t, err)
-	cfg := pool.Config().Copy()
-	cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
-	ro, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(ro.Close)
-	svc := &intent.Service{Pool: ro, Policy: &intent.Policy{Tokens: []intent.Token{
-		{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
-	}}}
-	b := serveAPI(t, ro, svc, nil)
+	ro := poolWith(t, pool, map[string]string{"default_transaction_read_only": "on"})
+	b := serveAPI(t, ro, adminService(ro), nil)
 
 	for _, c := range []struct{ method, path, body string }{
 		{"POST", "/v1/intents", `{"connector":"webhook","payload":{}}`},
 		{"POST", "/v1/intents/k-1/cancel", ""},
 	} {
 		r := b.do(t, c.method, c.path, adminSecret, "k-2", c.body)
-		require.Equal(t, http.StatusServiceUnavailable, r.status, "%s %s: %s", c.method, c.path, r.raw)
-		require.Equal(t, "unavailable", r.errCode(t))
-		require.Contains(t, r.raw, "database is unavailable")
+		requireUnavailable(t, r, c.method+" "+c.path)
 	}
 }
 
@@ -153,16 +131,9 @@ func TestSerializationFailureIs503(t *testing.T) {
 	pool := pgtest.DB(t)
 	_, err := outbox.Enqueue(ctx, pool, outbox.Message{Key: "k-1", Connector: "webhook", Payload: []byte(`{}`), RequireApproval: true})
 	require.NoError(t, err)
-	cfg := pool.Config().Copy()
-	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
-	cfg.ConnConfig.RuntimeParams["application_name"] = "serialization_test_api"
-	rr, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(rr.Close)
-	svc := &intent.Service{Pool: rr, Policy: &intent.Policy{Tokens: []intent.Token{
-		{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
-	}}}
-	b := serveAPI(t, rr, svc, nil)
+	rr := poolWith(t, pool, map[string]string{
+		"default_transaction_isolation": "repeatable read", "application_name": "serialization_test_api"})
+	b := serveAPI(t, rr, adminService(rr), nil)
 
 	other, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -201,4 +172,35 @@ func TestSerializationFailureIs503(t *testing.T) {
 	again := b.do(t, http.MethodPost, "/v1/intents/k-1/approve", adminSecret, "", "")
 	require.Equal(t, http.StatusOK, again.status, again.raw)
 	require.Equal(t, outbox.StatusPending, again.body["status"])
+}
+
+// adminService is the intent service over pool with one token, adminSecret's, an admin
+// allowed every connector.
+func adminService(pool *pgxpool.Pool) *intent.Service {
+	return &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{
+		{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
+	}}}
+}
+
+// poolWith returns a pool on pool's database whose sessions set params, closed when the
+// test ends.
+func poolWith(t *testing.T, pool *pgxpool.Pool, params map[string]string) *pgxpool.Pool {
+	t.Helper()
+	cfg := pool.Config().Copy()
+	for k, v := range params {
+		cfg.ConnConfig.RuntimeParams[k] = v
+	}
+	p, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return p
+}
+
+// requireUnavailable requires r, the answer to what, to be the API's 503 for a database
+// that is unavailable.
+func requireUnavailable(t *testing.T, r response, what string) {
+	t.Helper()
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "%s: %s", what, r.raw)
+	require.Equal(t, "unavailable", r.errCode(t))
+	require.Contains(t, r.raw, "database is unavailable")
 }
