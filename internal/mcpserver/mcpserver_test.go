@@ -512,6 +512,16 @@ func TestReplayComparesNumbersAndPurgedPayloads(t *testing.T) {
 	toolErr(t, call(t, cs, mcpserver.ToolPropose, prop("pw", `{}`)))
 }
 
+// outageCalls are a call of each tool that reads or writes the database, by tool name,
+// for the tests of a database that is out of reach.
+func outageCalls() map[string]map[string]any {
+	return map[string]map[string]any{
+		mcpserver.ToolPropose: {"connector": "webhook", "key": "k-1", "payload": map[string]any{}},
+		mcpserver.ToolGet:     {"key": "k-1"},
+		mcpserver.ToolList:    {},
+	}
+}
+
 // A database that accepts connections but never answers (a hung server, a stalled
 // network path) must give the agent a tool error within Config.CallTimeout, not a call
 // that never returns: pgx has no deadline of its own without connect_timeout.
@@ -523,11 +533,7 @@ func TestMCPDatabaseNotAnswering(t *testing.T) {
 	svc := &intent.Service{Pool: pool, Policy: testPolicy()}
 	cs := connectAs(t, svc, &svc.Policy.Tokens[0], &mcpserver.Config{CallTimeout: 100 * time.Millisecond})
 
-	for tool, args := range map[string]map[string]any{
-		mcpserver.ToolPropose: {"connector": "webhook", "key": "k-1", "payload": map[string]any{}},
-		mcpserver.ToolGet:     {"key": "k-1"},
-		mcpserver.ToolList:    {},
-	} {
+	for tool, args := range outageCalls() {
 		// The bound is the test's, far above CallTimeout: without one the call would
 		// wait for ever.
 		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
@@ -550,11 +556,7 @@ func TestMCPDatabaseDown(t *testing.T) {
 	t.Cleanup(pool.Close)
 	b := &testBundle{pool: pool, svc: &intent.Service{Pool: pool, Policy: testPolicy()}}
 	cs := b.connect(t, "agent")
-	for tool, args := range map[string]map[string]any{
-		mcpserver.ToolPropose: {"connector": "webhook", "key": "k-1", "payload": map[string]any{}},
-		mcpserver.ToolGet:     {"key": "k-1"},
-		mcpserver.ToolList:    {},
-	} {
+	for tool, args := range outageCalls() {
 		msg := toolErr(t, call(t, cs, tool, args))
 		require.Contains(t, msg, "database is unavailable", tool)
 		require.NotContains(t, msg, "hunter2", tool)
@@ -577,11 +579,7 @@ func TestMCPDatabaseConnectTimeout(t *testing.T) {
 	t.Cleanup(pool.Close)
 	b := &testBundle{pool: pool, svc: &intent.Service{Pool: pool, Policy: testPolicy()}}
 	cs := b.connect(t, "agent")
-	for tool, args := range map[string]map[string]any{
-		mcpserver.ToolPropose: {"connector": "webhook", "key": "k-1", "payload": map[string]any{}},
-		mcpserver.ToolGet:     {"key": "k-1"},
-		mcpserver.ToolList:    {},
-	} {
+	for tool, args := range outageCalls() {
 		msg := toolErr(t, call(t, cs, tool, args))
 		require.Contains(t, msg, "database is unavailable", tool)
 		require.NotContains(t, msg, addr, tool)
@@ -598,11 +596,7 @@ func TestMCPDatabaseEndedSession(t *testing.T) {
 	pool := pgtest.OneSessionPool(t, admin)
 	b := &testBundle{pool: pool, svc: &intent.Service{Pool: pool, Policy: testPolicy()}}
 	cs := b.connect(t, "agent")
-	for tool, args := range map[string]map[string]any{
-		mcpserver.ToolPropose: {"connector": "webhook", "key": "k-1", "payload": map[string]any{}},
-		mcpserver.ToolGet:     {"key": "k-1"},
-		mcpserver.ToolList:    {},
-	} {
+	for tool, args := range outageCalls() {
 		pgtest.EndSession(t, admin, pool)
 
 		msg := toolErr(t, call(t, cs, tool, args))
