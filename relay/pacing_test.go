@@ -84,23 +84,22 @@ func (c *pacedConnector) times() []time.Time {
 	return slices.Clone(c.at)
 }
 
-// A rate-limited instance's requests are paced even when its receiver answers slowly for
-// a while: the relay used to go on claiming rows ahead at the rate while the workers were
-// busy, and once the slow answer came, the workers sent every row waiting at once, a
-// burst the receiver's own limit answers with 429. Rate 1 with a burst of 1: no two
-// requests less than a second apart (on the relay's clock).
-func TestRateLimitPacesRequestsAfterASlowAnswer(t *testing.T) {
-	t.Parallel()
+// pacedSetup enqueues n rows for a relay whose one instance, webhook, is c (which holds
+// each request at its gate until the gate closes), at one request a second and one at a
+// time, and starts that instance's worker; it stops, and the gate closes, when the test
+// ends.
+func pacedSetup(t *testing.T, n int) (clock *testClock, c *pacedConnector, r *Relay, inst *instance) {
+	t.Helper()
 	b := setup(t, receiver.Options{})
 	clock, cfg := b.clockedConfig(t)
-	c := &pacedConnector{clock: clock, started: make(chan struct{}), gate: make(chan struct{})}
+	c = &pacedConnector{clock: clock, started: make(chan struct{}), gate: make(chan struct{})}
 	t.Cleanup(func() { closeOnce(c.gate) })
-	for i := range 4 {
+	for i := range n {
 		enqueue(t, b.pool, fmt.Sprint("paced-", i), "webhook", []int{i})
 	}
 	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: c, Concurrency: 1, Rate: 1}})
 	require.NoError(t, err)
-	inst := r.instances["webhook"]
+	inst = r.instances["webhook"]
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	var worker sync.WaitGroup
 	worker.Go(func() { r.work(ctx, ctx, inst) })
@@ -109,6 +108,17 @@ func TestRateLimitPacesRequestsAfterASlowAnswer(t *testing.T) {
 		close(inst.jobs)
 		worker.Wait()
 	})
+	return clock, c, r, inst
+}
+
+// A rate-limited instance's requests are paced even when its receiver answers slowly for
+// a while: the relay used to go on claiming rows ahead at the rate while the workers were
+// busy, and once the slow answer came, the workers sent every row waiting at once, a
+// burst the receiver's own limit answers with 429. Rate 1 with a burst of 1: no two
+// requests less than a second apart (on the relay's clock).
+func TestRateLimitPacesRequestsAfterASlowAnswer(t *testing.T) {
+	t.Parallel()
+	clock, c, r, inst := pacedSetup(t, 4)
 	idle := func() {
 		t.Helper()
 		require.Eventually(t, func() bool { return inst.claimed.Load() == 0 }, waitTimeout, 10*time.Millisecond)
@@ -210,24 +220,8 @@ func TestInstanceClaimsNoMoreRowsThanItsSlots(t *testing.T) {
 // for time gone by and let a request go at once after the last, at rate 1/s.
 func TestRateLimitIgnoresTheDatabaseClockCorrection(t *testing.T) {
 	t.Parallel()
-	b := setup(t, receiver.Options{})
-	clock, cfg := b.clockedConfig(t)
-	c := &pacedConnector{clock: clock, started: make(chan struct{}), gate: make(chan struct{})}
+	clock, c, r, inst := pacedSetup(t, 2)
 	closeOnce(c.gate) // no request is held
-	for i := range 2 {
-		enqueue(t, b.pool, fmt.Sprint("paced-", i), "webhook", []int{i})
-	}
-	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: c, Concurrency: 1, Rate: 1}})
-	require.NoError(t, err)
-	inst := r.instances["webhook"]
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	var worker sync.WaitGroup
-	worker.Go(func() { r.work(ctx, ctx, inst) })
-	t.Cleanup(func() {
-		cancel()
-		close(inst.jobs)
-		worker.Wait()
-	})
 
 	require.Equal(t, 1, claimOnce(t, r))
 	require.Eventually(t, func() bool { return inst.claimed.Load() == 0 }, waitTimeout, 10*time.Millisecond)
