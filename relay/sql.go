@@ -1,6 +1,9 @@
 package relay
 
-import "github.com/outboxd/outboxd/outbox"
+import (
+	"github.com/outboxd/outboxd/internal/finished"
+	"github.com/outboxd/outboxd/outbox"
+)
 
 // claimSQL takes up to $3 due rows of connector $1 and leases them to relay $4 until $5,
 // in one statement: the CTE locks candidates with SKIP LOCKED, so relays sharing the table
@@ -392,32 +395,10 @@ FROM (
 GROUP BY connector, status`
 
 // retentionSQL deletes up to $2 finished rows of this relay's connectors ($3) last
-// changed before $1 (attempts cascade). Each relay keeps its own connectors' rows for its
-// own retention, so relays configured differently on one database do not overrule
-// each other. The rows are locked as they are chosen, and rows another transaction holds
-// are skipped: a replay may be moving one back to pending, and a DELETE that waited for
-// it would check only the id once the replay committed, and delete the replayed row.
-// It takes the rows after ($4, $5), the (updated_at, id) of the last row the pass's
-// previous batch deleted, and returns how many it deleted and its own last row's: while
-// any transaction holds a snapshot older than a deleted row (a long report, a backup,
-// a standby's feedback), the row's entry in outbox_finished_age stays live to every
-// scan, and a batch that started at the oldest entry read every row the pass had
-// deleted so far (with one such snapshot, the 32nd batch of 1,000 read 32,000 rows,
-// 3,300 buffers against the first's 106).
-const retentionSQL = `
-WITH expired AS (
-    SELECT id FROM outbox
-    WHERE status IN ('delivered', 'canceled') AND updated_at < $1 AND connector = ANY($3)
-      AND (updated_at, id) > ($4::timestamptz, $5::bigint)
-    ORDER BY updated_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM outbox o USING expired e WHERE o.id = e.id
-    RETURNING o.id, o.updated_at
-)
-SELECT count(*), max(updated_at), (array_agg(id ORDER BY updated_at DESC, id DESC))[1]
-FROM gone`
+// changed before $1, after ($4, $5), as finished.DeleteSQL says. Each relay keeps its
+// own connectors' rows for its own retention, so relays configured differently on one
+// database do not overrule each other (the connectors are never NULL: see nonNil).
+const retentionSQL = finished.DeleteSQL
 
 // pollFastSQL tells the insert trigger that relay $1 polls fast for its connector
 // instances ($2) for the next $3, so inserts need not NOTIFY while every instance running

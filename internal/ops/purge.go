@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outboxd/internal/finished"
 )
 
 // PurgeOptions control [Purge].
@@ -45,27 +47,9 @@ WHERE status IN ('delivered', 'canceled') AND updated_at < $1
   AND (NOT $2 OR payload <> '{}'::jsonb OR headers <> '{}'::jsonb)`
 
 // purgeDeleteSQL deletes up to $2 finished rows last changed before $1 (attempts and
-// audit rows cascade). Rows another transaction holds are skipped: a replay with
-// Redeliver may be moving one back to pending. It takes the rows after ($3, $4), the
-// (updated_at, id) of the last row the run's previous batch deleted, and returns how
-// many it deleted and its own last row's: while any transaction holds a snapshot older
-// than a deleted row, the row's entry in outbox_finished_age stays live to every scan,
-// and a batch that started at the oldest entry read every row the run had deleted so
-// far (as relay/sql.go's retentionSQL did).
-const purgeDeleteSQL = `
-WITH victims AS (
-    SELECT id FROM outbox
-    WHERE status IN ('delivered', 'canceled') AND updated_at < $1
-      AND (updated_at, id) > ($3::timestamptz, $4::bigint)
-    ORDER BY updated_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM outbox o USING victims v WHERE o.id = v.id
-    RETURNING o.id, o.updated_at
-)
-SELECT count(*), max(updated_at), (array_agg(id ORDER BY updated_at DESC, id DESC))[1]
-FROM gone`
+// audit rows cascade), of every connector ($3 NULL), after ($4, $5), as
+// finished.DeleteSQL says: the relay's retention deletes its own rows the same way.
+const purgeDeleteSQL = finished.DeleteSQL
 
 // purgePayloadSQL empties the payload and headers of up to $2 finished rows last changed
 // before $1 and records it for each ($3 actor, $4 reason, $5 time). updated_at is left
@@ -136,7 +120,7 @@ func Purge(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration, opt
 			err = pool.QueryRow(ctx, purgePayloadSQL, cutoff, size, actor, opts.Reason, now, after, afterID).
 				Scan(&n, &after, &lastID)
 		} else {
-			err = pool.QueryRow(ctx, purgeDeleteSQL, cutoff, size, after, afterID).Scan(&n, &after, &lastID)
+			err = pool.QueryRow(ctx, purgeDeleteSQL, cutoff, size, nil, after, afterID).Scan(&n, &after, &lastID)
 		}
 		if lastID != nil {
 			afterID = *lastID

@@ -100,9 +100,9 @@ func TestPurgeDeleteBatchStartsAfterThePreviousOne(t *testing.T) {
 	// batch deletes one batch of 500 and returns the buffers its scan of
 	// outbox_finished_age read, under EXPLAIN ANALYZE in a transaction rolled back first.
 	batch := func() int {
-		lines := pgtest.Explain(t, pool, purgeDeleteSQL, cutoff, 500, after, afterID)
+		lines := pgtest.Explain(t, pool, purgeDeleteSQL, cutoff, 500, nil, after, afterID)
 		var lastID *int64
-		require.NoError(t, pool.QueryRow(t.Context(), purgeDeleteSQL, cutoff, 500, after, afterID).Scan(&n, &after, &lastID))
+		require.NoError(t, pool.QueryRow(t.Context(), purgeDeleteSQL, cutoff, 500, nil, after, afterID).Scan(&n, &after, &lastID))
 		require.EqualValues(t, 500, n)
 		afterID = *lastID
 		return pgtest.ScanBuffers(t, lines, "Scan using outbox_finished_age")
