@@ -126,8 +126,19 @@ func WaitingForOperator(id int64, key string) string {
 	return ParkedBehind(id) + fmt.Sprintf("%q), which waits for an operator (held, or awaiting approval)", key)
 }
 
+// WaitingForDelivery is the last_error of a row the relay parked behind row id (key
+// key), an earlier row of its ordering key that a relay is delivering. The parked row's
+// next_attempt_at is a minute ahead, renewed while rows of its key are in flight, so
+// that a key's backlog is not read again by every claim while it goes out one row at a
+// time. When a row of the key finishes (delivered, dead), the relay makes the key's next
+// parked row due at once, whichever row its text names; a row id ended otherwise lets
+// it go within that minute.
+func WaitingForDelivery(id int64, key string) string {
+	return ParkedBehind(id) + fmt.Sprintf("%q), which is being delivered", key)
+}
+
 // ParkedBehind is how the last_error of a row parked behind row id begins
-// ([WaitingBehind], [WaitingForOperator]): what an operator's decision on row id
+// ([WaitingBehind], [WaitingForOperator], [WaitingForDelivery]): what an operator's decision on row id
 // looks for to release the rows parked behind it.
 func ParkedBehind(id int64) string {
 	return ParkedPrefix + strconv.FormatInt(id, 10) + " of its ordering key (key "

@@ -4,14 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/internal/proccpu"
+	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -128,4 +131,53 @@ func benchInsert(ctx context.Context, b *testing.B, pool *pgxpool.Pool, pid, n i
 		return -1
 	}
 	return cpu1.Since(cpu0)
+}
+
+// BenchmarkOneKeyBacklog measures how fast a running relay works off a backlog of b.N
+// rows of one ordering key, which go out one at a time, to a loopback receiver that
+// enforces keys: ns/op is the time per row from the relay's start until every row is
+// delivered. A backlog of twice as many rows should take twice as long, not four times
+// (compare -benchtime 1000x with 2000x).
+//
+//	go test ./relay -run '^$' -bench OneKeyBacklog -benchtime 2000x
+func BenchmarkOneKeyBacklog(b *testing.B) {
+	ctx := context.Background()
+	rcv, err := receiver.Start(receiver.Options{NoEffectLog: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rcv.Close()
+	pool := pgtest.DB(b)
+	msgs := make([]outbox.Message, b.N)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Key: fmt.Sprint("row-", i), Connector: "webhook", OrderingKey: "one", Payload: map[string]int{"i": i}}
+	}
+	for batch := range slices.Chunk(msgs, 1000) {
+		if _, err := outbox.EnqueueBatch(ctx, pool, batch); err != nil {
+			b.Fatal(err)
+		}
+	}
+	r, err := New(pool, &Config{Logger: testLogger(), Registerer: prometheus.NewRegistry()},
+		map[string]Instance{"webhook": {Connector: newHook(b, rcv.URL())}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	b.ResetTimer()
+	go func() { done <- r.Run(runCtx) }()
+	for left := b.N; left > 0; {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE status <> 'delivered'`).Scan(&left); err != nil {
+			b.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b.StopTimer()
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	if got := rcv.TotalEffects(); got != b.N {
+		b.Fatalf("%d effects for %d rows", got, b.N)
+	}
 }

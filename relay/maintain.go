@@ -26,8 +26,8 @@ const (
 
 // maintain runs the periodic work: put back rows whose lease expired, refresh the gauges,
 // report rows for unknown connectors, renew the word that this relay runs (see seen),
-// park the rows behind rows that wait for an operator (see parkWaiting), and delete rows
-// past retention.
+// park the rows behind rows that wait for an operator (see parkWaiting) or that this
+// relay has in flight (see parkInFlight), and delete rows past retention.
 func (r *Relay) maintain(ctx context.Context) {
 	// Retention runs on its own: a backlog of rows past retention (retention turned on
 	// or shortened on a large table) takes many batches, and reclaiming expired leases
@@ -50,6 +50,7 @@ func (r *Relay) maintain(ctx context.Context) {
 			return
 		case <-reclaim.C:
 			r.reclaim(ctx)
+			r.parkInFlight(ctx)
 		case <-stats.C:
 			r.seen(ctx)
 			r.refreshStats(ctx)
@@ -174,24 +175,66 @@ func (r *Relay) reclaim(ctx context.Context) {
 }
 
 const (
-	// parkFor is how long a row parked behind a row waiting for an operator stays
-	// parked before it is due again (see parkWaitingSQL): how late it may go after that
-	// row ends other than by an operator's decision through package ops.
+	// parkFor is how long a row parked behind a row that waits (for an operator, or in
+	// flight) stays parked before it is due again (see parkWaitingSQL): how late it may
+	// go after that row ends other than by an operator's decision through package ops or
+	// an outcome this relay writes.
 	parkFor = time.Minute
-	// waitingHeads is the most rows waiting for an operator one pass parks behind.
+	// waitingHeads is the most rows waiting for an operator, or in flight, one pass
+	// parks behind.
 	waitingHeads = 10000
+)
+
+// A parkPass is one kind of parking pass (see parkWaitingSQL): behind rows that wait
+// for an operator, every statsInterval, or behind this relay's rows in flight, every
+// poll interval.
+type parkPass struct {
+	what     string   // the rows parked behind, for the log
+	heads    string   // the query for the rows to park behind: their ids and keys
+	statuses []string // the statuses in which they wait
+	why      func(id int64, key string) string
+	every    time.Duration // how often the pass runs
+}
+
+var (
+	waitingPass = parkPass{
+		what:     "rows that wait for an operator",
+		heads:    waitingHeadsSQL,
+		statuses: []string{outbox.StatusHeld, outbox.StatusAwaitingApproval},
+		why:      outbox.WaitingForOperator,
+		every:    statsInterval,
+	}
+	inFlightPass = parkPass{
+		what:     "rows in flight",
+		heads:    inFlightHeadsSQL,
+		statuses: []string{outbox.StatusDelivering},
+		why:      outbox.WaitingForDelivery,
+	}
 )
 
 // parkWaiting parks the rows waiting behind rows held or awaiting approval (see
 // parkWaitingSQL), every statsInterval.
 func (r *Relay) parkWaiting(ctx context.Context) {
+	r.park(ctx, waitingPass, waitingHeads)
+}
+
+// parkInFlight parks the rows waiting behind this relay's rows of ordering keys in
+// flight (see inFlightHeadsSQL), every poll interval.
+func (r *Relay) parkInFlight(ctx context.Context) {
+	p := inFlightPass
+	p.every = r.cfg.PollInterval
+	r.park(ctx, p, r.cfg.ID, waitingHeads)
+}
+
+// park runs pass p, whose heads query takes args.
+func (r *Relay) park(ctx context.Context, p parkPass, args ...any) {
 	fail := func(err error) {
 		if ctx.Err() == nil {
 			r.metrics.dbErrors.WithLabelValues("park").Inc()
-			r.log.WarnContext(ctx, "parking rows behind rows that wait for an operator failed; trying again later", "err", err)
+			r.log.WarnContext(ctx, "parking rows behind "+p.what+" failed; trying again later", "err", err)
 		}
 	}
-	rows, err := r.pool.Query(ctx, waitingHeadsSQL, waitingHeads)
+	rows, err := r.pool.Query(ctx, p.heads, args...)
 	if err != nil {
 		fail(err)
 		return
@@ -210,13 +253,14 @@ func (r *Relay) parkWaiting(ctx context.Context) {
 	}
 	heads, whys := make([]int64, len(found)), make([]string, len(found))
 	for i, h := range found {
-		heads[i], whys[i] = h.ID, outbox.WaitingForOperator(h.ID, h.Key)
+		heads[i], whys[i] = h.ID, p.why(h.ID, h.Key)
 	}
 	now := r.now()
+	next := now.Add(p.every)
 	// Two statements, the second with a snapshot taken once the first holds the rows
 	// (see lockWaitingSQL).
 	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, lockWaitingSQL, heads, now, now.Add(statsInterval))
+		rows, err := tx.Query(ctx, lockWaitingSQL, heads, now, next, p.statuses)
 		if err != nil {
 			return err
 		}
@@ -224,7 +268,7 @@ func (r *Relay) parkWaiting(ctx context.Context) {
 		if err != nil || len(ids) == 0 {
 			return err
 		}
-		_, err = tx.Exec(ctx, parkWaitingSQL, heads, now, now.Add(statsInterval), whys, now.Add(parkFor), ids)
+		_, err = tx.Exec(ctx, parkWaitingSQL, heads, now, next, p.statuses, whys, now.Add(parkFor), ids)
 		return err
 	})
 	if err != nil {

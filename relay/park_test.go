@@ -1,9 +1,11 @@
 package relay
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,19 +14,28 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/webhook"
 	"github.com/outboxd/outboxd/internal/ops"
 	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
 )
 
-// parkedSetup enqueues a head and n rows behind it on ordering key "k", plus "soon" and
-// "later", rows of the key scheduled 10 minutes and 2 hours after the relay's clock;
-// claims the head and fails its attempt with a retry an hour later, written with a claim
-// round. It returns the head's row and the retry's time.
+// parkedSetup is inFlightSetup, and then the head's attempt fails with a retry an hour
+// later, written with a claim round. It returns the head's row and the retry's time.
 func parkedSetup(t *testing.T, n int) (b *testBundle, clock *testClock, r *Relay, head claimed, retryAt time.Time) {
 	t.Helper()
-	ctx := t.Context()
+	b, clock, r, head = inFlightSetup(t, n)
+	o := failHead(t, r, head, connectors.RetryAfter(errors.New("receiver unavailable"), time.Hour))
+	require.Equal(t, outbox.StatusPending, o.status)
+	return b, clock, r, head, *o.nextAt
+}
+
+// inFlightSetup enqueues a head and n rows behind it on ordering key "k", plus "soon" and
+// "later", rows of the key scheduled 10 minutes and 2 hours after the relay's clock, and
+// claims the head, which it returns.
+func inFlightSetup(t *testing.T, n int) (b *testBundle, clock *testClock, r *Relay, head claimed) {
+	t.Helper()
 	b = setup(t, receiver.Options{})
 	clock, cfg := b.clockedConfig(t)
 	r = b.newRelay(t, cfg)
@@ -35,21 +46,54 @@ func parkedSetup(t *testing.T, n int) (b *testBundle, clock *testClock, r *Relay
 	msgs = append(msgs,
 		outbox.Message{Key: "soon", Connector: "webhook", OrderingKey: "k", Payload: []int{-1}, NotBefore: clock.Now().Add(10 * time.Minute)},
 		outbox.Message{Key: "later", Connector: "webhook", OrderingKey: "k", Payload: []int{-2}, NotBefore: clock.Now().Add(2 * time.Hour)})
-	_, err := outbox.EnqueueBatch(ctx, b.pool, msgs)
+	_, err := outbox.EnqueueBatch(t.Context(), b.pool, msgs)
 	require.NoError(t, err)
 
 	require.Equal(t, 1, claimOnce(t, r), "the head; the rows behind it wait")
-	inst := r.instances["webhook"]
-	head = <-inst.jobs
+	head = <-r.instances["webhook"].jobs
 	require.Equal(t, "head", head.key)
-	o := r.decide(inst, head, nil, connectors.RetryAfter(errors.New("receiver unavailable"), time.Hour), clock.Now())
-	o.started = clock.Now()
-	require.Equal(t, outbox.StatusPending, o.status)
-	_, wrote, _, _, err := r.claimRound(ctx, []outcome{o}, true)
+	return b, clock, r, head
+}
+
+// failHead writes the outcome of row c, claimed, whose attempt failed with err, with a
+// claim round, and returns it.
+func failHead(t *testing.T, r *Relay, c claimed, err error) outcome {
+	t.Helper()
+	inst := r.instances["webhook"]
+	o := r.decide(inst, c, nil, err, r.cfg.NowFunc())
+	o.started = r.cfg.NowFunc()
+	_, wrote, _, _, err := r.claimRound(t.Context(), []outcome{o}, true)
 	require.NoError(t, err)
 	require.True(t, wrote)
-	r.done(inst, head)
-	return b, clock, r, head, *o.nextAt
+	r.done(inst, c)
+	return o
+}
+
+// requireClaimSkipsParked checks that a claim from the head of the index does not read
+// the n rows "f-…", parked until until: it reads at most a fifth of the buffers it reads
+// with them due. It leaves them parked until until.
+func requireClaimSkipsParked(t *testing.T, b *testBundle, clock *testClock, n int, until time.Time) {
+	t.Helper()
+	ctx := t.Context()
+	scan := func() int {
+		lines := pgtest.Explain(t, b.pool, claimSQL, "webhook", clock.Now().Add(30*time.Second), 1000, "r",
+			clock.Now().Add(time.Hour), pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, int64(1<<20))
+		return pgtest.ScanBuffers(t, lines, "Index Scan using outbox_pending_due")
+	}
+	setAll := func(at time.Time) {
+		_, err := b.pool.Exec(ctx, `UPDATE outbox SET next_attempt_at = $1 WHERE idempotency_key LIKE 'f-%'`, at)
+		require.NoError(t, err)
+	}
+	scan() // the first scan marks the dead entries as such
+	parkedScan := scan()
+	setAll(clock.Now().Add(-time.Hour))
+	scan()
+	dueScan := scan()
+	require.Greater(t, dueScan, 2*n, "unparked, the same claim reads every row behind the head, and looks up its key")
+	// Parked, it reads at most the index entries their former versions left (a scan
+	// marks them dead once no snapshot can see them), not the rows nor their keys.
+	require.Less(t, parkedScan*5, dueScan, "the parked rows are not due: %d buffers against %d", parkedScan, dueScan)
+	setAll(until)
 }
 
 // rowState is a row's next_attempt_at and last_error.
@@ -87,23 +131,7 @@ func TestRowsBehindAFailingHeadWaitForItsRetry(t *testing.T) {
 	require.Empty(t, why)
 
 	// A claim from the head of the index no longer reads them.
-	scan := func() int {
-		lines := pgtest.Explain(t, b.pool, claimSQL, "webhook", clock.Now().Add(30*time.Minute), 1000, "r",
-			clock.Now().Add(time.Hour), pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, int64(1<<20))
-		return pgtest.ScanBuffers(t, lines, "Index Scan using outbox_pending_due")
-	}
-	scan() // the first scan marks the dead entries as such
-	parkedScan := scan()
-	_, err := b.pool.Exec(ctx, `UPDATE outbox SET next_attempt_at = $1::timestamptz - interval '1 hour' WHERE idempotency_key LIKE 'f-%'`, clock.Now())
-	require.NoError(t, err)
-	scan()
-	dueScan := scan()
-	require.Greater(t, dueScan, 2*n, "unparked, the same claim reads every row behind the head, and looks up its key")
-	// Parked, it reads at most the index entries their former versions left (a scan
-	// marks them dead once no snapshot can see them), not the rows nor their keys.
-	require.Less(t, parkedScan*5, dueScan, "the parked rows are not due: %d buffers against %d", parkedScan, dueScan)
-	_, err = b.pool.Exec(ctx, `UPDATE outbox SET next_attempt_at = $1 WHERE idempotency_key LIKE 'f-%'`, retryAt)
-	require.NoError(t, err)
+	requireClaimSkipsParked(t, b, clock, n, retryAt)
 
 	// At the retry's time the head goes first; the rows behind it wait for it.
 	clock.Advance(time.Hour + time.Second)
@@ -385,7 +413,29 @@ func decisionDuringAParkingPass(t *testing.T, parkedBefore bool) {
 		r.parkWaiting(ctx)
 		clock.Advance(parkFor - statsInterval/2) // the next pass renews both
 	}
-	_, err = b.pool.Exec(ctx, `
+	cancelErr := duringHeldPass(t, b, r.parkWaiting, func() error {
+		_, err := ops.Cancel(ctx, b.pool, []string{"head"}, "test", "", time.Time{})
+		return err
+	})
+	require.NoError(t, cancelErr)
+	require.Zero(t, testutil.CollectAndCount(r.metrics.dbErrors), "database errors")
+
+	at, why := rowState(t, b, "f-1")
+	require.Empty(t, why, "head is canceled")
+	require.True(t, at.Before(clock.Now()), "due: %s", at)
+	at, why = rowState(t, b, "o-1")
+	require.Equal(t, outbox.WaitingForOperator(mustGet(t, b, "other").ID, "other"), why, "other still held")
+	require.WithinDuration(t, clock.Now().Add(parkFor), at, time.Millisecond, "parked for a minute from the pass")
+}
+
+// duringHeldPass runs pass in the background, held up by a trigger at its update of row
+// "o-1" (which waits for an advisory lock the test holds), and once it waits there runs
+// action in the background too; when action has finished, or waits for a row lock (the
+// pass's), it lets the pass go on, waits for both, and returns action's error.
+func duringHeldPass(t *testing.T, b *testBundle, pass func(context.Context), action func() error) error {
+	t.Helper()
+	ctx := t.Context()
+	_, err := b.pool.Exec(ctx, `
 CREATE FUNCTION test_block_park() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.idempotency_key = 'o-1' AND NEW.last_error IS NOT NULL THEN
@@ -408,19 +458,16 @@ CREATE TRIGGER test_block_park BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNC
 	}
 
 	passed := make(chan struct{})
-	go func() { defer close(passed); r.parkWaiting(ctx) }()
+	go func() { defer close(passed); pass(ctx) }()
 	require.Eventually(t, func() bool { return waiting("advisory") }, waitTimeout, 10*time.Millisecond, "the pass waits at o-1")
-	canceled := make(chan error, 1)
-	go func() {
-		_, err := ops.Cancel(ctx, b.pool, []string{"head"}, "test", "", time.Time{})
-		canceled <- err
-	}()
-	var cancelErr error
-	cancelDone := false
+	acted := make(chan error, 1)
+	go func() { acted <- action() }()
+	var actionErr error
+	done := false
 	require.Eventually(t, func() bool {
 		select {
-		case cancelErr = <-canceled:
-			cancelDone = true
+		case actionErr = <-acted:
+			done = true
 			return true
 		default:
 			return waiting("transactionid", "tuple") // or it waits for the pass
@@ -429,18 +476,10 @@ CREATE TRIGGER test_block_park BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNC
 	_, err = locker.Exec(ctx, `SELECT pg_advisory_unlock(4345)`)
 	require.NoError(t, err)
 	<-passed
-	if !cancelDone {
-		cancelErr = <-canceled
+	if !done {
+		actionErr = <-acted
 	}
-	require.NoError(t, cancelErr)
-	require.Zero(t, testutil.CollectAndCount(r.metrics.dbErrors), "database errors")
-
-	at, why := rowState(t, b, "f-1")
-	require.Empty(t, why, "head is canceled")
-	require.True(t, at.Before(clock.Now()), "due: %s", at)
-	at, why = rowState(t, b, "o-1")
-	require.Equal(t, outbox.WaitingForOperator(mustGet(t, b, "other").ID, "other"), why, "other still held")
-	require.WithinDuration(t, clock.Now().Add(parkFor), at, time.Millisecond, "parked for a minute from the pass")
+	return actionErr
 }
 
 func mustGet(t *testing.T, b *testBundle, key string) outbox.Intent {
@@ -448,4 +487,183 @@ func mustGet(t *testing.T, b *testBundle, key string) outbox.Intent {
 	in, err := outbox.Get(t.Context(), b.pool, key)
 	require.NoError(t, err)
 	return in
+}
+
+// deliverInRound writes the delivery of row c, claimed, with a claim round, and returns
+// how many rows the round took.
+func deliverInRound(t *testing.T, r *Relay, c claimed) int {
+	t.Helper()
+	inst := r.instances["webhook"]
+	o := r.decide(inst, c, json.RawMessage(`{}`), nil, r.cfg.NowFunc())
+	o.started = r.cfg.NowFunc()
+	took, wrote, _, _, err := r.claimRound(t.Context(), []outcome{o}, true)
+	require.NoError(t, err)
+	require.True(t, wrote)
+	r.done(inst, c)
+	return took
+}
+
+// A key's rows go out one at a time, and every claim read each row waiting behind the
+// one in flight again and looked up its key's earlier rows: a backlog of N rows of one
+// key took N claims each reading what was left of it (BenchmarkOneKeyBacklog: 22.6 ms a
+// row with 2,000 rows, 10.5 with 1,000). The relay parks them behind its row in flight,
+// a minute at a time, and each row's outcome makes the key's next row due.
+func TestRowsBehindARowInFlightAreParked(t *testing.T) {
+	t.Parallel()
+	const n = 300
+	ctx := t.Context()
+	b, clock, r, head := inFlightSetup(t, n)
+	inst := r.instances["webhook"]
+
+	r.parkInFlight(ctx)
+	until := clock.Now().Add(parkFor)
+	var parked int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM outbox
+		WHERE idempotency_key LIKE 'f-%' AND next_attempt_at = $1 AND last_error = $2`,
+		until, outbox.WaitingForDelivery(head.id, "head")).Scan(&parked))
+	require.Equal(t, n, parked, "every row behind the row in flight is parked")
+	at, why := rowState(t, b, "soon")
+	require.WithinDuration(t, clock.Now().Add(10*time.Minute), at, time.Millisecond, "a row not yet due keeps its time")
+	require.Empty(t, why)
+	requireClaimSkipsParked(t, b, clock, n, until)
+
+	// While the row is in flight, the pass before the parking runs out renews it.
+	clock.Advance(parkFor - r.cfg.PollInterval/2)
+	r.parkInFlight(ctx)
+	renewed, _ := rowState(t, b, "f-1")
+	require.True(t, renewed.After(until), "renewed: %s, then %s", until, renewed)
+
+	// Its outcome makes the next row due, and the round takes it; the others stay.
+	parkedBefore := mustGet(t, b, "f-2")
+	released := mustGet(t, b, "f-1")
+	require.Equal(t, 1, deliverInRound(t, r, head), "the round that writes the delivery takes the key's next row")
+	next := <-inst.jobs
+	require.Equal(t, "f-1", next.key)
+	require.Empty(t, mustGet(t, b, "f-1").LastError)
+	require.Equal(t, released.CreatedAt, next.dueAt, "due from its creation, where committedFor measures it from")
+	still := mustGet(t, b, "f-2")
+	require.Equal(t, parkedBefore.NextAttemptAt, still.NextAttemptAt)
+	require.Equal(t, parkedBefore.LastError, still.LastError, "still parked behind the head, whichever row is in flight now")
+	for i := 2; i <= 4; i++ {
+		require.Equal(t, 1, deliverInRound(t, r, next))
+		next = <-inst.jobs
+		require.Equal(t, fmt.Sprintf("f-%d", i), next.key, "in order, one at a time")
+	}
+	require.Zero(t, claimOnce(t, r), "f-5 waits for f-4")
+}
+
+// Rows parked behind a row in flight whose attempt fails wait for its retry instead, an
+// hour later here: their minute's parking would run out first, and every claim would
+// read them again until the retry.
+func TestParkedBehindARowInFlightFollowItsRetry(t *testing.T) {
+	t.Parallel()
+	b, clock, r, head := inFlightSetup(t, 3)
+	r.parkInFlight(t.Context())
+	o := failHead(t, r, head, connectors.RetryAfter(errors.New("receiver unavailable"), time.Hour))
+	for _, key := range []string{"f-1", "f-2", "f-3"} {
+		at, why := rowState(t, b, key)
+		require.Equal(t, *o.nextAt, at, key)
+		require.Equal(t, outbox.WaitingBehind(head.id, "head"), why, key)
+	}
+	at, why := rowState(t, b, "soon")
+	require.WithinDuration(t, clock.Now().Add(10*time.Minute), at, time.Millisecond, "a row not yet due keeps its time")
+	require.Empty(t, why)
+}
+
+// A row in flight that goes dead lets its key go on: its outcome makes the next row due,
+// and the round takes it.
+func TestRowInFlightGoingDeadReleasesTheNextRow(t *testing.T) {
+	t.Parallel()
+	b, _, r, head := inFlightSetup(t, 2)
+	r.parkInFlight(t.Context())
+	o := failHead(t, r, head, connectors.Permanent(errors.New("422 Unprocessable Entity")))
+	require.Equal(t, outbox.StatusDead, o.status)
+	jobs := r.instances["webhook"].jobs
+	require.Len(t, jobs, 1, "the round took the next row")
+	require.Equal(t, "f-1", (<-jobs).key)
+	_, why := rowState(t, b, "f-2")
+	require.Equal(t, outbox.WaitingForDelivery(head.id, "head"), why, "still parked")
+}
+
+// The outcome of a row in flight that a relay writes while its parking pass runs
+// releases the next row, whichever comes first. The pass read the row as in flight
+// before the outcome committed, and would have parked the row behind it for a minute
+// after the outcome found nothing parked to release. Here the pass is held up (a trigger
+// waits for a lock the test holds) at a row behind another key's row in flight, and the
+// head's delivery is written meanwhile.
+func TestOutcomeDuringAParkingPassReleasesTheNextRow(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, receiver.Options{})
+	_, cfg := b.clockedConfig(t)
+	r := b.newRelay(t, cfg)
+	enqueueOrdered(t, b.pool, "head", "k")
+	enqueueOrdered(t, b.pool, "other", "o")
+	enqueueOrdered(t, b.pool, "f-1", "k")
+	enqueueOrdered(t, b.pool, "o-1", "o")
+	require.Equal(t, 2, claimOnce(t, r))
+	inst := r.instances["webhook"]
+	first, second := <-inst.jobs, <-inst.jobs
+	head, other := first, second
+	if head.key != "head" {
+		head, other = other, head
+	}
+	took := 0
+	err := duringHeldPass(t, b, r.parkInFlight, func() error {
+		o := r.decide(inst, head, json.RawMessage(`{}`), nil, r.cfg.NowFunc())
+		o.started = r.cfg.NowFunc()
+		var err error
+		took, _, _, _, err = r.claimRound(ctx, []outcome{o}, true)
+		return err
+	})
+	require.NoError(t, err)
+	r.done(inst, head)
+	require.Zero(t, testutil.CollectAndCount(r.metrics.dbErrors), "database errors")
+
+	require.Equal(t, 1, took+claimOnce(t, r), "f-1 is due")
+	require.Equal(t, "f-1", (<-inst.jobs).key)
+	_, why := rowState(t, b, "o-1")
+	require.Equal(t, outbox.WaitingForDelivery(other.id, "other"), why, "parked behind the other key's row in flight")
+}
+
+// A running relay parks the rows behind its row in flight within a poll interval, and
+// once that row is delivered sends them one at a time, in order.
+func TestRunningRelayParksBehindItsRowInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	hold := make(chan struct{})
+	b := setup(t, receiver.Options{OnEffect: func(e receiver.Effect) {
+		if e.Key == "head" {
+			<-hold
+		}
+	}})
+	var once sync.Once
+	unhold := func() { once.Do(func() { close(hold) }) }
+	t.Cleanup(unhold)
+	hook, err := webhook.New(webhook.Config{URL: b.receiver.URL(), Guarantee: connectors.Enforced, Timeout: waitTimeout})
+	require.NoError(t, err)
+	cfg := b.fastConfig()
+	cfg.Lease = 2 * waitTimeout
+	head := enqueueOrdered(t, b.pool, "head", "k")
+	want := []string{"head"}
+	for i := 1; i <= 20; i++ {
+		want = append(want, enqueueOrdered(t, b.pool, fmt.Sprintf("f-%d", i), "k").Key)
+	}
+	start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: hook}})
+
+	require.Eventually(t, func() bool {
+		var parked int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE last_error = $1`,
+			outbox.WaitingForDelivery(head.ID, "head")).Scan(&parked))
+		return parked == 20
+	}, waitTimeout, 10*time.Millisecond, "the rows behind the head are parked")
+	unhold()
+	for _, key := range want {
+		waitStatus(t, b.pool, key, outbox.StatusDelivered)
+	}
+	var got []string
+	for _, e := range b.receiver.EffectLog() {
+		got = append(got, e.Key)
+	}
+	require.Equal(t, want, got, "one at a time, in order")
 }

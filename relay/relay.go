@@ -2024,7 +2024,7 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 // still be running in the database (its connection broke and the cancel was lost):
 // recordAgainSQL, a statement of its own that starts once the earlier write has ended,
 // then sees the attempts it logged. Then parkSQL, when batch retries rows of ordering
-// keys later (queuePark).
+// keys later (queuePark), and releaseNextSQL, when it ends some (queueRelease).
 func queueRecord(b *pgx.Batch, batch []outcome, args []any) int {
 	n := 1
 	if !anyMaybeWritten(batch) {
@@ -2034,7 +2034,7 @@ func queueRecord(b *pgx.Batch, batch []outcome, args []any) int {
 		b.Queue(recordAgainSQL, args...)
 		n = 2
 	}
-	return n + queuePark(b, batch)
+	return n + queuePark(b, batch) + queueRelease(b, batch)
 }
 
 // queuePark queues parkSQL when batch puts rows of ordering keys back to pending for a
@@ -2059,6 +2059,29 @@ func queuePark(b *pgx.Batch, batch []outcome) int {
 		return 0
 	}
 	b.Queue(parkSQL, heads, at, whys)
+	return 1
+}
+
+// queueRelease queues releaseNextSQL when batch ends rows of ordering keys (delivered,
+// dead), and returns how many statements that is (0 or 1). It runs after their outcomes,
+// in the same transaction, as queuePark does.
+func queueRelease(b *pgx.Batch, batch []outcome) int {
+	var (
+		ended []int64
+		at    time.Time
+	)
+	for _, o := range batch {
+		if o.ordered && (o.status == outbox.StatusDelivered || o.status == outbox.StatusDead) {
+			ended = append(ended, o.id)
+			if o.finished.After(at) {
+				at = o.finished
+			}
+		}
+	}
+	if len(ended) == 0 {
+		return 0
+	}
+	b.Queue(releaseNextSQL, ended, at)
 	return 1
 }
 

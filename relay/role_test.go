@@ -124,24 +124,33 @@ func TestRelayWorksWithTheREADMEsPrivileges(t *testing.T) {
 	waitStatus(t, b.pool, "chain-2", outbox.StatusDelivered)
 
 	// The background work: reclaiming a lease that expired, deleting a row past
-	// retention (and its attempts), the row statistics, parking a row behind a held one.
+	// retention (and its attempts), the row statistics, parking a row behind a held one
+	// and behind one in flight.
 	_, err := b.pool.Exec(ctx, `
 INSERT INTO outbox (idempotency_key, connector, payload, status, attempts, lease_owner, lease_expires_at, updated_at)
 VALUES ('expired', 'webhook', '{}', 'delivering', 1, 'gone', now() - interval '1 minute', now() - interval '2 minutes'),
        ('old', 'webhook', '{}', 'delivered', 1, NULL, NULL, now() - interval '1000 hours')`)
 	require.NoError(t, err)
 	_, err = b.pool.Exec(ctx, `
+INSERT INTO outbox (idempotency_key, connector, payload, ordering_key, status, attempts, lease_owner, lease_expires_at, created_at)
+VALUES ('flying', 'webhook', '{}', 'flight', 'delivering', 1, $1, now() + interval '1 hour', now() - interval '2 hours')`, r.cfg.ID)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `
 INSERT INTO outbox (idempotency_key, connector, payload, ordering_key, status, attempts, next_attempt_at)
 VALUES ('waits', 'webhook', '{}', 'held', 'held', 1, now()),
-       ('behind', 'webhook', '{}', 'held', 'pending', 0, now() - interval '1 hour')`)
+       ('behind', 'webhook', '{}', 'held', 'pending', 0, now() - interval '1 hour'),
+       ('after', 'webhook', '{}', 'flight', 'pending', 0, now() - interval '1 hour')`)
 	require.NoError(t, err)
 	r.reclaim(ctx)
 	r.deleteExpired(ctx)
 	r.refreshStats(ctx)
 	r.parkWaiting(ctx)
-	behind, err := outbox.Get(ctx, b.pool, "behind")
-	require.NoError(t, err)
-	require.True(t, strings.HasPrefix(behind.LastError, "waiting behind row"), behind.LastError)
+	r.parkInFlight(ctx)
+	for _, key := range []string{"behind", "after"} {
+		in, err := outbox.Get(ctx, b.pool, key)
+		require.NoError(t, err)
+		require.True(t, strings.HasPrefix(in.LastError, "waiting behind row"), "%s: %s", key, in.LastError)
+	}
 	require.Zero(t, testutil.CollectAndCount(r.metrics.dbErrors), "database errors")
 	waitStatus(t, b.pool, "expired", outbox.StatusDelivered)
 	_, err = outbox.Get(ctx, b.pool, "old")
