@@ -219,8 +219,11 @@ func (r *Relay) parkWaiting(ctx context.Context) {
 }
 
 // parkInFlight parks the rows waiting behind this relay's rows of ordering keys in
-// flight (see inFlightHeadsSQL), every poll interval.
+// flight (see inFlightHeadsSQL), every poll interval, when it has any.
 func (r *Relay) parkInFlight(ctx context.Context) {
+	if r.claimedOrdered.Load() == 0 {
+		return
+	}
 	p := inFlightPass
 	p.every = r.cfg.PollInterval
 	r.park(ctx, p, r.cfg.ID, waitingHeads)

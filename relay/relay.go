@@ -54,7 +54,10 @@ type Relay struct {
 	// and ownSlots one in each instance's own slot (their instance.ownSlot), made before
 	// the in-flight gauge that reads them is registered.
 	claimedRows atomic.Int64
-	maxClaimed  int
+	// claimedOrdered counts those of them that have an ordering key: a parking pass
+	// behind rows in flight (see parkInFlight) has nothing to do while there are none.
+	claimedOrdered atomic.Int64
+	maxClaimed     int
 	// claimedBytes is the payload and headers bytes of those rows, bounded by Config.MaxClaimedBytes.
 	claimedBytes atomic.Int64
 	slots        chan struct{}
@@ -1105,6 +1108,9 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 		p.inst.claimed.Add(int64(len(rows)))
 		for _, row := range rows {
 			r.claimedBytes.Add(row.size)
+			if row.ordered {
+				r.claimedOrdered.Add(1)
+			}
 			p.inst.jobs <- row
 		}
 		if len(rows) == p.limit {
@@ -1624,6 +1630,9 @@ func (r *Relay) done(inst *instance, row claimed) {
 	inst.claimed.Add(-1)
 	r.claimedRows.Add(-1)
 	r.claimedBytes.Add(-row.size)
+	if row.ordered {
+		r.claimedOrdered.Add(-1)
+	}
 	notify(r.slotFreed)
 }
 

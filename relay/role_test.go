@@ -145,7 +145,9 @@ VALUES ('waits', 'webhook', '{}', 'held', 'held', 1, now()),
 	r.deleteExpired(ctx)
 	r.refreshStats(ctx)
 	r.parkWaiting(ctx)
+	r.claimedOrdered.Add(1) // "flying", which is leased to r, as if r had claimed it
 	r.parkInFlight(ctx)
+	r.claimedOrdered.Add(-1)
 	for _, key := range []string{"behind", "after"} {
 		in, err := outbox.Get(ctx, b.pool, key)
 		require.NoError(t, err)
