@@ -14,6 +14,12 @@ import (
 // notifyChannel is the channel schema.sql's insert trigger notifies.
 const notifyChannel = "outbox"
 
+// The LISTEN connection's warnings, which say the same at every failure (see failed).
+const (
+	listenLost  = "LISTEN connection lost; polling until it is back"
+	probeFailed = "could not send the NOTIFY self-test; trying again"
+)
+
 // errRelisten ends a LISTEN connection that the claim loop found on a server that takes
 // no writes (see takesNoWrites): it is made again, where the pool's new sessions go.
 var errRelisten = errors.New("the pool's sessions were on a server that takes no writes")
@@ -41,8 +47,7 @@ func (r *Relay) listen(ctx context.Context) {
 			sleep(ctx, wait)
 			continue
 		}
-		r.metrics.dbErrors.WithLabelValues("listen").Inc()
-		r.log.WarnContext(ctx, "LISTEN connection lost; polling until it is back", "err", err, "retry_in", wait)
+		r.failed(ctx, "listen", listenLost, err, "retry_in", wait)
 		sleep(ctx, wait)
 	}
 }
@@ -71,6 +76,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		return fmt.Errorf("LISTEN: %w", err)
 	}
 	r.listening.Store(true)
+	r.recovered(ctx, listenLost)
 	// The notifications sent while no connection listened are lost, and one may have been
 	// for a row behind where claims start (see below): look from the head, as for one.
 	r.rescan.Store(true)
@@ -133,8 +139,7 @@ func (r *Relay) checkNotify(ctx context.Context, seen <-chan struct{}) {
 	err := retry.Do(ctx, b, func(ctx context.Context) error {
 		if _, err := r.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, notifyChannel, r.probe); err != nil {
 			if ctx.Err() == nil {
-				r.metrics.dbErrors.WithLabelValues("listen").Inc()
-				r.log.WarnContext(ctx, "could not send the NOTIFY self-test; trying again", "err", err)
+				r.failed(ctx, "listen", probeFailed, err)
 			}
 			return retry.RetryableError(err)
 		}
@@ -143,6 +148,7 @@ func (r *Relay) checkNotify(ctx context.Context, seen <-chan struct{}) {
 	if err != nil {
 		return // the LISTEN connection is gone, or the relay stops
 	}
+	r.recovered(ctx, probeFailed)
 	t := time.NewTimer(r.probeTimeout)
 	defer t.Stop()
 	select {

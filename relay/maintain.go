@@ -24,6 +24,16 @@ const (
 	retentionBatch    = 1000
 )
 
+// The warnings of the periodic work that say the same at every failure (see failed;
+// the parking passes' name what they park behind).
+const (
+	seenFailed      = "could not renew this relay's connector instances for the insert trigger; trying again soon"
+	clockFailed     = "reading the database's clock failed; reclaiming expired leases next poll"
+	reclaimFailed   = "reclaiming expired leases failed; trying again next poll"
+	statsFailed     = "reading row statistics failed"
+	retentionFailed = "deleting rows past retention failed; trying again later"
+)
+
 // maintain runs the periodic work: put back rows whose lease expired, refresh the gauges,
 // report rows for unknown connectors, renew the word that this relay runs (see seen),
 // park the rows behind rows that wait for an operator (see parkWaiting) or that this
@@ -101,12 +111,11 @@ func (r *Relay) seen(ctx context.Context) {
 		// nothing.
 		r.lastSeen = pgtype.Timestamptz{}
 		if ctx.Err() == nil {
-			r.metrics.dbErrors.WithLabelValues("seen").Inc()
-			r.log.WarnContext(ctx, "could not renew this relay's connector instances for the insert trigger; trying again soon",
-				"err", err)
+			r.failed(ctx, "seen", seenFailed, err)
 		}
 		return
 	}
+	r.recovered(ctx, seenFailed)
 	if r.lastSeen.Valid && !sameTime(before, r.lastSeen) {
 		r.log.ErrorContext(ctx, "ANOTHER RELAY USES THIS RELAY'S ID: its word in outbox_wake_connectors was renewed or withdrawn "+
 			"by another relay since this one last renewed it; relays sharing one ID withdraw each other's words when one stops, "+
@@ -140,11 +149,11 @@ func (r *Relay) reclaim(ctx context.Context) {
 	if r.cfg.usesRealClock {
 		if err := r.readClock(ctx); err != nil {
 			if ctx.Err() == nil {
-				r.metrics.dbErrors.WithLabelValues("reclaim").Inc()
-				r.log.WarnContext(ctx, "reading the database's clock failed; reclaiming expired leases next poll", "err", err)
+				r.failed(ctx, "reclaim", clockFailed, err)
 			}
 			return
 		}
+		r.recovered(ctx, clockFailed)
 	}
 	// This relay's own rows whose release failed were never sent: hand them back first,
 	// rather than putting them back below as abandoned, ambiguous attempts.
@@ -159,11 +168,11 @@ func (r *Relay) reclaim(ctx context.Context) {
 	tag, err := r.pool.Exec(ctx, reclaimSQL, r.now(), r.cfg.MaxAttempts, nonNil(r.hold), nonNil(r.names), r.maxAges)
 	if err != nil {
 		if ctx.Err() == nil {
-			r.metrics.dbErrors.WithLabelValues("reclaim").Inc()
-			r.log.WarnContext(ctx, "reclaiming expired leases failed; trying again next poll", "err", err)
+			r.failed(ctx, "reclaim", reclaimFailed, err)
 		}
 		return
 	}
+	r.recovered(ctx, reclaimFailed)
 	if n := tag.RowsAffected(); n > 0 {
 		r.metrics.leaseExpiries.Add(float64(n))
 		r.log.WarnContext(ctx, "rows put back after their relay's lease expired; their last attempt is recorded as ambiguous", "rows", n)
@@ -231,10 +240,10 @@ func (r *Relay) parkInFlight(ctx context.Context) {
 
 // park runs pass p, whose heads query takes args.
 func (r *Relay) park(ctx context.Context, p parkPass, args ...any) {
+	msg := "parking rows behind " + p.what + " failed; trying again later"
 	fail := func(err error) {
 		if ctx.Err() == nil {
-			r.metrics.dbErrors.WithLabelValues("park").Inc()
-			r.log.WarnContext(ctx, "parking rows behind "+p.what+" failed; trying again later", "err", err)
+			r.failed(ctx, "park", msg, err)
 		}
 	}
 	rows, err := r.pool.Query(ctx, p.heads, args...)
@@ -252,6 +261,7 @@ func (r *Relay) park(ctx context.Context, p parkPass, args ...any) {
 		return
 	}
 	if len(found) == 0 {
+		r.recovered(ctx, msg)
 		return
 	}
 	heads, whys := make([]int64, len(found)), make([]string, len(found))
@@ -276,7 +286,9 @@ func (r *Relay) park(ctx context.Context, p parkPass, args ...any) {
 	})
 	if err != nil {
 		fail(err)
+		return
 	}
+	r.recovered(ctx, msg)
 }
 
 // knownStatuses are the statuses the rows gauge reports, reset on every refresh.
@@ -290,8 +302,7 @@ var knownStatuses = []string{"pending", "held", "dead", "awaiting_approval"}
 func (r *Relay) refreshStats(ctx context.Context) {
 	fail := func(err error) {
 		if ctx.Err() == nil {
-			r.metrics.dbErrors.WithLabelValues("stats").Inc()
-			r.log.WarnContext(ctx, "reading row statistics failed", "err", err)
+			r.failed(ctx, "stats", statsFailed, err)
 		}
 	}
 	rows, err := r.pool.Query(ctx, statsSQL, r.now())
@@ -326,6 +337,7 @@ func (r *Relay) refreshStats(ctx context.Context) {
 		fail(err)
 		return
 	}
+	r.recovered(ctx, statsFailed)
 
 	r.metrics.rows.Reset()
 	r.metrics.oldestPending.Reset()
@@ -439,11 +451,11 @@ func (r *Relay) deleteExpired(ctx context.Context) {
 			Scan(&n, &after, &lastID)
 		if err != nil {
 			if ctx.Err() == nil {
-				r.metrics.dbErrors.WithLabelValues("retention").Inc()
-				r.log.WarnContext(ctx, "deleting rows past retention failed; trying again later", "err", err)
+				r.failed(ctx, "retention", retentionFailed, err)
 			}
 			return
 		}
+		r.recovered(ctx, retentionFailed)
 		total += n
 		if n < retentionBatch {
 			break

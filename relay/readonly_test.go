@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -218,4 +219,94 @@ func TestRelayListensOnTheNewPrimaryAfterAFailover(t *testing.T) {
 		"the LISTEN session is on %q", listener())
 	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.notifyWorking) == 1 }, waitTimeout, 10*time.Millisecond,
 		"the NOTIFY self-test runs again on the new LISTEN session")
+}
+
+// While the database takes no writes, every claim round, every reclaim (each poll
+// interval) and every pass of the relay's other work fails, and each failure used to be
+// a warning: several lines a second, for as long as it lasted, saying nothing new. Each
+// kind of failure is now a warning at first and then once a minute, saying how many
+// failed since, and a line at info level says when it works again.
+func TestRepeatedFailuresAreWarnedAboutOnceAMinute(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	ctx := t.Context()
+	var readOnly atomic.Bool
+	pcfg := b.pool.Config().Copy()
+	pcfg.ConnConfig.RuntimeParams["application_name"] = "readonly_test_warnings"
+	pcfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if readOnly.Load() {
+			_, err := c.Exec(ctx, `SET default_transaction_read_only = on`)
+			return err
+		}
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	setReadOnly := func(on bool) {
+		readOnly.Store(on)
+		_, err := b.pool.Exec(ctx, `SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'readonly_test_warnings'`)
+		require.NoError(t, err)
+	}
+
+	clock, cfg := b.clockedConfig(t)
+	var logs logBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	r, _ := start(t, pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.Eventually(t, func() bool { return r.Ready(ctx) == nil }, waitTimeout, 5*time.Millisecond)
+	lines := func(msg string) []string {
+		var out []string
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, "msg=\""+msg+"\"") || strings.Contains(l, "failed=\""+msg+"\"") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	failures := func(op string) float64 { return testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues(op)) }
+	waitFailures := func(op string, n float64) {
+		t.Helper()
+		want := failures(op) + n
+		require.Eventually(t, func() bool { return failures(op) >= want }, waitTimeout, 5*time.Millisecond, "%s fails %v more times", op, n)
+	}
+
+	working := func(msg string) int {
+		n := 0
+		for _, l := range lines(msg) {
+			if strings.Contains(l, "msg=\"working again after failures\"") {
+				n++
+			}
+		}
+		return n
+	}
+
+	// The sessions ended here fail a statement each before the pool's new ones, which
+	// take no writes, are used: count from when those fail.
+	setReadOnly(true)
+	waitFailures("reclaim", 3)
+	waitFailures("claim", 2)
+	claims, reclaims := len(lines(claimFailed)), len(lines(reclaimFailed))
+	require.Positive(t, claims)
+	require.Positive(t, reclaims)
+	waitFailures("reclaim", 5)
+	waitFailures("claim", 2)
+	require.Len(t, lines(reclaimFailed), reclaims, "no more warnings for the reclaims that fail within the minute")
+	require.Len(t, lines(claimFailed), claims, "nor for the claim rounds")
+
+	clock.Advance(troubleWarnEvery)
+	require.Eventually(t, func() bool { return len(lines(reclaimFailed)) == reclaims+1 }, waitTimeout, 5*time.Millisecond,
+		"a minute later, another warning")
+	waitFailures("reclaim", 5)
+	warned := lines(reclaimFailed)
+	require.Len(t, warned, reclaims+1, "and no more within that minute")
+	require.Contains(t, warned[reclaims], "failed_since_last_warning=")
+	require.Contains(t, warned[reclaims], "failing_for=1m0s")
+
+	before := working(reclaimFailed)
+	setReadOnly(false)
+	require.Eventually(t, func() bool { return working(reclaimFailed) > before }, waitTimeout, 5*time.Millisecond,
+		"says it works again")
+	enqueue(t, b.pool, "after", "webhook", map[string]int{"n": 1})
+	waitStatus(t, b.pool, "after", outbox.StatusDelivered)
 }

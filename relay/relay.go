@@ -40,6 +40,7 @@ type Relay struct {
 	cfg       *Config
 	log       *slog.Logger
 	metrics   *metrics
+	trouble   trouble // database work that keeps failing (see failed)
 	instances map[string]*instance
 	names     []string  // instance names, sorted
 	hold      []string  // forwarded instances whose ambiguous attempts are held
@@ -884,11 +885,13 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 				r.ResetPool()
 			}
 			failures++
-			r.metrics.dbErrors.WithLabelValues("claim").Inc()
 			wait := backoff(failures, 100*time.Millisecond, 5*time.Second)
-			r.log.WarnContext(ctx, "claiming and recording failed; retrying", "err", err, "retry_in", wait, "outcomes", len(outs))
+			r.failed(ctx, "claim", claimFailed, err, "retry_in", wait, "outcomes", len(outs))
 			sleep(ctx, wait)
 			continue
+		}
+		if failures > 0 {
+			r.recovered(ctx, claimFailed)
 		}
 		failures = 0
 		if wrote {
@@ -1892,6 +1895,13 @@ func refused(err error) bool {
 	return false
 }
 
+// The warnings of the claim loop and of the final writes of outcomes, which say the
+// same at every failure (see failed).
+const (
+	claimFailed  = "claiming and recording failed; retrying"
+	recordFailed = "recording outcomes failed; retrying"
+)
+
 // takesNoWrites reports whether err is PostgreSQL refusing a write because the server
 // takes none (SQLSTATE 25006): a hot standby, a demoted primary, a database set
 // default_transaction_read_only.
@@ -2016,13 +2026,14 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 				}
 				args = r.recordArgs(batch)
 			}
-			r.metrics.dbErrors.WithLabelValues("record").Inc()
-			r.log.WarnContext(ctx, "recording outcomes failed; retrying", "err", err, "rows", len(batch))
+			r.failed(ctx, "record", recordFailed, err, "rows", len(batch))
 			return retry.RetryableError(err)
 		}
 		return nil
 	})
-	if err != nil {
+	if err == nil {
+		r.recovered(ctx, recordFailed)
+	} else {
 		r.log.ErrorContext(ctx, "outcomes not recorded; the rows are retried when their lease expires", "err", err, "rows", len(batch))
 	}
 }
