@@ -443,14 +443,16 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusServiceUnavailable, "unavailable",
 			"the database is unavailable; sending the same request again later (with the same Idempotency-Key) is safe")
 	case intent.Contended(err):
-		// PostgreSQL ended the request's transaction on a conflict with concurrent work:
-		// nothing was written, and the same request again may well succeed. A 500 would
-		// read as a fault of the server's, which a client does not retry.
+		// PostgreSQL ended the request's transaction on a conflict with concurrent work,
+		// and the same request again may well succeed. Not "nothing was written": a
+		// cancel reads the intent back in a transaction of its own after its write
+		// committed. A 500 would read as a fault of the server's, which a client does not
+		// retry.
 		h.cfg.Logger.WarnContext(r.Context(), "intent api: the database ended the request's transaction on a conflict with concurrent work",
 			"method", r.Method, "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusServiceUnavailable, "unavailable",
-			"the database ended the request's transaction on a conflict with concurrent work (a serialization failure or a deadlock), "+
-				"so nothing was written; sending the same request again (with the same Idempotency-Key) is safe")
+			"the database ended the request's transaction on a conflict with concurrent work (a serialization failure or a deadlock); "+
+				"sending the same request again (with the same Idempotency-Key) is safe")
 	case errors.Is(err, errCallTimeout):
 		h.cfg.Logger.ErrorContext(r.Context(), "intent api: the database did not answer", "method", r.Method, "path", r.URL.Path,
 			"timeout", h.cfg.CallTimeout.String(), "err", err)

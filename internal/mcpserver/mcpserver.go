@@ -478,13 +478,15 @@ func (t *tools) toolError(ctx context.Context, tool, key string, err error) erro
 	case ctx.Err() == nil && intent.Unavailable(err):
 		// The database is down or unreachable, or ended the session the call had (a
 		// restart, a failover): worth saying, so the agent waits instead of treating it as
-		// a fault of its request. The details (host, user) stay in the log.
+		// a fault of its request. The details (host, user) stay in the log. Not "nothing
+		// was written": a session that ended as its COMMIT went out may have committed
+		// it, and a call with the key finds out.
 		// Before the context errors: a connect_timeout of the pool's own (outboxd mcp
 		// gives each connection 10s) ends the connect with context.DeadlineExceeded while
 		// the call's context is still alive.
 		t.log.ErrorContext(ctx, "tool failed: database unavailable", "tool", tool, "key", key, "err", err)
 		if key != "" {
-			return fmt.Errorf("%s: the database is unavailable, so nothing was written; calling again later with the same key %q is safe", tool, key)
+			return fmt.Errorf("%s: the database is unavailable; calling again later with the same key %q is safe", tool, key)
 		}
 		return fmt.Errorf("%s: the database is unavailable; try again later", tool)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

@@ -617,7 +617,7 @@ func TestMCPDatabaseReadOnly(t *testing.T) {
 	b := &testBundle{pool: pool, svc: &intent.Service{Pool: pool, Policy: testPolicy()}}
 	cs := b.connect(t, "agent")
 	msg := toolErr(t, call(t, cs, mcpserver.ToolPropose, map[string]any{"connector": "webhook", "key": "k-1", "payload": map[string]any{}}))
-	require.Contains(t, msg, "database is unavailable, so nothing was written")
+	require.Contains(t, msg, `database is unavailable; calling again later with the same key "k-1" is safe`)
 }
 
 // A failover that leaves the old primary up but taking no writes, while new sessions
