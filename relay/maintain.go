@@ -165,7 +165,21 @@ func (r *Relay) reclaim(ctx context.Context) {
 	if r.anyUnreleased.Load() {
 		return // the database is still away, or a release failed again: not now
 	}
-	tag, err := r.pool.Exec(ctx, reclaimSQL, r.now(), r.cfg.MaxAttempts, nonNil(r.hold), nonNil(r.names), r.maxAges)
+	now := r.now()
+	var put []int64
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, reclaimSQL, now, r.cfg.MaxAttempts, nonNil(r.hold), nonNil(r.names), r.maxAges)
+		if err != nil {
+			return err
+		}
+		if put, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil || len(put) == 0 {
+			return err
+		}
+		// Rows sent to dead let their keys' next rows go: those may be parked behind
+		// them (parkInFlight), by a relay that is gone and will not write their outcome.
+		_, err = tx.Exec(ctx, releaseNextSQL, put, now)
+		return err
+	})
 	if err != nil {
 		if ctx.Err() == nil {
 			r.failed(ctx, "reclaim", reclaimFailed, err)
@@ -173,7 +187,7 @@ func (r *Relay) reclaim(ctx context.Context) {
 		return
 	}
 	r.recovered(ctx, reclaimFailed)
-	if n := tag.RowsAffected(); n > 0 {
+	if n := len(put); n > 0 {
 		r.metrics.leaseExpiries.Add(float64(n))
 		r.log.WarnContext(ctx, "rows put back after their relay's lease expired; their last attempt is recorded as ambiguous", "rows", n)
 		// A row sent to dead lets the next row of its ordering key go, which may lie

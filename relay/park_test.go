@@ -667,3 +667,31 @@ func TestRunningRelayParksBehindItsRowInFlight(t *testing.T) {
 	}
 	require.Equal(t, want, got, "one at a time, in order")
 }
+
+// A row in flight whose lease runs out on its last attempt goes dead by reclaim, and
+// lets its key go on: the next row, parked behind it, is due at once, not at the end of
+// its minute's parking (the relay that parked it, which would have renewed it, is gone).
+func TestRowInFlightReclaimedAsDeadReleasesTheNextRow(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	cfg.MaxAttempts, cfg.Lease = 1, 10*time.Second
+	r := b.newRelay(t, cfg)
+	head := enqueueOrdered(t, b.pool, "head", "k")
+	enqueueOrdered(t, b.pool, "f-1", "k")
+	enqueueOrdered(t, b.pool, "f-2", "k")
+	require.Equal(t, 1, claimOnce(t, r), "the head")
+	require.Equal(t, "head", (<-r.instances["webhook"].jobs).key)
+	r.parkInFlight(ctx)
+	_, why := rowState(t, b, "f-1")
+	require.Equal(t, outbox.WaitingForDelivery(head.ID, "head"), why)
+
+	clock.Advance(cfg.Lease + time.Second)
+	r.reclaim(ctx) // the head's lease ran out on its last attempt: dead
+	require.Equal(t, outbox.StatusDead, mustGet(t, b, "head").Status)
+	require.Equal(t, 1, claimOnce(t, r), "f-1, no longer held back by its head")
+	require.Equal(t, "f-1", (<-r.instances["webhook"].jobs).key)
+	_, why = rowState(t, b, "f-2")
+	require.Equal(t, outbox.WaitingForDelivery(head.ID, "head"), why, "still parked")
+}

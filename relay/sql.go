@@ -291,12 +291,13 @@ FROM p
 WHERE f.id = p.id`
 
 // releaseNextSQL makes due the next row of the ordering key of each row $1, rows whose
-// outcome (delivered or dead) this transaction wrote, when that row is parked
-// (parkWaitingSQL, behind a row in flight or one waiting for an operator; parkSQL):
-// the key's first row not finished is the only one that may go, and a parked row is
-// due from its creation, as ops.unpark makes them. The rest stay parked, each released
-// in its turn, so a key's backlog is written twice (parked, released), not read by
-// every claim. The first row of its key is found whichever row its text names: a
+// outcome (delivered or dead) this transaction wrote, or that reclaimSQL put back (one
+// put back to pending or held is not finished, so nothing behind it goes), when that
+// row is parked (parkWaitingSQL, behind a row in flight or one waiting for an operator;
+// parkSQL): the key's first row not finished is the only one that may go, and a parked
+// row is due from its creation, as ops.unpark makes them. The rest stay parked, each
+// released in its turn, so a key's backlog is written twice (parked, released), not
+// read by every claim. The first row of its key is found whichever row its text names: a
 // parked row first in its key waits for nothing. It waits for a parking pass that holds
 // it, and then sees it parked.
 const releaseNextSQL = `
@@ -333,7 +334,10 @@ WHERE o.id = r.id AND o.attempts = r.attempt AND o.status = 'delivering' AND o.l
 // else dead when it has used its attempts ($2) or when the next attempt, now, would come
 // later than its connector's maximum age ($5, seconds, in the order of $4) after its
 // first attempt, as decide rules for a retry. $1 is the relay's clock.
-// Only relays that have the connector decide, since only they know its policy.
+// Only relays that have the connector decide, since only they know its policy. It
+// returns the rows put back, for releaseNextSQL: a row of an ordering key sent to dead
+// lets its key's next row go, which a relay may have parked behind it while it was in
+// flight.
 const reclaimSQL = `
 WITH expired AS (
     SELECT id, lease_owner, updated_at AS started_at, attempts,
@@ -362,7 +366,8 @@ WITH expired AS (
 INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
 SELECT e.id, e.attempts, e.lease_owner, e.started_at, $1, 'lease_expired', true,
        'lease expired before the outcome was recorded'
-FROM expired e`
+FROM expired e
+RETURNING outbox_id`
 
 // releaseSet is how a release puts a row back: pending, unleased, and the attempt it was
 // claimed for uncounted ($3 is the relay's clock).
