@@ -131,7 +131,8 @@ func WaitingForOperator(id int64, key string) string {
 // next_attempt_at is a minute ahead, renewed while rows of its key are in flight, so
 // that a key's backlog is not read again by every claim while it goes out one row at a
 // time. When a row of the key finishes (delivered, dead), the relay makes the key's next
-// parked row due at once, whichever row its text names; a row id ended otherwise lets
+// parked row due at once, whichever row its text names, and so does an operator's
+// cancel or reject of the key's first row not finished; a row id ended otherwise lets
 // it go within that minute.
 func WaitingForDelivery(id int64, key string) string {
 	return ParkedBehind(id) + fmt.Sprintf("%q), which is being delivered", key)

@@ -695,3 +695,61 @@ func TestRowInFlightReclaimedAsDeadReleasesTheNextRow(t *testing.T) {
 	_, why = rowState(t, b, "f-2")
 	require.Equal(t, outbox.WaitingForDelivery(head.ID, "head"), why, "still parked")
 }
+
+// An operator's cancel or reject of a key's first row not finished lets the key's next
+// row go at once, also when that row is parked behind another row: one the relay parked
+// behind the key's row in flight, which was delivered meanwhile, names that row, not the
+// one canceled (released by the delivery, and not yet claimed) or rejected (awaiting
+// approval behind it).
+func TestDecisionOnTheKeysFirstRowReleasesTheRowParkedBehindAnother(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		status string // of "first", the row behind the head, once the head is delivered
+		decide func(t *testing.T, b *testBundle)
+	}{
+		{"cancel", outbox.StatusPending, func(t *testing.T, b *testBundle) {
+			res, err := ops.Cancel(t.Context(), b.pool, []string{"first"}, "test", "", time.Time{})
+			require.NoError(t, err)
+			require.Equal(t, []string{"first"}, res.Canceled)
+		}},
+		{"reject", outbox.StatusAwaitingApproval, func(t *testing.T, b *testBundle) {
+			_, err := ops.Reject(t.Context(), b.pool, "first", "test", "", time.Time{})
+			require.NoError(t, err)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			b := setup(t, receiver.Options{})
+			clock, cfg := b.clockedConfig(t)
+			r := b.newRelay(t, cfg)
+			inst := r.instances["webhook"]
+			head := enqueueOrdered(t, b.pool, "head", "k")
+			enqueueOrdered(t, b.pool, "first", "k")
+			enqueueOrdered(t, b.pool, "next", "k")
+			_, err := b.pool.Exec(ctx, `UPDATE outbox SET status = $1 WHERE idempotency_key = 'first'`, tc.status)
+			require.NoError(t, err)
+			require.Equal(t, 1, claimOnce(t, r), "the head")
+			c := <-inst.jobs
+			r.parkInFlight(ctx)
+			_, why := rowState(t, b, "next")
+			require.Equal(t, outbox.WaitingForDelivery(head.ID, "head"), why)
+
+			// The head's delivery, written without a claim: "first" is due, or awaits
+			// approval; "next" waits behind it.
+			o := r.decide(inst, c, json.RawMessage(`{}`), nil, clock.Now())
+			o.started = clock.Now()
+			r.writeOutcomes(ctx, []outcome{o})
+			r.done(inst, c)
+			require.Equal(t, outbox.StatusDelivered, mustGet(t, b, "head").Status)
+
+			tc.decide(t, b)
+			at, why := rowState(t, b, "next")
+			require.Empty(t, why, "nothing before it is unfinished")
+			require.True(t, at.Before(clock.Now()), "due: %s", at)
+			require.Equal(t, 1, claimOnce(t, r))
+			require.Equal(t, "next", (<-inst.jobs).key)
+		})
+	}
+}

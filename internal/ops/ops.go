@@ -242,14 +242,23 @@ func dbNowOr(ctx context.Context, db outbox.DB, t time.Time) (time.Time, error) 
 // outboxd_commit_to_delivery_seconds from its next_attempt_at when that is later than
 // its creation (its NotBefore), and the decision's time would have left out how long
 // it waited. A row that must still wait for the row it was parked behind (approved, or
-// replayed, it goes first) is held back by the claim's own check meanwhile.
+// replayed, it goes first) is held back by the claim's own check meanwhile. A parked row
+// that no unfinished row of its key comes before any more (a canceled or rejected row
+// was the key's first) is made due too, whichever row its text names: the relay parks
+// the rows behind its row in flight behind that row (outbox.WaitingForDelivery), and
+// once it is delivered releases only the key's next row, which the decision may end.
 const unparkSQL = `
 UPDATE outbox f
 SET next_attempt_at = least(f.created_at, $3), last_error = NULL, updated_at = $3
 FROM unnest($1::bigint[], $2::text[]) AS w(id, prefix)
 JOIN outbox c ON c.id = w.id
 WHERE f.ordering_key = c.ordering_key AND f.id > c.id
-  AND f.status = 'pending' AND f.attempts = 0 AND starts_with(f.last_error, w.prefix)`
+  AND f.status = 'pending' AND f.attempts = 0
+  AND (starts_with(f.last_error, w.prefix)
+       OR (starts_with(f.last_error, '` + outbox.ParkedPrefix + `') AND NOT EXISTS (
+            SELECT 1 FROM outbox p
+            WHERE p.ordering_key = f.ordering_key AND p.id < f.id
+              AND p.status IN ('pending', 'delivering', 'held', 'awaiting_approval'))))`
 
 // unparkLockSQL locks the rows the relay may park behind rows $1, waiting for a parking
 // pass that holds them (relay/sql.go, lockWaitingSQL): such a pass read rows $1 as
