@@ -177,6 +177,9 @@ func (r *Relay) reclaim(ctx context.Context) {
 		}
 		// Rows sent to dead let their keys' next rows go: those may be parked behind
 		// them (parkInFlight), by a relay that is gone and will not write their outcome.
+		if _, err = tx.Exec(ctx, lockNextSQL, put); err != nil {
+			return err
+		}
 		_, err = tx.Exec(ctx, releaseNextSQL, put, now)
 		return err
 	})

@@ -753,3 +753,142 @@ func TestDecisionOnTheKeysFirstRowReleasesTheRowParkedBehindAnother(t *testing.T
 		})
 	}
 }
+
+// An operator's cancel of the key's first row not finished, parked behind the row in
+// flight, that commits while that row's delivery is being written lets the key's next
+// row go. The outcome waited for the cancel's lock on that row and then found it
+// canceled, so released nothing; the cancel's snapshot did not see the delivery, so it
+// released nothing either, and the next row waited a minute behind nothing. Here the
+// cancel is held up (a trigger waits for a lock the test holds) at its update of the row
+// until the outcome waits for it.
+func TestCancelDuringAnOutcomeReleasesTheNextRow(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	r := b.newRelay(t, cfg)
+	inst := r.instances["webhook"]
+	head := enqueueOrdered(t, b.pool, "head", "k")
+	enqueueOrdered(t, b.pool, "first", "k")
+	enqueueOrdered(t, b.pool, "next", "k")
+	require.Equal(t, 1, claimOnce(t, r), "the head")
+	c := <-inst.jobs
+	r.parkInFlight(ctx)
+	_, why := rowState(t, b, "first")
+	require.Equal(t, outbox.WaitingForDelivery(head.ID, "head"), why)
+
+	_, err := b.pool.Exec(ctx, `
+CREATE FUNCTION test_block_cancel() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.idempotency_key = 'first' AND NEW.status = 'canceled' THEN
+        PERFORM pg_advisory_xact_lock_shared(4346);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER test_block_cancel BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION test_block_cancel();`)
+	require.NoError(t, err)
+	locker, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer locker.Release()
+	_, err = locker.Exec(ctx, `SELECT pg_advisory_lock(4346)`)
+	require.NoError(t, err)
+	waiting := func(event string) bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event = $1 AND datname = current_database()`, event).Scan(&n))
+		return n > 0
+	}
+
+	canceled := make(chan error, 1)
+	go func() {
+		_, err := ops.Cancel(ctx, b.pool, []string{"first"}, "test", "", time.Time{})
+		canceled <- err
+	}()
+	require.Eventually(t, func() bool { return waiting("advisory") }, waitTimeout, 10*time.Millisecond, "the cancel waits at its update")
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		o := r.decide(inst, c, json.RawMessage(`{}`), nil, clock.Now())
+		o.started = clock.Now()
+		r.writeOutcomes(ctx, []outcome{o})
+	}()
+	require.Eventually(t, func() bool { return waiting("transactionid") }, waitTimeout, 10*time.Millisecond, "the outcome waits for the cancel")
+	_, err = locker.Exec(ctx, `SELECT pg_advisory_unlock(4346)`)
+	require.NoError(t, err)
+	require.NoError(t, <-canceled)
+	<-wrote
+	r.done(inst, c)
+	require.Zero(t, testutil.CollectAndCount(r.metrics.dbErrors), "database errors")
+	require.Equal(t, outbox.StatusDelivered, mustGet(t, b, "head").Status)
+	require.Equal(t, outbox.StatusCanceled, mustGet(t, b, "first").Status)
+
+	_, why = rowState(t, b, "next")
+	require.Empty(t, why, "nothing before it is unfinished")
+	require.Equal(t, 1, claimOnce(t, r))
+	require.Equal(t, "next", (<-inst.jobs).key)
+}
+
+// A relay's outcomes that end rows of two ordering keys, written while an operator
+// replays a finished row of each key, do not deadlock with the replay: the outcome locks
+// the keys' next rows (lockNextSQL) and the replay the rows behind the rows it replays
+// (ops, unpark), both in id order. Here a transaction the test holds keeps the replay
+// waiting after it locked the first key's rows behind its row, until the outcome, whose
+// batch names the second key first, waits for it.
+func TestReplayDuringOutcomesOfTwoKeysDoesNotDeadlock(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	r := b.newRelay(t, cfg)
+	inst := r.instances["webhook"]
+	for _, k := range []string{"a-0", "a-1", "a-2", "a-3", "b-0", "b-1", "b-2"} {
+		enqueueOrdered(t, b.pool, k, k[:1])
+	}
+	_, err := b.pool.Exec(ctx, `UPDATE outbox SET status = 'dead', attempts = 1 WHERE idempotency_key IN ('a-0', 'b-0')`)
+	require.NoError(t, err)
+	require.Equal(t, 2, claimOnce(t, r), "a-1 and b-1")
+	first, second := <-inst.jobs, <-inst.jobs
+	if first.key != "b-1" {
+		first, second = second, first
+	}
+	r.parkInFlight(ctx)
+
+	holder, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = holder.Exec(ctx, `SELECT 1 FROM outbox WHERE idempotency_key = 'a-3' FOR NO KEY UPDATE`)
+	require.NoError(t, err)
+	waiting := func(n int) bool {
+		var got int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event IN ('transactionid', 'tuple') AND datname = current_database()`).Scan(&got))
+		return got >= n
+	}
+
+	replayed := make(chan error, 1)
+	go func() {
+		_, err := ops.Replay(ctx, b.pool, ops.Selection{Keys: []string{"a-0", "b-0"}}, ops.ReplayOptions{Actor: "test"})
+		replayed <- err
+	}()
+	require.Eventually(t, func() bool { return waiting(1) }, waitTimeout, 10*time.Millisecond, "the replay waits for a-3")
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		var outs []outcome
+		for _, c := range []claimed{first, second} {
+			o := r.decide(inst, c, json.RawMessage(`{}`), nil, clock.Now())
+			o.started = clock.Now()
+			outs = append(outs, o)
+		}
+		r.writeOutcomes(ctx, outs)
+	}()
+	require.Eventually(t, func() bool { return waiting(2) }, waitTimeout, 10*time.Millisecond, "the outcome waits for the replay")
+	require.NoError(t, holder.Commit(ctx))
+	require.NoError(t, <-replayed)
+	<-wrote
+	r.done(inst, first)
+	r.done(inst, second)
+	require.Zero(t, testutil.CollectAndCount(r.metrics.dbErrors), "database errors")
+	require.Equal(t, outbox.StatusDelivered, mustGet(t, b, "a-1").Status)
+	require.Equal(t, outbox.StatusDelivered, mustGet(t, b, "b-1").Status)
+}

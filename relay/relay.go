@@ -2044,7 +2044,8 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 // still be running in the database (its connection broke and the cancel was lost):
 // recordAgainSQL, a statement of its own that starts once the earlier write has ended,
 // then sees the attempts it logged. Then parkSQL, when batch retries rows of ordering
-// keys later (queuePark), and releaseNextSQL, when it ends some (queueRelease).
+// keys later (queuePark), and lockNextSQL and releaseNextSQL, when it ends some
+// (queueRelease).
 func queueRecord(b *pgx.Batch, batch []outcome, args []any) int {
 	n := 1
 	if !anyMaybeWritten(batch) {
@@ -2082,9 +2083,9 @@ func queuePark(b *pgx.Batch, batch []outcome) int {
 	return 1
 }
 
-// queueRelease queues releaseNextSQL when batch ends rows of ordering keys (delivered,
-// dead), and returns how many statements that is (0 or 1). It runs after their outcomes,
-// in the same transaction, as queuePark does.
+// queueRelease queues lockNextSQL and releaseNextSQL when batch ends rows of ordering
+// keys (delivered, dead), and returns how many statements that is (0 or 2). They run
+// after their outcomes, in the same transaction, as queuePark does.
 func queueRelease(b *pgx.Batch, batch []outcome) int {
 	var (
 		ended []int64
@@ -2101,8 +2102,9 @@ func queueRelease(b *pgx.Batch, batch []outcome) int {
 	if len(ended) == 0 {
 		return 0
 	}
+	b.Queue(lockNextSQL, ended)
 	b.Queue(releaseNextSQL, ended, at)
-	return 1
+	return 2
 }
 
 // execRecord writes batch, whose recordSQL arguments are args, in one transaction (see

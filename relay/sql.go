@@ -298,8 +298,9 @@ WHERE f.id = p.id`
 // row is due from its creation, as ops.unpark makes them. The rest stay parked, each
 // released in its turn, so a key's backlog is written twice (parked, released), not
 // read by every claim. The first row of its key is found whichever row its text names: a
-// parked row first in its key waits for nothing. It waits for a parking pass that holds
-// it, and then sees it parked.
+// parked row first in its key waits for nothing. lockNextSQL, in the same transaction,
+// waited for a parking pass or an operator's decision that held that row, and this
+// statement sees what they did.
 const releaseNextSQL = `
 UPDATE outbox f
 SET next_attempt_at = least(f.created_at, $2), last_error = NULL, updated_at = $2
@@ -313,6 +314,33 @@ CROSS JOIN LATERAL (
     LIMIT 1) n
 WHERE f.id = n.id AND f.status = 'pending' AND f.attempts = 0
   AND starts_with(f.last_error, '` + outbox.ParkedPrefix + `')`
+
+// lockNextSQL locks, for releaseNextSQL in the same transaction, the first row not
+// finished of the ordering key of each row $1, waiting for a transaction that holds it.
+// A parking pass may be parking it (see parkWaitingSQL); an operator may be canceling or
+// rejecting it, and then the row after it is the key's next: that decision's snapshot
+// did not see this outcome, so it left that row parked (package ops, unpark), and
+// releaseNextSQL, looking in a snapshot taken before the decision committed, would find
+// the row it ended and release nothing, leaving the key's next row parked for up to a
+// minute behind nothing. Once it has the row, releaseNextSQL, a statement of its own,
+// sees what they did. The rows are locked in id order, as a replay locks the rows behind
+// the rows it replays (package ops, unparkLockSQL): in the order of $1, an outcome of
+// two keys and a replay of a row of each locked them in opposite orders and deadlocked.
+// The lock is the one releaseNextSQL's update takes: FOR UPDATE would also wait for a
+// replay's FOR KEY SHARE (ops, waitLaterClaimsSQL), which may in turn wait for a row
+// this transaction holds.
+const lockNextSQL = `
+SELECT n.id FROM outbox n
+WHERE n.id IN (
+    SELECT (SELECT u.id FROM outbox u
+            WHERE u.ordering_key = h.ordering_key
+              AND u.status IN ('pending', 'delivering', 'held', 'awaiting_approval')
+            ORDER BY u.id
+            LIMIT 1)
+    FROM unnest($1::bigint[]) AS w(id)
+    JOIN outbox h ON h.id = w.id)
+ORDER BY n.id
+FOR NO KEY UPDATE OF n`
 
 // releaseSQL hands back rows this relay ($1) claimed but never started, $2 with the
 // attempts $4 they were claimed for and their claims' leases $5: they return to pending

@@ -264,11 +264,14 @@ WHERE f.ordering_key = c.ordering_key AND f.id > c.id
 // pass that holds them (relay/sql.go, lockWaitingSQL): such a pass read rows $1 as
 // waiting for an operator before this decision committed, and parks rows that were not
 // parked yet, which unparkSQL's snapshot would not see as parked. Once it has them,
-// unparkSQL, a statement of its own, sees what the pass parked.
+// unparkSQL, a statement of its own, sees what the pass parked. It locks them in id
+// order, as a relay's outcome locks its keys' next rows (relay/sql.go, lockNextSQL), so
+// that a decision on rows of several keys does not deadlock with it.
 const unparkLockSQL = `
 SELECT 1
 FROM outbox f JOIN outbox c ON f.ordering_key = c.ordering_key AND f.id > c.id
 WHERE c.id = ANY($1) AND f.status = 'pending' AND f.attempts = 0
+ORDER BY f.id
 FOR UPDATE OF f`
 
 // unpark makes due again, in tx, the rows the relay parked behind rows ids (see
