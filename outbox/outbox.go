@@ -120,8 +120,10 @@ func WaitingBehind(id int64, key string) string {
 // key), an earlier row of its ordering key that is held or awaits approval, which only an
 // operator ends. The parked row's next_attempt_at is a minute ahead, renewed while row
 // id waits, so that claims do not read it again and again meanwhile. Replaying,
-// approving, rejecting or canceling row id (package ops) makes it due at once; a row id
-// ended otherwise (plain SQL, a late delivery) lets it go within that minute.
+// approving, rejecting or canceling row id (package ops) makes it due at once, and so
+// does a late delivery of row id when it is the key's next row (the relay makes that
+// row due in the outcome's transaction); a row id ended otherwise (plain SQL) lets it go
+// within that minute.
 func WaitingForOperator(id int64, key string) string {
 	return ParkedBehind(id) + fmt.Sprintf("%q), which waits for an operator (held, or awaiting approval)", key)
 }

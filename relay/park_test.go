@@ -892,3 +892,40 @@ func TestReplayDuringOutcomesOfTwoKeysDoesNotDeadlock(t *testing.T) {
 	require.Equal(t, outbox.StatusDelivered, mustGet(t, b, "a-1").Status)
 	require.Equal(t, outbox.StatusDelivered, mustGet(t, b, "b-1").Status)
 }
+
+// A late delivery of a row held for an operator (its relay lost its lease, and the
+// attempt did finish) is that row's outcome, and like any delivery makes its key's next
+// row due at once, though that row was parked behind it as waiting for an operator.
+func TestLateDeliveryOfAHeldRowReleasesTheNextRow(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	r := b.newRelay(t, cfg)
+	inst := r.instances["webhook"]
+	head := enqueueOrdered(t, b.pool, "head", "k")
+	enqueueOrdered(t, b.pool, "f-1", "k")
+	enqueueOrdered(t, b.pool, "f-2", "k")
+	require.Equal(t, 1, claimOnce(t, r), "the head")
+	c := <-inst.jobs
+	// As reclaim holds it for an operator once its lease runs out.
+	_, err := b.pool.Exec(ctx, `UPDATE outbox SET status = 'held', ambiguous = true, lease_owner = NULL,
+		lease_expires_at = NULL WHERE idempotency_key = 'head'`)
+	require.NoError(t, err)
+	r.parkWaiting(ctx)
+	_, why := rowState(t, b, "f-1")
+	require.Equal(t, outbox.WaitingForOperator(head.ID, "head"), why)
+
+	o := r.decide(inst, c, json.RawMessage(`{}`), nil, clock.Now())
+	o.started = clock.Now()
+	r.writeOutcomes(ctx, []outcome{o})
+	r.done(inst, c)
+	require.Equal(t, outbox.StatusDelivered, mustGet(t, b, "head").Status)
+	at, why := rowState(t, b, "f-1")
+	require.Empty(t, why)
+	require.True(t, at.Before(clock.Now()), "due: %s", at)
+	_, why = rowState(t, b, "f-2")
+	require.Equal(t, outbox.WaitingForOperator(head.ID, "head"), why, "still parked, behind f-1 now")
+	require.Equal(t, 1, claimOnce(t, r))
+	require.Equal(t, "f-1", (<-inst.jobs).key)
+}
