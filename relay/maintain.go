@@ -218,6 +218,7 @@ type parkPass struct {
 	what     string   // the rows parked behind, for the log
 	heads    string   // the query for the rows to park behind: their ids and keys
 	statuses []string // the statuses in which they wait
+	park     string   // the statement that parks them (parkWaitingSQL or parkInFlightSQL)
 	why      func(id int64, key string) string
 	every    time.Duration // how often the pass runs
 }
@@ -227,6 +228,7 @@ var (
 		what:     "rows that wait for an operator",
 		heads:    waitingHeadsSQL,
 		statuses: []string{outbox.StatusHeld, outbox.StatusAwaitingApproval},
+		park:     parkWaitingSQL,
 		why:      outbox.WaitingForOperator,
 		every:    statsInterval,
 	}
@@ -234,6 +236,7 @@ var (
 		what:     "rows in flight",
 		heads:    inFlightHeadsSQL,
 		statuses: []string{outbox.StatusDelivering},
+		park:     parkInFlightSQL,
 		why:      outbox.WaitingForDelivery,
 	}
 )
@@ -298,7 +301,9 @@ func (r *Relay) park(ctx context.Context, p parkPass, args ...any) {
 		if err != nil || len(ids) == 0 {
 			return err
 		}
-		_, err = tx.Exec(ctx, parkWaitingSQL, heads, now, next, p.statuses, whys, now.Add(parkFor), ids)
+		// Parked for parkFor, or two passes when they come less often (a long poll
+		// interval), so that a pass renews them before they are due.
+		_, err = tx.Exec(ctx, p.park, heads, now, next, p.statuses, whys, now.Add(max(parkFor, 2*p.every)), ids)
 		return err
 	})
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -413,7 +414,7 @@ func decisionDuringAParkingPass(t *testing.T, parkedBefore bool) {
 		r.parkWaiting(ctx)
 		clock.Advance(parkFor - statsInterval/2) // the next pass renews both
 	}
-	cancelErr := duringHeldPass(t, b, r.parkWaiting, func() error {
+	cancelErr := duringHeldPass(t, b, "o-1", r.parkWaiting, func() error {
 		_, err := ops.Cancel(ctx, b.pool, []string{"head"}, "test", "", time.Time{})
 		return err
 	})
@@ -429,16 +430,16 @@ func decisionDuringAParkingPass(t *testing.T, parkedBefore bool) {
 }
 
 // duringHeldPass runs pass in the background, held up by a trigger at its update of row
-// "o-1" (which waits for an advisory lock the test holds), and once it waits there runs
+// at (a key; the trigger waits for an advisory lock the test holds), and once it waits there runs
 // action in the background too; when action has finished, or waits for a row lock (the
 // pass's), it lets the pass go on, waits for both, and returns action's error.
-func duringHeldPass(t *testing.T, b *testBundle, pass func(context.Context), action func() error) error {
+func duringHeldPass(t *testing.T, b *testBundle, at string, pass func(context.Context), action func() error) error {
 	t.Helper()
 	ctx := t.Context()
 	_, err := b.pool.Exec(ctx, `
 CREATE FUNCTION test_block_park() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF NEW.idempotency_key = 'o-1' AND NEW.last_error IS NOT NULL THEN
+    IF NEW.idempotency_key = '`+at+`' AND NEW.last_error IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock_shared(4345);
     END IF;
     RETURN NEW;
@@ -459,7 +460,7 @@ CREATE TRIGGER test_block_park BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNC
 
 	passed := make(chan struct{})
 	go func() { defer close(passed); pass(ctx) }()
-	require.Eventually(t, func() bool { return waiting("advisory") }, waitTimeout, 10*time.Millisecond, "the pass waits at o-1")
+	require.Eventually(t, func() bool { return waiting("advisory") }, waitTimeout, 10*time.Millisecond, "the pass waits at %s", at)
 	acted := make(chan error, 1)
 	go func() { acted <- action() }()
 	var actionErr error
@@ -609,7 +610,7 @@ func TestOutcomeDuringAParkingPassReleasesTheNextRow(t *testing.T) {
 		head, other = other, head
 	}
 	took := 0
-	err := duringHeldPass(t, b, r.parkInFlight, func() error {
+	err := duringHeldPass(t, b, "o-1", r.parkInFlight, func() error {
 		o := r.decide(inst, head, json.RawMessage(`{}`), nil, r.cfg.NowFunc())
 		o.started = r.cfg.NowFunc()
 		var err error
@@ -928,4 +929,36 @@ func TestLateDeliveryOfAHeldRowReleasesTheNextRow(t *testing.T) {
 	require.Equal(t, outbox.WaitingForOperator(head.ID, "head"), why, "still parked, behind f-1 now")
 	require.Equal(t, 1, claimOnce(t, r))
 	require.Equal(t, "f-1", (<-inst.jobs).key)
+}
+
+// A pass parking the rows behind a held row does not lock that row: an operator's
+// decision on it, which skips a row another transaction holds, was refused ("look again
+// in a moment") while a pass ran, every 10 s. Here the pass is held up at the row
+// behind the head while the head is canceled.
+func TestDecisionDuringAParkingPassIsNotRefused(t *testing.T) {
+	t.Parallel()
+	b, _, r, _ := waitingSetup(t, outbox.StatusHeld)
+	var res ops.CancelResult
+	err := duringHeldPass(t, b, "f-1", r.parkWaiting, func() error {
+		var err error
+		res, err = ops.Cancel(t.Context(), b.pool, []string{"head"}, "test", "", time.Time{})
+		return err
+	})
+	require.NoError(t, err)
+	require.Equal(t, []string{"head"}, res.Canceled, "refused: %v", res.Refused)
+	_, why := rowState(t, b, "f-1")
+	require.Empty(t, why, "released by the cancel")
+}
+
+// A relay whose poll interval is longer than half a minute parks the rows behind its
+// rows in flight for two poll intervals, so that its next pass renews them before they
+// are due: parked for a minute, they were due between passes, and read by every claim.
+func TestParkedBehindARowInFlightForTwoLongPollIntervals(t *testing.T) {
+	t.Parallel()
+	b, clock, r, _ := inFlightSetup(t, 1)
+	r.cfg.PollInterval = 5 * time.Minute
+	r.parkInFlight(t.Context())
+	at, why := rowState(t, b, "f-1")
+	require.True(t, strings.HasPrefix(why, outbox.ParkedPrefix), why)
+	require.WithinDuration(t, clock.Now().Add(10*time.Minute), at, time.Millisecond)
 }

@@ -265,30 +265,43 @@ FOR UPDATE OF f SKIP LOCKED`
 // (outbox.WaitingForOperator or outbox.WaitingForDelivery, in the order of $1) as their
 // last_error, as parkSQL does behind a failed row, for the same reason: every claim
 // would read them again while the row waits. Since that has no time, a parked row is due
-// again at $6 (the relay's clock $2 and a minute), and parked anew by the next pass that
-// finds its row still waiting, if its time runs out before $3 (the next pass). Rows
-// never attempted and due by $2, or parked already, are parked; a row scheduled for
-// later keeps its time until then. Only rows $7, which lockWaitingSQL locked in the
-// same transaction, are parked. An operator's decision on row $1 makes them due at once
-// (package ops, unpark), and so does the outcome of a row in flight (releaseNextSQL).
-// The rows behind a row that another transaction holds (an operator deciding it, its
-// relay writing its outcome) are left for the next pass: that transaction may end the
-// row, and it found nothing parked behind it to release when it looked (rows parked by
-// a statement that had read the row as waiting would wait a minute). A row this
-// statement holds (FOR SHARE) cannot be written until it commits, and the transaction
-// that writes it then sees what it parked. Both locks skip, so a pass never waits.
-const parkWaitingSQL = `
+// again at $6 (the relay's clock $2 and a minute, or two of its passes), and parked
+// anew by the next pass that finds its row still waiting, if its time runs out before
+// $3 (the next pass). Rows never attempted and due by $2, or parked already, are
+// parked; a row scheduled for later keeps its time until then. Only rows $7, which
+// lockWaitingSQL locked in the same transaction, are parked. An operator's decision on
+// row $1 makes them due at once (package ops, unpark), and so does its outcome, or a
+// decision on the key's next row (releaseNextSQL).
+const parkWaitingSQL = parkSelect + `
+)` + parkUpdate
+
+// parkInFlightSQL is parkWaitingSQL behind rows in flight, but for those that another
+// transaction holds (their relay writing their outcome), whose rows are left for the
+// next pass: that transaction may end the row, and then found nothing parked behind it
+// to release when it looked, while this statement, which read the row as in flight,
+// would park its next row for a minute behind nothing. A row this statement holds (FOR
+// SHARE) cannot be written until it commits, and the transaction that writes it then
+// sees what it parked. The lock skips, so a pass never waits. Not behind rows that
+// wait for an operator: package ops skips a row another transaction holds, and would
+// refuse a decision on it while a pass ran.
+const parkInFlightSQL = parkSelect + `
+    FOR SHARE OF h SKIP LOCKED
+)` + parkUpdate
+
+// parkSelect and parkUpdate are parkWaitingSQL, around the lock of rows $1.
+const (
+	parkSelect = `
 WITH p AS (
     SELECT f.id, w.why
     FROM unnest($1::bigint[], $5::text[]) AS w(id, why)` + waitingFollowers + `
       AND f.id = ANY($7::bigint[])
-    FOR UPDATE OF f SKIP LOCKED
-    FOR SHARE OF h SKIP LOCKED
-)
+    FOR UPDATE OF f SKIP LOCKED`
+	parkUpdate = `
 UPDATE outbox f
 SET next_attempt_at = $6, last_error = p.why, updated_at = $2
 FROM p
 WHERE f.id = p.id`
+)
 
 // releaseNextSQL makes due the next row of the ordering key of each row $1, rows whose
 // outcome (delivered or dead) this transaction wrote, or that reclaimSQL put back (one
