@@ -40,7 +40,7 @@ func newMetrics(reg prometheus.Registerer, h holdings) (*metrics, error) {
 			Name: "outboxd_delivery_duration_seconds", Help: "Time a connector took for one attempt.", Buckets: latency,
 		}, []string{"connector"}),
 		commitToDelivery: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "outboxd_commit_to_delivery_seconds", Help: "Time from a row's creation (its NotBefore time, when later) to its successful delivery.", Buckets: latency,
+			Name: "outboxd_commit_to_delivery_seconds", Help: "Time from a row's creation (its NotBefore time, when later, unless the row was parked behind an earlier row of its ordering key) to its successful delivery.", Buckets: latency,
 		}, []string{"connector"}),
 		claimBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "outboxd_claim_batch_rows", Help: "Rows taken by one claim.", Buckets: prometheus.ExponentialBuckets(1, 2, 11),

@@ -195,9 +195,12 @@ type claimed struct {
 // creation time without one); a later attempt's next_attempt_at is a retry's, and the
 // retries count from creation. A parked row's next_attempt_at is not a time of its
 // own: the retry of the earlier row of its key it waited for (relay/sql.go, parkSQL),
-// or the end of a minute's parking behind one that waits for an operator
-// (parkWaitingSQL). It counts from creation, as a row that waited for its key unparked
-// does (a NotBefore of its own, which had passed when it was parked, is no longer known).
+// or the end of a minute's parking behind one that waits for an operator or is in
+// flight (parkWaitingSQL); a parked row made due again (releaseNextSQL, ops' unpark) is
+// due from its creation. It counts from creation, as a row that waited for its key
+// unparked does (a NotBefore of its own, which had passed when it was parked, is no
+// longer known: the histogram shows such a row as late by the time from its creation to
+// its NotBefore).
 func (c claimed) committedFor() time.Time {
 	if c.attempt == 1 && !c.parked && c.dueAt.After(c.createdAt) {
 		return c.dueAt
