@@ -218,7 +218,6 @@ type parkPass struct {
 	what     string   // the rows parked behind, for the log
 	heads    string   // the query for the rows to park behind: their ids and keys
 	statuses []string // the statuses in which they wait
-	park     string   // the statement that parks them (parkWaitingSQL or parkInFlightSQL)
 	why      func(id int64, key string) string
 	every    time.Duration // how often the pass runs
 }
@@ -228,7 +227,6 @@ var (
 		what:     "rows that wait for an operator",
 		heads:    waitingHeadsSQL,
 		statuses: []string{outbox.StatusHeld, outbox.StatusAwaitingApproval},
-		park:     parkWaitingSQL,
 		why:      outbox.WaitingForOperator,
 		every:    statsInterval,
 	}
@@ -236,7 +234,6 @@ var (
 		what:     "rows in flight",
 		heads:    inFlightHeadsSQL,
 		statuses: []string{outbox.StatusDelivering},
-		park:     parkInFlightSQL,
 		why:      outbox.WaitingForDelivery,
 	}
 )
@@ -248,9 +245,14 @@ func (r *Relay) parkWaiting(ctx context.Context) {
 }
 
 // parkInFlight parks the rows waiting behind this relay's rows of ordering keys in
-// flight (see inFlightHeadsSQL), every poll interval, when it has any.
+// flight (see inFlightHeadsSQL), every poll interval, when it has claimed any since the
+// last pass or holds some. Not only when it holds some: a row finished (done) is in
+// flight until the round that writes its outcome commits, which also claims the key's
+// next row, and while that is slow (rows behind it not parked yet) a relay working off
+// one key's backlog held none for most of the time.
 func (r *Relay) parkInFlight(ctx context.Context) {
-	if r.claimedOrdered.Load() == 0 {
+	claims := r.orderedClaims.Load()
+	if r.orderedClaimsParked.Swap(claims) == claims && r.claimedOrdered.Load() == 0 {
 		return
 	}
 	p := inFlightPass
@@ -303,7 +305,7 @@ func (r *Relay) park(ctx context.Context, p parkPass, args ...any) {
 		}
 		// Parked for parkFor, or two passes when they come less often (a long poll
 		// interval), so that a pass renews them before they are due.
-		_, err = tx.Exec(ctx, p.park, heads, now, next, p.statuses, whys, now.Add(max(parkFor, 2*p.every)), ids)
+		_, err = tx.Exec(ctx, parkWaitingSQL, heads, now, next, p.statuses, whys, now.Add(max(parkFor, 2*p.every)), ids)
 		return err
 	})
 	if err != nil {

@@ -962,3 +962,18 @@ func TestParkedBehindARowInFlightForTwoLongPollIntervals(t *testing.T) {
 	require.True(t, strings.HasPrefix(why, outbox.ParkedPrefix), why)
 	require.WithinDuration(t, clock.Now().Add(10*time.Minute), at, time.Millisecond)
 }
+
+// A row whose attempt has ended is in flight until the round that writes its outcome
+// commits, and that round also claims its key's next row: a relay working off one key's
+// backlog, whose rounds were slow while the rows behind were not parked yet, held no row
+// of the key for most of the time, and a pass that ran only while it held one came too
+// seldom to park them (BenchmarkOneKeyBacklog, at times as slow as before parking). A
+// pass parks behind a row claimed since the last one, held or not.
+func TestParkedBehindARowWhoseAttemptEnded(t *testing.T) {
+	t.Parallel()
+	b, _, r, head := inFlightSetup(t, 2)
+	r.done(r.instances["webhook"], head) // its attempt ended; the outcome is not written yet
+	r.parkInFlight(t.Context())
+	_, why := rowState(t, b, "f-2")
+	require.Equal(t, outbox.WaitingForDelivery(head.id, "head"), why)
+}

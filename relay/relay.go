@@ -55,10 +55,14 @@ type Relay struct {
 	// and ownSlots one in each instance's own slot (their instance.ownSlot), made before
 	// the in-flight gauge that reads them is registered.
 	claimedRows atomic.Int64
-	// claimedOrdered counts those of them that have an ordering key: a parking pass
-	// behind rows in flight (see parkInFlight) has nothing to do while there are none.
-	claimedOrdered atomic.Int64
-	maxClaimed     int
+	// claimedOrdered counts those of them that have an ordering key, and orderedClaims
+	// every such row claimed, up to orderedClaimsParked when the last parking pass
+	// behind rows in flight began: that pass has nothing to do while there are none,
+	// and none were claimed since the last (see parkInFlight).
+	claimedOrdered      atomic.Int64
+	orderedClaims       atomic.Int64
+	orderedClaimsParked atomic.Int64
+	maxClaimed          int
 	// claimedBytes is the payload and headers bytes of those rows, bounded by Config.MaxClaimedBytes.
 	claimedBytes atomic.Int64
 	slots        chan struct{}
@@ -1116,6 +1120,7 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 			r.claimedBytes.Add(row.size)
 			if row.ordered {
 				r.claimedOrdered.Add(1)
+				r.orderedClaims.Add(1)
 			}
 			p.inst.jobs <- row
 		}

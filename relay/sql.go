@@ -224,7 +224,7 @@ LIMIT $1`
 // so while one is in flight every claim would read the rows behind it again and look up
 // their key's earlier rows, about 15–25 µs a row here, and a key with a backlog of N
 // rows took N claims, each reading what was left of it: 22.6 ms a row with 2,000 rows,
-// 10.5 with 1,000 (BenchmarkOneKeyBacklog), 3.9 and 4.3 ms parked. Each relay parks
+// 10.5 with 1,000 (BenchmarkOneKeyBacklog), 2.6–3.1 ms parked. Each relay parks
 // behind its own rows.
 const inFlightHeadsSQL = `
 SELECT id, idempotency_key FROM outbox
@@ -271,37 +271,24 @@ FOR UPDATE OF f SKIP LOCKED`
 // parked; a row scheduled for later keeps its time until then. Only rows $7, which
 // lockWaitingSQL locked in the same transaction, are parked. An operator's decision on
 // row $1 makes them due at once (package ops, unpark), and so does its outcome, or a
-// decision on the key's next row (releaseNextSQL).
-const parkWaitingSQL = parkSelect + `
-)` + parkUpdate
-
-// parkInFlightSQL is parkWaitingSQL behind rows in flight, but for those that another
-// transaction holds (their relay writing their outcome), whose rows are left for the
-// next pass: that transaction may end the row, and then found nothing parked behind it
-// to release when it looked, while this statement, which read the row as in flight,
-// would park its next row for a minute behind nothing. A row this statement holds (FOR
-// SHARE) cannot be written until it commits, and the transaction that writes it then
-// sees what it parked. The lock skips, so a pass never waits. Not behind rows that
-// wait for an operator: package ops skips a row another transaction holds, and would
-// refuse a decision on it while a pass ran.
-const parkInFlightSQL = parkSelect + `
-    FOR SHARE OF h SKIP LOCKED
-)` + parkUpdate
-
-// parkSelect and parkUpdate are parkWaitingSQL, around the lock of rows $1.
-const (
-	parkSelect = `
+// decision on the key's next row (releaseNextSQL). A pass that read a row as waiting,
+// in flight say, may park the row behind it after its outcome committed, having found
+// nothing parked to release: that outcome first waited for the pass to let go of the
+// row (lockNextSQL), and then sees it parked. The pass's statements skip what they find
+// locked, so it never waits: it cannot deadlock, and never holds up the rows it parks
+// behind (a lock on them, FOR SHARE, had a pass behind rows in flight skip nearly every
+// row, each held by its relay's round for most of its time in flight).
+const parkWaitingSQL = `
 WITH p AS (
     SELECT f.id, w.why
     FROM unnest($1::bigint[], $5::text[]) AS w(id, why)` + waitingFollowers + `
       AND f.id = ANY($7::bigint[])
-    FOR UPDATE OF f SKIP LOCKED`
-	parkUpdate = `
+    FOR UPDATE OF f SKIP LOCKED
+)
 UPDATE outbox f
 SET next_attempt_at = $6, last_error = p.why, updated_at = $2
 FROM p
 WHERE f.id = p.id`
-)
 
 // releaseNextSQL makes due the next row of the ordering key of each row $1, rows whose
 // outcome (delivered or dead) this transaction wrote, or that reclaimSQL put back (one
