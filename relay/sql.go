@@ -39,6 +39,15 @@ import (
 // and sorted, and a batch of 8 kB payloads spilled to temporary files on every claim.
 // pg_column_compression needs PostgreSQL 14.
 //
+// The update finds each row by the ctid of the version the claim locked, which no one
+// else can change before it commits: one page read a row, where a lookup by id read
+// three (the primary key's index), or read the whole table (a hash join, which the
+// planner took for small tables). A row whose locked version is newer than the
+// statement's snapshot (another transaction changed it after the snapshot and before
+// the lock; EvalPlanQual still found it due) is not visible to the update's scan: it is
+// locked but not claimed, and the next round takes it. BenchmarkClaimAndRecord, seven
+// alternating pairs: PostgreSQL about 1 µs less a row (33.2–38.6 µs against 34.0–43.0).
+//
 // EXPLAIN (10,000 pending rows, PostgreSQL 15):
 //
 //	Update on outbox o
@@ -61,11 +70,11 @@ import (
 //	                    ->  Sort
 //	                          Sort Key: due.next_attempt_at, due.id
 //	                          ->  CTE Scan on due
-//	        ->  Index Scan using outbox_pkey on outbox o
-//	              Index Cond: (id = fits.id)
+//	        ->  Tid Scan on outbox o
+//	              TID Cond: (ctid = fits.tid)
 const claimSQL = `
 WITH due AS (
-    SELECT o.id, o.next_attempt_at,
+    SELECT o.ctid AS tid, o.id, o.next_attempt_at,
            CASE WHEN pg_column_size(o.payload) <= 1024 AND pg_column_compression(o.payload) IS NULL
                 THEN pg_column_size(o.payload) ELSE octet_length(o.payload::text) END
            + CASE WHEN pg_column_size(o.headers) <= 1024 AND pg_column_compression(o.headers) IS NULL
@@ -90,7 +99,7 @@ WITH due AS (
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 ), fits AS (
-    SELECT id, parked, sum(size) OVER (ORDER BY next_attempt_at, id ROWS UNBOUNDED PRECEDING) - size AS before
+    SELECT tid, parked, sum(size) OVER (ORDER BY next_attempt_at, id ROWS UNBOUNDED PRECEDING) - size AS before
     FROM due
 )
 UPDATE outbox o
@@ -99,7 +108,7 @@ SET status = 'delivering', lease_owner = $4, lease_expires_at = $5,
     -- A row parked behind its key's earlier row (parkSQL, parkWaitingSQL) no longer waits.
     last_error = CASE WHEN fits.parked THEN NULL ELSE o.last_error END
 FROM fits
-WHERE o.id = fits.id AND fits.before < $7
+WHERE o.ctid = fits.tid AND fits.before < $7
 RETURNING o.id, o.idempotency_key, o.payload, o.headers, o.attempts, o.ambiguous, o.created_at,
           o.first_attempt_at, o.ordering_key IS NOT NULL, o.next_attempt_at, fits.parked`
 
