@@ -257,11 +257,16 @@ func (r *Relay) parkInFlight(ctx context.Context) {
 	}
 	p := inFlightPass
 	p.every = r.cfg.PollInterval
-	r.park(ctx, p, r.cfg.ID, waitingHeads)
+	if !r.park(ctx, p, r.cfg.ID, waitingHeads) {
+		// Nothing was parked behind those claims: the next pass runs, whatever the relay
+		// holds then, as the other passes run again after a failure (and it ends the run
+		// of failures, see recovered).
+		r.orderedClaimsParked.CompareAndSwap(claims, -1)
+	}
 }
 
-// park runs pass p, whose heads query takes args.
-func (r *Relay) park(ctx context.Context, p parkPass, args ...any) {
+// park runs pass p, whose heads query takes args, and reports whether it did.
+func (r *Relay) park(ctx context.Context, p parkPass, args ...any) bool {
 	msg := "parking rows behind " + p.what + " failed; trying again later"
 	fail := func(err error) {
 		if ctx.Err() == nil {
@@ -271,7 +276,7 @@ func (r *Relay) park(ctx context.Context, p parkPass, args ...any) {
 	rows, err := r.pool.Query(ctx, p.heads, args...)
 	if err != nil {
 		fail(err)
-		return
+		return false
 	}
 	type head struct {
 		ID  int64
@@ -280,11 +285,11 @@ func (r *Relay) park(ctx context.Context, p parkPass, args ...any) {
 	found, err := pgx.CollectRows(rows, pgx.RowToStructByPos[head])
 	if err != nil {
 		fail(err)
-		return
+		return false
 	}
 	if len(found) == 0 {
 		r.recovered(ctx, msg)
-		return
+		return true
 	}
 	heads, whys := make([]int64, len(found)), make([]string, len(found))
 	for i, h := range found {
@@ -310,9 +315,10 @@ func (r *Relay) park(ctx context.Context, p parkPass, args ...any) {
 	})
 	if err != nil {
 		fail(err)
-		return
+		return false
 	}
 	r.recovered(ctx, msg)
+	return true
 }
 
 // knownStatuses are the statuses the rows gauge reports, reset on every refresh.

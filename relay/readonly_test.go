@@ -310,3 +310,70 @@ func TestRepeatedFailuresAreWarnedAboutOnceAMinute(t *testing.T) {
 	enqueue(t, b.pool, "after", "webhook", map[string]int{"n": 1})
 	waitStatus(t, b.pool, "after", outbox.StatusDelivered)
 }
+
+// A parking pass behind rows in flight that failed had counted the claims it was for as
+// parked behind, so the passes after it, once the relay held no rows of ordering keys
+// and claimed none, did not run: the run of failures never ended (no line said the pass
+// worked again), and a failure hours later was reported as part of it, failing for
+// hours. A pass that failed is run again by the next, as the other passes are.
+func TestAFailedPassBehindRowsInFlightRunsAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	ctx := t.Context()
+	_, err := b.pool.Exec(ctx, `
+CREATE TABLE test_fail_park (on_ bool);
+CREATE FUNCTION test_fail_park() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF starts_with(NEW.last_error, '`+outbox.ParkedPrefix+`') AND EXISTS (SELECT 1 FROM test_fail_park) THEN
+        RAISE EXCEPTION 'parking fails';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER test_fail_park BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION test_fail_park();
+INSERT INTO test_fail_park VALUES (true);`)
+	require.NoError(t, err)
+	clock, cfg := b.clockedConfig(t)
+	var logs logBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	r := b.newRelay(t, cfg)
+	msg := "parking rows behind " + inFlightPass.what + " failed; trying again later"
+	lines := func(text string) int {
+		n := 0
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, text) && strings.Contains(l, msg) {
+				n++
+			}
+		}
+		return n
+	}
+
+	enqueueOrdered(t, b.pool, "head", "k")
+	enqueueOrdered(t, b.pool, "f-1", "k")
+	require.Equal(t, 1, claimOnce(t, r))
+	head := <-r.instances["webhook"].jobs
+	r.parkInFlight(ctx)
+	r.parkInFlight(ctx)
+	require.Equal(t, 2.0, testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("park")))
+	require.Equal(t, 1, lines(`level=WARN`), "warned once")
+
+	// The database works again; the head is delivered, and the row behind it canceled,
+	// so the relay holds no rows of ordering keys and claims none.
+	_, err = b.pool.Exec(ctx, `DELETE FROM test_fail_park`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE outbox SET status = 'canceled' WHERE idempotency_key = 'f-1'`)
+	require.NoError(t, err)
+	require.Zero(t, deliverInRound(t, r, head))
+	r.parkInFlight(ctx)
+	require.Equal(t, 1, lines(`msg="working again after failures"`), "the next pass runs, and says it works again")
+
+	// Hours later, a failure starts a run of its own.
+	clock.Advance(3 * time.Hour)
+	_, err = b.pool.Exec(ctx, `INSERT INTO test_fail_park VALUES (true)`)
+	require.NoError(t, err)
+	enqueueOrdered(t, b.pool, "head-2", "k2")
+	enqueueOrdered(t, b.pool, "g-1", "k2")
+	require.Equal(t, 1, claimOnce(t, r))
+	r.parkInFlight(ctx)
+	require.Equal(t, 2, lines(`level=WARN`))
+	require.Zero(t, lines("failed_since_last_warning="), "not part of the run of hours ago")
+}

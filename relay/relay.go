@@ -57,8 +57,8 @@ type Relay struct {
 	claimedRows atomic.Int64
 	// claimedOrdered counts those of them that have an ordering key, and orderedClaims
 	// every such row claimed, up to orderedClaimsParked when the last parking pass
-	// behind rows in flight began: that pass has nothing to do while there are none,
-	// and none were claimed since the last (see parkInFlight).
+	// behind rows in flight began (-1 when it failed): that pass has nothing to do while
+	// there are none, and none were claimed since the last (see parkInFlight).
 	claimedOrdered      atomic.Int64
 	orderedClaims       atomic.Int64
 	orderedClaimsParked atomic.Int64
