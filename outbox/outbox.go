@@ -135,9 +135,12 @@ func WaitingForOperator(id int64, key string) string {
 // time. When a row of the key finishes (delivered, dead), the relay makes the key's next
 // parked row due at once, whichever row its text names, and so does an operator's
 // cancel or reject of the key's first row not finished; a row id ended otherwise lets
-// it go within that minute.
+// it go within that minute. The text says row id was in flight when the row was parked,
+// not that it still is: the rows behind it keep the text as the rows of the key ahead of
+// them go out, until the parking is renewed (within the minute) behind the row then in
+// flight.
 func WaitingForDelivery(id int64, key string) string {
-	return ParkedBehind(id) + fmt.Sprintf("%q), which is being delivered", key)
+	return ParkedBehind(id) + fmt.Sprintf("%q), in flight when this row was parked; the key's rows go out one at a time", key)
 }
 
 // ParkedBehind is how the last_error of a row parked behind row id begins
