@@ -627,8 +627,9 @@ func TestOutcomeDuringAParkingPassReleasesTheNextRow(t *testing.T) {
 	require.Equal(t, outbox.WaitingForDelivery(other.id, "other"), why, "parked behind the other key's row in flight")
 }
 
-// A running relay parks the rows behind its row in flight within a poll interval, and
-// once that row is delivered sends them one at a time, in order.
+// A running relay parks the rows behind its row in flight within a poll interval, when
+// there are at least parkBehindMin of them, and once that row is delivered sends them
+// one at a time, in order.
 func TestRunningRelayParksBehindItsRowInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -647,7 +648,7 @@ func TestRunningRelayParksBehindItsRowInFlight(t *testing.T) {
 	cfg.Lease = 2 * waitTimeout
 	head := enqueueOrdered(t, b.pool, "head", "k")
 	want := []string{"head"}
-	for i := 1; i <= 20; i++ {
+	for i := 1; i <= parkBehindMin; i++ {
 		want = append(want, enqueueOrdered(t, b.pool, fmt.Sprintf("f-%d", i), "k").Key)
 	}
 	start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: hook}})
@@ -656,7 +657,7 @@ func TestRunningRelayParksBehindItsRowInFlight(t *testing.T) {
 		var parked int
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE last_error = $1`,
 			outbox.WaitingForDelivery(head.ID, "head")).Scan(&parked))
-		return parked == 20
+		return parked == parkBehindMin
 	}, waitTimeout, 10*time.Millisecond, "the rows behind the head are parked")
 	unhold()
 	for _, key := range want {
@@ -976,4 +977,20 @@ func TestParkedBehindARowWhoseAttemptEnded(t *testing.T) {
 	r.parkInFlight(t.Context())
 	_, why := rowState(t, b, "f-2")
 	require.Equal(t, outbox.WaitingForDelivery(head.id, "head"), why)
+}
+
+// Rows behind a row in flight are parked only when there are at least parkBehindMin of
+// them: writing a row twice (parked, released) costs more than the claims that read a
+// few rows waiting behind a row in flight.
+func TestFewRowsBehindARowInFlightAreNotParked(t *testing.T) {
+	t.Parallel()
+	b, _, r, _ := inFlightSetup(t, parkBehindMin-3) // with "soon" and "later", one short
+	r.parkBehindMin = parkBehindMin
+	r.parkInFlight(t.Context())
+	_, why := rowState(t, b, "f-1")
+	require.Empty(t, why, "not parked")
+	enqueueOrdered(t, b.pool, "one-more", "k")
+	r.parkInFlight(t.Context())
+	_, why = rowState(t, b, "f-1")
+	require.True(t, strings.HasPrefix(why, outbox.ParkedPrefix), why)
 }

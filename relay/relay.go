@@ -81,7 +81,10 @@ type Relay struct {
 	probe    string       // the payload of this relay's NOTIFY self-test
 	// probeTimeout is how long the NOTIFY self-test waits; tests shorten it.
 	probeTimeout time.Duration
-	running      atomic.Bool
+	// parkBehindMin is the fewest rows waiting behind a row in flight that a pass parks
+	// behind it (see parkInFlight); tests lower it.
+	parkBehindMin int
+	running       atomic.Bool
 	// runCalled is set while Run is running or once it has run: a Relay runs once.
 	runCalled atomic.Bool
 	// Rows this relay claimed and knows it never sent, still leased to it: unreleased
@@ -287,7 +290,8 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		ownSlots:  make([]chan struct{}, reserved),
 		probe:     "probe:" + cfg.ID,
 
-		probeTimeout: defaultProbeTimeout,
+		probeTimeout:  defaultProbeTimeout,
+		parkBehindMin: parkBehindMin,
 	}
 	for i := range r.ownSlots {
 		r.ownSlots[i] = make(chan struct{}, 1)

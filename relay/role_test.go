@@ -138,14 +138,19 @@ VALUES ('flying', 'webhook', '{}', 'flight', 'delivering', 1, $1, now() + interv
 	_, err = b.pool.Exec(ctx, `
 INSERT INTO outbox (idempotency_key, connector, payload, ordering_key, status, attempts, next_attempt_at)
 VALUES ('waits', 'webhook', '{}', 'held', 'held', 1, now()),
-       ('behind', 'webhook', '{}', 'held', 'pending', 0, now() - interval '1 hour'),
-       ('after', 'webhook', '{}', 'flight', 'pending', 0, now() - interval '1 hour')`)
+       ('behind', 'webhook', '{}', 'held', 'pending', 0, now() - interval '1 hour')`)
+	require.NoError(t, err)
+	// Enough rows behind "flying" for a pass to park them (parkBehindMin).
+	_, err = b.pool.Exec(ctx, `
+INSERT INTO outbox (idempotency_key, connector, payload, ordering_key, status, attempts, next_attempt_at)
+SELECT 'after-' || i, 'webhook', '{}', 'flight', 'pending', 0, now() - interval '1 hour'
+FROM generate_series(1, $1) AS i`, parkBehindMin)
 	require.NoError(t, err)
 	r.reclaim(ctx)
 	r.deleteExpired(ctx)
 	r.refreshStats(ctx)
 	r.claimedOrdered.Add(1) // "flying", which is leased to r, as if r had claimed it
-	for _, key := range []string{"behind", "after"} {
+	for _, key := range []string{"behind", "after-1"} {
 		// The running relay's own passes may hold the rows meanwhile (the passes skip
 		// locked rows).
 		require.Eventually(t, func() bool {

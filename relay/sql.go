@@ -234,11 +234,19 @@ LIMIT $1`
 // their key's earlier rows, about 15–25 µs a row here, and a key with a backlog of N
 // rows took N claims, each reading what was left of it: 22.6 ms a row with 2,000 rows,
 // 10.5 with 1,000 (BenchmarkOneKeyBacklog), 2.6–3.1 ms parked. Each relay parks
-// behind its own rows.
+// behind its own rows, and only behind those with more than $3 rows of their key not
+// finished behind them (parkBehindMin): a row that waits behind a few is read by the
+// claims that do not find enough rows before it, which costs less than writing it
+// twice.
 const inFlightHeadsSQL = `
-SELECT id, idempotency_key FROM outbox
-WHERE status = 'delivering' AND ordering_key IS NOT NULL AND lease_owner = $1
-ORDER BY id
+SELECT h.id, h.idempotency_key FROM outbox h
+WHERE h.status = 'delivering' AND h.ordering_key IS NOT NULL AND h.lease_owner = $1
+  AND EXISTS (
+      SELECT 1 FROM outbox f
+      WHERE f.ordering_key = h.ordering_key AND f.id > h.id
+        AND f.status IN ('pending', 'delivering', 'held', 'awaiting_approval')
+      OFFSET $3)
+ORDER BY h.id
 LIMIT $2`
 
 // waitingFollowers is the rows parkWaitingSQL parks behind rows w (see there), as f,
@@ -303,28 +311,39 @@ WHERE f.id = p.id`
 // outcome (delivered or dead) this transaction wrote, or that reclaimSQL put back (one
 // put back to pending or held is not finished, so nothing behind it goes), when that
 // row is parked (parkWaitingSQL, behind a row in flight or one waiting for an operator;
-// parkSQL): the key's first row not finished is the only one that may go, and a parked
-// row is due from its creation, as ops.unpark makes them. The rest stay parked, each
-// released in its turn, so a key's backlog is written twice (parked, released), not
-// read by every claim. The first row of its key is found whichever row its text names: a
-// parked row first in its key waits for nothing. lockNextSQL, in the same transaction,
-// waited for a parking pass or an operator's decision that held that row, and this
-// statement sees what they did.
+// parkSQL): the row after it is the one to go next, and a parked row is due from its
+// creation, as ops.unpark makes them. The rest stay parked, each released in its turn,
+// so a key's backlog is written twice (parked, released), not read by every claim. The
+// next row is found whichever row its text names. lockNextSQL, in the same
+// transaction, waited for a parking pass or an operator's decision that held that row,
+// and this statement sees what they did.
 const releaseNextSQL = `
 UPDATE outbox f
 SET next_attempt_at = least(f.created_at, $2), last_error = NULL, updated_at = $2
-FROM unnest($1::bigint[]) AS w(id)
-JOIN outbox h ON h.id = w.id
-CROSS JOIN LATERAL (
-    SELECT n.id FROM outbox n
-    WHERE n.ordering_key = h.ordering_key
-      AND n.status IN ('pending', 'delivering', 'held', 'awaiting_approval')
-    ORDER BY n.id
-    LIMIT 1) n
-WHERE f.id = n.id AND f.status = 'pending' AND f.attempts = 0
+WHERE f.id = ANY (ARRAY(` + nextUnfinished + `))
+  AND f.status = 'pending' AND f.attempts = 0
   AND starts_with(f.last_error, '` + outbox.ParkedPrefix + `')`
 
-// lockNextSQL locks, for releaseNextSQL in the same transaction, the first row not
+// nextUnfinished is the row not finished that comes next in the ordering key of each
+// row $1 that is finished, for lockNextSQL and releaseNextSQL. Its lookup starts at the
+// row, not at the head of its key, whose entries in outbox_ordering_unfinished left by
+// the key's finished rows it would read through one by one, with the heap tuples
+// behind them; and the statements take the rows as an array, so that they read the
+// table by index (written as joins, they were planned as hash joins over the whole
+// table). Both cost 2,000 keys of 10 rows a third more time per row delivered, a
+// scratch benchmark not kept. A row not finished before the row (replayed since) is not
+// looked for: a row made due behind it is held back by the claim's own check.
+const nextUnfinished = `
+    SELECT (SELECT u.id FROM outbox u
+            WHERE u.ordering_key = h.ordering_key AND u.id > h.id
+              AND u.status IN ('pending', 'delivering', 'held', 'awaiting_approval')
+            ORDER BY u.id
+            LIMIT 1)
+    FROM outbox h
+    WHERE h.id = ANY($1::bigint[])
+      AND h.status NOT IN ('pending', 'delivering', 'held', 'awaiting_approval')`
+
+// lockNextSQL locks, for releaseNextSQL in the same transaction, the next row not
 // finished of the ordering key of each row $1, waiting for a transaction that holds it.
 // A parking pass may be parking it (see parkWaitingSQL); an operator may be canceling or
 // rejecting it, and then the row after it is the key's next: that decision's snapshot
@@ -340,14 +359,7 @@ WHERE f.id = n.id AND f.status = 'pending' AND f.attempts = 0
 // this transaction holds.
 const lockNextSQL = `
 SELECT n.id FROM outbox n
-WHERE n.id IN (
-    SELECT (SELECT u.id FROM outbox u
-            WHERE u.ordering_key = h.ordering_key
-              AND u.status IN ('pending', 'delivering', 'held', 'awaiting_approval')
-            ORDER BY u.id
-            LIMIT 1)
-    FROM unnest($1::bigint[]) AS w(id)
-    JOIN outbox h ON h.id = w.id)
+WHERE n.id = ANY (ARRAY(` + nextUnfinished + `))
 ORDER BY n.id
 FOR NO KEY UPDATE OF n`
 
