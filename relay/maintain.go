@@ -213,9 +213,10 @@ const (
 	// for the rows behind it to be parked. Parking and releasing a row writes it twice,
 	// some 60 µs of PostgreSQL's CPU here, and a claim reads a row waiting behind a row
 	// in flight only when it has not found enough rows due before it: with 2,000 keys
-	// of 10 rows each, parking behind every row in flight made the relay 30% slower
-	// (a scratch benchmark of 20,000 such rows, not kept), while a key's backlog of
-	// thousands is read by every claim until it is parked.
+	// of 10 rows each, parking behind every row in flight made the relay slower (with
+	// the release statements, then planned over the whole table, by a third; a scratch
+	// benchmark of 20,000 such rows, not kept), while a key's backlog of thousands is
+	// read by every claim until it is parked.
 	parkBehindMin = 50
 )
 
