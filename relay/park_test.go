@@ -436,27 +436,8 @@ func decisionDuringAParkingPass(t *testing.T, parkedBefore bool) {
 func duringHeldPass(t *testing.T, b *testBundle, at string, pass func(context.Context), action func() error) error {
 	t.Helper()
 	ctx := t.Context()
-	_, err := b.pool.Exec(ctx, `
-CREATE FUNCTION test_block_park() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF NEW.idempotency_key = '`+at+`' AND NEW.last_error IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock_shared(4345);
-    END IF;
-    RETURN NEW;
-END $$;
-CREATE TRIGGER test_block_park BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION test_block_park();`)
-	require.NoError(t, err)
-	locker, err := b.pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer locker.Release()
-	_, err = locker.Exec(ctx, `SELECT pg_advisory_lock(4345)`)
-	require.NoError(t, err)
-	waiting := func(events ...string) bool {
-		var n int
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event = ANY($1) AND datname = current_database()`, events).Scan(&n))
-		return n > 0
-	}
+	unlock, _ := blockAtUpdate(t, b.pool, at, "NEW.last_error IS NOT NULL")
+	waiting := func(events ...string) bool { return sessionsWaiting(t, b.pool, events...) > 0 }
 
 	passed := make(chan struct{})
 	go func() { defer close(passed); pass(ctx) }()
@@ -474,8 +455,7 @@ CREATE TRIGGER test_block_park BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNC
 			return waiting("transactionid", "tuple") // or it waits for the pass
 		}
 	}, waitTimeout, 10*time.Millisecond)
-	_, err = locker.Exec(ctx, `SELECT pg_advisory_unlock(4345)`)
-	require.NoError(t, err)
+	unlock()
 	<-passed
 	if !done {
 		actionErr = <-acted
@@ -779,34 +759,14 @@ func TestCancelDuringAnOutcomeReleasesTheNextRow(t *testing.T) {
 	_, why := rowState(t, b, "first")
 	require.Equal(t, outbox.WaitingForDelivery(head.ID, "head"), why)
 
-	_, err := b.pool.Exec(ctx, `
-CREATE FUNCTION test_block_cancel() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF NEW.idempotency_key = 'first' AND NEW.status = 'canceled' THEN
-        PERFORM pg_advisory_xact_lock_shared(4346);
-    END IF;
-    RETURN NEW;
-END $$;
-CREATE TRIGGER test_block_cancel BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION test_block_cancel();`)
-	require.NoError(t, err)
-	locker, err := b.pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer locker.Release()
-	_, err = locker.Exec(ctx, `SELECT pg_advisory_lock(4346)`)
-	require.NoError(t, err)
-	waiting := func(event string) bool {
-		var n int
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event = $1 AND datname = current_database()`, event).Scan(&n))
-		return n > 0
-	}
+	unlock, waiting := blockAtUpdate(t, b.pool, "first", "NEW.status = 'canceled'")
 
 	canceled := make(chan error, 1)
 	go func() {
 		_, err := ops.Cancel(ctx, b.pool, []string{"first"}, "test", "", time.Time{})
 		canceled <- err
 	}()
-	require.Eventually(t, func() bool { return waiting("advisory") }, waitTimeout, 10*time.Millisecond, "the cancel waits at its update")
+	require.Eventually(t, func() bool { return waiting("advisory") > 0 }, waitTimeout, 10*time.Millisecond, "the cancel waits at its update")
 	wrote := make(chan struct{})
 	go func() {
 		defer close(wrote)
@@ -814,9 +774,8 @@ CREATE TRIGGER test_block_cancel BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FU
 		o.started = clock.Now()
 		r.writeOutcomes(ctx, []outcome{o})
 	}()
-	require.Eventually(t, func() bool { return waiting("transactionid") }, waitTimeout, 10*time.Millisecond, "the outcome waits for the cancel")
-	_, err = locker.Exec(ctx, `SELECT pg_advisory_unlock(4346)`)
-	require.NoError(t, err)
+	require.Eventually(t, func() bool { return waiting("transactionid") > 0 }, waitTimeout, 10*time.Millisecond, "the outcome waits for the cancel")
+	unlock()
 	require.NoError(t, <-canceled)
 	<-wrote
 	r.done(inst, c)
@@ -860,12 +819,7 @@ func TestReplayDuringOutcomesOfTwoKeysDoesNotDeadlock(t *testing.T) {
 	defer func() { _ = holder.Rollback(context.WithoutCancel(ctx)) }()
 	_, err = holder.Exec(ctx, `SELECT 1 FROM outbox WHERE idempotency_key = 'a-3' FOR NO KEY UPDATE`)
 	require.NoError(t, err)
-	waiting := func(n int) bool {
-		var got int
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event IN ('transactionid', 'tuple') AND datname = current_database()`).Scan(&got))
-		return got >= n
-	}
+	waiting := func(n int) bool { return sessionsWaiting(t, b.pool, "transactionid", "tuple") >= n }
 
 	replayed := make(chan error, 1)
 	go func() {

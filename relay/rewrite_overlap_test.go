@@ -52,8 +52,7 @@ func TestOutcomeWrittenAgainWhileTheFirstWriteRunsIsLoggedOnce(t *testing.T) {
 // the test holds); waiting counts the sessions waiting for event (advisory: held there).
 func blockAtCommit(t *testing.T, pool *pgxpool.Pool, key, status string) (unlock func(), waiting func(event string) int) {
 	t.Helper()
-	ctx := t.Context()
-	_, err := pool.Exec(ctx, fmt.Sprintf(`
+	return holdAtLock(t, pool, fmt.Sprintf(`
 CREATE FUNCTION test_block_commit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.idempotency_key = '%s' AND NEW.status = '%s' THEN
@@ -63,6 +62,31 @@ BEGIN
 END $$;
 CREATE CONSTRAINT TRIGGER test_block_commit AFTER UPDATE ON outbox
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_block_commit();`, key, status))
+}
+
+// blockAtUpdate holds every update of the row of key for which when (SQL on NEW) holds,
+// as it writes it, until unlock is called (a trigger before the update waits for an
+// advisory lock the test holds); waiting is as blockAtCommit's.
+func blockAtUpdate(t *testing.T, pool *pgxpool.Pool, key, when string) (unlock func(), waiting func(event string) int) {
+	t.Helper()
+	return holdAtLock(t, pool, fmt.Sprintf(`
+CREATE FUNCTION test_block_update() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.idempotency_key = '%s' AND %s THEN
+        PERFORM pg_advisory_xact_lock_shared(4343);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER test_block_update BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION test_block_update();`, key, when))
+}
+
+// holdAtLock creates trigger, whose function waits for advisory lock 4343, takes that
+// lock for the test, and returns what releases it and what counts the sessions of pool's
+// database waiting for an event (see sessionsWaiting).
+func holdAtLock(t *testing.T, pool *pgxpool.Pool, trigger string) (unlock func(), waiting func(event string) int) {
+	t.Helper()
+	ctx := t.Context()
+	_, err := pool.Exec(ctx, trigger)
 	require.NoError(t, err)
 	locker, err := pool.Acquire(ctx)
 	require.NoError(t, err)
@@ -73,12 +97,18 @@ CREATE CONSTRAINT TRIGGER test_block_commit AFTER UPDATE ON outbox
 		_, err := locker.Exec(ctx, `SELECT pg_advisory_unlock(4343)`)
 		require.NoError(t, err)
 	}
-	waiting = func(event string) int {
-		var n int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = $1 AND datname = current_database()`, event).Scan(&n))
-		return n
-	}
+	waiting = func(event string) int { return sessionsWaiting(t, pool, event) }
 	return unlock, waiting
+}
+
+// sessionsWaiting counts the sessions of pool's database waiting for one of events
+// (pg_stat_activity's wait_event: advisory, transactionid, tuple, relation, ...).
+func sessionsWaiting(t *testing.T, pool *pgxpool.Pool, events ...string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+		WHERE wait_event = ANY($1) AND datname = current_database()`, events).Scan(&n))
+	return n
 }
 
 // waitingPID returns the process id of the one session of pool's database waiting for

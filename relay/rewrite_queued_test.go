@@ -36,11 +36,7 @@ func TestOutcomeWrittenAgainWhileTheFirstWriteIsQueuedIsLoggedOnce(t *testing.T)
 	t.Cleanup(func() { _ = locker.Rollback(ctx) })
 	_, err = locker.Exec(ctx, `LOCK TABLE outbox IN SHARE ROW EXCLUSIVE MODE`)
 	require.NoError(t, err)
-	waiting := func(event string) int {
-		var n int
-		require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = $1 AND datname = current_database()`, event).Scan(&n))
-		return n
-	}
+	waiting := func(event string) int { return sessionsWaiting(t, direct, event) }
 
 	done := make(chan struct{})
 	go func() { defer close(done); r.writeOutcomes(ctx, []outcome{o}) }()
