@@ -140,7 +140,18 @@ func benchInsert(ctx context.Context, b *testing.B, pool *pgxpool.Pool, pid, n i
 // (compare -benchtime 1000x with 2000x).
 //
 //	go test ./relay -run '^$' -bench OneKeyBacklog -benchtime 2000x
-func BenchmarkOneKeyBacklog(b *testing.B) {
+func BenchmarkOneKeyBacklog(b *testing.B) { benchOrderedBacklog(b, 1) }
+
+// BenchmarkManyKeysBacklog is BenchmarkOneKeyBacklog with the rows spread over 2,000
+// ordering keys (10 rows each at -benchtime 20000x), as with a key per customer or
+// order: what parking behind rows in flight costs where few rows wait behind each.
+//
+//	go test ./relay -run '^$' -bench ManyKeysBacklog -benchtime 20000x
+func BenchmarkManyKeysBacklog(b *testing.B) { benchOrderedBacklog(b, 2000) }
+
+// benchOrderedBacklog runs a relay over b.N rows spread over keys ordering keys, row i
+// on key i % keys, until every row is delivered.
+func benchOrderedBacklog(b *testing.B, keys int) {
 	ctx := context.Background()
 	rcv, err := receiver.Start(receiver.Options{NoEffectLog: true})
 	if err != nil {
@@ -150,7 +161,7 @@ func BenchmarkOneKeyBacklog(b *testing.B) {
 	pool := pgtest.DB(b)
 	msgs := make([]outbox.Message, b.N)
 	for i := range msgs {
-		msgs[i] = outbox.Message{Key: fmt.Sprint("row-", i), Connector: "webhook", OrderingKey: "one", Payload: map[string]int{"i": i}}
+		msgs[i] = outbox.Message{Key: fmt.Sprint("row-", i), Connector: "webhook", OrderingKey: fmt.Sprint("k-", i%keys), Payload: map[string]int{"i": i}}
 	}
 	for batch := range slices.Chunk(msgs, 1000) {
 		if _, err := outbox.EnqueueBatch(ctx, pool, batch); err != nil {

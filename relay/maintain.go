@@ -214,9 +214,9 @@ const (
 	// some 60 µs of PostgreSQL's CPU here, and a claim reads a row waiting behind a row
 	// in flight only when it has not found enough rows due before it: with 2,000 keys
 	// of 10 rows each, parking behind every row in flight made the relay slower (with
-	// the release statements, then planned over the whole table, by a third; a scratch
-	// benchmark of 20,000 such rows, not kept), while a key's backlog of thousands is
-	// read by every claim until it is parked.
+	// the release statements, then planned over the whole table, by a third:
+	// BenchmarkManyKeysBacklog), while a key's backlog of thousands is read by every
+	// claim until it is parked.
 	parkBehindMin = 50
 )
 
