@@ -214,7 +214,9 @@ type ResendResult struct {
 // the error); 409 invalid_idempotent_request (the key was used with another body) is
 // permanent; 409 concurrent_idempotent_requests, 408, 425, 429 and 5xx are retried, after
 // Retry-After when given; a request that got no answer after it was written is
-// [connectors.Ambiguous], and so is a 2xx whose answer cannot be read.
+// [connectors.Ambiguous], and so are a 2xx whose answer cannot be read and a 409
+// concurrent_idempotent_requests (an earlier request with the key, still in progress,
+// may send the email).
 func (c *Resend) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
 	body, err := c.build(d)
 	if err != nil {
@@ -355,6 +357,13 @@ func (c *Resend) classify(resp *http.Response, res ResendResult) error {
 	case res.Name == resendKeyReused:
 		// The key was used with a different body: retrying sends the same body again.
 		return connectors.Permanent(fmt.Errorf("%s (the key was already used for a different email)", answered))
+	case res.Name == resendConcurrentRequests:
+		// An earlier request with the key is still in progress at Resend: an attempt
+		// whose answer was lost, which may yet send the email. This attempt leaves the
+		// key's outcome as unknown as that one did, so it is ambiguous too: the row's
+		// mark tells of its latest attempt only, and a row whose attempts ran out on
+		// these would otherwise end dead as if Resend had sent nothing.
+		return connectors.Ambiguous(fmt.Errorf("%w (an earlier request with this key is still in progress at Resend and may send the email; a retry with the same key gets its answer)", retry()))
 	case connectors.RetryableStatus(code):
 		return retry()
 	default: // 3xx (not followed), other 4xx, codes outside the classes HTTP defines
