@@ -520,9 +520,23 @@ func (c *Connector) send(ctx context.Context, client *smtp.Client, m *message) (
 		// The terminating "." was not sent, so the server cannot have accepted the message.
 		return Result{}, fmt.Errorf("smtp %s: send message: %w", c.addr, withCause(ctx, err))
 	}
+	res := Result{MessageID: m.messageID, Accepted: m.rcpts}
 	if err := w.Close(); err != nil {
-		if _, ok := errors.AsType[*textproto.Error](err); ok {
-			return Result{}, c.replyError(ctx, "end of DATA", err)
+		// go-mail waits for 250 exactly and reports any other reply as a *textproto.Error.
+		// The first digit decides (RFC 5321 section 4.2.1): 2yz is a completion, so the
+		// server took the message, and a retry would send it again; 4yz and 5yz are
+		// refusals; anything else leaves unknown whether the server queued it.
+		if te, ok := errors.AsType[*textproto.Error](err); ok {
+			switch te.Code / 100 {
+			case 2:
+				res.ServerReply = fmt.Sprintf("%d %s", te.Code, te.Msg)
+				return res, nil
+			case 4, 5:
+				return Result{}, c.replyError(ctx, "end of DATA", err)
+			}
+			return Result{}, connectors.Ambiguous(fmt.Errorf(
+				"smtp %s: end of DATA: a reply that neither accepts nor refuses the message; the server may have accepted it: %w",
+				c.addr, err))
 		}
 		// The whole message went out and the reply never came: the server may have
 		// queued it.
@@ -530,7 +544,6 @@ func (c *Connector) send(ctx context.Context, client *smtp.Client, m *message) (
 			"smtp %s: no reply after the message was sent; the server may have accepted it: %w",
 			c.addr, withCause(ctx, err)))
 	}
-	res := Result{MessageID: m.messageID, Accepted: m.rcpts}
 	if dc, ok := w.(*smtp.DataCloser); ok {
 		res.ServerReply = strings.TrimSpace("250 " + dc.ServerResponse())
 	}

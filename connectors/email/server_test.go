@@ -27,7 +27,8 @@ import (
 // testServer is a real SMTP server (go-smtp) on loopback that records every message it
 // accepts. Recipients script its replies: a local part starting "rcpt451" or "rcpt550"
 // is refused with that code, and a message with header "X-Test-Data-Reply: 451" (or
-// another code) is refused at the end of DATA.
+// another code) is refused at the end of DATA; one with a 2xx code there is accepted and
+// answered with that code.
 type testServer struct {
 	addr string
 	tls  *tls.Config // the client side: trusts the server's certificate, when it has one
@@ -203,9 +204,15 @@ func (ss *session) Data(r io.Reader) error {
 	if err != nil {
 		return &smtp.SMTPError{Code: 554, EnhancedCode: smtp.EnhancedCode{5, 6, 0}, Message: "unparsable message"}
 	}
+	var reply *smtp.SMTPError
 	if v := msg.Header.Get("X-Test-Data-Reply"); v != "" {
 		code, _ := strconv.Atoi(v)
-		return &smtp.SMTPError{Code: code, EnhancedCode: smtp.EnhancedCode{code / 100, 0, 0}, Message: "scripted refusal of the message"}
+		if code/100 != 2 {
+			return &smtp.SMTPError{Code: code, EnhancedCode: smtp.EnhancedCode{code / 100, 0, 0}, Message: "scripted refusal of the message"}
+		}
+		// A positive completion reply other than 250: the message is taken (recorded
+		// below), and answered with that code.
+		reply = &smtp.SMTPError{Code: code, EnhancedCode: smtp.EnhancedCode{2, 0, 0}, Message: "scripted acceptance of the message"}
 	}
 	body, _ := io.ReadAll(msg.Body)
 	_, isTLS := ss.c.TLSConnectionState()
@@ -227,6 +234,9 @@ func (ss *session) Data(r io.Reader) error {
 		// The message is queued (recorded); the reply never leaves. go-smtp then fails to
 		// write its 250 on the closed connection and ends the session.
 		_ = ss.c.Conn().Close()
+	}
+	if reply != nil {
+		return reply
 	}
 	return nil
 }
