@@ -57,7 +57,8 @@
 //
 //   - Rate limits (HTTP 429 with Retry-After, seconds or an HTTP date) are retried no sooner than Slack asks
 //     ([connectors.RetryAfter]); 429 without it, 408, 409, 425 and 5xx are retried with
-//     backoff.
+//     backoff. A 502 or 504 answering a post is a gateway's answer for Slack, which may
+//     have posted behind it, so it is also marked [connectors.Ambiguous].
 //   - Slack's service_unavailable, request_timeout and ratelimited answers are retried;
 //     internal_error and fatal_error, which Slack says may follow a partial effect, are
 //     retried and marked [connectors.Ambiguous] when they answer a post.

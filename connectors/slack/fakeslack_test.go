@@ -63,6 +63,9 @@ type fakePlan struct {
 	DropAfterEffect bool
 	// HangAfterEffect stores the message, then answers nothing until the client gives up.
 	HangAfterEffect bool
+	// StatusAfterEffect stores the message, then answers with this HTTP status and no
+	// Slack body: a gateway in front of Slack whose upstream posted it.
+	StatusAfterEffect int
 }
 
 func startFakeSlack(t *testing.T) *fakeSlack {
@@ -345,6 +348,9 @@ func (f *fakeSlack) postMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	case plan.HangAfterEffect:
 		<-r.Context().Done() // the client gave up and closed the connection
+		return
+	case plan.StatusAfterEffect != 0:
+		http.Error(w, "<html>scripted gateway answer</html>", plan.StatusAfterEffect)
 		return
 	}
 	writeJSON(w, map[string]any{"ok": true, "channel": channel, "ts": msg.TS, "message": msg})

@@ -502,6 +502,12 @@ func (c *Connector) classify(ctx context.Context, op string, err error, wrote bo
 	}
 	if sc, ok := errors.AsType[slackgo.StatusCodeError](err); ok {
 		err = fmt.Errorf("%s: %w", op, err)
+		if wrote && (sc.Code == http.StatusBadGateway || sc.Code == http.StatusGatewayTimeout) {
+			// A gateway answered for Slack: it passed the post on and then lost Slack's
+			// connection (502) or stopped waiting for its answer (504). Slack may have
+			// posted, as after a connection reset of its own.
+			return connectors.Ambiguous(fmt.Errorf("%w (a gateway's answer: Slack may have posted the message)", err))
+		}
 		if connectors.RetryableStatus(sc.Code) {
 			return err
 		}
