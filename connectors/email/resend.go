@@ -214,9 +214,9 @@ type ResendResult struct {
 // the error); 409 invalid_idempotent_request (the key was used with another body) is
 // permanent; 409 concurrent_idempotent_requests, 408, 425, 429 and 5xx are retried, after
 // Retry-After when given; a request that got no answer after it was written is
-// [connectors.Ambiguous], and so are a 2xx whose answer cannot be read and a 409
+// [connectors.Ambiguous], and so are a 2xx whose answer cannot be read, a 409
 // concurrent_idempotent_requests (an earlier request with the key, still in progress,
-// may send the email).
+// may send the email) and a gateway's 502 or 504.
 func (c *Resend) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
 	body, err := c.build(d)
 	if err != nil {
@@ -364,6 +364,11 @@ func (c *Resend) classify(resp *http.Response, res ResendResult) error {
 		// mark tells of its latest attempt only, and a row whose attempts ran out on
 		// these would otherwise end dead as if Resend had sent nothing.
 		return connectors.Ambiguous(fmt.Errorf("%w (an earlier request with this key is still in progress at Resend and may send the email; a retry with the same key gets its answer)", retry()))
+	case code == http.StatusBadGateway || code == http.StatusGatewayTimeout:
+		// A gateway answered for Resend: it passed the request on and then lost Resend's
+		// connection (502) or stopped waiting for its answer (504). Resend may have sent
+		// the email, as after a connection reset of its own.
+		return connectors.Ambiguous(fmt.Errorf("%w (a gateway's answer: Resend may have sent the email)", retry()))
 	case connectors.RetryableStatus(code):
 		return retry()
 	default: // 3xx (not followed), other 4xx, codes outside the classes HTTP defines
