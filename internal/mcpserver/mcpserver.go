@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -15,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/internal/intent"
 	"github.com/outboxd/outboxd/internal/ops"
 	"github.com/outboxd/outboxd/outbox"
@@ -403,12 +405,44 @@ func proposalKey(in ProposeInput) (string, error) {
 		if strings.ContainsRune(in.Key, 0) {
 			return "", errors.New("key contains a NUL character. Pass key_parts naming the decision instead (the server derives a key from them); nothing was written")
 		}
+		if problem := unsendableKey(in.Connector, in.Key); problem != "" {
+			return "", fmt.Errorf("key %q cannot be sent by the %s connector: %s. Pass key_parts naming the decision instead (the server derives a key every connector can send); nothing was written",
+				in.Key, outbox.ConnectorKind(in.Connector), problem)
+		}
 		return in.Key, nil
 	case len(in.KeyParts) > 0:
 		return outbox.Key(in.KeyParts...), nil
 	default:
 		return "", errors.New("a key is required: pass key_parts naming the decision (such as [run id, step, target]) or a key derived from them; never a time or an attempt number")
 	}
+}
+
+// unsendableKey says why connector cannot send key, or "". These are the outbox's
+// refusals that concern the key alone (outbox.Enqueue makes them too, after the checks of
+// the rest of the request): checked here so that the tool error asks for another key,
+// where the outbox's refusal of an invalid request ends "propose again with the same key".
+func unsendableKey(connector, key string) string {
+	kind := outbox.ConnectorKind(connector)
+	if !outbox.ValidConnectorName(connector) || !slices.Contains(outbox.Kinds, kind) {
+		return "" // no connector to send it: the outbox's refusal names the connector
+	}
+	if kind == "slack" {
+		return "" // the key rides in message metadata, not in a header
+	}
+	if problem := connectors.KeyHeaderProblem(key); problem != "" {
+		return problem
+	}
+	if kind == "payment" {
+		// Stripe counts bytes, and the payment connector refuses a key with any Unicode
+		// white space at either end.
+		if len(key) > outbox.MaxKeyLength {
+			return fmt.Sprintf("it is %d bytes, and Stripe accepts at most %d", len(key), outbox.MaxKeyLength)
+		}
+		if strings.TrimSpace(key) != key {
+			return "it begins or ends with white space, which the payment connector refuses"
+		}
+	}
+	return ""
 }
 
 // rawPayload returns the payload argument as the client sent it. The SDK hands the

@@ -59,3 +59,39 @@ func TestProposeReasonIsDescribedAsItIsKept(t *testing.T) {
 		require.NotContains(t, string(schema), "a person reviewing it understands")
 	}
 }
+
+// A key the connector cannot send (it travels as a header: control characters, white
+// space at either end; Stripe's limit is 255 bytes) is refused by the outbox whatever the
+// rest of the request: the tool error must ask for another key, not for the same one.
+func TestProposeUnsendableKeyAsksForAnotherKey(t *testing.T) {
+	t.Parallel()
+	b := setupService(t)
+	cs := b.connect(t, "agent")
+	payment := map[string]any{"operation": "payment_intent.create", "params": map[string]any{"amount": 100, "currency": "eur"}}
+	for _, tc := range []struct {
+		connector, key string
+		payload        map[string]any
+	}{
+		{"webhook", " order-1", map[string]any{}},
+		{"webhook", "order-1 ", map[string]any{}},
+		{"webhook", "order\n1", map[string]any{}},
+		{"payment", strings.Repeat("é", 200), payment}, // 200 characters, 400 bytes
+	} {
+		msg := toolErr(t, call(t, cs, mcpserver.ToolPropose, map[string]any{
+			"connector": tc.connector, "key": tc.key, "payload": tc.payload,
+		}))
+		require.NotContains(t, msg, "same key", "%q: %s", tc.key, msg)
+		require.Contains(t, msg, "key_parts", "%q", tc.key)
+		require.Contains(t, msg, "nothing was written", "%q", tc.key)
+	}
+	// A connector that is none is what the error names, not the key.
+	msg := toolErr(t, call(t, cs, mcpserver.ToolPropose, map[string]any{"connector": "fax", "key": " order-1", "payload": map[string]any{}}))
+	require.Contains(t, msg, `connector "fax"`)
+	require.NotContains(t, msg, "cannot be sent")
+	// Slack carries the key in message metadata, not a header: such a key is its to use.
+	out := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, map[string]any{
+		"connector": "slack", "key": " order-1", "payload": map[string]any{"channel": "C0123456789", "text": "hi"},
+	}))
+	require.True(t, out.Inserted)
+	require.Equal(t, 1, b.count(t, `true`))
+}
