@@ -2,6 +2,8 @@ package intent
 
 import (
 	"errors"
+	"io"
+	"net"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -14,8 +16,18 @@ import (
 // database that takes no writes (25006 read_only_sql_transaction: a hot standby the pool
 // reached after a failover, a demoted primary, default_transaction_read_only) is
 // unavailable too: the write did not happen, and the same call works once writes do.
+// So is a session lost on the way, which ends the call with an EOF or a reset rather
+// than a word from PostgreSQL: a pooler or a proxy that restarted, a failover that
+// resets the connections (HAProxy's shutdown-sessions), a host gone. A timeout is not
+// one: it is the caller's bound, which says so itself.
 func Unavailable(err error) bool {
 	if errors.As(err, new(*pgconn.ConnectError)) {
+		return true
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return true
+	}
+	if opErr := (*net.OpError)(nil); errors.As(err, &opErr) && !opErr.Timeout() {
 		return true
 	}
 	var pgErr *pgconn.PgError
