@@ -12,7 +12,10 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
+
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // Sentinel errors; test for them with errors.Is. Errors of the outbox package
@@ -183,8 +186,13 @@ func ParseTokens(jsonText string) ([]Token, error) {
 			errs = append(errs, fmt.Errorf("%s: connectors is empty; name the instances it may use (webhook, webhook:crm, webhook:*, or *)", label))
 		}
 		for _, c := range t.Connectors {
-			if !patternPattern.MatchString(c) {
+			switch kind, _, _ := strings.Cut(c, ":"); {
+			case !patternPattern.MatchString(c):
 				errs = append(errs, fmt.Errorf("%s: connector %q is malformed; use kind, kind:name, kind:* or *", label, c))
+			case c != "*" && !slices.Contains(outbox.Kinds, kind):
+				// It would match no intent: the token would be refused, with a 403, for the
+				// connector meant ("webhok" for webhook), and nothing said at start.
+				errs = append(errs, fmt.Errorf("%s: connector %q is of no known kind (%s)", label, c, strings.Join(outbox.Kinds, ", ")))
 			}
 		}
 	}

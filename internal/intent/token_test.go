@@ -79,3 +79,18 @@ func TestAuthenticate(t *testing.T) {
 		}
 	}
 }
+
+// A connector of a kind the outbox does not have (a typo such as "webhok") would leave
+// the token refused (403) on every request for the connector meant, with nothing said at
+// start: ParseTokens refuses it, as OUTBOX_APPROVAL_REQUIRED's check does such a name.
+func TestParseTokensRefusesUnknownKinds(t *testing.T) {
+	t.Parallel()
+	h := strings.Repeat("ab", 32)
+	for _, c := range []string{"webhok", "fax:*", "fax:crm"} {
+		_, err := intent.ParseTokens(`[{"name":"agent","sha256":"` + h + `","connectors":["webhook","` + c + `"]}]`)
+		require.ErrorContains(t, err, `token "agent": connector "`+c+`" is of no known kind`, c)
+	}
+	toks, err := intent.ParseTokens(`[{"name":"agent","sha256":"` + h + `","connectors":["webhook","email:*","slack:ops","payment","*"]}]`)
+	require.NoError(t, err)
+	require.Len(t, toks, 1)
+}
