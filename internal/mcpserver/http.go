@@ -35,7 +35,16 @@ func Handler(svc *intent.Service, cfg *Config) http.Handler {
 	c := cfg.withDefaults()
 	s := New(svc, tokenFromRequest, &c)
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s },
-		&mcp.StreamableHTTPOptions{Logger: c.Logger.With("component", "mcp_http"), SessionTimeout: sessionIdle})
+		&mcp.StreamableHTTPOptions{
+			Logger: c.Logger.With("component", "mcp_http"), SessionTimeout: sessionIdle,
+			// The SDK's DNS rebinding check refuses a request that reaches a loopback
+			// address with another Host: every request a reverse proxy on the same host
+			// forwards to outboxd serve's default 127.0.0.1 with the public Host (Caddy,
+			// nginx with Host $host, a sidecar), while the intent API answers them. What
+			// keeps a rebinding page out is the bearer token every request needs, which a
+			// browser does not send for it.
+			DisableLocalhostProtection: true,
+		})
 	// The SDK's middleware is what puts a TokenInfo where tool calls can read it
 	// (RequestExtra.TokenInfo) and binds sessions to its UserID. Its verifier only
 	// picks up the token authenticated below, so the secret is hashed once.

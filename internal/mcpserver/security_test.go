@@ -95,3 +95,48 @@ func TestMCPHTTPBodyLimitAfterBatchCheck(t *testing.T) {
 	_ = resp.Body.Close()
 	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
 }
+
+// outboxd serve listens on 127.0.0.1 by default, so a reverse proxy on the same host
+// (Caddy, nginx with proxy_set_header Host $host, a sidecar) forwards requests there with
+// the public Host. The SDK's DNS rebinding check refused those on /mcp with a plain-text
+// 403 while the intent API answered them; the bearer token every request needs is what
+// keeps a rebinding page out, as it cannot send one.
+func TestMCPHTTPBehindLocalReverseProxy(t *testing.T) {
+	t.Parallel()
+	b := setupService(t)
+	srv := httptest.NewServer(mcpserver.Handler(b.svc, nil)) // on 127.0.0.1
+	t.Cleanup(srv.Close)
+	initialize := func(bearer string) *http.Response {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/mcp",
+			strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-03-26","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}`))
+		require.NoError(t, err)
+		req.Host = "outboxd.example.com"
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = resp.Body.Close() })
+		return resp
+	}
+	resp := initialize(agentSecret)
+	raw, _ := io.ReadAll(resp.Body)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", raw)
+	session := resp.Header.Get("Mcp-Session-Id")
+	require.NotEmpty(t, session)
+	// End the session, which would otherwise outlive the test.
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodDelete, srv.URL+"/mcp", nil)
+	require.NoError(t, err)
+	req.Host = "outboxd.example.com"
+	req.Header.Set("Authorization", "Bearer "+agentSecret)
+	req.Header.Set("Mcp-Session-Id", session)
+	del, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	_ = del.Body.Close()
+	require.Less(t, del.StatusCode, 300)
+
+	// Without a token, the same request is refused.
+	require.Equal(t, http.StatusUnauthorized, initialize("").StatusCode)
+}
