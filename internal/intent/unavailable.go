@@ -41,6 +41,16 @@ func Unavailable(err error) bool {
 	return false
 }
 
+// NothingWritten reports whether err, which [Unavailable] counts, shows that the call
+// wrote nothing: no connection could be made, the server takes no writes (25006), or the
+// session was lost before any of the call was sent. A session ended or lost while the
+// call ran may have committed its write, and lost only the answer.
+func NothingWritten(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, new(*pgconn.ConnectError)) || pgconn.SafeToRetry(err) ||
+		(errors.As(err, &pgErr) && pgErr.Code == "25006")
+}
+
 // Contended reports whether err is PostgreSQL ending the call's transaction to resolve a
 // conflict with concurrent work: a serialization failure (40001: under a default
 // isolation of REPEATABLE READ or SERIALIZABLE, a row that another transaction changed

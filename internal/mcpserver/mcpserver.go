@@ -519,6 +519,13 @@ func (t *tools) toolError(ctx context.Context, tool, key string, err error) erro
 		// gives each connection 10s) ends the connect with context.DeadlineExceeded while
 		// the call's context is still alive.
 		t.log.ErrorContext(ctx, "tool failed: database unavailable", "tool", tool, "key", key, "err", err)
+		if tool == ToolPropose && !intent.NothingWritten(err) {
+			// The session ended or was lost mid-call: the proposal may have committed and
+			// lost only its answer. Told nothing was written, the agent may take the
+			// effect for one that will not happen.
+			return fmt.Errorf("%s: the database is unavailable and the call ended before its answer, so the intent may or may not have been written; "+
+				"calling again later with the same key %q is safe and tells which", tool, key)
+		}
 		if key != "" {
 			return fmt.Errorf("%s: the database is unavailable; calling again later with the same key %q is safe", tool, key)
 		}
