@@ -152,7 +152,9 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 // {"new_key": ...}. Copies are enqueued in the order of the rows they copy, so copies
 // sharing an ordering key keep their rows' order. While the previous copy is still on
 // its way (pending, delivering, held, awaiting approval), replaying again is unchanged
-// rather than a third execution.
+// rather than a third execution; once it was delivered (or is gone: retention and purge
+// delete only delivered and canceled rows), replaying again is refused unless
+// opts.Redeliver, as for a delivered row.
 // A stuck delivering row is refused with NewKey (the relay would retry it as well), as
 // is a held row with an ordering key (it would hold its copy back forever: cancel it and
 // enqueue a new intent).
@@ -317,7 +319,7 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 		}
 		d := map[string]string{"from_status": r.status}
 		if opts.NewKey {
-			newKey, changed, reason, err := replayNewKey(ctx, tx, r)
+			newKey, changed, reason, err := replayNewKey(ctx, tx, r, opts.Redeliver)
 			if err != nil {
 				return err
 			}
@@ -358,8 +360,9 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 }
 
 // replayNewKey enqueues the copy of r that re-executes it. changed is false when the
-// previous copy is still on its way; reason is set when r cannot be re-executed.
-func replayNewKey(ctx context.Context, tx pgx.Tx, r lockedRow) (newKey string, changed bool, reason string, err error) {
+// previous copy is still on its way; reason is set when r cannot be re-executed,
+// including when the previous copy was delivered (or is gone) and redeliver is false.
+func replayNewKey(ctx context.Context, tx pgx.Tx, r lockedRow, redeliver bool) (newKey string, changed bool, reason string, err error) {
 	if r.status == outbox.StatusDelivering {
 		return "", false, "stuck in delivering: a relay will retry it under its own key; replay it without NewKey, or cancel it once it is back", nil
 	}
@@ -385,6 +388,20 @@ func replayNewKey(ctx context.Context, tx pgx.Tx, r lockedRow) (newKey string, c
 		switch st {
 		case outbox.StatusPending, outbox.StatusDelivering, outbox.StatusHeld, outbox.StatusAwaitingApproval:
 			return prev, false, "", nil
+		case outbox.StatusDelivered, "":
+			// The row itself stays dead or held, so a replay --new-key run again (for the
+			// rows that died since) selects it again: a further copy would have the
+			// receiver act again for an operation that happened, as replaying a
+			// delivered row would. A copy that is gone was delivered or canceled, then
+			// deleted by retention or purge, which keep no other rows.
+			if redeliver {
+				break
+			}
+			if st == "" {
+				return "", false, fmt.Sprintf("its copy %s is gone (retention or purge deletes only delivered and canceled rows), "+
+					"so it may have been executed already; executing it once more needs Redeliver (--redeliver)", prev), nil
+			}
+			return "", false, fmt.Sprintf("its copy %s was delivered; executing it once more needs Redeliver (--redeliver)", prev), nil
 		}
 	}
 	m.Key = outbox.Key(r.key, "replay", strconv.Itoa(n+1))
