@@ -41,7 +41,8 @@ func newReplayCmd(e *env) *cobra.Command {
 			"Pending rows are left unchanged; canceled, awaiting-approval and in-flight rows are refused, and so " +
 			"are delivered rows unless --redeliver, after which replay says what the connector's receiver " +
 			"guarantee means for a second send. --new-key re-executes each row as a new intent under a derived " +
-			"key instead (once its copy was delivered, only with --redeliver). Changing more than 10 rows asks first (refused without a terminal) unless --yes; " +
+			"key instead (not of such a copy, whose original is copied instead; once a copy was delivered, only with " +
+			"--redeliver). Changing more than 10 rows asks first (refused without a terminal) unless --yes; " +
 			"--dry-run shows what would happen and changes nothing. Each replayed row gets an audit entry " +
 			"naming $USER and --reason.\n\n" +
 			"Exits 1 when a key given with --key has no row or was refused; a filter's refusals are reported only.",

@@ -113,6 +113,40 @@ SELECT o.connector, o.payload, coalesce(o.ordering_key, ''), o.headers, coalesce
         WHERE a.outbox_id = o.id AND a.action = 'replay' AND a.details->>'new_key' IS NOT NULL)
 FROM outbox o WHERE o.id = $1`
 
+// copiesOfSQL finds which of the keys $1 are copies that a new-key replay made, and of
+// which row's key. It reads every replay's audit entry (there is no index on new_key),
+// once a batch.
+const copiesOfSQL = `
+SELECT a.details->>'new_key', o.idempotency_key
+FROM outbox_audit a JOIN outbox o ON o.id = a.outbox_id
+WHERE a.action = 'replay' AND a.details->>'new_key' = ANY($1::text[])`
+
+// copiesOf maps those of keys that are copies a new-key replay made to the key of the
+// row each copies.
+func copiesOf(ctx context.Context, tx pgx.Tx, b []target) (map[string]string, error) {
+	keys := make([]string, len(b))
+	for i, t := range b {
+		keys[i] = t.key
+	}
+	rows, err := tx.Query(ctx, copiesOfSQL, keys)
+	if err != nil {
+		return nil, fmt.Errorf("look up copies: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var cp, of string
+		if err := rows.Scan(&cp, &of); err != nil {
+			return nil, fmt.Errorf("look up copies: %w", err)
+		}
+		out[cp] = of
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("look up copies: %w", err)
+	}
+	return out, nil
+}
+
 // statusByKeySQL reads the status of the row with key $1.
 const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 
@@ -154,7 +188,9 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 // its way (pending, delivering, held, awaiting approval), replaying again is unchanged
 // rather than a third execution; once it was delivered (or is gone: retention and purge
 // delete only delivered and canceled rows), replaying again is refused unless
-// opts.Redeliver, as for a delivered row.
+// opts.Redeliver, as for a delivered row. A copy itself is refused with NewKey, so that
+// an operation has one line of copies, which its row's replays follow (a filter may
+// select a row and its dead copy together).
 // A stuck delivering row is refused with NewKey (the relay would retry it as well), as
 // is a held row with an ordering key (it would hold its copy back forever: cancel it and
 // enqueue a new intent).
@@ -284,7 +320,13 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 		replayIDs []int64
 		auditIDs  []int64
 		details   []string
+		copyOf    map[string]string
 	)
+	if opts.NewKey {
+		if copyOf, err = copiesOf(ctx, tx, b); err != nil {
+			return err
+		}
+	}
 	for _, t := range b {
 		r, ok := locked[t.id]
 		if !ok {
@@ -319,6 +361,15 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 		}
 		d := map[string]string{"from_status": r.status}
 		if opts.NewKey {
+			if of, ok := copyOf[t.key]; ok {
+				// The copy is the operation of the row it copies, whose next new-key replay
+				// looks only at its own copies: a copy of the copy would go unseen, and
+				// both would execute the operation (a filter such as --status dead selects
+				// the row and its dead copy together).
+				br.Refused[t.key] = fmt.Sprintf("a copy that replay --new-key made of %q: re-execute that row instead, "+
+					"once this copy is finished or canceled, so that the operation runs once more, not twice", of)
+				continue
+			}
 			newKey, changed, reason, err := replayNewKey(ctx, tx, r, opts.Redeliver)
 			if err != nil {
 				return err

@@ -1,0 +1,51 @@
+package ops_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/internal/pgtest"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// A copy that replay --new-key made of a dead row is the same operation. When the copy
+// died too (the receiver still broken), the next replay --status dead --new-key selects
+// both the row and its copy, and copied each: the operation was executed twice more.
+// The copy is refused, and the row it copies is re-executed once.
+func TestReplayNewKeyCopiesAnOperationOnce(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	insertRow(t, pool, row{Key: "charge", Status: outbox.StatusDead, Attempts: 3, Age: time.Hour})
+	opts := ops.ReplayOptions{Actor: "op", NewKey: true, Now: base}
+	sel := ops.Selection{Filter: &ops.Filter{Status: []string{outbox.StatusDead}, Now: base}}
+
+	_, err := ops.Replay(t.Context(), pool, sel, opts)
+	require.NoError(t, err)
+	first := outbox.Key("charge", "replay", "1")
+	_, err = pool.Exec(t.Context(), `UPDATE outbox SET status = 'dead' WHERE idempotency_key = $1`, first)
+	require.NoError(t, err)
+
+	res, err := ops.Replay(t.Context(), pool, sel, opts)
+	require.NoError(t, err)
+	require.Equal(t, []string{"charge"}, res.Replayed, "%+v", res)
+	require.Equal(t, outbox.Key("charge", "replay", "2"), res.NewKeys["charge"])
+	require.Contains(t, res.Refused[first], `a copy that replay --new-key made of "charge"`)
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM outbox WHERE status = 'pending'`),
+		"the operation was executed more than once more")
+
+	// Named by key, the copy is refused too: replaying its row later would not see a
+	// copy of the copy, and would execute the operation once more.
+	res, err = ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{first}}, opts)
+	require.NoError(t, err)
+	require.Empty(t, res.Replayed)
+	require.Contains(t, res.Refused[first], "charge")
+
+	// Put back under its own key, a copy is the operation's current attempt, as any row.
+	opts.NewKey = false
+	res, err = ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{first}}, opts)
+	require.NoError(t, err)
+	require.Equal(t, []string{first}, res.Replayed)
+}
