@@ -308,3 +308,24 @@ func TestReplayJSONHasEveryFieldAlways(t *testing.T) {
 		require.JSONEq(t, `[]`, string(fields["not_found"]), args)
 	}
 }
+
+// replay --new-key --json names the copies in new_keys, an object, also when no row
+// was copied: a script reading .new_keys | to_entries failed on null when every row was
+// refused or unchanged.
+func TestReplayNewKeyJSONHasNewKeysAlways(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.insert(t, fixture{Key: "paid", Status: outbox.StatusDelivered, Attempts: 1})
+	for _, args := range [][]string{
+		{"replay", "--key", "paid", "--new-key", "--json", "--dry-run"},
+		{"replay", "--status", "delivered", "--new-key", "--json"},
+	} {
+		_, out, errOut := d.cli(t, "", args...)
+		var fields map[string]json.RawMessage
+		require.NoError(t, json.Unmarshal([]byte(out), &fields), "%v: %s %s", args, out, errOut)
+		require.Contains(t, fields, "new_keys", "%v: %s", args, out)
+		require.JSONEq(t, `{}`, string(fields["new_keys"]), args)
+	}
+	_, out, _ := d.cli(t, "", "replay", "--key", "paid", "--json", "--dry-run")
+	require.NotContains(t, out, "new_keys", "without --new-key there are no copies to name")
+}

@@ -64,8 +64,10 @@ type ReplayResult struct {
 	Unchanged []string `json:"unchanged"`
 	// Refused maps keys left alone to the reason, a sentence for a person.
 	Refused map[string]string `json:"refused"`
-	// NewKeys maps old keys to the key of the row that re-executes them (NewKey).
-	NewKeys map[string]string `json:"new_keys,omitempty"`
+	// NewKeys maps old keys to the key of the row that re-executes them (NewKey). With
+	// NewKey it is there when empty ({}), as the other fields are, for scripts that read
+	// it; without, it is left out.
+	NewKeys map[string]string `json:"new_keys,omitzero"`
 	// NotFound are keys no row has (Keys selections, or rows deleted meanwhile).
 	NotFound []string `json:"not_found"`
 	DryRun   bool     `json:"dry_run"`
