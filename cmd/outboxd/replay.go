@@ -40,9 +40,11 @@ func newReplayCmd(e *env) *cobra.Command {
 			"idempotency key. Select rows with --key (repeatable) or with list's filters, not both.\n\n" +
 			"Pending rows are left unchanged; canceled, awaiting-approval and in-flight rows are refused, and so " +
 			"are delivered rows unless --redeliver, after which replay says what the connector's receiver " +
-			"guarantee means for a second send. --new-key re-executes each row as a new intent under a derived " +
-			"key instead (not of such a copy, whose original is copied instead; once a copy was delivered, only with " +
-			"--redeliver). Changing more than 10 rows asks first (refused without a terminal) unless --yes; " +
+			"guarantee means for a second send, as it does for rows an earlier attempt of which may have " +
+			"reached the receiver (stuck, or held or dead after an ambiguous attempt). --new-key re-executes " +
+			"each row as a new intent under a derived key instead (never of a copy it made, whose original is " +
+			"copied instead; once a copy was delivered, only with --redeliver). Changing more than 10 rows asks " +
+			"first (refused without a terminal) unless --yes; " +
 			"--dry-run shows what would happen and changes nothing. Each replayed row gets an audit entry " +
 			"naming $USER and --reason.\n\n" +
 			"Exits 1 when a key given with --key has no row or was refused; a filter's refusals are reported only.",
@@ -141,10 +143,11 @@ func replay(ctx context.Context, e *env, pool *pgxpool.Pool, sel ops.Selection, 
 		}
 	}
 	if o.DryRun {
-		return reportReplay(e, plan, notes, sel, run.json)
+		return reportReplay(e, plan, notes, ambiguousNotes(plan.Ambiguous, g, o.NewKey), sel, run.json)
 	}
 	if len(plan.Replayed) > replayConfirmAbove && !run.yes {
-		if err := confirmReplay(e, len(plan.Replayed), notes); err != nil {
+		all := slices.Concat(notes, ambiguousNotes(plan.Ambiguous, g, o.NewKey))
+		if err := confirmReplay(e, len(plan.Replayed), all); err != nil {
 			return err
 		}
 	}
@@ -155,7 +158,7 @@ func replay(ctx context.Context, e *env, pool *pgxpool.Pool, sel ops.Selection, 
 		sel = ops.Selection{Keys: planKeys(plan)}
 		if len(sel.Keys) == 0 {
 			plan.DryRun = false
-			return reportReplay(e, plan, notes, orig, run.json)
+			return reportReplay(e, plan, notes, nil, orig, run.json)
 		}
 	}
 	if !run.json && stderrTerminal(e.stderr) {
@@ -164,12 +167,13 @@ func replay(ctx context.Context, e *env, pool *pgxpool.Pool, sel ops.Selection, 
 		defer bar.done()
 	}
 	res, err := ops.Replay(ctx, pool, sel, o)
+	anotes := ambiguousNotes(res.Ambiguous, g, o.NewKey)
 	if err != nil {
 		// Earlier batches are committed; show them with the error.
-		_ = reportReplay(e, res, notes, orig, run.json)
+		_ = reportReplay(e, res, notes, anotes, orig, run.json)
 		return opsError(err)
 	}
-	return reportReplay(e, res, notes, orig, run.json)
+	return reportReplay(e, res, notes, anotes, orig, run.json)
 }
 
 // planKeys returns every key a dry run looked at, in a stable order.
@@ -256,8 +260,26 @@ func redeliveryNotes(ctx context.Context, pool *pgxpool.Pool, sel ops.Selection,
 			f.After = page.Next
 		}
 	}
+	return guaranteeNotes(sortedKeys(seen), g, newKey), nil
+}
+
+// ambiguousNotes returns a GuaranteeNote per connector of the replayed rows an earlier
+// attempt of which may have reached the receiver (ops.ReplayResult.Ambiguous, key to
+// connector): what sending them again means, as for delivered rows.
+func ambiguousNotes(ambiguous map[string]string, g map[string]connectors.Guarantee, newKey bool) []string {
+	seen := map[string]bool{}
+	for _, c := range ambiguous {
+		seen[c] = true
+	}
+	return guaranteeNotes(sortedKeys(seen), g, newKey)
+}
+
+// guaranteeNotes says, for each connector of names, what sending a row again means
+// under its guarantee; with newKey the row goes out under a new key, which no receiver
+// has seen.
+func guaranteeNotes(names []string, g map[string]connectors.Guarantee, newKey bool) []string {
 	var notes []string
-	for _, c := range sortedKeys(seen) {
+	for _, c := range names {
 		gu, ok := g[c]
 		if newKey {
 			known := string(gu)
@@ -274,19 +296,22 @@ func redeliveryNotes(ctx context.Context, pool *pgxpool.Pool, sel ops.Selection,
 		}
 		notes = append(notes, fmt.Sprintf("%s: %s", c, ops.GuaranteeNote(gu)))
 	}
-	return notes, nil
+	return notes
 }
 
 type replayJSON struct {
 	ops.ReplayResult
 	GuaranteeNotes []string `json:"guarantee_notes,omitempty"`
+	// AmbiguousNotes explain the guarantees of the rows in Ambiguous.
+	AmbiguousNotes []string `json:"ambiguous_notes,omitempty"`
 }
 
 // reportReplay prints the result, and fails when a key named with --key was not
-// replayed (no row, or refused).
-func reportReplay(e *env, res ops.ReplayResult, notes []string, sel ops.Selection, asJSON bool) error {
+// replayed (no row, or refused). notes explain the redelivered rows' guarantees, and
+// anotes those of the rows an earlier attempt of which may have reached the receiver.
+func reportReplay(e *env, res ops.ReplayResult, notes, anotes []string, sel ops.Selection, asJSON bool) error {
 	if asJSON {
-		if err := writeJSON(e.stdout, replayJSON{ReplayResult: res, GuaranteeNotes: notes}); err != nil {
+		if err := writeJSON(e.stdout, replayJSON{ReplayResult: res, GuaranteeNotes: notes, AmbiguousNotes: anotes}); err != nil {
 			return err
 		}
 	} else {
@@ -313,6 +338,12 @@ func reportReplay(e *env, res ops.ReplayResult, notes []string, sel ops.Selectio
 		if len(notes) > 0 {
 			fmt.Fprintln(w, "redelivering sends delivered rows again:")
 			for _, n := range notes {
+				fmt.Fprintf(w, "  %s\n", n)
+			}
+		}
+		if len(anotes) > 0 {
+			fmt.Fprintln(w, "replaying sends again rows an earlier attempt of which may have reached the receiver:")
+			for _, n := range anotes {
 				fmt.Fprintf(w, "  %s\n", n)
 			}
 		}

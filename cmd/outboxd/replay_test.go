@@ -329,3 +329,44 @@ func TestReplayNewKeyJSONHasNewKeysAlways(t *testing.T) {
 	_, out, _ := d.cli(t, "", "replay", "--key", "paid", "--json", "--dry-run")
 	require.NotContains(t, out, "new_keys", "without --new-key there are no copies to name")
 }
+
+// A row with an ambiguous attempt (held for an operator, dead after a timeout, stuck in
+// delivering) may have reached the receiver: replaying it sends it again, and
+// a receiver that does not enforce the key may act twice. replay said what the
+// guarantee means only for delivered rows (--redeliver), and replayed such rows of a
+// forwarded webhook without a word.
+func TestReplayOfAmbiguousRowsSaysWhatTheGuaranteeMeans(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t, "OUTBOX_WEBHOOK_URL=http://127.0.0.1:1/hook") // forwarded, the default
+	d.insert(t, fixture{Key: "held", Status: outbox.StatusHeld, Ambiguous: true, Attempts: 1, LastError: "timeout"})
+	d.insert(t, fixture{Key: "stuck", Status: outbox.StatusDelivering, LeaseIn: -time.Minute, Attempts: 1})
+	d.insert(t, fixture{Key: "plain", Connector: "slack", Status: outbox.StatusDead, Attempts: 3, LastError: "422"})
+	// Dead after a plain failure that followed a timeout: the latest attempt cleared the
+	// row's mark, and the one before may have acted.
+	earlier := d.insert(t, fixture{Key: "earlier", Connector: "email", Status: outbox.StatusDead, Attempts: 2,
+		LastError: "attempt 2: 550 mailbox unavailable"})
+	_, err := d.pool.Exec(t.Context(), `
+INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
+VALUES ($1, 1, 'relay-1', now() - interval '2 minutes', now() - interval '1 minute', 'retry', true, 'timeout after DATA'),
+       ($1, 2, 'relay-1', now() - interval '30 seconds', now() - interval '29 seconds', 'dead', false, '550')`, earlier)
+	require.NoError(t, err)
+	note := "webhook: " + ops.GuaranteeNote(connectors.Forwarded)
+
+	code, out, errOut := d.cli(t, "", "replay", "--key", "held", "--key", "stuck", "--key", "plain", "--key", "earlier",
+		"--dry-run")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "would replay: 4\n")
+	require.Contains(t, out, note, "dry run")
+	require.Contains(t, out, "email: guarantee unknown here", "dry run")
+	require.NotContains(t, out, "slack:", "a plain failure reached no receiver's effect")
+
+	code, out, errOut = d.cli(t, "", "replay", "--status", "held,delivering", "--json")
+	require.Equal(t, exitOK, code, errOut)
+	var res struct {
+		Ambiguous map[string]string `json:"ambiguous"`
+		Notes     []string          `json:"ambiguous_notes"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.Equal(t, map[string]string{"held": "webhook", "stuck": "webhook"}, res.Ambiguous)
+	require.Equal(t, []string{note}, res.Notes)
+}

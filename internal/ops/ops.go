@@ -69,16 +69,25 @@ type lockedRow struct {
 	leaseOwner     string
 	leaseExpiresAt *time.Time
 	payloadPurged  bool
+	connector      string
+	// reached says an attempt may have reached the receiver: the latest is marked
+	// ambiguous, or the attempt log has an ambiguous or delivered attempt (a later
+	// attempt that failed plainly clears the mark, while the earlier one may have acted).
+	reached bool
 }
 
 // lockSQL locks the rows $1 that no other transaction holds. A row a relay is recording
 // an outcome for (or another operator command is changing) is skipped rather than waited
 // for: the caller reports it, so a command never waits for a relay's delivery and never
 // overwrites what the relay writes (a replay waits only for a claim in progress of a later
-// row of its key: see waitLaterClaimsSQL). purged says whether the payload was purged.
+// row of its key: see waitLaterClaimsSQL). purged says whether the payload was purged,
+// and the last column whether an attempt may have reached the receiver (lockedRow.reached).
 const lockSQL = `
 SELECT o.id, o.idempotency_key, o.status, coalesce(o.lease_owner, ''), o.lease_expires_at,
-       EXISTS (SELECT 1 FROM outbox_audit a WHERE a.outbox_id = o.id AND a.action = 'purge_payload')
+       EXISTS (SELECT 1 FROM outbox_audit a WHERE a.outbox_id = o.id AND a.action = 'purge_payload'),
+       o.connector,
+       o.ambiguous OR EXISTS (SELECT 1 FROM outbox_attempts t
+                              WHERE t.outbox_id = o.id AND (t.ambiguous OR t.outcome = 'delivered'))
 FROM outbox o
 WHERE o.id = ANY($1)
 ORDER BY o.id
@@ -94,7 +103,8 @@ func lockRows(ctx context.Context, tx pgx.Tx, ids []int64) (map[int64]lockedRow,
 	out := make(map[int64]lockedRow, len(ids))
 	for rows.Next() {
 		var r lockedRow
-		if err := rows.Scan(&r.id, &r.key, &r.status, &r.leaseOwner, &r.leaseExpiresAt, &r.payloadPurged); err != nil {
+		if err := rows.Scan(&r.id, &r.key, &r.status, &r.leaseOwner, &r.leaseExpiresAt, &r.payloadPurged,
+			&r.connector, &r.reached); err != nil {
 			return nil, fmt.Errorf("lock rows: %w", err)
 		}
 		out[r.id] = r

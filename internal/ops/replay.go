@@ -70,7 +70,13 @@ type ReplayResult struct {
 	NewKeys map[string]string `json:"new_keys,omitzero"`
 	// NotFound are keys no row has (Keys selections, or rows deleted meanwhile).
 	NotFound []string `json:"not_found"`
-	DryRun   bool     `json:"dry_run"`
+	// Ambiguous maps the Replayed keys an attempt of which may have reached the receiver
+	// (stuck in delivering, or held or dead after an ambiguous attempt, or delivered once
+	// and replayed since) to their connector: sending them again may have the receiver
+	// act twice, unless it enforces the key ([GuaranteeNote]; with NewKey, whatever it
+	// guarantees). Delivered rows (Redeliver) are not in it: the CLI explains them apart.
+	Ambiguous map[string]string `json:"ambiguous"`
+	DryRun    bool              `json:"dry_run"`
 }
 
 // errRollback ends a dry run's transaction without an error.
@@ -177,7 +183,8 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 //   - a row whose payload was purged: refused, since there is nothing left to send.
 //
 // Every replayed row gets an outbox_audit row (action replay, opts.Actor, opts.Reason,
-// details {"from_status": ...}).
+// details {"from_status": ...}). Replayed rows an attempt of which may have reached the
+// receiver are listed in ReplayResult.Ambiguous, with their connector.
 //
 // With opts.NewKey the row itself is left as it is and a new intent re-executes it:
 // same connector, payload, ordering key and headers, under the key
@@ -203,7 +210,7 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayOptions) (ReplayResult, error) {
 	res := ReplayResult{
 		Replayed: []string{}, Unchanged: []string{}, Refused: map[string]string{}, NotFound: []string{},
-		DryRun: opts.DryRun,
+		Ambiguous: map[string]string{}, DryRun: opts.DryRun,
 	}
 	if opts.NewKey {
 		res.NewKeys = map[string]string{}
@@ -238,7 +245,7 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayO
 	for _, b := range batches(targets, size) {
 		var br ReplayResult
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			br = ReplayResult{Refused: map[string]string{}, NewKeys: map[string]string{}}
+			br = ReplayResult{Refused: map[string]string{}, NewKeys: map[string]string{}, Ambiguous: map[string]string{}}
 			// The clock of this batch, not of the replay's start: a paced replay runs for
 			// minutes, and leases expire meanwhile; the batch's audit entries are stamped
 			// with it too.
@@ -285,6 +292,9 @@ func (r *ReplayResult) merge(b ReplayResult) {
 	r.NotFound = append(r.NotFound, b.NotFound...)
 	for k, v := range b.Refused {
 		r.Refused[k] = v
+	}
+	for k, v := range b.Ambiguous {
+		r.Ambiguous[k] = v
 	}
 	if r.NewKeys != nil {
 		for k, v := range b.NewKeys {
@@ -390,6 +400,9 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 			replayIDs = append(replayIDs, r.id)
 		}
 		br.Replayed = append(br.Replayed, t.key)
+		if r.status != outbox.StatusDelivered && (stuck || r.reached) {
+			br.Ambiguous[t.key] = r.connector
+		}
 		dj, _ := json.Marshal(d) // a map of strings always encodes
 		auditIDs, details = append(auditIDs, r.id), append(details, string(dj))
 	}
