@@ -39,7 +39,7 @@ const instructions = `outboxd delivers side effects (webhooks, emails, Slack mes
 const proposeDescription = `Propose a side effect (a webhook, email, Slack message or payment) for the outbox relay to perform exactly once.
 Rules:
 - Derive the key from the decision, not from the moment: pass key_parts such as [run id, step, target] and the server derives the key (or pass key). The same decision must give the same key; never include a time, an attempt number or a random value.
-- Reuse the same key on every retry. Proposing the same decision again is harmless and returns the existing intent (replayed: true); a different decision under a used key is an error.
+- Reuse the same key on every retry. Proposing the same decision again is harmless and returns the existing intent (replayed: true) as long as the outbox keeps it (finished intents are deleted after its retention period, 7 days by default; after that the same key is a new intent, which acts again); a different decision under a used key is an error.
 - To learn what happened, call get_intent with the key instead of proposing again.
 - Risky connectors (such as payment) may wait for a person's approval: status awaiting_approval. Do not work around it.
 Give a short human-readable reason: it goes to this server's log with the key and comes back in the result, but it is not stored with the intent, so the person who approves it sees the connector and payload, not the reason.`
