@@ -534,7 +534,9 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 func GuaranteeNote(g connectors.Guarantee) string {
 	switch g {
 	case connectors.Enforced:
-		return "enforced: the receiver dedupes on the key, so within its key window it returns its stored answer for the same key and acts only once; after the window has passed, a redelivery acts again"
+		return "enforced: the receiver dedupes on the key, so within its key window it returns its stored answer for the same key and acts only once; " +
+			"after the window has passed it would act again, so where the connector declares the window (payment, email over Resend: 24 hours from the row's first attempt) " +
+			"the relay holds such a row instead of sending it, and only a replay with a new key re-executes it"
 	case connectors.Reconciled:
 		return "reconciled: the receiver does not dedupe, but the connector looks for the key's effect first and records a found one as delivered instead of acting again"
 	case connectors.Forwarded:
