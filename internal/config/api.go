@@ -18,7 +18,7 @@ type API struct {
 	Tokens []intent.Token `env:"-"`
 	// ApprovalRequired names the connectors whose API and MCP intents start
 	// awaiting_approval: instances, or a kind for all its instances.
-	ApprovalRequired []string `env:"OUTBOX_APPROVAL_REQUIRED" desc:"connectors whose API and MCP intents start awaiting_approval, comma-separated instances or kinds (e.g. payment,webhook:crm)"`
+	ApprovalRequired []string `env:"OUTBOX_APPROVAL_REQUIRED" desc:"connectors whose API and MCP intents start awaiting_approval, comma-separated instances, kinds, kind:* (every instance of the kind) or * (every connector), e.g. payment,webhook:crm"`
 	// Rate is each token's request rate limit, per second, with a burst of
 	// max(1, Rate). 0 turns it off.
 	Rate float64 `env:"OUTBOX_API_RATE" envDefault:"10" desc:"requests per second each API token may make, to the intent API and /mcp together (burst the same, at least 1); 0 for no limit"`
@@ -61,10 +61,15 @@ func (a *API) validate(p *problems) {
 	for i, c := range a.ApprovalRequired {
 		a.ApprovalRequired[i] = strings.TrimSpace(c)
 		// A name that matches no connector would leave the gate open without a word.
+		// "kind:*" and "*" are what the policy reads as every instance of the kind and
+		// every connector, as a token's connectors are written.
 		k, name, named := strings.Cut(a.ApprovalRequired[i], ":")
-		if _, ok := knownKind(k); !ok || (named && !instanceName.MatchString(name)) {
-			p.addf("", "OUTBOX_APPROVAL_REQUIRED: %q is not a connector kind (%s) or kind:name with a lowercase name, "+
-				"so it would require approval of nothing", a.ApprovalRequired[i], kindNames())
+		if a.ApprovalRequired[i] == "*" {
+			continue
+		}
+		if _, ok := knownKind(k); !ok || (named && name != "*" && !instanceName.MatchString(name)) {
+			p.addf("", "OUTBOX_APPROVAL_REQUIRED: %q is not a connector kind (%s), kind:name with a lowercase name, "+
+				"kind:* or *, so it would require approval of nothing", a.ApprovalRequired[i], kindNames())
 		}
 	}
 	if a.Rate < 0 || math.IsNaN(a.Rate) { // NaN would limit nothing

@@ -519,8 +519,8 @@ func TestLoadAPIProblems(t *testing.T) {
 	require.ErrorAs(t, err, &cerr)
 	msg := err.Error()
 	for _, bad := range []string{"Payment", "payments", "payment:EU"} {
-		require.Contains(t, msg, fmt.Sprintf("OUTBOX_APPROVAL_REQUIRED: %q is not a connector kind (webhook, payment, email, slack) "+
-			"or kind:name with a lowercase name", bad))
+		require.Contains(t, msg, fmt.Sprintf("OUTBOX_APPROVAL_REQUIRED: %q is not a connector kind (webhook, payment, email, slack), "+
+			"kind:name with a lowercase name, kind:* or *", bad))
 	}
 	require.NotContains(t, msg, `"webhook:crm" is not`)
 	require.Contains(t, msg, `OUTBOX_API_TOKENS: token "a": sha256 must be 64 hex digits`)
@@ -545,6 +545,21 @@ func TestLoadAPIProblems(t *testing.T) {
 	tok, err := api.Policy().Authenticate(api.MCPToken.Reveal())
 	require.NoError(t, err)
 	require.Equal(t, "a", tok.Name)
+}
+
+// TestApprovalRequiredTakesWildcards: the intent policy requires approval for "kind:*"
+// (every instance of the kind) and "*" (every connector), as a token's connectors are
+// written, and Load refused both as names that "would require approval of nothing".
+func TestApprovalRequiredTakesWildcards(t *testing.T) {
+	t.Parallel()
+
+	cfg, err := Load(environ(with(minimal, map[string]string{"OUTBOX_APPROVAL_REQUIRED": "payment:*, *"})))
+	require.NoError(t, err)
+	require.Equal(t, []string{"payment:*", "*"}, cfg.API.ApprovalRequired)
+
+	// Only a known kind takes the wildcard.
+	_, err = Load(environ(with(minimal, map[string]string{"OUTBOX_APPROVAL_REQUIRED": "payments:*"})))
+	require.ErrorContains(t, err, `OUTBOX_APPROVAL_REQUIRED: "payments:*" is not`)
 }
 
 // TestAPIRateMustBeANumber: OUTBOX_API_RATE=NaN parses as a float, and the intent API
