@@ -72,9 +72,6 @@ func run(ctx context.Context, args, environ []string, stdin io.Reader, stdout, s
 func runEnv(ctx context.Context, args []string, e *env) int {
 	root := newRootCmd(e)
 	root.SetArgs(args)
-	root.SetIn(e.stdin)
-	root.SetOut(e.stdout)
-	root.SetErr(e.stderr)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return exitOK
@@ -102,6 +99,10 @@ func newRootCmd(e *env) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	// Before the completion command is added below: it takes its output then.
+	root.SetIn(e.stdin)
+	root.SetOut(e.stdout)
+	root.SetErr(e.stderr)
 	root.AddCommand(newMigrateCmd(e))
 	root.AddCommand(newServeCmd(e))
 	root.AddCommand(newDemoCmd(e))
@@ -117,6 +118,22 @@ func newRootCmd(e *env) *cobra.Command {
 	root.AddCommand(newApproveCmd(e))
 	root.AddCommand(newRejectCmd(e))
 	root.AddCommand(newTokenCmd(e))
+	// cobra adds its help and completion commands only as it runs, after the loop below
+	// gave every command its rules for arguments: added now, they get them as well. The
+	// help command's topic must name a command (cobra showed the nearest one's help for
+	// any other, and exited 0), and completion's shells take no arguments.
+	root.InitDefaultCompletionCmd()
+	root.InitDefaultHelpCmd()
+	for _, c := range root.Commands() {
+		switch c.Name() {
+		case "help":
+			c.Args = helpTopic
+		case "completion":
+			for _, shell := range c.Commands() {
+				shell.Args = noArgs
+			}
+		}
+	}
 	for _, c := range append([]*cobra.Command{root}, root.Commands()...) {
 		switch {
 		case c.HasSubCommands():
@@ -142,6 +159,15 @@ func knownSubcommand(cmd *cobra.Command, args []string) error {
 		return usagef("unknown command %q for %q; did you mean %s?", args[0], cmd.CommandPath(), strings.Join(near, " or "))
 	}
 	return usagef("unknown command %q for %q", args[0], cmd.CommandPath())
+}
+
+// helpTopic refuses, as a usage error, a help topic that names no command.
+func helpTopic(cmd *cobra.Command, args []string) error {
+	target, rest, err := cmd.Root().Find(args)
+	if err != nil {
+		return usageError{err}
+	}
+	return knownSubcommand(target, rest)
 }
 
 // noArgs refuses positional arguments as a usage error.

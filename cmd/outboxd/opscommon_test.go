@@ -146,6 +146,9 @@ func TestOpsCommandsHaveExamples(t *testing.T) {
 	t.Parallel()
 	root := newRootCmd(&env{})
 	for _, c := range root.Commands() {
+		if c.Name() == "help" || c.Name() == "completion" { // cobra's own
+			continue
+		}
 		require.NotEmpty(t, c.Example, "%s has no Example", c.Name())
 	}
 	for _, name := range []string{"status", "list", "inspect", "replay", "cancel", "purge", "enqueue"} {
@@ -198,6 +201,12 @@ func TestUnknownCommandIsAUsageError(t *testing.T) {
 		{[]string{"bogus"}, `unknown command "bogus" for "outboxd"`},
 		{[]string{"replya"}, `unknown command "replya" for "outboxd"; did you mean replay?`},
 		{[]string{"token", "nwe"}, `unknown command "nwe" for "outboxd token"; did you mean new?`},
+		// cobra's own commands, which it adds only as it runs: "help bogus" showed the
+		// root's help and "completion bogus" the completion's, both exiting 0.
+		{[]string{"help", "replya"}, `unknown command "replya" for "outboxd"; did you mean replay?`},
+		{[]string{"help", "token", "nwe"}, `unknown command "nwe" for "outboxd token"; did you mean new?`},
+		{[]string{"completion", "bassh"}, `unknown command "bassh" for "outboxd completion"; did you mean bash?`},
+		{[]string{"completion", "bash", "extra"}, `outboxd completion bash takes no arguments, got "extra"`},
 	} {
 		code, out, errOut := runCLI(t, nil, strings.NewReader(""), tc.args...)
 		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errOut)
@@ -205,11 +214,15 @@ func TestUnknownCommandIsAUsageError(t *testing.T) {
 		require.Empty(t, out, tc.args)
 	}
 	// A command that has subcommands, given none, shows its help.
-	for _, args := range [][]string{nil, {"token"}} {
+	for _, args := range [][]string{nil, {"token"}, {"completion"}, {"help"}, {"help", "token"}} {
 		code, out, errOut := runCLI(t, nil, strings.NewReader(""), args...)
 		require.Equal(t, exitOK, code, "%v: %s", args, errOut)
 		require.Contains(t, out, "Available Commands:", args)
 	}
+	// Help on a command, as before.
+	code, out, errOut := runCLI(t, nil, strings.NewReader(""), "help", "serve")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "serve delivers the outbox")
 }
 
 func TestKeysLeftErrorAgrees(t *testing.T) {
