@@ -28,7 +28,8 @@
 //
 // # Secrets
 //
-// Values that must not be printed ([Secret], the password in the DSN) are redacted by
-// fmt, log/slog and encoding/json: [Config], [Database], [Webhook], [Payment], [Email]
-// and [Slack] implement [slog.LogValuer] and String.
+// Values that must not be printed ([Secret], the password in the DSN, a token in a URL)
+// are redacted by fmt and log/slog: [Config], [Database], [Webhook], [Payment], [Email]
+// and [Slack] implement [slog.LogValuer] and String. encoding/json redacts a [Secret]
+// but not those structs, whose DSN and URLs are plain strings: never encode them.
 package config
