@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -25,7 +26,8 @@ func newEnqueueCmd(e *env) *cobra.Command {
 		Short: "Write one intent to the outbox",
 		Long: "enqueue writes an intent as outbox.Enqueue does in an application's transaction, with the same " +
 			"validation and idempotency: enqueueing the same key with the same request again is harmless and " +
-			"says \"already enqueued\"; the same key with a different request is a conflict and exits 1.\n\n" +
+			"says \"already enqueued\"; the same key with a different request is a conflict and exits 1, and a " +
+			"message the connector's kind would refuse (a payload that is not valid JSON, say) is bad usage and exits 2.\n\n" +
 			"--payload is JSON text, @FILE to read it from a file, or - to read it from stdin.",
 		Example: `  outboxd enqueue --connector webhook --key order-42-shipped --payload '{"order": 42, "event": "shipped"}'
   outboxd enqueue --connector email --key welcome-7 --payload @welcome.json --not-before 2030-01-01T09:00:00Z
@@ -56,6 +58,11 @@ func newEnqueueCmd(e *env) *cobra.Command {
 			}
 			defer pool.Close()
 			in, err := outbox.Enqueue(ctx, pool, m)
+			if errors.Is(err, outbox.ErrInvalidMessage) {
+				// Refused before anything was sent: the flags are at fault, as a bad
+				// --not-before is, and running the command again cannot help.
+				return usageError{err}
+			}
 			if err != nil {
 				return err
 			}

@@ -52,16 +52,24 @@ func TestEnqueue(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "next attempt 2099-01-01 00:00:00Z")
 
-	// Invalid messages: exit 1 with the reason, nothing written.
+	// Invalid messages are bad usage, as a bad --not-before is and as list's bad
+	// --connector is: exit 2 with the reason and the hint, nothing written. They exited
+	// 1, as a database that cannot be reached does, so a script retried them.
 	for _, args := range [][]string{
 		{"--connector", "webhook", "--key", "bad-json", "--payload", `{"order":`},
 		{"--connector", "carrier-pigeon", "--key", "bad-connector", "--payload", `{}`},
 		{"--connector", "slack", "--key", "bad-slack", "--payload", `{"text": 1}`},
-		{"--connector", "webhook", "--key", "no-file", "--payload", "@" + filepath.Join(t.TempDir(), "missing.json")},
+		{"--connector", "webhook", "--key", "", "--payload", `{}`},
 	} {
 		code, _, errOut = d.cli(t, "", append([]string{"enqueue"}, args...)...)
-		require.Equal(t, exitFailure, code, "%v: %s", args, errOut)
+		require.Equal(t, exitUsage, code, "%v: %s", args, errOut)
+		require.Contains(t, errOut, "outboxd: invalid message: ", args)
+		require.Contains(t, errOut, "Run 'outboxd --help' for usage.", args)
 	}
+	// A payload file that cannot be read is a failure.
+	code, _, errOut = d.cli(t, "", "enqueue", "--connector", "webhook", "--key", "no-file",
+		"--payload", "@"+filepath.Join(t.TempDir(), "missing.json"))
+	require.Equal(t, exitFailure, code, errOut)
 	require.Equal(t, 2, d.count(t, `SELECT count(*) FROM outbox`))
 }
 
