@@ -674,3 +674,58 @@ func claimedOutcome(t *testing.T, r *Relay, db outbox.DB, clock *testClock, key 
 	return outcome{id: got[0].id, attempt: got[0].attempt, status: statusDelivered, result: []byte(`{"ok":true}`),
 		started: now, finished: now, record: statusDelivered}
 }
+
+// refusingGatedConnector is a gatedConnector whose receiver refuses every request for
+// good (a 400): a row's first attempt is its last.
+type refusingGatedConnector struct{ *gatedConnector }
+
+func (c refusingGatedConnector) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
+	_, _ = c.gatedConnector.Deliver(ctx, d)
+	return nil, connectors.Permanent(errors.New("400 Bad Request"))
+}
+
+// The database is unreachable for longer than the lease while a delivery is in flight,
+// and the relay is alone: when the database returns, its own reclaim finds the row's
+// lease expired. But the attempt ended, and the relay holds its outcome (here a
+// permanent refusal) until the claim loop writes it: putting the row back as an
+// abandoned, ambiguous attempt threw that answer away, and the row was sent again (held
+// for an operator with the hold policy; sent before the receiver's Retry-After).
+func TestOwnReclaimLeavesARowWhoseOutcomeItHolds(t *testing.T) {
+	t.Parallel()
+	direct, proxy, cfg, clock := lossySetup(t)
+	cfg.Concurrency = 1
+	conn := newGatedConnector()
+	r, _ := start(t, proxy.pool, cfg, map[string]Instance{"webhook": {Connector: refusingGatedConnector{conn}}})
+	enqueue(t, direct, "refused", "webhook", []int{1})
+	select {
+	case <-conn.first:
+	case <-time.After(waitTimeout):
+		t.Fatal("nothing was delivered")
+	}
+
+	proxy.cut()
+	clock.Advance(r.cfg.Lease + time.Second)
+	// The attempt ends while the database is away; its outcome waits in memory.
+	failed := testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("claim"))
+	close(conn.gate)
+	require.Eventually(t, func() bool { return r.claimedRows.Load() == 0 }, waitTimeout, time.Millisecond)
+	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("claim")) >= failed+2 },
+		waitTimeout, time.Millisecond, "rounds fail while the database is away")
+	// The database returns; the round that writes the outcome is held on its way, and
+	// the relay's reclaim runs first.
+	held, release := proxy.holdOnce(t, "AS t(id, attempt, status")
+	proxy.restore()
+	waitFor(t, held, "the outcome was never written again")
+	r.reclaim(t.Context())
+	in, err := outbox.Get(t.Context(), direct, "refused")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDelivering, in.Status, "reclaim took a row whose outcome the relay holds: %s", in.LastError)
+
+	release()
+	in = waitStatus(t, direct, "refused", outbox.StatusDead)
+	require.Equal(t, 1, in.Attempts)
+	require.Len(t, conn.deliveries("refused"), 1, "sent once")
+	att := attemptsOf(t, direct, "refused")
+	require.Len(t, att, 1, "attempts log: %+v", att)
+	require.Equal(t, "dead", att[0].Outcome)
+}

@@ -168,7 +168,8 @@ func (r *Relay) reclaim(ctx context.Context) {
 	now := r.now()
 	var put []int64
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, reclaimSQL, now, r.cfg.MaxAttempts, nonNil(r.hold), nonNil(r.names), r.maxAges)
+		rows, err := tx.Query(ctx, reclaimSQL, now, r.cfg.MaxAttempts, nonNil(r.hold), nonNil(r.names), r.maxAges,
+			r.cfg.ID, r.unwrittenExpired(now))
 		if err != nil {
 			return err
 		}

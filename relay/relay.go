@@ -102,6 +102,11 @@ type Relay struct {
 	// releasingMu is held while they are handed back, and by reclaim, so that this relay
 	// never puts back as an abandoned attempt a row it knows it never sent.
 	releasingMu sync.Mutex
+	// unwritten holds the leases of the attempts this relay ended and whose outcomes it
+	// has not written yet: reclaim leaves those rows alone, since their attempts were not
+	// abandoned (see noteUnwritten).
+	unwrittenMu sync.Mutex
+	unwritten   map[rowAttempt]time.Time
 	// lastLease is the lease expiry of the claim loop's last round of claims, and
 	// roundLease that of the round in progress (zero: it claims nothing). Each round's is
 	// later than the one before, so that the rows of a round whose reply was lost can be
@@ -215,6 +220,12 @@ func (c claimed) committedFor() time.Time {
 	return c.createdAt
 }
 
+// rowAttempt names one attempt of a row.
+type rowAttempt struct {
+	id      int64
+	attempt int
+}
+
 // outcome is how one attempt ended, waiting to be recorded.
 type outcome struct {
 	id        int64
@@ -292,6 +303,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 
 		probeTimeout:  defaultProbeTimeout,
 		parkBehindMin: parkBehindMin,
+		unwritten:     map[rowAttempt]time.Time{},
 	}
 	for i := range r.ownSlots {
 		r.ownSlots[i] = make(chan struct{}, 1)
@@ -906,6 +918,7 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 		}
 		failures = 0
 		if wrote {
+			r.written(outs)
 			outs, urgent, lingering, lingered = outs[:0], false, false, false
 			linger.Stop()
 		}
@@ -1710,6 +1723,7 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 	}
 	if inst.forgotten(row, started) {
 		// Not sent: the receiver no longer knows the key (see decide).
+		r.noteUnwritten(row)
 		r.results <- r.holdForgotten(inst, row, started)
 		return
 	}
@@ -1741,7 +1755,47 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 	took := finishedLocal.Sub(local)
 	inst.observe(o.record, took, finished.Sub(row.committedFor()))
 	inst.observeTook(took)
+	r.noteUnwritten(row)
 	r.results <- o
+}
+
+// noteUnwritten notes that row's attempt has ended, its outcome not yet written, until
+// written (see written). The outcome may wait in memory past the row's lease (the
+// database away for longer, a round stuck on a lock), and this relay's own reclaim
+// would then put the row back as an abandoned, ambiguous attempt, and throw away the
+// answer it holds: a permanent refusal sent again, a receiver's Retry-After ignored, a
+// row of an instance with the hold policy held for an operator. Other relays, which do
+// not know the answer, still put it back once the lease has expired.
+func (r *Relay) noteUnwritten(row claimed) {
+	r.unwrittenMu.Lock()
+	defer r.unwrittenMu.Unlock()
+	r.unwritten[rowAttempt{row.id, row.attempt}] = row.lease
+}
+
+// written forgets outs, outcomes written (or given up: their rows are left to reclaim).
+func (r *Relay) written(outs []outcome) {
+	if len(outs) == 0 {
+		return
+	}
+	r.unwrittenMu.Lock()
+	defer r.unwrittenMu.Unlock()
+	for _, o := range outs {
+		delete(r.unwritten, rowAttempt{o.id, o.attempt})
+	}
+}
+
+// unwrittenExpired returns the rows whose outcomes this relay holds unwritten and whose
+// leases expired by now, for reclaim to leave alone.
+func (r *Relay) unwrittenExpired(now time.Time) []int64 {
+	r.unwrittenMu.Lock()
+	defer r.unwrittenMu.Unlock()
+	ids := []int64{} // not nil: NULL would leave every row of this relay alone
+	for a, lease := range r.unwritten {
+		if lease.Before(now) {
+			ids = append(ids, a.id)
+		}
+	}
+	return ids
 }
 
 // forgotten reports whether an attempt of row started at t could reach an enforcing
@@ -1937,6 +1991,9 @@ func (r *Relay) salvage(ctx context.Context, outs []outcome, refusal error) []ou
 		if unsure(err) {
 			markMaybeWritten(batch)
 		}
+		if err == nil {
+			r.written(batch)
+		}
 		if err == nil && anyOrdered(batch) {
 			r.rescan.Store(true) // as in claimRound: written without a claim, the key's next row may lie behind
 		}
@@ -1953,6 +2010,7 @@ func (r *Relay) salvage(ctx context.Context, outs []outcome, refusal error) []ou
 			r.metrics.dbErrors.WithLabelValues("record").Inc()
 			r.log.ErrorContext(ctx, "the database refused an outcome even without the receiver's answer; the row is retried when its lease expires",
 				"id", o.id, "attempt", o.attempt, "err", err)
+			r.written(outs) // given up: left to reclaim
 			return nil
 		default:
 			if unsure(err) { // the copy without the answer was marked, not outs
@@ -2044,6 +2102,7 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 		return nil
 	})
 	if err == nil {
+		r.written(batch)
 		r.recovered(ctx, recordFailed)
 	} else {
 		r.log.ErrorContext(ctx, "outcomes not recorded; the rows are retried when their lease expires", "err", err, "rows", len(batch))

@@ -383,6 +383,8 @@ WHERE o.id = r.id AND o.attempts = r.attempt AND o.status = 'delivering' AND o.l
 // else dead when it has used its attempts ($2) or when the next attempt, now, would come
 // later than its connector's maximum age ($5, seconds, in the order of $4) after its
 // first attempt, as decide rules for a retry. $1 is the relay's clock.
+// Rows $7 of this relay ($6) are left alone: their attempts ended, and this relay holds
+// their outcomes, not written yet (see Relay.noteUnwritten).
 // Only relays that have the connector decide, since only they know its policy. It
 // returns the rows put back, for releaseNextSQL: a row of an ordering key sent to dead
 // lets its key's next row go, which a relay may have parked behind it while it was in
@@ -393,6 +395,7 @@ WITH expired AS (
            coalesce(first_attempt_at, created_at) + make_interval(secs => ($5::float8[])[array_position($4::text[], connector)]) < $1 AS too_old
     FROM outbox
     WHERE status = 'delivering' AND lease_expires_at < $1 AND connector = ANY($4)
+      AND NOT (lease_owner = $6 AND id = ANY($7::bigint[]))
     ORDER BY lease_expires_at
     LIMIT 1000
     FOR UPDATE SKIP LOCKED
