@@ -33,3 +33,23 @@ func TestLostPollFastReplyStillPollsFast(t *testing.T) {
 	enqueue(t, direct, "second", "webhook", map[string]int{"n": 2})
 	waitStatus(t, direct, "second", outbox.StatusDelivered)
 }
+
+// The statement that says this relay polls fast gets no answer (the network between relay
+// and database hangs, with no reset: the kernel retransmits for minutes). It is a hint
+// for the insert trigger, run by the claim loop between rounds, and it waited without a
+// bound: the loop wrote no outcome and claimed no row until it ended, while the leases of
+// the rows it had sent ran out (a round is bounded by roundTimeout). Here the first row's
+// outcome, waiting behind it, must still be written, and the second row sent.
+func TestHungPollFastStatementDoesNotStopTheClaimLoop(t *testing.T) {
+	t.Parallel()
+	direct, proxy, cfg, _ := lossySetup(t)
+	conn := &recordingConnector{}
+	held, _ := proxy.holdOnce(t, "SET polling_until = excluded.polling_until") // pollFastSQL
+	start(t, proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
+
+	enqueue(t, direct, "first", "webhook", map[string]int{"n": 1})
+	waitFor(t, held, "the relay never said it polls fast")
+	waitStatus(t, direct, "first", outbox.StatusDelivered)
+	enqueue(t, direct, "second", "webhook", map[string]int{"n": 2})
+	waitStatus(t, direct, "second", outbox.StatusDelivered)
+}

@@ -842,6 +842,11 @@ func (r *Relay) withdraw(ctx context.Context) {
 // withdrawTimeout bounds withdraw.
 const withdrawTimeout = 2 * time.Second
 
+// pollFastTimeout bounds the claim loop's statement that says it polls fast (pollFastSQL):
+// a hint for the insert trigger, which a statement cut short leaves unknown, and the loop
+// then polls fast as though it had been written.
+const pollFastTimeout = 2 * time.Second
+
 // claimLoop claims rows for the delivery workers and records their outcomes until ctx
 // is done, in rounds. A round writes the outcomes gathered since the last one and claims
 // for every instance with room, in one round trip and one transaction (a pgx batch): one
@@ -923,7 +928,13 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 			linger.Stop()
 		}
 		if claimed > 0 && time.Since(lastRefresh) >= fastPollRefresh {
-			_, err := r.pool.Exec(ctx, pollFastSQL, r.cfg.ID, nonNil(r.names), fastPollWindow)
+			// Bounded, as a round is: the loop writes no outcome and claims no row while it
+			// waits, and a connection that hangs (a network that drops packets without a
+			// reset) would hold it for as long as the kernel retransmits, minutes, while
+			// the leases of the rows it sent run out.
+			pollCtx, cancel := context.WithTimeout(ctx, pollFastTimeout)
+			_, err := r.pool.Exec(pollCtx, pollFastSQL, r.cfg.ID, nonNil(r.names), fastPollWindow)
+			cancel()
 			if err == nil {
 				lastRefresh = time.Now()
 			}
