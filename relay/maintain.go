@@ -160,9 +160,16 @@ func (r *Relay) reclaim(ctx context.Context) {
 	if r.anyUnreleased.Load() {
 		r.releaseAgain(ctx)
 	}
+	// Looked at under releasingMu, so that a hand-back under way (its rows taken off the
+	// lists) is waited for. Not held across the statements below: the claim loop takes
+	// it before its rounds whenever it has rows to hand back, and a reclaim whose
+	// connection hangs (packets dropped without a reset) held it, and so stopped the
+	// loop's outcomes and claims, for as long as the kernel retransmitted. Rows put on
+	// the lists meanwhile are of claims too recent for their leases to have expired.
 	r.releasingMu.Lock()
-	defer r.releasingMu.Unlock()
-	if r.anyUnreleased.Load() {
+	unreleased := r.anyUnreleased.Load()
+	r.releasingMu.Unlock()
+	if unreleased {
 		return // the database is still away, or a release failed again: not now
 	}
 	now := r.now()

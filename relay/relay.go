@@ -99,8 +99,9 @@ type Relay struct {
 	// the rows of a lost round are handed back or a lost outcome is written again.
 	unfenced      []session
 	anyUnreleased atomic.Bool // unreleased or lost is not empty
-	// releasingMu is held while they are handed back, and by reclaim, so that this relay
-	// never puts back as an abandoned attempt a row it knows it never sent.
+	// releasingMu is held while they are handed back, and by reclaim while it looks
+	// whether any are left, so that this relay never puts back as an abandoned attempt a
+	// row it knows it never sent.
 	releasingMu sync.Mutex
 	// unwritten holds the leases of the attempts this relay ended and whose outcomes it
 	// has not written yet: reclaim leaves those rows alone, since their attempts were not

@@ -229,3 +229,26 @@ func TestOwnReclaimDoesNotTakeARowOfALostRound(t *testing.T) {
 	require.Len(t, got, 1)
 	require.False(t, got[0].PreviousAmbiguous)
 }
+
+// Reclaim's statement gets no answer (the connection hangs: packets dropped without a
+// reset, for as long as the kernel retransmits), and then a round's reply is lost, so
+// the claim loop has rows to hand back before its next round. It waited for the
+// reclaim pass, which held releasingMu across its statement, and wrote no outcome and
+// claimed no row until that statement ended. The claim loop must go on.
+func TestHungReclaimDoesNotStopTheClaimLoop(t *testing.T) {
+	t.Parallel()
+	direct, proxy, cfg, _ := lossySetup(t)
+	conn := &recordingConnector{}
+	held, _ := proxy.holdOnce(t, "lost its lease during attempt") // reclaimSQL
+	// Armed before the claim is first prepared; it loses only the reply holding the row.
+	proxy.arm("SET status = 'delivering'", []byte("lost-claim"))
+	start(t, proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
+	waitFor(t, held, "reclaim never ran")
+
+	enqueue(t, direct, "lost-claim", "webhook", map[string]int{"n": 1})
+	waitKilled(t, proxy)
+	enqueue(t, direct, "after", "webhook", map[string]int{"n": 2})
+	waitStatus(t, direct, "after", outbox.StatusDelivered)
+	in := waitStatus(t, direct, "lost-claim", outbox.StatusDelivered)
+	require.Equal(t, 1, in.Attempts, "the claim that was never started is not counted")
+}
