@@ -84,7 +84,10 @@ type Relay struct {
 	// parkBehindMin is the fewest rows waiting behind a row in flight that a pass parks
 	// behind it (see parkInFlight); tests lower it.
 	parkBehindMin int
-	running       atomic.Bool
+	// fastGrace is how long the relay polls fast after its mark lapses (fastPollGrace);
+	// tests lengthen it.
+	fastGrace time.Duration
+	running   atomic.Bool
 	// runCalled is set while Run is running or once it has run: a Relay runs once.
 	runCalled atomic.Bool
 	// Rows this relay claimed and knows it never sent, still leased to it: unreleased
@@ -304,6 +307,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 
 		probeTimeout:  defaultProbeTimeout,
 		parkBehindMin: parkBehindMin,
+		fastGrace:     fastPollGrace,
 		unwritten:     map[rowAttempt]time.Time{},
 	}
 	for i := range r.ownSlots {
@@ -811,10 +815,17 @@ func checkServerVersion(server int) error {
 // trigger sends no NOTIFY. PostgreSQL serialises the commits of all transactions that NOTIFY,
 // so under steady load the notifications would cap the application's commit rate; when
 // the load stops, polling_until lapses and inserts wake idle relays with NOTIFY again.
+//
+// The trigger decides when a row is inserted, and the notification goes out at COMMIT:
+// a transaction that inserted while the mark stood and commits after it lapsed sends
+// none. So the relay goes on polling fast for fastPollGrace after the mark it wrote
+// lapses, and finds such a row at once rather than at its PollInterval; a transaction
+// that takes longer than that from its insert to its COMMIT still waits for the poll.
 const (
 	fastPollInterval = 2 * time.Millisecond
 	fastPollWindow   = 2 * time.Second
 	fastPollRefresh  = fastPollWindow / 4
+	fastPollGrace    = time.Second
 )
 
 // withdraw takes back, once the claim loop has stopped, this relay's words in
@@ -940,9 +951,11 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 				lastRefresh = time.Now()
 			}
 			// A statement whose reply was lost may have committed: inserts then send no
-			// NOTIFY for the next fastPollWindow, so this relay polls fast as it says.
+			// NOTIFY for the next fastPollWindow, so this relay polls fast as it says, and
+			// for fastGrace after, for the transactions that inserted before the mark
+			// lapsed and commit after (see fastPollGrace).
 			if err == nil || unsure(err) {
-				fastUntil = time.Now().Add(fastPollWindow)
+				fastUntil = time.Now().Add(fastPollWindow + r.fastGrace)
 			}
 		}
 		if more {

@@ -273,6 +273,41 @@ func TestDeliversOnNotifyWithTraceparent(t *testing.T) {
 	waitStatus(t, b.pool, "plain", outbox.StatusDelivered)
 }
 
+// The insert trigger decides whether to NOTIFY when a row is inserted, and the
+// notification goes out at COMMIT: a transaction that inserted while a relay's
+// fast-polling mark stood sends none, though it commits after the mark lapsed. The relay
+// goes on polling fast after its mark lapses (fastPollGrace), and finds that row at once;
+// it used to stop as the mark lapsed, and the row waited for its PollInterval (an hour
+// here).
+func TestRowInsertedUnderTheMarkAndCommittedAfterItLapsedIsFound(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	enqueue(t, b.pool, "first", "webhook", map[string]any{"n": 1}) // found by the relay's first claim
+	cfg := b.fastConfig()
+	cfg.PollInterval = time.Hour
+	r := b.newRelay(t, cfg)
+	r.fastGrace = waitTimeout // the lapse and the commit below may be far apart on a busy machine
+	run(t, r)
+	waitStatus(t, b.pool, "first", outbox.StatusDelivered)
+
+	tx, err := b.pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
+	enqueue(t, tx, "second", "webhook", map[string]any{"n": 2})
+	var marked bool
+	require.NoError(t, tx.QueryRow(t.Context(), `SELECT coalesce(bool_or(polling_until > clock_timestamp()), false)
+		FROM outbox_wake_connectors`).Scan(&marked))
+	require.True(t, marked, "the mark stood at the insert, which sent no NOTIFY")
+	require.Eventually(t, func() bool {
+		var lapsed bool
+		err := b.pool.QueryRow(t.Context(), `SELECT NOT coalesce(bool_or(polling_until > clock_timestamp()), false)
+			FROM outbox_wake_connectors`).Scan(&lapsed)
+		return err == nil && lapsed
+	}, waitTimeout, 10*time.Millisecond, "the mark lapses")
+	require.NoError(t, tx.Commit(t.Context()))
+	waitStatus(t, b.pool, "second", outbox.StatusDelivered)
+}
+
 // A relay that claimed rows polls fast and tells the insert trigger so, which then sends
 // no NOTIFY. When it stops, it withdraws that mark: a relay left running idle, which
 // polls only hourly here, must hear of the next row at once.
