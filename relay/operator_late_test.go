@@ -101,3 +101,31 @@ func leaseLostAndReclaimed(t *testing.T, hold bool, maxAtt int, reclaim string) 
 	require.Equal(t, reclaim, in.Status)
 	return b, clock, sender, other, got[0]
 }
+
+// A replay keeps the row's attempts (and its first attempt's time), as the README says:
+// a row that went dead on MaxAttempts gets one more attempt, and a retryable failure of
+// it makes the row dead again; a success delivers it.
+func TestReplayedRowThatRanOutOfAttemptsGetsOneAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	b.receiver.Plan("tired", receiver.Plan{FailFirst: 3})
+	cfg := b.fastConfig()
+	cfg.MaxAttempts = 2
+	start(t, b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	enqueue(t, b.pool, "tired", "webhook", []string{"tired"})
+	require.Equal(t, 2, waitStatus(t, b.pool, "tired", outbox.StatusDead).Attempts)
+
+	replay := func() {
+		t.Helper()
+		res, err := ops.Replay(t.Context(), b.pool, ops.Selection{Keys: []string{"tired"}}, ops.ReplayOptions{Actor: "op", Now: time.Now()})
+		require.NoError(t, err)
+		require.Equal(t, []string{"tired"}, res.Replayed)
+	}
+	replay()
+	dead := waitStatus(t, b.pool, "tired", outbox.StatusDead)
+	require.Equal(t, 3, dead.Attempts, "one attempt, which failed (the receiver's third 503)")
+	require.Contains(t, dead.LastError, "gave up after 3 attempts")
+	replay()
+	require.Equal(t, 4, waitStatus(t, b.pool, "tired", outbox.StatusDelivered).Attempts)
+	require.Equal(t, 1, b.receiver.Effects("tired"))
+}
