@@ -3,6 +3,7 @@ package relay
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -50,23 +51,49 @@ func (r *Relay) maintain(ctx context.Context) {
 	stats := time.NewTicker(statsInterval)
 	defer stats.Stop()
 
-	r.seen(ctx)
-	r.reclaim(ctx)
-	r.refreshStats(ctx)
-	r.parkWaiting(ctx)
+	r.bounded(ctx, r.seen)
+	r.bounded(ctx, r.reclaim)
+	r.bounded(ctx, r.refreshStats)
+	r.bounded(ctx, r.parkWaiting)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-reclaim.C:
-			r.reclaim(ctx)
-			r.parkInFlight(ctx)
+			r.bounded(ctx, r.reclaim)
+			r.bounded(ctx, r.parkInFlight)
 		case <-stats.C:
-			r.seen(ctx)
-			r.refreshStats(ctx)
-			r.parkWaiting(ctx)
+			r.bounded(ctx, r.seen)
+			r.bounded(ctx, r.refreshStats)
+			r.bounded(ctx, r.parkWaiting)
 		}
 	}
+}
+
+// maintainTimeout bounds each piece of the periodic work (and each batch of retention).
+// A connection that hangs (packets dropped without a reset: a partition, a firewall that
+// forgot the connection) answers nothing until the kernel gives up retransmitting, a
+// quarter of an hour, and the work waiting on it held the others: reclaim, and with it
+// the rows of relays that died, and the claim loop too while reclaim handed back rows
+// (see releaseAgain). Cut short, the work fails, its connection is closed, and the next
+// run takes another.
+const maintainTimeout = 30 * time.Second
+
+// errMaintainTimeout is the cause of a context that maintainTimeout ended, which tells
+// that failure from the relay stopping (see stopping).
+var errMaintainTimeout = errors.New("the relay's periodic work took longer than its bound")
+
+// bounded runs f with ctx bounded by the relay's maintainTimeout.
+func (r *Relay) bounded(ctx context.Context, f func(context.Context)) {
+	ctx, cancel := context.WithTimeoutCause(ctx, r.maintainTimeout, errMaintainTimeout)
+	defer cancel()
+	f(ctx)
+}
+
+// stopping reports whether ctx ended because the relay stops, rather than by a bound
+// (see bounded): a failure is reported unless the relay stops.
+func stopping(ctx context.Context) bool {
+	return ctx.Err() != nil && !errors.Is(context.Cause(ctx), errMaintainTimeout)
 }
 
 // retain deletes rows past retention every retentionInterval until ctx ends.
@@ -110,7 +137,7 @@ func (r *Relay) seen(ctx context.Context) {
 		// The renewal may have committed without its reply: the next one compares with
 		// nothing.
 		r.lastSeen = pgtype.Timestamptz{}
-		if ctx.Err() == nil {
+		if !stopping(ctx) {
 			r.failed(ctx, "seen", seenFailed, err)
 		}
 		return
@@ -148,7 +175,7 @@ func (r *Relay) reclaim(ctx context.Context) {
 	// On the database's clock as it is now, not as it was at start (see readClock).
 	if r.cfg.usesRealClock {
 		if err := r.readClock(ctx); err != nil {
-			if ctx.Err() == nil {
+			if !stopping(ctx) {
 				r.failed(ctx, "reclaim", clockFailed, err)
 			}
 			return
@@ -192,7 +219,7 @@ func (r *Relay) reclaim(ctx context.Context) {
 		return err
 	})
 	if err != nil {
-		if ctx.Err() == nil {
+		if !stopping(ctx) {
 			r.failed(ctx, "reclaim", reclaimFailed, err)
 		}
 		return
@@ -286,7 +313,7 @@ func (r *Relay) parkInFlight(ctx context.Context) {
 func (r *Relay) park(ctx context.Context, p parkPass, args ...any) bool {
 	msg := "parking rows behind " + p.what + " failed; trying again later"
 	fail := func(err error) {
-		if ctx.Err() == nil {
+		if !stopping(ctx) {
 			r.failed(ctx, "park", msg, err)
 		}
 	}
@@ -348,7 +375,7 @@ var knownStatuses = []string{"pending", "held", "dead", "awaiting_approval"}
 // waiting at all. A failed refresh keeps the last values.
 func (r *Relay) refreshStats(ctx context.Context) {
 	fail := func(err error) {
-		if ctx.Err() == nil {
+		if !stopping(ctx) {
 			r.failed(ctx, "stats", statsFailed, err)
 		}
 	}
@@ -494,10 +521,12 @@ func (r *Relay) deleteExpired(ctx context.Context) {
 			n      int64
 			lastID *int64
 		)
-		err := r.pool.QueryRow(ctx, retentionSQL, cutoff, retentionBatch, nonNil(r.names), after, afterID).
+		bctx, cancel := context.WithTimeoutCause(ctx, r.maintainTimeout, errMaintainTimeout)
+		err := r.pool.QueryRow(bctx, retentionSQL, cutoff, retentionBatch, nonNil(r.names), after, afterID).
 			Scan(&n, &after, &lastID)
+		cancel()
 		if err != nil {
-			if ctx.Err() == nil {
+			if !stopping(bctx) {
 				r.failed(ctx, "retention", retentionFailed, err)
 			}
 			return

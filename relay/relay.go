@@ -87,7 +87,10 @@ type Relay struct {
 	// fastGrace is how long the relay polls fast after its mark lapses (fastPollGrace);
 	// tests lengthen it.
 	fastGrace time.Duration
-	running   atomic.Bool
+	// maintainTimeout bounds each piece of the periodic work (see maintainTimeout);
+	// tests shorten it.
+	maintainTimeout time.Duration
+	running         atomic.Bool
 	// runCalled is set while Run is running or once it has run: a Relay runs once.
 	runCalled atomic.Bool
 	// Rows this relay claimed and knows it never sent, still leased to it: unreleased
@@ -305,10 +308,11 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		ownSlots:  make([]chan struct{}, reserved),
 		probe:     "probe:" + cfg.ID,
 
-		probeTimeout:  defaultProbeTimeout,
-		parkBehindMin: parkBehindMin,
-		fastGrace:     fastPollGrace,
-		unwritten:     map[rowAttempt]time.Time{},
+		probeTimeout:    defaultProbeTimeout,
+		parkBehindMin:   parkBehindMin,
+		fastGrace:       fastPollGrace,
+		maintainTimeout: maintainTimeout,
+		unwritten:       map[rowAttempt]time.Time{},
 	}
 	for i := range r.ownSlots {
 		r.ownSlots[i] = make(chan struct{}, 1)

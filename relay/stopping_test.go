@@ -252,3 +252,33 @@ func TestHungReclaimDoesNotStopTheClaimLoop(t *testing.T) {
 	in := waitStatus(t, direct, "lost-claim", outbox.StatusDelivered)
 	require.Equal(t, 1, in.Attempts, "the claim that was never started is not counted")
 }
+
+// A reclaim whose connection hangs (its request never reaches the database, and no reset
+// comes) is cut short after maintainTimeout, and the next reclaim, on another connection,
+// puts back the row a relay that died left in flight. It used to wait on the hung
+// connection for as long as the kernel retransmitted (here: until the test ended), and
+// that row with it.
+func TestHungReclaimIsCutShortAndTheNextPutsRowsBack(t *testing.T) {
+	t.Parallel()
+	direct, proxy, cfg, _ := lossySetup(t)
+	enqueue(t, direct, "orphan", "webhook", map[string]int{"n": 1})
+	_, err := direct.Exec(t.Context(), `UPDATE outbox SET status = 'delivering', attempts = 1, lease_owner = 'ghost',
+		lease_expires_at = now() - interval '1 second'`) // the relay's clock is a minute ahead
+	require.NoError(t, err)
+	held, _ := proxy.holdOnce(t, "lost its lease during attempt") // reclaimSQL
+	conn := &recordingConnector{}
+	r, err := New(proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
+	require.NoError(t, err)
+	r.maintainTimeout = time.Second
+	run(t, r)
+	waitFor(t, held, "reclaim never ran")
+
+	in := waitStatus(t, direct, "orphan", outbox.StatusDelivered)
+	require.Equal(t, 2, in.Attempts)
+	got := attemptsOf(t, direct, "orphan")
+	require.Len(t, got, 2)
+	require.Equal(t, []string{"lease_expired", "delivered"}, []string{got[0].Outcome, got[1].Outcome})
+	require.True(t, got[0].Ambiguous, "the attempt of the relay that died is ambiguous")
+	require.GreaterOrEqual(t, testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("reclaim")), 1.0,
+		"the reclaim cut short is reported as a failure, not taken for the relay stopping")
+}
