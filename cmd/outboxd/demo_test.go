@@ -87,6 +87,28 @@ func TestDemo(t *testing.T) {
 	})
 }
 
+// TestDemoLeavesNothingBehind runs `outboxd demo` to its end as a process, as `make
+// demo` does, and checks that it stopped and removed the throwaway PostgreSQL it started:
+// no server left running, no cluster directory left in its TMPDIR. (TestDemo runs the
+// demo inside the test binary, whose TMPDIR holds the test clusters too; TestDemoCtrlC
+// checks the same after an interrupt, not after a run that finished.)
+func TestDemoLeavesNothingBehind(t *testing.T) {
+	t.Parallel()
+	if _, err := pgcluster.FindBinDir(); err != nil {
+		t.Fatalf("the demo needs the PostgreSQL server binaries (apt-get install postgresql): %v", err)
+	}
+	c := startChild(t, "demo")
+	select {
+	case <-c.exited:
+	case <-time.After(processWait):
+		t.Fatalf("the demo did not finish within %s", processWait)
+	}
+	require.Equal(t, exitOK, c.cmd.ProcessState.ExitCode())
+	require.Contains(t, c.stdout.String(), "database: starting a throwaway PostgreSQL")
+	require.Contains(t, c.stdout.String(), demoSuccess)
+	c.requireNothingLeft(t)
+}
+
 func TestDemoHelp(t *testing.T) {
 	t.Parallel()
 

@@ -141,7 +141,10 @@ func (c *childProcess) interrupt(t *testing.T, sig syscall.Signal) {
 }
 
 // requireNothingLeft checks that no throwaway cluster directory is left in the child's
-// TMPDIR, and no process in its process group.
+// TMPDIR, no process in its process group, and no process running from its TMPDIR: the
+// throwaway PostgreSQL runs in a process group of its own (see pgcluster), so the group
+// alone does not show a server left running. Its command line names its data
+// directory, under the child's TMPDIR; that is looked for in /proc, where there is one.
 func (c *childProcess) requireNothingLeft(t *testing.T) {
 	t.Helper()
 	left, err := filepath.Glob(filepath.Join(c.tmpDir, "outboxd-pg-*"))
@@ -149,6 +152,16 @@ func (c *childProcess) requireNothingLeft(t *testing.T) {
 	require.Empty(t, left, "cluster directories left behind")
 	err = syscall.Kill(-c.cmd.Process.Pid, 0)
 	require.ErrorIs(t, err, syscall.ESRCH, "processes of the child's group left running")
+	cmdlines, err := filepath.Glob("/proc/[0-9]*/cmdline")
+	require.NoError(t, err)
+	var running []string
+	for _, path := range cmdlines {
+		b, err := os.ReadFile(path) // a process that exited meanwhile: nothing to read
+		if err == nil && bytes.Contains(b, []byte(c.tmpDir)) {
+			running = append(running, filepath.Base(filepath.Dir(path))+": "+string(bytes.ReplaceAll(b, []byte{0}, []byte{' '})))
+		}
+	}
+	require.Empty(t, running, "processes left running from the child's TMPDIR")
 }
 
 // markerBuffer is a bytes buffer that a child process writes to while the test reads,
