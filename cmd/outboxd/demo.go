@@ -375,6 +375,20 @@ func demoReport(out *storyWriter, intents []demoIntent, final []outbox.Intent, r
 	}
 	_ = tw.Flush()
 	out.plain("\n")
+	// The counts above are by the intents' keys, so an effect performed under any other
+	// key (a retry that did not carry its intent's key: the duplicate the demo is there
+	// to rule out) is not among them. The receiver is the demo's own, so every effect
+	// it performed is one of this run's.
+	want := 0
+	for _, in := range intents {
+		if !in.wantDead {
+			want++
+		}
+	}
+	if total := rcv.TotalEffects(); total != want {
+		problems = append(problems, fmt.Sprintf("the receiver performed %d effects in all, for %d delivered intents: "+
+			"some were performed under a key that is none of the intents'", total, want))
+	}
 	if len(problems) > 0 {
 		for _, p := range problems {
 			out.plain("PROBLEM: %s\n", p)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -17,6 +18,8 @@ import (
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/internal/pgcluster"
 	"github.com/outboxd/outboxd/internal/pgtest"
+	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // TestDemo runs `outboxd demo` end to end, as the README's first command does: a
@@ -107,6 +110,47 @@ func TestDemoLeavesNothingBehind(t *testing.T) {
 	require.Contains(t, c.stdout.String(), "database: starting a throwaway PostgreSQL")
 	require.Contains(t, c.stdout.String(), demoSuccess)
 	c.requireNothingLeft(t)
+}
+
+// TestDemoReportCountsEveryEffect: the demo's end state says every effect happened once.
+// Counted key by key only, an effect performed under another key (a retry that did not
+// carry the intent's key, which is the duplicate the demo is there to rule out) was not
+// counted at all, and the demo printed its success line over it. Here each delivered
+// intent had its one effect, and the dropped one's retry made a second effect under
+// another key.
+func TestDemoReportCountsEveryEffect(t *testing.T) {
+	t.Parallel()
+	rcv, err := receiver.Start(receiver.Options{})
+	require.NoError(t, err)
+	t.Cleanup(rcv.Close)
+	post := func(key string) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, rcv.URL(), strings.NewReader(`{}`))
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+
+	intents := demoIntents("run")
+	final := make([]outbox.Intent, len(intents))
+	for i, in := range intents {
+		final[i] = outbox.Intent{Key: in.key, Status: outbox.StatusDelivered, Attempts: 1}
+		if in.wantDead {
+			final[i].Status, final[i].LastError = outbox.StatusDead, "refused"
+			continue
+		}
+		post(in.key)
+	}
+	var out bytes.Buffer
+	require.NoError(t, demoReport(newStoryWriter(&out), intents, final, rcv), "one effect an intent: %s", &out)
+
+	post(intents[2].key + "-retry") // the dropped intent's retry, under a key of its own
+	out.Reset()
+	require.Error(t, demoReport(newStoryWriter(&out), intents, final, rcv), "a second effect, under another key:\n%s", &out)
+	require.Contains(t, out.String(), "PROBLEM: the receiver performed 5 effects in all")
 }
 
 func TestDemoHelp(t *testing.T) {
