@@ -31,9 +31,10 @@
 //   - 408, 409, 425, 429 and 5xx are retried, no sooner than a Retry-After header says
 //     (delta-seconds, or an HTTP date, measured from the answer's Date) when there is
 //     one ([connectors.RetryAfter]); a Retry-After over a year ahead is ignored. 502
-//     Bad Gateway and 504 Gateway Timeout are a gateway's answer for a receiver it
-//     passed the request to, which may have acted: they are also ambiguous
-//     ([connectors.Ambiguous]), so an instance that holds ambiguous attempts holds them.
+//     Bad Gateway and 504 Gateway Timeout, and Cloudflare's 520 and 524 (its own codes
+//     for the same), are a gateway's answer for a receiver it passed the request to,
+//     which may have acted: they are also ambiguous ([connectors.Ambiguous]), so an
+//     instance that holds ambiguous attempts holds them.
 //   - 3xx is permanent: redirects are not followed, so a receiver that moved must be
 //     configured with its final URL. 303 See Other, which answers a request the server
 //     took, is also ambiguous: the receiver may have acted.

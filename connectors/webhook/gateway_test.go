@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -49,4 +50,23 @@ func TestDeliver_GatewayTimeoutIsAmbiguous(t *testing.T) {
 	require.Error(t, err)
 	require.False(t, connectors.IsPermanent(err), "%v", err)
 	require.True(t, connectors.IsAmbiguous(err), "%v", err)
+}
+
+// Cloudflare, in front of many receivers, answers for its origin with codes of its own:
+// 520 when the origin reset the connection or answered nothing after taking the request
+// (its 502), 524 when the origin took the request and did not answer within its time
+// limit (its 504). The origin may have acted, as behind any gateway. 521, 522 and 523 say
+// Cloudflare could not reach the origin at all, so nothing reached it.
+func TestDeliver_CloudflareOriginErrorsAreAmbiguous(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{}, webhook.Config{})
+	for status, ambiguous := range map[int]bool{520: true, 524: true, 521: false, 522: false, 523: false} {
+		key := "cloudflare-" + strconv.Itoa(status)
+		b.r.Plan(key, receiver.Plan{FailFirst: 1, FailStatus: status})
+		raw, err := b.c.Deliver(t.Context(), delivery(key))
+		require.Error(t, err)
+		require.Equal(t, status, decodeResult(t, raw).Status)
+		require.False(t, connectors.IsPermanent(err), "%d: %v", status, err)
+		require.Equal(t, ambiguous, connectors.IsAmbiguous(err), "%d: %v", status, err)
+	}
 }
