@@ -524,9 +524,12 @@ func (r *Relay) deleteExpired(ctx context.Context) {
 		bctx, cancel := context.WithTimeoutCause(ctx, r.maintainTimeout, errMaintainTimeout)
 		err := r.pool.QueryRow(bctx, retentionSQL, cutoff, retentionBatch, nonNil(r.names), after, afterID).
 			Scan(&n, &after, &lastID)
+		// Looked at before the cancel: once cancelled, bctx reads as the relay stopping
+		// (its cause is context.Canceled), and a failure would go unreported.
+		stopped := err != nil && stopping(bctx)
 		cancel()
 		if err != nil {
-			if !stopping(bctx) {
+			if !stopped {
 				r.failed(ctx, "retention", retentionFailed, err)
 			}
 			return

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/pgtest"
@@ -78,4 +80,25 @@ func TestRetentionInEveryQueryExecMode(t *testing.T) {
 			require.Zero(t, n)
 		})
 	}
+}
+
+// A retention batch the database refuses (here the relay's role may not delete) is a
+// failure, reported as any other: each batch runs under a bound of its own
+// (maintainTimeout), whose cancel, called before the failure was looked at, read as the
+// relay stopping, and every failure of retention went unsaid but a timeout.
+func TestRetentionFailureIsReported(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	_, err := pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, status, attempts, updated_at)
+		VALUES ('old', 'webhook', '{}', 'delivered', 1, now() - interval '30 days')`)
+	require.NoError(t, err)
+	role := pgtest.Role(t, pool, "outboxd_nodelete_",
+		`GRANT SELECT, INSERT, UPDATE ON outbox, outbox_wake_connectors TO ROLE_`,
+		`GRANT SELECT, INSERT ON outbox_attempts TO ROLE_`)
+	r, err := New(pgtest.PoolAs(t, pool, role), &Config{Registerer: prometheus.NewRegistry(), Logger: testLogger()},
+		map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	r.deleteExpired(t.Context())
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("retention")),
+		"the refused batch is counted, and warned about")
 }
