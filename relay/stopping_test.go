@@ -242,7 +242,13 @@ func TestHungReclaimDoesNotStopTheClaimLoop(t *testing.T) {
 	held, _ := proxy.holdOnce(t, "lost its lease during attempt") // reclaimSQL
 	// Armed before the claim is first prepared; it loses only the reply holding the row.
 	proxy.arm("SET status = 'delivering'", []byte("lost-claim"))
-	start(t, proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
+	r, err := New(proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
+	require.NoError(t, err)
+	// The hung reclaim is not cut short while the test waits: cut short (maintainTimeout,
+	// 30s, within waitTimeout), it let the claim loop go on all the same, and a reclaim
+	// holding releasingMu across its statements again went unseen.
+	r.maintainTimeout = 2 * waitTimeout
+	run(t, r)
 	waitFor(t, held, "reclaim never ran")
 
 	enqueue(t, direct, "lost-claim", "webhook", map[string]int{"n": 1})
