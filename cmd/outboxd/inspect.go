@@ -125,7 +125,11 @@ func writeDetail(w io.Writer, d ops.Detail) error {
 			if a.FinishedAt.IsZero() {
 				dur = "-"
 				if outcome == "" {
+					// The row's attempt in progress (ops.Inspect), or abandoned by its relay.
 					outcome = "in flight"
+					if d.LeaseExpired {
+						outcome = "lease expired"
+					}
 				}
 			}
 			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Attempt, stamp(a.StartedAt), cell(a.Relay, 0),

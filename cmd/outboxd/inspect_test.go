@@ -132,3 +132,36 @@ func TestInspectSaysALeaseExpired(t *testing.T) {
 	require.Regexp(t, `(?m)^lease:\s+relay-1 until \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ$`, out)
 	require.NotContains(t, out, "expired")
 }
+
+// The attempt of a row in flight is logged only when its outcome is recorded (or, once
+// its lease expired, when a relay puts it back), so inspect listed every attempt but the
+// current one: "attempts: 1" over "attempts (0):", and a stuck row's attempt, the one the
+// receiver may have acted on, was missing from its history. It is listed last, from the
+// row's lease, as in flight or as its lease expired.
+func TestInspectListsTheAttemptInFlight(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.seedEveryState(t)
+
+	code, out, errOut := d.cli(t, "", "inspect", "k-delivering")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "attempts (1):\n")
+	require.Regexp(t, `(?m)^  1\s+\S+ \S+\s+relay-1\s+-\s+in flight\s+no\s+-$`, out)
+
+	code, out, errOut = d.cli(t, "", "inspect", "k-stuck")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "attempts (1):\n")
+	require.Regexp(t, `(?m)^  1\s+\S+ \S+\s+relay-1\s+-\s+lease expired\s+yes\s+-$`, out)
+
+	code, out, errOut = d.cli(t, "", "inspect", "--json", "k-stuck")
+	require.Equal(t, exitOK, code, errOut)
+	var got ops.Detail
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	require.Len(t, got.Attempts, 1)
+	require.Equal(t, ops.Attempt{Attempt: 1, Relay: "relay-1", StartedAt: got.Intent.UpdatedAt, Ambiguous: true}, got.Attempts[0])
+
+	// Finished rows list their logged attempts only.
+	code, out, errOut = d.cli(t, "", "inspect", "k-dead")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "attempts (0):\n")
+}

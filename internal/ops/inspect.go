@@ -43,7 +43,8 @@ type Attempt struct {
 	FinishedAt time.Time `json:"finished_at,omitzero"`
 	// Duration is FinishedAt - StartedAt; zero while unfinished.
 	Duration time.Duration `json:"duration"`
-	// Outcome is delivered, retry, dead, held or lease_expired.
+	// Outcome is delivered, retry, dead, held or lease_expired; empty while the attempt
+	// has not finished (see [Inspect]).
 	Outcome   string `json:"outcome"`
 	Ambiguous bool   `json:"ambiguous"`
 	Error     string `json:"error,omitempty"`
@@ -76,7 +77,10 @@ const auditTrailSQL = `
 SELECT id, action, actor, coalesce(reason, ''), at, details
 FROM outbox_audit WHERE outbox_id = $1 ORDER BY id`
 
-// Inspect returns the intent with key, its attempts and its audit trail. The error
+// Inspect returns the intent with key, its attempts and its audit trail. The attempt of
+// a row being delivered is listed last, unfinished, from the row's lease: its relay
+// logs it only with its outcome (or a relay, once the lease expired, as lease_expired),
+// and it is the one the receiver may be acting on. The error
 // wraps [outbox.ErrNotFound] when no intent has the key. The three reads are separate
 // statements; pass a repeatable-read transaction as db for a single snapshot.
 func Inspect(ctx context.Context, db outbox.DB, key string) (Detail, error) {
@@ -112,6 +116,12 @@ func Inspect(ctx context.Context, db outbox.DB, key string) (Detail, error) {
 	})
 	if err != nil {
 		return Detail{}, fmt.Errorf("inspect %q: attempts: %w", key, err)
+	}
+	if in.Status == outbox.StatusDelivering && (len(d.Attempts) == 0 || d.Attempts[len(d.Attempts)-1].Attempt < in.Attempts) {
+		// Claimed at updated_at, which reclaim logs as its start too (relay/sql.go,
+		// reclaimSQL). Once the lease has expired the receiver may or may not have acted.
+		d.Attempts = append(d.Attempts, Attempt{Attempt: in.Attempts, Relay: d.LeaseOwner, StartedAt: in.UpdatedAt,
+			Ambiguous: d.LeaseExpired})
 	}
 
 	rows, err = db.Query(ctx, auditTrailSQL, in.ID)
