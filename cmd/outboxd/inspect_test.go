@@ -165,3 +165,20 @@ func TestInspectListsTheAttemptInFlight(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "attempts (0):\n")
 }
+
+// "-" marks an empty cell, so a row whose ordering key is "-" (plain SQL and the
+// library take any text) read "ordering key: -", as a row without one: the operator
+// was told it held nothing back. A key that is just "-" is shown quoted.
+func TestInspectTellsAnOrderingKeyDashFromNone(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.insert(t, fixture{Key: "with-dash", OrderingKey: "-"})
+	d.insert(t, fixture{Key: "without"})
+
+	code, out, errOut := d.cli(t, "", "inspect", "with-dash")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^ordering key:\s+"-"$`, out)
+	code, out, errOut = d.cli(t, "", "inspect", "without")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^ordering key:\s+-$`, out)
+}

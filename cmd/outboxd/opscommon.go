@@ -177,9 +177,10 @@ func notGraphic(r rune) bool { return !unicode.IsGraphic(r) }
 // back exactly: as it is when it is all printable characters without white space, else
 // quoted as a Go string ("order  42", "evil\x1b[2J"), which a table does not collapse
 // into another key and a terminal does not act on. A key that starts with a quote is
-// quoted too, so that it is not taken for the quoted form of another.
+// quoted too, so that it is not taken for the quoted form of another, and so is "-",
+// which the tables show for an empty cell (inspect's "ordering key: -" for none).
 func keyText(s string) string {
-	if s == "" || strings.HasPrefix(s, `"`) ||
+	if s == "" || s == "-" || strings.HasPrefix(s, `"`) ||
 		strings.IndexFunc(s, func(r rune) bool { return notGraphic(r) || unicode.IsSpace(r) }) >= 0 {
 		return strconv.Quote(s)
 	}
