@@ -57,7 +57,8 @@
 // Config.PollInterval, and whenever a row may have turned due further back.
 //
 // The relay wakes on the NOTIFY that schema.sql's insert trigger sends, on a dedicated
-// LISTEN connection that is re-established after it drops (connected with the pool's
+// LISTEN connection that is re-established after it drops, or after it stays silent
+// for 30 seconds and then does not answer a ping (connected with the pool's
 // settings but outside it: one connection more than the pool's MaxConns; while it cannot
 // connect, Ready fails), and otherwise every
 // Config.PollInterval (which also picks up retries whose time has come). At start it

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/sethvargo/go-retry"
 )
 
@@ -103,7 +104,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		}
 	})
 	for {
-		n, err := conn.WaitForNotification(waitCtx)
+		n, err := r.waitForNotification(waitCtx, conn)
 		if err != nil {
 			if ctx.Err() == nil && waitCtx.Err() != nil {
 				return errRelisten
@@ -124,6 +125,39 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		notify(r.wake)
 	}
 }
+
+// waitForNotification waits for conn's next notification, and pings conn whenever none
+// came for r.listenCheck, the ping bounded by as much. A connection that died without a
+// reset (a NAT gateway or load balancer that dropped it while idle, a database host gone
+// after a failover) delivers nothing and reports nothing until TCP keepalive gives up,
+// most of an hour with pgx's defaults: meanwhile no NOTIFY woke the relay, and /readyz
+// said LISTEN was up. A wait cut short by its own deadline leaves the connection usable
+// (pgx's default context handler sets a read deadline and sends no cancel request).
+func (r *Relay) waitForNotification(ctx context.Context, conn *pgx.Conn) (*pgconn.Notification, error) {
+	for {
+		waitCtx, cancel := context.WithTimeout(ctx, r.listenCheck)
+		n, err := conn.WaitForNotification(waitCtx)
+		idle := err != nil && ctx.Err() == nil && waitCtx.Err() != nil
+		cancel()
+		if !idle {
+			return n, err
+		}
+		pingCtx, cancel := context.WithTimeout(ctx, r.listenCheck)
+		err = conn.Ping(pingCtx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			return nil, fmt.Errorf("no answer to a ping within %s: %w", r.listenCheck, err)
+		}
+	}
+}
+
+// listenCheck is how long the LISTEN connection may stay silent before it is pinged,
+// and how long the ping may take: a connection that died without a reset is found
+// within twice as long.
+const listenCheck = 30 * time.Second
 
 // defaultProbeTimeout is how long the NOTIFY self-test waits for its own notification.
 const defaultProbeTimeout = 5 * time.Second

@@ -81,6 +81,9 @@ type Relay struct {
 	probe    string       // the payload of this relay's NOTIFY self-test
 	// probeTimeout is how long the NOTIFY self-test waits; tests shorten it.
 	probeTimeout time.Duration
+	// listenCheck is how long the LISTEN connection may stay silent before it is
+	// pinged, and how long the ping may take (see waitForNotification); tests shorten it.
+	listenCheck time.Duration
 	// parkBehindMin is the fewest rows waiting behind a row in flight that a pass parks
 	// behind it (see parkInFlight); tests lower it.
 	parkBehindMin int
@@ -309,6 +312,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		probe:     "probe:" + cfg.ID,
 
 		probeTimeout:    defaultProbeTimeout,
+		listenCheck:     listenCheck,
 		parkBehindMin:   parkBehindMin,
 		fastGrace:       fastPollGrace,
 		maintainTimeout: maintainTimeout,
