@@ -1407,9 +1407,9 @@ func (r *Relay) releaseRows(ctx context.Context, rows []claimed) bool {
 	for i, row := range rows {
 		ids[i], attempts[i], leases[i] = row.id, int32(row.attempt), row.lease
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	execCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := r.pool.Exec(ctx, releaseSQL, r.cfg.ID, ids, r.now(), attempts, leases); err != nil {
+	if _, err := r.pool.Exec(execCtx, releaseSQL, r.cfg.ID, ids, r.now(), attempts, leases); err != nil {
 		// Never sent: left to their lease, they would come back as ambiguous attempts
 		// (held for an operator, or dead on their last attempt). The claim loop tries
 		// again before its next round; a stopped relay leaves them to their lease.
@@ -1417,13 +1417,20 @@ func (r *Relay) releaseRows(ctx context.Context, rows []claimed) bool {
 		r.unreleased = append(r.unreleased, rows...)
 		r.anyUnreleased.Store(true)
 		r.unreleasedMu.Unlock()
-		r.log.WarnContext(ctx, "could not release unstarted rows; trying again when the database answers, else they are retried when their lease expires",
-			"err", err, "rows", len(ids))
+		// Through failed: while the database is away the release is tried again before
+		// every round and every reclaim, and a warning each time flooded the log.
+		if !stopping(ctx) {
+			r.failed(ctx, "release", releaseFailed, err, "rows", len(ids))
+		}
 		return false
 	}
+	r.recovered(ctx, releaseFailed)
 	r.rescan.Store(true) // they may lie behind where claims start
 	return true
 }
+
+// releaseFailed is the warning of a release that failed (see failed).
+const releaseFailed = "could not release unstarted rows; trying again when the database answers, else they are retried when their lease expires"
 
 // releaseAgain hands back the rows of rounds whose reply was lost and retries the
 // releases that failed (see release), within ctx; what fails again stays for the next
