@@ -1453,10 +1453,21 @@ func (r *Relay) releaseAgain(ctx context.Context) {
 			r.lost = append(r.lost, lost...)
 			r.anyUnreleased.Store(true)
 			r.unreleasedMu.Unlock()
+			// Said, as a failed release is: until it succeeds, the rows of those rounds
+			// stay leased to this relay, and reclaim waits.
+			if !stopping(ctx) {
+				r.failed(ctx, "release", releaseLostFailed, err, "rounds", len(lost))
+			}
+		} else {
+			r.recovered(ctx, releaseLostFailed)
 		}
 	}
 	r.release(ctx, rows)
 }
+
+// releaseLostFailed is the warning of a hand-back of the rows of rounds whose reply was
+// lost that failed (see failed).
+const releaseLostFailed = "could not hand back the rows claimed in rounds whose reply was lost; trying again, and reclaiming expired leases waits until it succeeds"
 
 // sessionLost notes the session of a write whose reply was lost, to be ended before
 // anything that depends on whether it committed (see fence); a zero session is left.

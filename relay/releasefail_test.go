@@ -37,3 +37,31 @@ func TestFailedReleasesAreCountedAndWarnedOnce(t *testing.T) {
 	require.True(t, r.releaseRows(t.Context(), []claimed{row}))
 	require.Contains(t, logs.String(), "working again after failures")
 }
+
+// The hand-back of the rows claimed in rounds whose reply was lost (see releaseLost)
+// failed in silence: no warning, nothing in outboxd_database_errors_total, while those
+// rows stayed leased to the relay and reclaim waited for it. It now goes through failed
+// as a failed release does.
+func TestFailedHandBackOfLostRoundsIsCountedAndWarnedOnce(t *testing.T) {
+	t.Parallel()
+	_, proxy, cfg, _ := lossySetup(t)
+	logs := &logBuffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	r, err := New(proxy.pool, cfg, map[string]Instance{"webhook": {Connector: &recordingConnector{}}})
+	require.NoError(t, err)
+	r.roundLease = time.Now()
+	r.roundLost()
+
+	proxy.cut()
+	for range 3 {
+		r.releaseAgain(t.Context())
+		require.True(t, r.anyUnreleased.Load(), "tried again later")
+	}
+	require.Equal(t, 3.0, testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("release")), "every failure is counted")
+	require.Equal(t, 1, strings.Count(logs.String(), "rounds whose reply was lost"), "one warning, not one per try:\n%s", logs)
+
+	proxy.restore()
+	r.releaseAgain(t.Context())
+	require.False(t, r.anyUnreleased.Load())
+	require.Contains(t, logs.String(), "working again after failures")
+}
