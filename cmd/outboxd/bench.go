@@ -1090,7 +1090,7 @@ func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *be
 			return err
 		}
 	}
-	cpu0, app0 := cpuNow(pgPID), backendsCPU(producerPIDs)
+	cpu0 := cpuNow(pgPID, producerPIDs...)
 	start := time.Now()
 	for range producers {
 		wg.Go(func() {
@@ -1149,12 +1149,12 @@ func benchLatency(ctx context.Context, o benchOptions, rep *benchReport, dbs *be
 		}
 	}
 	loaded := time.Since(start)
-	cpu, producersCPU := cpuNow(pgPID).since(cpu0), backendsCPU(producerPIDs)-app0
+	cpu := cpuNow(pgPID, producerPIDs...).since(cpu0)
 	if cpu.selfOK {
 		rep.Latency.ProcessCPUMicros = micros(cpu.self) / float64(n)
 		if cpu.pgOK {
 			rep.Latency.PostgresCPUMicros = micros(cpu.pg) / float64(n)
-			rep.Latency.ProducersPostgresCPUMicros = micros(producersCPU) / float64(n)
+			rep.Latency.ProducersPostgresCPUMicros = micros(cpu.backends) / float64(n)
 			rep.Latency.CPUBusy = float64(cpu.self+cpu.pg) / (float64(loaded) * float64(runtime.NumCPU()))
 		}
 	}
@@ -1231,33 +1231,44 @@ func walFlushesSQL(version int) string {
 }
 
 // cpuUse is CPU time used by this process and by the throwaway PostgreSQL's processes
-// (the postmaster pgPID and its children), each with whether it could be measured.
+// (the postmaster pgPID and its children), each with whether it could be measured, and
+// by the backends among them that the samples named (the latency phase's producers').
 type cpuUse struct {
-	self, pg     time.Duration
-	selfOK, pgOK bool
+	self, pg, backends time.Duration
+	selfOK, pgOK       bool
 }
 
-// cpuSample is what cpuNow read: this process's CPU so far, and PostgreSQL's per
-// process.
+// cpuSample is what cpuNow read: this process's CPU so far, before and after the
+// reading of the others', PostgreSQL's per process, and the named backends' together.
 type cpuSample struct {
-	self         time.Duration
-	pg           proccpu.Sample
-	selfOK, pgOK bool
+	self, selfAfter time.Duration
+	pg              proccpu.Sample
+	backends        time.Duration
+	selfOK, pgOK    bool
 }
 
 // cpuNow returns the CPU used so far (none measured for PostgreSQL when pgPID is 0,
-// as with OUTBOX_DATABASE_URL).
-func cpuNow(pgPID int) cpuSample {
+// as with OUTBOX_DATABASE_URL), the backends' included.
+//
+// Reading PostgreSQL's processes reads every process's /proc stat file, once more for
+// each backend: milliseconds of this process's CPU each time (6.6 ms on the reference
+// machine), spent before the phase starts or after it ended. So this process's CPU is
+// read on both sides of that reading, and a phase counts from the one after it, in its
+// first sample, to the one before it, in its last.
+func cpuNow(pgPID int, backends ...int) cpuSample {
 	var u cpuSample
 	u.self, u.selfOK = proccpu.Self()
 	u.pg, u.pgOK = proccpu.Tree(pgPID)
+	u.backends = backendsCPU(backends)
+	after, ok := proccpu.Self()
+	u.selfAfter, u.selfOK = after, u.selfOK && ok
 	return u
 }
 
 // since returns the CPU used between start and u; of PostgreSQL's, by the processes
 // running at u (a backend or autovacuum worker that exited meanwhile counts nothing).
 func (u cpuSample) since(start cpuSample) cpuUse {
-	return cpuUse{self: u.self - start.self, pg: u.pg.Since(start.pg),
+	return cpuUse{self: u.self - start.selfAfter, pg: u.pg.Since(start.pg), backends: u.backends - start.backends,
 		selfOK: u.selfOK && start.selfOK, pgOK: u.pgOK && start.pgOK}
 }
 

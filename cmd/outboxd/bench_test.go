@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/outboxd/outboxd/internal/pgcluster"
 	"github.com/outboxd/outboxd/internal/pgtest"
+	"github.com/outboxd/outboxd/internal/proccpu"
 	"github.com/outboxd/outboxd/internal/receiver"
 )
 
@@ -334,4 +336,39 @@ func benchJSON(t *testing.T, environ []string, args ...string) (benchReport, str
 	var rep benchReport
 	require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep), stdout.String())
 	return rep, stderr.String()
+}
+
+// TestBenchCPUSampleLeavesOutItsOwnCost: reading PostgreSQL's CPU reads every
+// process's /proc stat file, which costs this process milliseconds of CPU (6.6 ms a
+// reading on the reference machine). A phase's CPU in this process must not include
+// the cost of the reading that starts it: the latency phase's nine readings (the
+// server's and each producer's backend) added about 60 µs a row to a 1-second run,
+// 6 µs to the default 10 seconds.
+// Not parallel: the process's CPU is the test's measure.
+func TestBenchCPUSampleLeavesOutItsOwnCost(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("CPU is measured on Linux only")
+	}
+	pid := os.Getpid() // a process tree that exists, as the postmaster's does
+	const readings = 3
+	before, ok := proccpu.Self()
+	require.True(t, ok)
+	for range readings {
+		_, found := proccpu.Tree(pid)
+		require.True(t, found)
+	}
+	after, _ := proccpu.Self()
+	oneReading := (after - before) / readings
+
+	// PostgreSQL's processes alone, and with eight producers' backends, as the latency
+	// phase reads them.
+	producers := []int{pid, pid, pid, pid, pid, pid, pid, pid}
+	for _, backends := range [][]int{nil, producers} {
+		start := cpuNow(pid, backends...)
+		got := cpuNow(pid, backends...).since(start)
+		require.True(t, got.selfOK)
+		require.Less(t, got.self, oneReading/10,
+			"two readings back to back (%d backends): the phase between them used %s of this process's CPU (a reading costs %s)",
+			len(backends), got.self, oneReading)
+	}
 }
