@@ -367,7 +367,10 @@ func TestBenchCPUSampleLeavesOutItsOwnCost(t *testing.T) {
 		start := cpuNow(pid, backends...)
 		got := cpuNow(pid, backends...).since(start)
 		require.True(t, got.selfOK)
-		require.Less(t, got.self, oneReading/10,
+		// Half a reading: the counted reading alone would be about one; the margin is for
+		// the process's other threads (a GC cycle the readings' allocations start) on a
+		// busy machine.
+		require.Less(t, got.self, oneReading/2,
 			"two readings back to back (%d backends): the phase between them used %s of this process's CPU (a reading costs %s)",
 			len(backends), got.self, oneReading)
 	}
