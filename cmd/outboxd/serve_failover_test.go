@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -53,16 +52,15 @@ func TestServeListensOnTheNewPrimaryAfterTheAPIMetAFailover(t *testing.T) {
 	t.Cleanup(rcv.Close)
 	secret, hash, err := intent.NewToken()
 	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
 	environ := []string{
 		fmt.Sprintf("OUTBOX_DATABASE_URL=postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
 			oldPrimary.Port(), newPrimary.Port()),
 		"OUTBOX_WEBHOOK_URL=" + rcv.URL(),
 		`OUTBOX_API_TOKENS=[{"name":"agent","sha256":"` + hash + `","connectors":["webhook"]}]`,
-		"OUTBOX_HTTP_ADDR=" + addr,
+		// A port of its own, which it logs: one found free and closed for serve to take
+		// could be taken by another test's listener in between.
+		"OUTBOX_HTTP_ADDR=127.0.0.1:0",
+		"OUTBOX_LOG_FORMAT=json",
 		// No poll finds the row: only a NOTIFY, or a claim round the relay had anyway.
 		"OUTBOX_POLL_INTERVAL=1h",
 	}
@@ -74,6 +72,14 @@ func TestServeListensOnTheNewPrimaryAfterTheAPIMetAFailover(t *testing.T) {
 		stopServe()
 		require.Equal(t, exitOK, <-code, stderr.String())
 	})
+	var addr string
+	require.Eventually(t, func() bool {
+		rec, ok := findLog(stderr.String(), "http server listening")
+		if ok {
+			addr, _ = rec["addr"].(string)
+		}
+		return addr != ""
+	}, processWait, 10*time.Millisecond, "serve never said where it listens\n%s", &stderr)
 	get := func(path string) int {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
 		require.NoError(t, err)
