@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd"
@@ -194,13 +195,27 @@ func enqueue(t *testing.T, db outbox.DB, key, connector string, payload any) out
 // waitStatus waits until the row with key has status, and returns it.
 func waitStatus(t *testing.T, pool *pgxpool.Pool, key, status string) outbox.Intent {
 	t.Helper()
-	var in outbox.Intent
-	require.Eventually(t, func() bool {
-		var err error
-		in, err = outbox.Get(t.Context(), pool, key)
-		return err == nil && in.Status == status
-	}, waitTimeout, 10*time.Millisecond, "row %q never reached %s (last: %+v)", key, status, in)
-	return in
+	var (
+		mu   sync.Mutex // the condition runs on a goroutine of its own
+		last outbox.Intent
+	)
+	ok := assert.Eventually(t, func() bool {
+		in, err := outbox.Get(t.Context(), pool, key)
+		if err != nil {
+			return false
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		last = in
+		return in.Status == status
+	}, waitTimeout, 10*time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if !ok {
+		// The row as last read: formatted here, not when the wait began.
+		t.Fatalf("row %q never reached %s (last: %+v)", key, status, last)
+	}
+	return last
 }
 
 type attemptRow struct {
