@@ -12,6 +12,7 @@
 //     connectors).
 //   - GET /v1/intents?status=&connector=&limit=&after= lists the token's intents, newest
 //     first; status may repeat or be comma-separated, after is the previous page's next.
+//     Another parameter, or one that does not parse, answers 400.
 //   - POST /v1/intents/{key}/approve, /reject and /cancel decide (admin tokens only),
 //     with an optional body {"reason": "..."}.
 //
@@ -35,6 +36,8 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -341,8 +344,35 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request, tok *intent.Token)
 	return writeJSON(w, http.StatusOK, ops.WithoutCredentials(in))
 }
 
+// listParams are the query parameters of GET /v1/intents.
+var listParams = []string{"status", "connector", "limit", "after"}
+
+// listQuery reads the query of GET /v1/intents as strictly as a create's body: a pair
+// that does not parse (a ';' separator, a bad %-escape), an unknown name (a typo) or a
+// parameter other than status given twice with different values is refused. url.Values
+// drops or picks among these without a word, and the listing went on without that
+// filter: ?status=dead;pending or ?state=dead listed every intent.
+func listQuery(r *http.Request) (url.Values, error) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the query does not parse (separate parameters with '&'): %v", ops.ErrInvalidFilter, err)
+	}
+	for name, vs := range q {
+		if !slices.Contains(listParams, name) {
+			return nil, fmt.Errorf("%w: unknown query parameter %q; use %s", ops.ErrInvalidFilter, name, strings.Join(listParams, ", "))
+		}
+		if name != "status" && slices.ContainsFunc(vs, func(v string) bool { return v != vs[0] }) {
+			return nil, fmt.Errorf("%w: query parameter %q is given %d times with different values; give it once", ops.ErrInvalidFilter, name, len(vs))
+		}
+	}
+	return q, nil
+}
+
 func (h *Handler) list(w http.ResponseWriter, r *http.Request, tok *intent.Token) error {
-	q := r.URL.Query()
+	q, err := listQuery(r)
+	if err != nil {
+		return err
+	}
 	f := ops.Filter{Connector: q.Get("connector"), After: q.Get("after")}
 	for _, s := range q["status"] {
 		for part := range strings.SplitSeq(s, ",") {
