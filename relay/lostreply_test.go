@@ -378,6 +378,22 @@ func lossySetup(t *testing.T) (direct *pgxpool.Pool, proxy *lossyProxy, cfg *Con
 	return direct, proxy, cfg, clock
 }
 
+// lostClaimThenAfter enqueues "lost-claim", whose claim's reply the proxy (armed for it)
+// loses, then "after", and requires both delivered, the lost claim in one attempt: the
+// relay goes on after the lost round, and hands its row back uncounted.
+func lostClaimThenAfter(t *testing.T, direct *pgxpool.Pool, proxy *lossyProxy) {
+	t.Helper()
+	enqueue(t, direct, "lost-claim", "webhook", map[string]int{"n": 1})
+	// The claim committed: the proxy lost a reply holding the row, read up to its
+	// ReadyForQuery. (Its status is not looked at here: the relay may already have
+	// handed the row back, or delivered it, by the time the test would read it.)
+	waitKilled(t, proxy)
+	enqueue(t, direct, "after", "webhook", map[string]int{"n": 2})
+	waitStatus(t, direct, "after", outbox.StatusDelivered)
+	in := waitStatus(t, direct, "lost-claim", outbox.StatusDelivered)
+	require.Equal(t, 1, in.Attempts, "the claim that was never started is not counted")
+}
+
 func waitKilled(t *testing.T, p *lossyProxy) {
 	t.Helper()
 	select {
@@ -399,20 +415,9 @@ func TestLostClaimReplyHandsTheRowsBack(t *testing.T) {
 	proxy.arm("SET status = 'delivering'", []byte("lost-claim"))
 	start(t, proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
 
-	enqueue(t, direct, "lost-claim", "webhook", map[string]int{"n": 1})
-	// The claim committed: the proxy lost a reply holding the row, read up to its
-	// ReadyForQuery. (Its status is not looked at here: the relay may already have
-	// handed the row back, or delivered it, by the time the test would read it.)
-	waitKilled(t, proxy)
-
-	// The relay goes on: a later row is delivered.
-	enqueue(t, direct, "after", "webhook", map[string]int{"n": 2})
-	waitStatus(t, direct, "after", outbox.StatusDelivered)
-
 	// Without the fix, the row claimed in the lost round stays leased, unsent, until its
 	// lease expires, which the tests' clock never reaches.
-	in := waitStatus(t, direct, "lost-claim", outbox.StatusDelivered)
-	require.Equal(t, 1, in.Attempts, "the claim that was never started is not counted")
+	lostClaimThenAfter(t, direct, proxy)
 	got := conn.deliveries("lost-claim")
 	require.Len(t, got, 1)
 	require.Equal(t, 1, got[0].Attempt)
@@ -476,6 +481,18 @@ func (c *gatedConnector) Deliver(ctx context.Context, d connectors.Delivery) (js
 
 func (c *gatedConnector) Timeout() time.Duration { return c.timeout }
 
+// waitFirst waits until the first delivery has started, and returns its key.
+func (c *gatedConnector) waitFirst(t *testing.T) string {
+	t.Helper()
+	select {
+	case k := <-c.first:
+		return k
+	case <-time.After(waitTimeout):
+		t.Fatal("nothing was delivered")
+		return ""
+	}
+}
+
 // signalHandler is a slog handler that closes seen when a record's message contains
 // want.
 type signalHandler struct {
@@ -513,11 +530,7 @@ func deliverOneOfTwo(t *testing.T, direct *pgxpool.Pool, r *Relay, conn *gatedCo
 		{Key: "b", Connector: "webhook", Payload: []int{2}},
 	})
 	require.NoError(t, err)
-	select {
-	case first = <-conn.first:
-	case <-time.After(waitTimeout):
-		t.Fatal("nothing was delivered")
-	}
+	first = conn.waitFirst(t)
 	second = map[string]string{"a": "b", "b": "a"}[first]
 	require.Eventually(t, func() bool { return r.claimedRows.Load() == 2 }, waitTimeout, time.Millisecond, "both rows claimed")
 	return first, second
@@ -569,11 +582,7 @@ func TestOutcomeHeldThroughAnOutageLongerThanTheLease(t *testing.T) {
 	conn := newGatedConnector()
 	r, _ := start(t, proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
 	enqueue(t, direct, "late", "webhook", []int{1})
-	select {
-	case <-conn.first:
-	case <-time.After(waitTimeout):
-		t.Fatal("nothing was delivered")
-	}
+	conn.waitFirst(t)
 
 	proxy.cut()
 	clock.Advance(r.cfg.Lease + time.Second)
@@ -697,11 +706,7 @@ func TestOwnReclaimLeavesARowWhoseOutcomeItHolds(t *testing.T) {
 	conn := newGatedConnector()
 	r, _ := start(t, proxy.pool, cfg, map[string]Instance{"webhook": {Connector: refusingGatedConnector{conn}}})
 	enqueue(t, direct, "refused", "webhook", []int{1})
-	select {
-	case <-conn.first:
-	case <-time.After(waitTimeout):
-		t.Fatal("nothing was delivered")
-	}
+	conn.waitFirst(t)
 
 	proxy.cut()
 	clock.Advance(r.cfg.Lease + time.Second)

@@ -19,11 +19,7 @@ import (
 // says it works again.
 func TestFailedReleasesAreCountedAndWarnedOnce(t *testing.T) {
 	t.Parallel()
-	_, proxy, cfg, _ := lossySetup(t)
-	logs := &logBuffer{}
-	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
-	r, err := New(proxy.pool, cfg, map[string]Instance{"webhook": {Connector: &recordingConnector{}}})
-	require.NoError(t, err)
+	r, proxy, logs := loggedLossyRelay(t)
 	row := claimed{id: 1, attempt: 1, lease: time.Now()}
 
 	proxy.cut()
@@ -44,11 +40,7 @@ func TestFailedReleasesAreCountedAndWarnedOnce(t *testing.T) {
 // as a failed release does.
 func TestFailedHandBackOfLostRoundsIsCountedAndWarnedOnce(t *testing.T) {
 	t.Parallel()
-	_, proxy, cfg, _ := lossySetup(t)
-	logs := &logBuffer{}
-	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
-	r, err := New(proxy.pool, cfg, map[string]Instance{"webhook": {Connector: &recordingConnector{}}})
-	require.NoError(t, err)
+	r, proxy, logs := loggedLossyRelay(t)
 	r.roundLease = time.Now()
 	r.roundLost()
 
@@ -64,4 +56,16 @@ func TestFailedHandBackOfLostRoundsIsCountedAndWarnedOnce(t *testing.T) {
 	r.releaseAgain(t.Context())
 	require.False(t, r.anyUnreleased.Load())
 	require.Contains(t, logs.String(), "working again after failures")
+}
+
+// loggedLossyRelay is a relay (not running) whose database is reached through a
+// lossyProxy, and whose log the test reads.
+func loggedLossyRelay(t *testing.T) (*Relay, *lossyProxy, *logBuffer) {
+	t.Helper()
+	_, proxy, cfg, _ := lossySetup(t)
+	logs := &logBuffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	r, err := New(proxy.pool, cfg, map[string]Instance{"webhook": {Connector: &recordingConnector{}}})
+	require.NoError(t, err)
+	return r, proxy, logs
 }

@@ -251,12 +251,7 @@ func TestHungReclaimDoesNotStopTheClaimLoop(t *testing.T) {
 	run(t, r)
 	waitFor(t, held, "reclaim never ran")
 
-	enqueue(t, direct, "lost-claim", "webhook", map[string]int{"n": 1})
-	waitKilled(t, proxy)
-	enqueue(t, direct, "after", "webhook", map[string]int{"n": 2})
-	waitStatus(t, direct, "after", outbox.StatusDelivered)
-	in := waitStatus(t, direct, "lost-claim", outbox.StatusDelivered)
-	require.Equal(t, 1, in.Attempts, "the claim that was never started is not counted")
+	lostClaimThenAfter(t, direct, proxy)
 }
 
 // A reclaim whose connection hangs (its request never reaches the database, and no reset

@@ -24,11 +24,7 @@ func TestOutcomeOfARowReclaimLeftReleasesTheNextRow(t *testing.T) {
 	enqueueOrdered(t, direct, "head", "k")
 	enqueueOrdered(t, direct, "next", "k")
 	run(t, r)
-	select {
-	case <-conn.first:
-	case <-time.After(waitTimeout):
-		t.Fatal("nothing was delivered")
-	}
+	conn.waitFirst(t)
 	r.parkInFlight(t.Context())
 	require.Eventually(t, func() bool {
 		in, err := outbox.Get(t.Context(), direct, "next")

@@ -1,14 +1,9 @@
 package api_test
 
 import (
-	"context"
-	"io"
-	"net"
 	"strconv"
-	"sync"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/pgtest"
@@ -25,8 +20,8 @@ func TestDatabaseConnectionLostIs503(t *testing.T) {
 		t.Run("reset="+strconv.FormatBool(reset), func(t *testing.T) {
 			t.Parallel()
 			base := pgtest.DB(t)
-			path := newPathProxy(t, base)
-			pool := pathPool(t, base, path.addr())
+			path := pgtest.NewPath(t, base)
+			pool := path.Pool(t, base, pgtest.OneUnpingedSession)
 			b := serveAPI(t, pool, adminService(pool), nil)
 
 			for _, c := range []struct{ method, path, body string }{
@@ -36,7 +31,7 @@ func TestDatabaseConnectionLostIs503(t *testing.T) {
 				{"POST", "/v1/intents/k-1/cancel", ""},
 			} {
 				require.NoError(t, pool.Ping(t.Context())) // the pool holds a session
-				path.cut(reset)
+				path.Cut(reset)
 
 				r := b.do(t, c.method, c.path, adminSecret, "k-1", c.body)
 				requireUnavailable(t, r, c.method+" "+c.path)
@@ -46,81 +41,4 @@ func TestDatabaseConnectionLostIs503(t *testing.T) {
 			require.Equal(t, 201, r.status, r.raw)
 		})
 	}
-}
-
-// pathProxy is a network path to a database: a loopback TCP proxy whose connections
-// can be cut.
-type pathProxy struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []*net.TCPConn
-	wg    sync.WaitGroup
-}
-
-// newPathProxy starts a proxy to pool's server, stopped when the test ends.
-func newPathProxy(t *testing.T, pool *pgxpool.Pool) *pathProxy {
-	t.Helper()
-	cc := pool.Config().ConnConfig
-	target := net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &pathProxy{ln: ln}
-	p.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c.(*net.TCPConn), s.(*net.TCPConn))
-			p.mu.Unlock()
-			p.wg.Go(func() { _, _ = io.Copy(s, c); _ = s.Close() })
-			p.wg.Go(func() { _, _ = io.Copy(c, s); _ = c.Close() })
-		}
-	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.cut(false)
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *pathProxy) addr() string { return p.ln.Addr().String() }
-
-// cut closes every connection through the proxy, with a reset (RST) when reset is true.
-func (p *pathProxy) cut(reset bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		if reset {
-			_ = c.SetLinger(0)
-		}
-		_ = c.Close()
-	}
-	p.conns = nil
-}
-
-// pathPool opens a pool of one session on base's database through addr, a pathProxy,
-// that never pings a session before handing it out, as in a busy pool: a request takes
-// a session whose path was cut as it is. Closed when the test ends.
-func pathPool(t *testing.T, base *pgxpool.Pool, addr string) *pgxpool.Pool {
-	t.Helper()
-	cfg := base.Config().Copy()
-	host, port, err := net.SplitHostPort(addr)
-	require.NoError(t, err)
-	n, err := strconv.Atoi(port)
-	require.NoError(t, err)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = host, uint16(n), nil
-	cfg.MaxConns = 1
-	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
 }

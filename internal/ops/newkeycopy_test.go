@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/ops"
@@ -17,15 +18,8 @@ import (
 // The copy is refused, and the row it copies is re-executed once.
 func TestReplayNewKeyCopiesAnOperationOnce(t *testing.T) {
 	t.Parallel()
-	pool := pgtest.DB(t)
-	insertRow(t, pool, row{Key: "charge", Status: outbox.StatusDead, Attempts: 3, Age: time.Hour})
-	opts := ops.ReplayOptions{Actor: "op", NewKey: true, Now: base}
-	sel := ops.Selection{Filter: &ops.Filter{Status: []string{outbox.StatusDead}, Now: base}}
-
-	_, err := ops.Replay(t.Context(), pool, sel, opts)
-	require.NoError(t, err)
-	first := outbox.Key("charge", "replay", "1")
-	_, err = pool.Exec(t.Context(), `UPDATE outbox SET status = 'dead' WHERE idempotency_key = $1`, first)
+	pool, sel, opts, first := copiedDeadRow(t)
+	_, err := pool.Exec(t.Context(), `UPDATE outbox SET status = 'dead' WHERE idempotency_key = $1`, first)
 	require.NoError(t, err)
 
 	res, err := ops.Replay(t.Context(), pool, sel, opts)
@@ -48,4 +42,20 @@ func TestReplayNewKeyCopiesAnOperationOnce(t *testing.T) {
 	res, err = ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{first}}, opts)
 	require.NoError(t, err)
 	require.Equal(t, []string{first}, res.Replayed)
+}
+
+// copiedDeadRow inserts the dead row "charge" and replays it with a new key, as
+// replay --status dead --new-key does, and returns the database, that selection and
+// those options, and the copy's key.
+func copiedDeadRow(t *testing.T) (*pgxpool.Pool, ops.Selection, ops.ReplayOptions, string) {
+	t.Helper()
+	pool := pgtest.DB(t)
+	insertRow(t, pool, row{Key: "charge", Status: outbox.StatusDead, Attempts: 3, Age: time.Hour})
+	opts := ops.ReplayOptions{Actor: "op", NewKey: true, Now: base}
+	sel := ops.Selection{Filter: &ops.Filter{Status: []string{outbox.StatusDead}, Now: base}}
+	res, err := ops.Replay(t.Context(), pool, sel, opts)
+	require.NoError(t, err)
+	first := outbox.Key("charge", "replay", "1")
+	require.Equal(t, first, res.NewKeys["charge"])
+	return pool, sel, opts, first
 }

@@ -2,12 +2,10 @@ package ops_test
 
 import (
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/ops"
-	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -18,20 +16,12 @@ import (
 // (retention and purge delete only delivered and canceled rows).
 func TestReplayNewKeyDoesNotReExecuteADeliveredCopy(t *testing.T) {
 	t.Parallel()
-	pool := pgtest.DB(t)
-	insertRow(t, pool, row{Key: "charge", Status: outbox.StatusDead, Attempts: 3, Age: time.Hour})
-	opts := ops.ReplayOptions{Actor: "op", NewKey: true, Now: base}
-	sel := ops.Selection{Filter: &ops.Filter{Status: []string{outbox.StatusDead}, Now: base}}
-
-	res, err := ops.Replay(t.Context(), pool, sel, opts)
-	require.NoError(t, err)
-	first := outbox.Key("charge", "replay", "1")
-	require.Equal(t, first, res.NewKeys["charge"])
-	_, err = pool.Exec(t.Context(), `UPDATE outbox SET status = 'delivered', delivered_at = $2 WHERE idempotency_key = $1`,
+	pool, sel, opts, first := copiedDeadRow(t)
+	_, err := pool.Exec(t.Context(), `UPDATE outbox SET status = 'delivered', delivered_at = $2 WHERE idempotency_key = $1`,
 		first, base)
 	require.NoError(t, err)
 
-	res, err = ops.Replay(t.Context(), pool, sel, opts)
+	res, err := ops.Replay(t.Context(), pool, sel, opts)
 	require.NoError(t, err)
 	require.Empty(t, res.Replayed, "the operation was executed again though its copy was delivered")
 	require.Contains(t, res.Refused["charge"], first)
