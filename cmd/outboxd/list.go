@@ -81,9 +81,9 @@ func writeList(w io.Writer, page ops.Page) error {
 	tw := newTable(w)
 	fmt.Fprintln(tw, "KEY\tCONNECTOR\tSTATUS\tATTEMPTS\tCREATED\tNEXT ATTEMPT\tLAST ERROR")
 	for _, in := range page.Intents {
-		next := "-"
-		if in.Status == outbox.StatusPending {
-			next = stamp(in.NextAttemptAt)
+		next := "-" // as in inspect: only a row waiting to be sent has a next attempt
+		if in.Status == outbox.StatusPending || in.Status == outbox.StatusAwaitingApproval {
+			next = stamp(in.NextAttemptAt) // awaiting approval: not before this, once approved
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", keyText(in.Key), in.Connector, in.Status,
 			strconv.Itoa(in.Attempts), stamp(in.CreatedAt), next, cell(in.LastError, 60))

@@ -153,3 +153,25 @@ func TestSwappedAgeFiltersAreAUsageError(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "six-hours")
 }
+
+// A row awaiting approval has a next attempt, its not-before, as inspect and enqueue
+// show it; list showed "-", as for rows that will not be attempted, so an operator
+// listing the rows to approve could not see which would go out only later.
+func TestListShowsTheNextAttemptOfRowsAwaitingApproval(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.seedEveryState(t)
+	code, out, errOut := d.cli(t, "", "list")
+	require.Equal(t, exitOK, code, errOut)
+	stamp := `\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ`
+	for key, want := range map[string]bool{
+		"k-dead": false, "k-held": false, "k-delivered": false, "k-canceled": false, "k-delivering": false,
+		"k-pending": true, "k-awaiting": true,
+	} {
+		next := `-`
+		if want {
+			next = stamp
+		}
+		require.Regexp(t, `(?m)^`+key+`\s+webhook\s+\S+\s+\d+\s+`+stamp+`\s+`+next+`(\s|$)`, out, key)
+	}
+}
