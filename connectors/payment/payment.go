@@ -28,8 +28,9 @@ type Config struct {
 	// APIKey is the Stripe secret (or restricted) key. Required. It is never printed:
 	// [Config.String] and [Config.LogValue] redact it.
 	APIKey string
-	// APIBase is the Stripe API's base URL, an absolute http or https URL. Tests point
-	// it at stripe-mock. Defaults to https://api.stripe.com.
+	// APIBase is the Stripe API's base URL, an absolute http or https URL; request paths
+	// (/v1/...) are appended to any path of its own (a proxy's prefix), less a final /v1
+	// as stripe-go does. Tests point it at stripe-mock. Defaults to https://api.stripe.com.
 	APIBase string
 	// HTTPClient sends the requests; it is copied, and the copy's transport is wrapped.
 	// Defaults to a client on [DefaultTransport].
@@ -128,10 +129,22 @@ func New(cfg Config) (*Connector, error) {
 	// reads as an unknown outcome, and a 307 would send it again elsewhere within one
 	// attempt. A redirect is the answer, and a configuration to fix.
 	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	hc.Transport = &observingTransport{base: cmp.Or[http.RoundTripper](hc.Transport, http.DefaultTransport)}
+	// stripe-go reads an answer only when its request's path begins with /v1: under a
+	// base with a path of its own (a proxy's prefix) it would send the request and then
+	// fail it unread. So stripe-go gets the origin, and the transport puts the base's
+	// path back in front of each request's, without a final /v1, which stripe-go drops
+	// from a base too (bases used to end in it).
+	origin := &url.URL{Scheme: u.Scheme, User: u.User, Host: u.Host}
+	rawPath := strings.TrimSuffix(strings.TrimRight(u.EscapedPath(), "/"), "/v1")
+	path, _ := url.PathUnescape(rawPath) // it parsed: no error
+	hc.Transport = &observingTransport{
+		base:    cmp.Or[http.RoundTripper](hc.Transport, http.DefaultTransport),
+		path:    path,
+		rawPath: rawPath,
+	}
 
 	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
-		URL:        stripe.String(strings.TrimRight(u.String(), "/")),
+		URL:        stripe.String(origin.String()),
 		HTTPClient: hc,
 		// The relay owns retries: an attempt is one request, and the relay sees every
 		// failure (stripe-go would otherwise retry 409s, 5xx and network errors itself).
@@ -652,17 +665,25 @@ func (e *exchange) answer() (int, http.Header) {
 
 type exchangeKey struct{}
 
-// observingTransport records each answer into the attempt's exchange, and stops
-// net/http from resending a request by itself.
-type observingTransport struct{ base http.RoundTripper }
+// observingTransport records each answer into the attempt's exchange, stops net/http
+// from resending a request by itself, and puts the API base's path (path, rawPath: its
+// escaped form; both without a trailing slash) in front of the request's.
+type observingTransport struct {
+	base          http.RoundTripper
+	path, rawPath string
+}
 
 func (t *observingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// stripe-go sets GetBody, and its requests carry Idempotency-Key, which together
 	// make net/http resend a POST on its own when a reused connection dies after the
 	// request was written. The relay owns retries and must see that attempt fail.
-	if req.GetBody != nil {
+	if req.GetBody != nil || t.path != "" {
 		req = req.Clone(req.Context())
 		req.GetBody = nil
+		if t.path != "" {
+			req.URL.RawPath = t.rawPath + req.URL.EscapedPath()
+			req.URL.Path = t.path + req.URL.Path
+		}
 	}
 	resp, err := t.base.RoundTrip(req)
 	if resp != nil {
