@@ -598,6 +598,10 @@ func classifyStripe(what string, status int, header http.Header, se *stripe.Erro
 	case se.Type == stripe.ErrorTypeIdempotency:
 		// The key was used before with different parameters: no retry can fix that.
 		return stored, connectors.Permanent(errors.New(answered))
+	case (status >= 500 || se.Type == stripe.ErrorTypeAPI) && header.Get("Stripe-Should-Retry") == "true":
+		// Stripe says a retry can still do the work, so it saved no answer for the key:
+		// not stored, as for a 409. Its outcome is as unknown as any 5xx's.
+		return nil, serverError(errors.New(answered), header)
 	case status >= 500 || se.Type == stripe.ErrorTypeAPI:
 		return stored, serverError(errors.New(answered), header)
 	case connectors.RetryableStatus(status), header.Get("Stripe-Should-Retry") == "true":

@@ -42,6 +42,9 @@ func TestDeliver_TransientStripeAnswerIsNotStored(t *testing.T) {
 	for name, a := range map[string]action{
 		"Conflict":        {Status: http.StatusConflict, Body: `{"error":{"type":"idempotency_error","message":"There is currently another in-progress request using this Idempotent Key."}}`},
 		"TooManyRequests": {Status: http.StatusTooManyRequests, Body: `{"error":{"type":"invalid_request_error","code":"rate_limit","message":"Too many requests."}}`},
+		// A 5xx marked to retry: Stripe says a retry can do the work, so it saved nothing.
+		"ServerErrorShouldRetry": {Status: http.StatusServiceUnavailable, Header: http.Header{"Stripe-Should-Retry": {"true"}},
+			Body: `{"error":{"type":"api_error","message":"Stripe is temporarily unavailable."}}`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
