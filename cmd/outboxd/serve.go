@@ -148,7 +148,16 @@ func serve(ctx context.Context, e *env) (err error) {
 	// Either part failing ends the other: a relay that cannot start takes the HTTP
 	// server down with it, and a failed listener stops the relay.
 	g, gctx := errgroup.WithContext(ctx)
+	// The HTTP server stops once the relay has, not with it: while the relay finishes
+	// its deliveries in flight and records their outcomes (up to OUTBOX_SHUTDOWN_TIMEOUT
+	// and more), /healthz still says the process lives, /readyz that the relay is
+	// stopping, and /metrics shows the stop. Shut down together, every probe and scrape
+	// was refused for the whole stop, and a liveness probe could take the draining
+	// process for a dead one.
+	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(gctx))
+	defer stopHTTP()
 	g.Go(func() error {
+		defer stopHTTP()
 		if err := r.Run(gctx); err != nil {
 			return err // it starts "relay: " already
 		}
@@ -169,7 +178,7 @@ func serve(ctx context.Context, e *env) (err error) {
 		return nil
 	})
 	g.Go(func() error {
-		if err := srv.Serve(gctx, ln); err != nil {
+		if err := srv.Serve(httpCtx, ln); err != nil {
 			return fmt.Errorf("http server: %w", err)
 		}
 		return nil
