@@ -140,6 +140,11 @@ func serve(ctx context.Context, e *env) (err error) {
 	// Listen before the relay starts, so a taken port fails before any row is claimed.
 	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", cfg.HTTPAddr)
 	if err != nil {
+		if ctx.Err() != nil {
+			// Stopped before it started (the lookup of a name in the address takes
+			// ctx): nothing was claimed, and a stop is no failure.
+			return nil
+		}
 		return fmt.Errorf("listen on OUTBOX_HTTP_ADDR: %w", err)
 	}
 

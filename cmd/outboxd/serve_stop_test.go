@@ -114,3 +114,21 @@ func TestServeAnswersWhileTheRelayStops(t *testing.T) {
 	status, _ = get("/healthz")
 	require.Zero(t, status, "the HTTP server is closed once serve has returned")
 }
+
+// A stop that comes before serve listens (SIGTERM right after the start, or while the
+// name in OUTBOX_HTTP_ADDR is looked up) is a stop like any other: exit 0, as when it
+// comes while the relay waits for the database at start. The listen, which takes the
+// stopped context, failed with "lookup localhost: operation was canceled" and exit 1.
+func TestServeStoppedBeforeItListensExitsZero(t *testing.T) {
+	t.Parallel()
+	environ := []string{
+		"OUTBOX_DATABASE_URL=postgres://outboxd@" + pgtest.UnreachableAddr(t) + "/outboxd",
+		"OUTBOX_WEBHOOK_URL=http://127.0.0.1:1/hook",
+		"OUTBOX_HTTP_ADDR=localhost:0", // a name: its lookup takes the context
+	}
+	ctx, stop := context.WithCancel(context.WithoutCancel(t.Context()))
+	stop() // the signal came first
+	var stderr lockedBuffer
+	require.Equal(t, exitOK, run(ctx, []string{"serve"}, environ, strings.NewReader(""), io.Discard, &stderr), "%s", &stderr)
+	require.NotContains(t, stderr.String(), "listen on OUTBOX_HTTP_ADDR")
+}
