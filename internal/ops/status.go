@@ -51,7 +51,7 @@ type ConnectorStatus struct {
 	// Ambiguous counts rows whose latest attempt may or may not have reached the receiver.
 	Ambiguous int `json:"ambiguous"`
 	// DeadLastHour and DeadLastDay count dead rows that went dead (were last changed)
-	// within the hour and the day before now.
+	// within the hour and the 24 hours before now.
 	DeadLastHour int    `json:"dead_last_hour"`
 	DeadLastDay  int    `json:"dead_last_day"`
 	Verdict      string `json:"verdict"`
@@ -71,6 +71,10 @@ type Report struct {
 // next_attempt_at, and one such row would fail the whole report; -infinity reads as an
 // age of +Inf (see seconds).
 // Each FILTER reads the same scan, so the cost is one sequential (or index-only) read.
+// The last day is 24 hours, not interval '1 day': subtracted from a timestamptz, a day
+// is a calendar day of the session's time zone, 23 or 25 hours across a daylight saving
+// change, and DEAD 24H (and the dead-letters verdict) left out a row that went dead
+// 23.5 hours before.
 // A due row counts for the backlog only when a relay could claim it: not while an
 // earlier row of its ordering key is unfinished (the claim's own rule, relay/sql.go), for
 // then it waits for that row (its backoff, its approval, an operator), not for a relay.
@@ -92,7 +96,7 @@ SELECT connector,
        count(*) FILTER (WHERE status = 'delivering' AND lease_expires_at < $1),
        count(*) FILTER (WHERE ambiguous),
        count(*) FILTER (WHERE status = 'dead' AND updated_at >= $1 - interval '1 hour'),
-       count(*) FILTER (WHERE status = 'dead' AND updated_at >= $1 - interval '1 day')
+       count(*) FILTER (WHERE status = 'dead' AND updated_at >= $1 - interval '24 hours')
 FROM outbox o
 GROUP BY connector
 ORDER BY connector`
