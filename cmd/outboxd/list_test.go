@@ -175,3 +175,22 @@ func TestListShowsTheNextAttemptOfRowsAwaitingApproval(t *testing.T) {
 		require.Regexp(t, `(?m)^`+key+`\s+webhook\s+\S+\s+\d+\s+`+stamp+`\s+`+next+`(\s|$)`, out, key)
 	}
 }
+
+// --newer-than 0s selects rows created less than no time ago: none. The library takes a
+// zero age for no filter, so it selected rows of every age, and replay --newer-than
+// "${MINUTES}m" with MINUTES=0 replayed every dead row.
+func TestZeroNewerThanIsAUsageError(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.insert(t, fixture{Key: "six-hours", Status: outbox.StatusDead, Age: 6 * time.Hour})
+	for _, args := range [][]string{
+		{"list", "--newer-than", "0s"},
+		{"list", "--older-than", "1h", "--newer-than", "0m"},
+		{"replay", "--newer-than", "0s", "--status", "dead", "--yes"},
+	} {
+		code, out, errOut := d.cli(t, "", args...)
+		require.Equal(t, exitUsage, code, "%v: %s%s", args, out, errOut)
+		require.Contains(t, errOut, "--newer-than", args)
+	}
+	require.Equal(t, outbox.StatusDead, d.status(t, "six-hours"))
+}

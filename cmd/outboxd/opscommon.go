@@ -293,6 +293,12 @@ func (f *filterFlags) filter(cmd *cobra.Command) (ops.Filter, error) {
 	if f.newerThan < 0 {
 		return ops.Filter{}, usagef("--newer-than: %s is negative", f.newerThan)
 	}
+	if f.newerThan == 0 && cmd.Flags().Changed("newer-than") {
+		// Created less than no time ago: no row. The library takes a zero age for no
+		// filter, and replay would select rows of every age (--newer-than "${N}m", N=0).
+		return ops.Filter{}, usagef("--newer-than %s selects no row; leave it out to select rows whatever their age",
+			f.newerThan)
+	}
 	if f.olderThan > 0 && f.newerThan > 0 && f.olderThan >= f.newerThan {
 		// Created before one time and after a later one: no row, ever (the flags swapped).
 		return ops.Filter{}, usagef("--older-than %s --newer-than %s selects no row; rows created between %s and %s ago "+
