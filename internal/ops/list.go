@@ -61,12 +61,14 @@ type Page struct {
 // CreatedAt goes as seconds since 1970 and Micros, not as a JSON time, which stops at
 // year 9999 where PostgreSQL goes on to 294276: the cursor of such a row did not encode,
 // and paging ended there without a word. (Microseconds since 1970 would overflow an
-// int64 in PostgreSQL's last years.)
+// int64 in PostgreSQL's last years.) ID may be any bigint, zero and negative ones
+// included: plain SQL may write any id, and a cursor refused for such a row ended
+// paging there with a refusal of the cursor List had handed out.
 type cursor struct {
 	CreatedAt *int64                  `json:"s"`
 	Micros    int64                   `json:"us,omitempty"`
 	Inf       pgtype.InfinityModifier `json:"x,omitempty"`
-	ID        int64                   `json:"i"`
+	ID        *int64                  `json:"i"`
 }
 
 func (c cursor) encode() string {
@@ -92,7 +94,7 @@ func decodeCursor(s string) (*cursor, error) {
 		err = json.Unmarshal(b, &c)
 	}
 	if err != nil || c.CreatedAt == nil || *c.CreatedAt < pgFirstSecond || *c.CreatedAt >= pgEndSecond ||
-		c.Micros < 0 || c.Micros >= 1e6 || c.ID <= 0 || c.Inf < pgtype.NegativeInfinity || c.Inf > pgtype.Infinity {
+		c.Micros < 0 || c.Micros >= 1e6 || c.ID == nil || c.Inf < pgtype.NegativeInfinity || c.Inf > pgtype.Infinity {
 		return nil, fmt.Errorf("%w: After: %q is not a cursor from a previous page", ErrInvalidFilter, s)
 	}
 	return &c, nil
@@ -164,7 +166,7 @@ func (f Filter) listArgs() ([]any, error) {
 	}
 	if c != nil {
 		cursorAt = &pgtype.Timestamptz{Time: time.Unix(*c.CreatedAt, c.Micros*1000), InfinityModifier: c.Inf, Valid: true}
-		cursorID = c.ID
+		cursorID = *c.ID
 	}
 	statuses := f.Status
 	if statuses == nil {
@@ -215,9 +217,9 @@ func List(ctx context.Context, db outbox.DB, f Filter) (Page, error) {
 	if len(intents) > limit {
 		page.Intents = intents[:limit]
 		at := createdAt[limit-1]
-		secs := at.Time.Unix()
+		secs, id := at.Time.Unix(), page.Intents[limit-1].ID
 		page.Next = cursor{CreatedAt: &secs, Micros: int64(at.Time.Nanosecond() / 1000), Inf: at.InfinityModifier,
-			ID: page.Intents[limit-1].ID}.encode()
+			ID: &id}.encode()
 	}
 	return page, nil
 }

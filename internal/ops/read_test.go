@@ -136,6 +136,7 @@ func TestListInvalid(t *testing.T) {
 		// Past PostgreSQL's years (4714 BC to 294276 AD) both ways: not a database error.
 		"cursor late":  {After: base64.RawURLEncoding.EncodeToString([]byte(`{"s":9224318016000,"i":5}`))},
 		"cursor early": {After: base64.RawURLEncoding.EncodeToString([]byte(`{"s":-210866803201,"i":5}`))},
+		"cursor no id": {After: base64.RawURLEncoding.EncodeToString([]byte(`{"s":5}`))},
 		// A cursor of an older outboxd, which carried created_at as a JSON time.
 		"cursor old": {After: base64.RawURLEncoding.EncodeToString([]byte(`{"c":"2026-11-30T17:00:00Z","i":5}`))},
 	} {
