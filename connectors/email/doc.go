@@ -56,9 +56,10 @@
 //   - A 4xx reply to RCPT, DATA or the message is retried; a 5xx reply is
 //     permanent. The reply stays in the error chain as a *[textproto.Error] (errors.As
 //     finds it). A message goes to all its recipients or none: one rejected recipient
-//     fails the attempt. Any 2xx reply to the message (not only 250) means the server
-//     took it; a reply to it that is neither 2xx, 4xx nor 5xx is marked
-//     [connectors.Ambiguous], as the server may have queued the message.
+//     fails the attempt. Any 2xx reply to the message (not only 250, and a bare code
+//     without text too) means the server took it; a reply to it that is neither 2xx,
+//     4xx nor 5xx is marked [connectors.Ambiguous], as the server may have queued the
+//     message.
 //   - A connection that breaks before the end of the message is retried: the server
 //     cannot accept a message whose final "." it never received.
 //   - A connection that breaks, or an attempt that times out or is cancelled, after the

@@ -516,38 +516,100 @@ func (c *Connector) send(ctx context.Context, client *smtp.Client, m *message) (
 	if err != nil {
 		return Result{}, c.replyError(ctx, "DATA", err)
 	}
+	dc, ok := w.(*smtp.DataCloser)
+	if !ok {
+		// Not reached: go-mail's Data returns one, and endData needs it. Checked before
+		// the message is written, so that failing here sends nothing.
+		return Result{}, fmt.Errorf("smtp %s: DATA: go-mail gave a %T, not an *smtp.DataCloser", c.addr, w)
+	}
 	if _, err := m.msg.WriteTo(w); err != nil {
 		// The terminating "." was not sent, so the server cannot have accepted the message.
 		return Result{}, fmt.Errorf("smtp %s: send message: %w", c.addr, withCause(ctx, err))
 	}
 	res := Result{MessageID: m.messageID, Accepted: m.rcpts}
-	if err := w.Close(); err != nil {
-		// go-mail waits for 250 exactly and reports any other reply as a *textproto.Error.
-		// The first digit decides (RFC 5321 section 4.2.1): 2yz is a completion, so the
-		// server took the message, and a retry would send it again; 4yz and 5yz are
-		// refusals; anything else leaves unknown whether the server queued it.
-		if te, ok := errors.AsType[*textproto.Error](err); ok {
-			switch te.Code / 100 {
-			case 2:
-				res.ServerReply = fmt.Sprintf("%d %s", te.Code, te.Msg)
-				return res, nil
-			case 4, 5:
-				return Result{}, c.replyError(ctx, "end of DATA", err)
-			}
-			return Result{}, connectors.Ambiguous(fmt.Errorf(
-				"smtp %s: end of DATA: a reply that neither accepts nor refuses the message; the server may have accepted it: %w",
-				c.addr, err))
-		}
+	code, text, err := endData(client, dc)
+	if err != nil {
 		// The whole message went out and the reply never came: the server may have
 		// queued it.
 		return Result{}, connectors.Ambiguous(fmt.Errorf(
 			"smtp %s: no reply after the message was sent; the server may have accepted it: %w",
 			c.addr, withCause(ctx, err)))
 	}
-	if dc, ok := w.(*smtp.DataCloser); ok {
-		res.ServerReply = strings.TrimSpace("250 " + dc.ServerResponse())
+	// The first digit decides (RFC 5321 section 4.2.1): 2yz is a completion, so the
+	// server took the message, and a retry would send it again; 4yz and 5yz are
+	// refusals; anything else leaves unknown whether the server queued it.
+	switch code / 100 {
+	case 2:
+		res.ServerReply = strings.TrimSpace(strconv.Itoa(code) + " " + text)
+		return res, nil
+	case 4, 5:
+		return Result{}, c.replyError(ctx, "end of DATA", &textproto.Error{Code: code, Msg: text})
 	}
-	return res, nil
+	return Result{}, connectors.Ambiguous(fmt.Errorf(
+		"smtp %s: end of DATA: a reply that neither accepts nor refuses the message; the server may have accepted it: %w",
+		c.addr, &textproto.Error{Code: code, Msg: text}))
+}
+
+// endData sends the "." that ends the message and reads the server's reply, as
+// go-mail's DataCloser.Close does, but with readReply instead of textproto's
+// ReadResponse. That one refuses a reply that is a bare code, so a server's "250" to
+// the message looked like a lost reply: the attempt was ambiguous, and the message,
+// which the server had queued, went out again on every retry.
+func endData(client *smtp.Client, dc *smtp.DataCloser) (int, string, error) {
+	// As DataCloser.Close: a failed write leaves the reply to tell (a broken connection
+	// has none to read).
+	_ = dc.WriteCloser.Close()
+	return readReply(&client.Text.Reader)
+}
+
+// readReply reads one reply, of one line or several, as textproto's ReadResponse does,
+// and also takes a line that is a bare code, without the space and text after it: RFC
+// 5321 section 4.2 says servers should not send one and clients must accept it. It
+// returns the code and the lines' texts joined by "\n".
+func readReply(r *textproto.Reader) (int, string, error) {
+	line, err := r.ReadLine()
+	if err != nil {
+		return 0, "", err
+	}
+	code, more, text, ok := parseReplyLine(line)
+	if !ok {
+		return 0, "", textproto.ProtocolError(fmt.Sprintf("malformed reply: %q", line))
+	}
+	texts := []string{text}
+	for more {
+		if line, err = r.ReadLine(); err != nil {
+			return 0, "", err
+		}
+		next, nextMore, nextText, ok := parseReplyLine(line)
+		if !ok || next != code {
+			texts = append(texts, line) // kept whole, and the reply goes on, as in ReadResponse
+			continue
+		}
+		more = nextMore
+		texts = append(texts, nextText)
+	}
+	return code, strings.Join(texts, "\n"), nil
+}
+
+// parseReplyLine splits a reply line into its code, whether more lines follow ("250-"),
+// and its text; ok is false when the line does not start with a code.
+func parseReplyLine(line string) (code int, more bool, text string, ok bool) {
+	if len(line) < 3 || len(line) > 3 && line[3] != ' ' && line[3] != '-' {
+		return 0, false, "", false
+	}
+	for i := range 3 {
+		if line[i] < '0' || line[i] > '9' {
+			return 0, false, "", false
+		}
+	}
+	code, _ = strconv.Atoi(line[:3])
+	if code < 100 {
+		return 0, false, "", false
+	}
+	if len(line) == 3 {
+		return code, false, "", true
+	}
+	return code, line[3] == '-', line[4:], true
 }
 
 // replyError classifies a failed step of the transaction before the message was sent:
