@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/mail"
 	"net/textproto"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -480,9 +481,16 @@ func (c *Connector) setupError(ctx context.Context, err error) error {
 	return fmt.Errorf("smtp %s: connect: %w", c.addr, withCause(ctx, err))
 }
 
-// withCause names why ctx ended, when it did, next to err.
+// withCause names why ctx ended, when it did, next to err. go-mail also puts a deadline
+// on the connection: the attempt's timeout (see dial), counted from after the dial and
+// again after the greeting, so it passes just after ctx's. Against a server on loopback
+// that is within microseconds, and it often strikes before ctx is seen to have ended: it
+// is named as ctx's would be.
 func withCause(ctx context.Context, err error) error {
 	cause := context.Cause(ctx)
+	if cause == nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		cause = ErrTimeout
+	}
 	if cause == nil || errors.Is(err, cause) {
 		return err
 	}
