@@ -53,13 +53,14 @@
 //   - Failing to connect, greet, STARTTLS or authenticate, or a refused MAIL FROM (which
 //     carries only the configured sender), is retried, even on a 5xx reply: nothing was
 //     sent, and the fault lies with the server or the configuration, not the row.
-//   - A 4xx reply to RCPT, DATA or the message is retried; a 5xx reply is
-//     permanent. The reply stays in the error chain as a *[textproto.Error] (errors.As
-//     finds it). A message goes to all its recipients or none: one rejected recipient
-//     fails the attempt. Any 2xx reply to the message (not only 250, and a bare code
-//     without text too) means the server took it; a reply to it that is neither 2xx,
-//     4xx nor 5xx is marked [connectors.Ambiguous], as the server may have queued the
-//     message.
+//   - A 4xx reply to RCPT, DATA or the message is retried; a 5xx reply is permanent,
+//     except 530 (authentication required, RFC 4954), which is about the configuration
+//     and retried as a refused MAIL FROM is. The reply stays in the error chain as a
+//     *[textproto.Error] (errors.As finds it). A message goes to all its recipients or
+//     none: one rejected recipient fails the attempt. Any 2xx reply to the message (not
+//     only 250, and a bare code without text too) means the server took it; a reply to
+//     it that is neither 2xx, 4xx nor 5xx is marked [connectors.Ambiguous], as the
+//     server may have queued the message.
 //   - A connection that breaks before the end of the message is retried: the server
 //     cannot accept a message whose final "." it never received.
 //   - A connection that breaks, or an attempt that times out or is cancelled, after the

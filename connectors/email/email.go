@@ -621,7 +621,7 @@ func parseReplyLine(line string) (code int, more bool, text string, ok bool) {
 }
 
 // replyError classifies a failed step of the transaction before the message was sent:
-// 5xx replies are permanent, 4xx replies and broken connections are retried. The
+// 5xx replies are permanent, 4xx replies, 530 and broken connections are retried. The
 // server's replies stay in the chain as *textproto.Error.
 func (c *Connector) replyError(ctx context.Context, step string, err error) error {
 	if permanentReply(err) {
@@ -633,11 +633,14 @@ func (c *Connector) replyError(ctx context.Context, step string, err error) erro
 	return fmt.Errorf("smtp %s: %s: %w", c.addr, step, withCause(ctx, err))
 }
 
-// permanentReply reports whether any reply in err's tree is 5xx.
+// permanentReply reports whether any reply in err's tree is 5xx, other than 530.
 func permanentReply(err error) bool {
 	switch e := err.(type) {
 	case *textproto.Error:
-		return e.Code >= 500 && e.Code <= 599
+		// 530 is "authentication required" (RFC 4954), which a server may answer to RCPT
+		// or DATA as well as to MAIL FROM: it is about the configuration, not the row, and
+		// is retried as a refused MAIL FROM is.
+		return e.Code >= 500 && e.Code <= 599 && e.Code != 530
 	case interface{ Unwrap() []error }:
 		for _, inner := range e.Unwrap() {
 			if permanentReply(inner) {

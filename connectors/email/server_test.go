@@ -43,6 +43,9 @@ type serverOptions struct {
 	StartTLS bool
 	// Username and Password, when set, make the server require AUTH PLAIN before MAIL.
 	Username, Password string
+	// AuthAtRcpt makes a server with Username take MAIL without AUTH and refuse each RCPT
+	// with 530 until then, as some servers do (hMailServer).
+	AuthAtRcpt bool
 	// OnReset, when set, runs when the client abandons a transaction in progress (RSET
 	// after MAIL), before the server replies.
 	OnReset func()
@@ -174,7 +177,7 @@ func (ss *session) Auth(mech string) (sasl.Server, error) {
 }
 
 func (ss *session) Mail(from string, _ *smtp.MailOptions) error {
-	if ss.opts.Username != "" && ss.user == "" {
+	if ss.opts.Username != "" && ss.user == "" && !ss.opts.AuthAtRcpt {
 		return smtp.ErrAuthRequired
 	}
 	ss.from = from
@@ -182,6 +185,9 @@ func (ss *session) Mail(from string, _ *smtp.MailOptions) error {
 }
 
 func (ss *session) Rcpt(to string, _ *smtp.RcptOptions) error {
+	if ss.opts.AuthAtRcpt && ss.user == "" {
+		return &smtp.SMTPError{Code: 530, EnhancedCode: smtp.EnhancedCode{5, 7, 0}, Message: "Authentication required"}
+	}
 	for _, code := range []int{451, 550} {
 		if strings.HasPrefix(to, "rcpt"+strconv.Itoa(code)) {
 			return &smtp.SMTPError{
