@@ -1,6 +1,9 @@
 package relay
 
 import (
+	"errors"
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -29,8 +32,19 @@ type holdings struct {
 	inFlight     func() float64 // deliveries in flight
 }
 
-// newMetrics registers the relay's series on reg.
-func newMetrics(reg prometheus.Registerer, h holdings) (*metrics, error) {
+// ownedCollector is one of a relay's series as registered: stopped is set once that
+// relay's Run has returned, so that a relay made after it on the same Registerer can
+// take its place (see newMetrics).
+type ownedCollector struct {
+	prometheus.Collector
+	stopped *atomic.Bool
+}
+
+// newMetrics registers the relay's series on reg. Series of a relay whose Run has
+// returned (stopped, as set on its own) are replaced: a Relay runs once, and its
+// successor is made with New on the application's same Registerer. Until then they are
+// left registered, so that their last values can still be gathered.
+func newMetrics(reg prometheus.Registerer, h holdings, stopped *atomic.Bool) (*metrics, error) {
 	latency := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 	m := &metrics{
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -76,17 +90,29 @@ func newMetrics(reg prometheus.Registerer, h holdings) (*metrics, error) {
 			Name: "outboxd_deliveries_in_flight", Help: "Deliveries in flight, at most OUTBOX_CONCURRENCY (one busy instance among several: less a slot kept for each other instance). Below it while rows are pending and outboxd_claimed_rows is low, the workers wait for claims: the database, not the receivers, limits the rate.",
 		}, h.inFlight),
 	}
-	var registered []prometheus.Collector
+	var registered, replaced []prometheus.Collector
 	for _, c := range []prometheus.Collector{m.deliveries, m.deliveryDuration, m.commitToDelivery, m.claimBatch,
 		m.leaseExpiries, m.handedBack, m.rows, m.oldestPending, m.unknownConnector, m.notifyWorking, m.dbErrors, m.claimedBytes, m.claimedRows, m.inFlight} {
-		if err := reg.Register(c); err != nil {
+		owned := ownedCollector{c, stopped}
+		err := reg.Register(owned)
+		var dup prometheus.AlreadyRegisteredError
+		if errors.As(err, &dup) {
+			if prev, ok := dup.ExistingCollector.(ownedCollector); ok && prev.stopped.Load() && reg.Unregister(prev) {
+				replaced = append(replaced, prev)
+				err = reg.Register(owned)
+			}
+		}
+		if err != nil {
 			// Leave the registry as it was, so a corrected New can register again.
 			for _, done := range registered {
 				reg.Unregister(done)
 			}
+			for _, prev := range replaced {
+				_ = reg.Register(prev)
+			}
 			return nil, err
 		}
-		registered = append(registered, c)
+		registered = append(registered, owned)
 	}
 	return m, nil
 }

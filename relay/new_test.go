@@ -280,3 +280,42 @@ func TestRetryUnlessRefused(t *testing.T) {
 	}
 	require.True(t, retried(io.ErrUnexpectedEOF))
 }
+
+// A Relay runs once, and Run's second call says to create another with New. With the
+// application's own Registerer (the one its /metrics serves), that New failed: the
+// stopped relay's series were still registered ("duplicate metrics collector
+// registration attempted"). The new relay now takes their place, and the registry
+// reports its series.
+func TestNewAfterStoppedRelayOnSameRegisterer(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	reg := prometheus.NewRegistry()
+	cfg := &Config{Logger: testLogger(), Registerer: reg, ShutdownTimeout: time.Second}
+	instances := map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}}
+	first, stop := start(t, pool, cfg, instances)
+	require.Eventually(t, func() bool { return first.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
+	stop()
+
+	second, err := New(pool, cfg, instances)
+	require.NoError(t, err, "a relay made after the first stopped, on the same Registerer")
+	second.claimedRows.Store(7)
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	var claimed []float64
+	for _, mf := range families {
+		if mf.GetName() == "outboxd_claimed_rows" {
+			for _, m := range mf.GetMetric() {
+				claimed = append(claimed, m.GetGauge().GetValue())
+			}
+		}
+	}
+	require.Equal(t, []float64{7}, claimed, "the registry reports the new relay's series")
+
+	// So does one made after a Run that could not start (an application that makes a
+	// new relay when Run fails).
+	stopped, cancel := context.WithCancel(t.Context())
+	cancel()
+	require.NoError(t, second.Run(stopped))
+	_, err = New(pool, cfg, instances)
+	require.NoError(t, err, "a relay made after the second's Run returned at start")
+}

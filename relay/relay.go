@@ -96,6 +96,10 @@ type Relay struct {
 	running         atomic.Bool
 	// runCalled is set while Run is running or once it has run: a Relay runs once.
 	runCalled atomic.Bool
+	// stopped is set once Run has returned (cleared when it is called again, after a
+	// start that failed): a relay made later on the same Registerer then takes the place
+	// of its metrics (see newMetrics).
+	stopped atomic.Bool
 	// Rows this relay claimed and knows it never sent, still leased to it: unreleased
 	// holds rows whose release failed (the database was away), lost the leases of rounds
 	// whose reply was lost (they may have committed, see releaseLost). Both are handed
@@ -325,7 +329,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		claimedBytes: func() float64 { return float64(r.claimedBytes.Load()) },
 		claimedRows:  func() float64 { return float64(r.claimedRows.Load()) },
 		inFlight:     func() float64 { return float64(r.inFlight()) },
-	})
+	}, &r.stopped)
 	if err != nil {
 		return nil, fmt.Errorf("relay metrics: %w", err)
 	}
@@ -580,8 +584,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	if !r.runCalled.CompareAndSwap(false, true) {
 		return errors.New("relay: Run called again; a Relay runs once, create another with New")
 	}
+	r.stopped.Store(false)
 	if err := r.start(ctx); err != nil {
-		// Nothing was claimed or closed: Run may be called again.
+		// Nothing was claimed or closed: Run may be called again. Meanwhile a relay made
+		// in its place (an application's loop that makes a new one when Run fails) may
+		// take its metrics.
+		r.stopped.Store(true)
 		r.runCalled.Store(false)
 		if ctx.Err() != nil {
 			// Stopped while it waited for the database: nothing was claimed.
@@ -684,6 +692,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	stopBackground()
 	background.Wait()
+	r.stopped.Store(true)
 	r.log.InfoContext(ctx, "relay stopped")
 	return nil
 }
