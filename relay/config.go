@@ -65,9 +65,11 @@ type Config struct {
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the relay's Prometheus metrics. Defaults to a private registry.
-	// A relay's series stay registered once its Run has returned, so their last values
-	// can still be gathered, until a relay made with New on the same Registerer takes
-	// their place.
+	// Relays that may run at the same time cannot share one (New refuses the second):
+	// give each its own, or wrap it for each with prometheus.WrapRegistererWith and a
+	// label that tells them apart. A relay's series stay registered once its Run has
+	// returned, so their last values can still be gathered, until a relay made with New
+	// on the same Registerer takes their place.
 	Registerer prometheus.Registerer
 	// NowFunc is the clock. Defaults to time.Now, corrected for the database clock's
 	// offset; tests inject their own.

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"errors"
+	"fmt"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -100,6 +101,10 @@ func newMetrics(reg prometheus.Registerer, h holdings, stopped *atomic.Bool) (*m
 			if prev, ok := dup.ExistingCollector.(ownedCollector); ok && prev.stopped.Load() && reg.Unregister(prev) {
 				replaced = append(replaced, prev)
 				err = reg.Register(owned)
+			} else if ok {
+				// Prometheus' own words do not say whose series they are, nor what to do.
+				err = fmt.Errorf("%w: another relay that has not stopped uses this Registerer; give each relay its own, "+
+					"or wrap it for each with prometheus.WrapRegistererWith and a label that tells the relays apart", err)
 			}
 		}
 		if err != nil {

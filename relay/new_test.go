@@ -319,3 +319,27 @@ func TestNewAfterStoppedRelayOnSameRegisterer(t *testing.T) {
 	_, err = New(pool, cfg, instances)
 	require.NoError(t, err, "a relay made after the second's Run returned at start")
 }
+
+// Two relays that may both run cannot share a Registerer: New refuses the second, and
+// its error says why and what to do, not only prometheus' "duplicate metrics collector
+// registration attempted", which leaves an application to guess whose.
+func TestNewTwoLiveRelaysOnOneRegisterer(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	reg := prometheus.NewRegistry()
+	instances := map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}}
+	_, err := New(pool, &Config{Logger: testLogger(), Registerer: reg}, instances)
+	require.NoError(t, err)
+	_, err = New(pool, &Config{Logger: testLogger(), Registerer: reg}, instances)
+	require.ErrorContains(t, err, "another relay that has not stopped uses this Registerer")
+	require.ErrorContains(t, err, "prometheus.WrapRegistererWith")
+	var dup prometheus.AlreadyRegisteredError
+	require.ErrorAs(t, err, &dup)
+
+	// Each wrapped with a label of its own, as the error says, their series stand side by side.
+	reg = prometheus.NewRegistry()
+	for _, name := range []string{"first", "second"} {
+		_, err = New(pool, &Config{Logger: testLogger(), Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"relay": name}, reg)}, instances)
+		require.NoError(t, err)
+	}
+}
