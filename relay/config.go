@@ -36,7 +36,9 @@ type Config struct {
 	// to 128 MiB.
 	MaxClaimedBytes int64
 	// Lease is how long a claimed row stays with this relay before another may take it.
-	// Defaults to 30s. Give every connector a time limit (connectors.Timeout) at least
+	// Defaults to 30s, or to a second more than the longest time limit of the
+	// instances' connectors when that is longer (the payment, email and slack connectors
+	// default to 30s). Give every connector a time limit (connectors.Timeout) at least
 	// a second shorter: a row then starts only while its attempt can still end inside
 	// its lease. An attempt with no limit, or a longer one, can outlive the lease, and
 	// another relay may then send the row again meanwhile (outboxd serve refuses such a
@@ -100,6 +102,13 @@ type Instance struct {
 	MaxAge time.Duration
 }
 
+// defaultLease is [Config.Lease]'s default, and defaultLeaseSpare what a default lease
+// leaves beyond the longest time limit of a relay's connectors.
+const (
+	defaultLease      = 30 * time.Second
+	defaultLeaseSpare = time.Second
+)
+
 // MaxIDLength is the most bytes of [Config.ID].
 const MaxIDLength = 255
 
@@ -125,7 +134,7 @@ func (c *Config) withDefaults() *Config {
 	out.BatchSize = cmp.Or(c.BatchSize, 1000)
 	out.Concurrency = cmp.Or(c.Concurrency, 128)
 	out.MaxClaimedBytes = cmp.Or(c.MaxClaimedBytes, DefaultMaxClaimedBytes)
-	out.Lease = cmp.Or(c.Lease, 30*time.Second)
+	out.Lease = cmp.Or(c.Lease, defaultLease)
 	out.PollInterval = cmp.Or(c.PollInterval, time.Second)
 	out.MaxAttempts = cmp.Or(c.MaxAttempts, 25)
 	out.MaxAge = cmp.Or(c.MaxAge, 72*time.Hour)

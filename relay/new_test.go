@@ -16,6 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/email"
+	"github.com/outboxd/outboxd/connectors/payment"
+	"github.com/outboxd/outboxd/connectors/slack"
 	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/internal/receiver"
 )
@@ -342,4 +345,40 @@ func TestNewTwoLiveRelaysOnOneRegisterer(t *testing.T) {
 		_, err = New(pool, &Config{Logger: testLogger(), Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"relay": name}, reg)}, instances)
 		require.NoError(t, err)
 	}
+}
+
+// The payment, email and slack connectors built from code with their defaults have a
+// time limit of 30s, and a zero Config's lease was 30s too: the configuration Lease's
+// doc warns of (and outboxd serve refuses), where an attempt that starts after its row
+// waited for a slot, and takes its time limit, outlives its lease, and another relay
+// sends the row again meanwhile. Left zero, the lease now leaves a second beyond the
+// longest time limit, and every attempt that starts in time ends inside its lease.
+func TestNewDefaultLeaseCoversConnectorDefaults(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	pay, err := payment.New(payment.Config{APIKey: "sk_test_123"})
+	require.NoError(t, err)
+	mail, err := email.New(email.Config{Addr: "127.0.0.1:1", From: "shop@example.com"})
+	require.NoError(t, err)
+	chat, err := slack.New(slack.Config{Token: "xoxb-1"})
+	require.NoError(t, err)
+	r, err := New(pool, &Config{Logger: testLogger()}, map[string]Instance{
+		"payment": {Connector: pay}, "email": {Connector: mail}, "slack": {Connector: chat},
+		"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")},
+	})
+	require.NoError(t, err)
+	for name, inst := range r.instances {
+		timeout := connectors.Timeout(inst.conn)
+		require.Positive(t, timeout, name)
+		require.LessOrEqual(t, inst.startBy+timeout, r.cfg.Lease,
+			"%s: an attempt started %s after its claim and taking its time limit of %s ends inside the lease", name, inst.startBy, timeout)
+	}
+
+	// A lease set explicitly is kept, as are the defaults' 30s with shorter time limits.
+	r, err = New(pool, &Config{Logger: testLogger(), Lease: 45 * time.Second}, map[string]Instance{"payment": {Connector: pay}})
+	require.NoError(t, err)
+	require.Equal(t, 45*time.Second, r.cfg.Lease)
+	r, err = New(pool, &Config{Logger: testLogger()}, map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	require.Equal(t, 30*time.Second, r.cfg.Lease)
 }

@@ -298,7 +298,16 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 			return nil, fmt.Errorf("relay: connector instance %q: OnAmbiguous must be %q or %q, got %q", name, AmbiguousRetry, AmbiguousHold, in.OnAmbiguous)
 		}
 	}
+	leaseSet := cfg.Lease != 0
 	cfg = cfg.withDefaults()
+	if !leaseSet {
+		// The payment, email and slack connectors' default time limit is the default
+		// lease: an attempt that waited for a slot, then took its time limit, would
+		// outlive its lease, and another relay could send the row again meanwhile.
+		for _, in := range instances {
+			cfg.Lease = max(cfg.Lease, connectors.Timeout(in.Connector)+defaultLeaseSpare)
+		}
+	}
 	reserved := reserveSlots(cfg.Concurrency, len(instances))
 	// The most slots one instance can hold: the shared ones, and its own. A worker more
 	// would only ever wait for its instance's own attempts, on a row claimed meanwhile.
