@@ -105,7 +105,10 @@
 // retry (the receiver dedupes on the key); reconciled connectors are told the previous
 // attempt was ambiguous and look for the effect before acting; forwarded connectors retry,
 // or, with the hold policy, leave the row held for an operator (an ambiguous attempt
-// its connector also calls permanent included: held, not dead).
+// its connector also calls permanent included: held, not dead). The row's ambiguous
+// column tells of its latest attempt only, which a plain failure clears; a row that then
+// goes dead names the earlier ambiguous attempt in last_error, since the receiver may
+// have acted on it.
 //
 // Rows for connectors the relay does not have stay pending and, while no other running
 // relay has them either, are reported in the log and the outboxd_unknown_connector_rows

@@ -166,7 +166,16 @@ const recordWrite = `upd AS (
     UPDATE outbox o
     SET status = r.status,
         next_attempt_at = coalesce(r.next_attempt_at, o.next_attempt_at),
-        last_error = coalesce(r.last_error, o.last_error),
+        -- The row's ambiguous mark tells of this attempt only: a row that goes dead on a
+        -- plain failure after an ambiguous attempt says so here, or the API, MCP and list,
+        -- which show last_error, would show a row the receiver never acted on. The
+        -- attempts log keeps each attempt's own error.
+        last_error = CASE WHEN r.status = 'dead' AND NOT r.ambiguous
+                          THEN r.last_error || coalesce('; but attempt ' || (
+                                   SELECT max(a.attempt) FROM outbox_attempts a
+                                   WHERE a.outbox_id = o.id AND a.attempt < r.attempt AND a.ambiguous)
+                               || ' was ambiguous: the receiver may have acted then, so check it before sending the row again', '')
+                          ELSE coalesce(r.last_error, o.last_error) END,
         -- A delivery's answer is its own, or none: an earlier failed attempt's answer
         -- would read as the receiver's answer to the delivery.
         result = CASE WHEN r.status = 'delivered' THEN r.result ELSE coalesce(r.result, o.result) END,
