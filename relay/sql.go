@@ -171,7 +171,7 @@ const recordWrite = `upd AS (
         -- which show last_error, would show a row the receiver never acted on. The
         -- attempts log keeps each attempt's own error.
         last_error = CASE WHEN r.status = 'dead' AND NOT r.ambiguous
-                          THEN r.last_error || coalesce('; but attempt ' || (
+                          THEN coalesce(r.last_error, o.last_error) || coalesce('; but attempt ' || (
                                    SELECT max(a.attempt) FROM outbox_attempts a
                                    WHERE a.outbox_id = o.id AND a.attempt < r.attempt AND a.ambiguous)
                                || ' was ambiguous: the receiver may have acted then, so check it before sending the row again', '')
