@@ -38,8 +38,11 @@
 // # Signatures
 //
 // With [Options.Secret] set, requests must carry a valid Standard Webhooks signature
-// (webhook-id, webhook-timestamp within five minutes, webhook-signature "v1,<base64>"),
-// checked by an implementation independent of the webhook connector's; others get 401.
+// (webhook-id, webhook-timestamp within five minutes, webhook-signature "v1,<base64>",
+// or several separated by spaces, one of which matches), checked by an implementation
+// independent of the webhook connector's; others get 401. [Options.Secrets] adds
+// secrets that are accepted too, as a receiver holding the old and the new one while a
+// sender rotates its secret.
 //
 // # Contention
 //

@@ -32,6 +32,10 @@ type Options struct {
 	// optional); requests without a valid signature get 401 and perform no effect.
 	// Defaults to no verification.
 	Secret string
+	// Secrets are more secrets accepted besides Secret, in the same format: a signature
+	// that matches any of them is valid, as for a receiver that holds both the old and
+	// the new secret while the sender's is rotated. Defaults to none.
+	Secrets []string
 	// IgnoreKeys makes every request that gets past its plan perform an effect, as a
 	// receiver that does not honour Idempotency-Key would. The key is still required and
 	// counted, so [Receiver.DuplicateKeys] shows the duplicates. Defaults to false.
@@ -88,11 +92,11 @@ type Effect struct {
 
 // Receiver is a running loopback HTTP receiver. Its methods are safe for concurrent use.
 type Receiver struct {
-	opts   Options
-	secret []byte
-	url    string
-	srv    *http.Server
-	served chan struct{}
+	opts    Options
+	secrets [][]byte // the keys of Options.Secret and Options.Secrets
+	url     string
+	srv     *http.Server
+	served  chan struct{}
 
 	seed   maphash.Seed
 	shards [shardCount]shard
@@ -149,7 +153,14 @@ func Start(opts Options) (*Receiver, error) {
 		if err != nil || len(key) == 0 {
 			return nil, errors.New("receiver options: Secret is not base64 after its whsec_ prefix")
 		}
-		r.secret = key
+		r.secrets = append(r.secrets, key)
+	}
+	for i, s := range opts.Secrets {
+		key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(s, secretPrefix))
+		if err != nil || len(key) == 0 {
+			return nil, fmt.Errorf("receiver options: Secrets[%d] is not base64 after its whsec_ prefix", i)
+		}
+		r.secrets = append(r.secrets, key)
 	}
 	for i := range r.shards {
 		r.shards[i].keys = make(map[string]*entry)
@@ -288,8 +299,8 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		answerError(w, http.StatusBadRequest, "read body: "+err.Error())
 		return
 	}
-	if r.secret != nil {
-		if err := verifySignature(r.secret, req.Header, body, at); err != nil {
+	if r.secrets != nil {
+		if err := verifySignature(r.secrets, req.Header, body, at); err != nil {
 			answerError(w, http.StatusUnauthorized, err.Error())
 			return
 		}
@@ -419,9 +430,12 @@ func dropConnection(w http.ResponseWriter) {
 }
 
 // verifySignature checks the Standard Webhooks headers: the signed content is
-// "<webhook-id>.<webhook-timestamp>.<body>", and webhook-signature is a space-separated
-// list of "v1,<base64 HMAC-SHA256>", any of which may match.
-func verifySignature(secret []byte, h http.Header, body []byte, now time.Time) error {
+// "<webhook-id>.<webhook-timestamp>.<body>", and webhook-signature is a list of
+// "v1,<base64 HMAC-SHA256>" separated by spaces, any of which may match any of secrets.
+// The list is split at each single space, as the reference libraries split it (Go's and
+// JavaScript's: strings.Split, split(" ")), not at any white space: a sender that
+// separates signatures otherwise is refused here as it would be by them.
+func verifySignature(secrets [][]byte, h http.Header, body []byte, now time.Time) error {
 	id, ts, sigs := h.Get("webhook-id"), h.Get("webhook-timestamp"), h.Get("webhook-signature")
 	if id == "" || ts == "" || sigs == "" {
 		return errors.New("missing webhook-id, webhook-timestamp or webhook-signature header")
@@ -433,14 +447,16 @@ func verifySignature(secret []byte, h http.Header, body []byte, now time.Time) e
 	if d := now.Sub(time.Unix(sec, 0)); d > signatureTolerance || d < -signatureTolerance {
 		return fmt.Errorf("webhook-timestamp is more than %s away from the receiver's clock", signatureTolerance)
 	}
-	mac := hmac.New(sha256.New, secret)
-	mac.Write([]byte(id + "." + ts + "."))
-	mac.Write(body)
-	want := []byte(base64.StdEncoding.EncodeToString(mac.Sum(nil)))
-	for s := range strings.FieldsSeq(sigs) {
-		version, sig, ok := strings.Cut(s, ",")
-		if ok && version == "v1" && hmac.Equal([]byte(sig), want) {
-			return nil
+	for _, secret := range secrets {
+		mac := hmac.New(sha256.New, secret)
+		mac.Write([]byte(id + "." + ts + "."))
+		mac.Write(body)
+		want := []byte(base64.StdEncoding.EncodeToString(mac.Sum(nil)))
+		for s := range strings.SplitSeq(sigs, " ") {
+			version, sig, ok := strings.Cut(s, ",")
+			if ok && version == "v1" && hmac.Equal([]byte(sig), want) {
+				return nil
+			}
 		}
 	}
 	return errors.New("no webhook-signature matches the body")

@@ -397,6 +397,38 @@ func TestReceiver_Signature(t *testing.T) {
 	require.ErrorContains(t, err, "Secret")
 }
 
+// A receiver given several secrets, as one that holds the old and the new secret while
+// the sender's is rotated, accepts a signature made with any of them; and it splits the
+// header's list at single spaces, as the Standard Webhooks reference libraries do.
+func TestReceiver_SeveralSecrets(t *testing.T) {
+	t.Parallel()
+	old := "whsec_" + base64.StdEncoding.EncodeToString([]byte("the old secret, being retired"))
+	b := setup(t, receiver.Options{Secret: old, Secrets: []string{testSecret}})
+	now := time.Now().Unix()
+	body := `{"a":1}`
+
+	for _, secret := range []string{old, testSecret} {
+		a, err := b.post(t, secret, body, sign(t, secret, secret, now, body))
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, a.status)
+	}
+	other := "whsec_" + base64.StdEncoding.EncodeToString([]byte("another secret entirely"))
+	a, err := b.post(t, "bad", body, sign(t, other, "bad", now, body))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusUnauthorized, a.status)
+
+	// The right signature after a tab, not a space: the reference libraries see one
+	// malformed entry, and so does the receiver.
+	h := sign(t, testSecret, "tab", now, body)
+	h.Set("webhook-signature", "v1,bm9wZQ==\t"+h.Get("webhook-signature"))
+	a, err = b.post(t, "tab", body, h)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusUnauthorized, a.status)
+
+	_, err = receiver.Start(receiver.Options{Secrets: []string{testSecret, "whsec_!!!"}})
+	require.ErrorContains(t, err, "Secrets[1]")
+}
+
 func TestReceiver_Close(t *testing.T) {
 	t.Parallel()
 	b := setup(t, receiver.Options{})

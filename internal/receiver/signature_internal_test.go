@@ -15,7 +15,7 @@ func TestVerifySignature_SpecVector(t *testing.T) {
 	r, err := Start(Options{Secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"})
 	require.NoError(t, err)
 	r.Close()
-	secret := r.secret
+	secret := r.secrets
 
 	h := http.Header{}
 	h.Set("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek")
