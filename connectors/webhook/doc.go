@@ -8,8 +8,9 @@
 //
 // plus the row's own headers (such as traceparent), and, when the URL has a user name
 // (https://user:pass@host/hook), HTTP Basic authentication from it unless the row carries
-// its own Authorization header (as net/http's client does). When [Config.Secret] is set, the
-// request is also signed the Standard Webhooks way (https://www.standardwebhooks.com):
+// its own Authorization header (as net/http's client does). When [Config.Secret] or
+// [Config.Secrets] is set, the request is also signed the Standard Webhooks way
+// (https://www.standardwebhooks.com):
 //
 //	webhook-id: <the row's key>
 //	webhook-timestamp: <unix seconds of this attempt>
@@ -18,6 +19,19 @@
 // where the secret is the base64 part of a "whsec_…" value. The id is the key, so it is
 // the same on every attempt, while the timestamp and signature are fresh each time, as
 // the specification asks. Target URLs come only from configuration, never from rows.
+//
+// # Rotating the secret
+//
+// With several secrets ([Config.Secrets], or several in [Config.Secret] separated by
+// white space) the header carries one signature per secret, in the order given,
+// separated by spaces:
+//
+//	webhook-signature: v1,<signature with the old secret> v1,<signature with the new>
+//
+// A Standard Webhooks receiver accepts the request when any of them matches its secret,
+// so a secret is replaced without a refused delivery (a 401 is permanent, so the row
+// would go dead): add the new secret after the old, give the receivers the new one,
+// then remove the old.
 //
 // # Outcomes
 //

@@ -29,10 +29,19 @@ import (
 type Config struct {
 	// URL is where rows are POSTed: an absolute http or https URL. Required.
 	URL string
-	// Secret is a Standard Webhooks signing secret, "whsec_" followed by base64. When set,
-	// each request carries webhook-id, webhook-timestamp and webhook-signature headers.
-	// Defaults to no signing.
+	// Secret is a Standard Webhooks signing secret, "whsec_" followed by base64, or
+	// several separated by white space (spaces, tabs, newlines), as OUTBOX_WEBHOOK_SECRET
+	// holds them; see Secrets for what several do. When set, each request carries
+	// webhook-id, webhook-timestamp and webhook-signature headers. Defaults to no
+	// signing, as does a value of white space only.
 	Secret string
+	// Secrets are Standard Webhooks signing secrets, each "whsec_" followed by base64,
+	// for a caller that holds them apart: the webhook-signature header carries one
+	// signature per secret, in this order, separated by spaces, and a receiver accepts
+	// the request when any of them matches its secret. That is how a secret is rotated
+	// without refused deliveries: sign with the old and the new, give the receivers the
+	// new, then drop the old. Set Secret or Secrets, not both. Defaults to none.
+	Secrets []string
 	// Timeout bounds one attempt, from dialling to the end of the answer's excerpt.
 	// Defaults to 10s.
 	Timeout time.Duration
@@ -57,7 +66,7 @@ type Config struct {
 // LogValue keeps the secret out of logs.
 func (c Config) LogValue() slog.Value {
 	secret := ""
-	if c.Secret != "" {
+	if strings.TrimSpace(c.Secret) != "" || len(c.Secrets) > 0 {
 		secret = "REDACTED"
 	}
 	return slog.GroupValue(
@@ -88,7 +97,9 @@ var ErrTimeout = errors.New("webhook attempt timed out")
 type Connector struct {
 	url    string
 	target string // the URL as errors show it: scheme and host (connectors.RedactEndpoint)
-	secret []byte
+	// secrets are the signing keys, in the order their signatures are sent; nil when
+	// requests are not signed.
+	secrets [][]byte
 	// authorization is the Basic credentials of a URL with a user name (as http.Client
 	// would send them; the connector calls the transport directly), else empty.
 	authorization string
@@ -131,12 +142,9 @@ func New(cfg Config) (*Connector, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	if cfg.Secret != "" {
-		c.secret, err = parseSecret(cfg.Secret)
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
+	var secretErrs []error
+	c.secrets, secretErrs = parseSecrets(cfg.Secret, cfg.Secrets)
+	errs = append(errs, secretErrs...)
 	if cfg.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("Timeout: %s is negative", cfg.Timeout))
 	}
@@ -190,18 +198,56 @@ func parseURL(raw string) (*url.URL, error) {
 	return connectors.ParseHTTPURL("URL", raw)
 }
 
-func parseSecret(s string) ([]byte, error) {
+// parseSecrets returns the keys of the secrets in list (separated by white space) or in
+// each, in order, or the problems: one per bad secret, naming its place, so that each
+// can be found. Splitting at any white space cannot cut a secret: neither "whsec_" nor
+// base64 has any, and a value read from a file or a multi-line variable may put each
+// secret on its own line.
+func parseSecrets(list string, each []string) ([][]byte, []error) {
+	fields := strings.Fields(list)
+	if len(fields) > 0 && len(each) > 0 {
+		return nil, []error{errors.New("Secret and Secrets: both are set; set one of them")}
+	}
+	name := func(i int) string { return fmt.Sprintf("Secrets[%d]", i) }
+	if len(fields) > 0 {
+		each = fields
+		name = func(i int) string {
+			if len(fields) == 1 {
+				return "Secret"
+			}
+			return fmt.Sprintf("Secret (secret %d of %d)", i+1, len(fields))
+		}
+	}
+	var (
+		keys [][]byte
+		errs []error
+	)
+	for i, s := range each {
+		key, err := parseSecret(name(i), s)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		keys = append(keys, key)
+	}
+	if errs != nil {
+		return nil, errs
+	}
+	return keys, nil
+}
+
+func parseSecret(name, s string) ([]byte, error) {
 	// The messages never quote the secret.
 	rest, ok := strings.CutPrefix(s, secretPrefix)
 	if !ok {
-		return nil, errors.New(`Secret: must start with "whsec_" (the Standard Webhooks format)`)
+		return nil, fmt.Errorf(`%s: must start with "whsec_" (the Standard Webhooks format)`, name)
 	}
 	key, err := base64.StdEncoding.DecodeString(rest)
 	if err != nil {
-		return nil, errors.New(`Secret: the part after "whsec_" is not valid base64`)
+		return nil, fmt.Errorf(`%s: the part after "whsec_" is not valid base64`, name)
 	}
 	if len(key) == 0 {
-		return nil, errors.New(`Secret: nothing after "whsec_"`)
+		return nil, fmt.Errorf(`%s: nothing after "whsec_"`, name)
 	}
 	return key, nil
 }
@@ -214,7 +260,7 @@ func (c *Connector) String() string { return "webhook " + c.target }
 func (c *Connector) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("url", c.target),
-		slog.Bool("signed", c.secret != nil),
+		slog.Bool("signed", c.secrets != nil),
 		slog.String("guarantee", string(c.guarantee)),
 	)
 }
@@ -311,11 +357,11 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", d.Key)
 	req.Header.Set("User-Agent", "outboxd")
-	if c.secret != nil {
+	if c.secrets != nil {
 		ts := strconv.FormatInt(c.now().Unix(), 10)
 		req.Header.Set("Webhook-Id", d.Key)
 		req.Header.Set("Webhook-Timestamp", ts)
-		req.Header.Set("Webhook-Signature", sign(c.secret, d.Key, ts, d.Payload))
+		req.Header.Set("Webhook-Signature", signature(c.secrets, d.Key, ts, d.Payload))
 	}
 
 	resp, err := c.transport.RoundTrip(req)
@@ -342,7 +388,22 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	return res, c.classify(resp, excerpt)
 }
 
-// sign returns the webhook-signature value for one request.
+// signature returns the webhook-signature value for one request: each secret's
+// signature, in order, separated by single spaces. The specification's list is "space
+// delimited", and its reference libraries split it at each " ": a tab between two
+// signatures would hide both from them.
+func signature(secrets [][]byte, id, ts string, body []byte) string {
+	if len(secrets) == 1 {
+		return sign(secrets[0], id, ts, body)
+	}
+	sigs := make([]string, len(secrets))
+	for i, secret := range secrets {
+		sigs[i] = sign(secret, id, ts, body)
+	}
+	return strings.Join(sigs, " ")
+}
+
+// sign returns one secret's "v1," signature of a request.
 func sign(secret []byte, id, ts string, body []byte) string {
 	mac := hmac.New(sha256.New, secret)
 	mac.Write([]byte(id))

@@ -16,7 +16,7 @@ import (
 // specification, which is what says a receiver's library will accept our signatures.
 func TestSign_SpecVector(t *testing.T) {
 	t.Parallel()
-	key, err := parseSecret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+	key, err := parseSecret("Secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
 	require.NoError(t, err)
 	require.Equal(t, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=",
 		sign(key, "msg_p5jXN8AQM9LWM0D4loKWxJek", "1614265330", []byte(`{"test": 2432232314}`)))

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -451,6 +452,107 @@ func TestDeliver_Signature(t *testing.T) {
 	})
 }
 
+// TestDeliver_SecretRotation walks a secret's rotation against real receivers that
+// verify signatures: the sender signs with the old secret alone, then with the old and
+// the new, then with the new alone, while receivers hold the old secret, the new, or both.
+// Signed with both, every receiver accepts the row, so receivers can move to the new
+// secret one at a time, before the sender drops the old one.
+func TestDeliver_SecretRotation(t *testing.T) {
+	t.Parallel()
+	old := "whsec_" + base64.StdEncoding.EncodeToString([]byte("the old secret, being retired"))
+	senders := []struct {
+		name    string
+		cfg     webhook.Config
+		signs   []string // the secrets it signs with
+		wantSig int      // signatures in its header
+	}{
+		{"Old", webhook.Config{Secret: old}, []string{old}, 1},
+		{"OldThenNew", webhook.Config{Secret: old + " " + testSecret}, []string{old, testSecret}, 2},
+		{"OldThenNewOnLines", webhook.Config{Secret: "\n" + old + "\n\t" + testSecret + "\n"}, []string{old, testSecret}, 2},
+		{"OldThenNewSecrets", webhook.Config{Secrets: []string{old, testSecret}}, []string{old, testSecret}, 2},
+		{"New", webhook.Config{Secret: testSecret}, []string{testSecret}, 1},
+	}
+	receivers := []struct {
+		name string
+		opts receiver.Options
+		has  []string
+	}{
+		{"ReceiverOld", receiver.Options{Secret: old}, []string{old}},
+		{"ReceiverNew", receiver.Options{Secret: testSecret}, []string{testSecret}},
+		{"ReceiverBoth", receiver.Options{Secret: old, Secrets: []string{testSecret}}, []string{old, testSecret}},
+	}
+	for _, snd := range senders {
+		for _, rcv := range receivers {
+			t.Run(snd.name+"/"+rcv.name, func(t *testing.T) {
+				t.Parallel()
+				b := setup(t, rcv.opts, snd.cfg)
+				raw, err := b.c.Deliver(t.Context(), delivery("k"))
+				shared := slices.ContainsFunc(snd.signs, func(s string) bool { return slices.Contains(rcv.has, s) })
+				if !shared {
+					// What a rotation done in one step risks: 401, permanent, the row dead.
+					require.True(t, connectors.IsPermanent(err), "%v", err)
+					require.Contains(t, err.Error(), "receiver answered 401 Unauthorized")
+					require.Equal(t, 0, b.r.Effects("k"))
+					return
+				}
+				require.NoError(t, err)
+				require.Equal(t, http.StatusOK, decodeResult(t, raw).Status)
+				require.Equal(t, 1, b.r.Effects("k"))
+				h := b.r.EffectLog()[0].Headers
+				require.Equal(t, "k", h.Get("Webhook-Id"), "the id is the key, however many secrets")
+				require.Len(t, strings.Split(h.Get("Webhook-Signature"), " "), snd.wantSig)
+			})
+		}
+	}
+}
+
+// TestDeliver_SignatureList checks the header on the wire against the specification's
+// example: one "v1," signature per secret, in the order configured, separated by single
+// spaces (the reference libraries split the list at " "), each the signature that secret
+// alone makes; the id, timestamp and body are those of an unrotated request.
+func TestDeliver_SignatureList(t *testing.T) {
+	t.Parallel()
+	other := "whsec_" + base64.StdEncoding.EncodeToString([]byte("the new secret, replacing it"))
+	at := func() time.Time { return time.Unix(1614265330, 0) }
+	d := connectors.Delivery{
+		Key:     "msg_p5jXN8AQM9LWM0D4loKWxJek",
+		Attempt: 1,
+		Payload: json.RawMessage(`{"test": 2432232314}`),
+	}
+	sent := func(cfg webhook.Config) http.Header {
+		t.Helper()
+		cfg.NowFunc = at
+		b := setup(t, receiver.Options{}, cfg)
+		_, err := b.c.Deliver(t.Context(), d)
+		require.NoError(t, err)
+		return b.r.EffectLog()[0].Headers
+	}
+	const specSig = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+	otherSig := sent(webhook.Config{Secret: other}).Get("webhook-signature")
+	require.NotEqual(t, specSig, otherSig)
+
+	for _, cfg := range []webhook.Config{
+		{Secret: testSecret + " " + other},
+		{Secret: " " + testSecret + "\t\r\n " + other + "\n"},
+		{Secrets: []string{testSecret, other}},
+	} {
+		h := sent(cfg)
+		require.Equal(t, specSig+" "+otherSig, h.Get("webhook-signature"))
+		require.Equal(t, "msg_p5jXN8AQM9LWM0D4loKWxJek", h.Get("webhook-id"))
+		require.Equal(t, "1614265330", h.Get("webhook-timestamp"))
+	}
+	require.Equal(t, otherSig+" "+specSig, sent(webhook.Config{Secrets: []string{other, testSecret}}).Get("webhook-signature"),
+		"in the order given")
+
+	// A blank value, like an empty one, sends unsigned requests.
+	for _, cfg := range []webhook.Config{{Secret: " \t\n"}, {Secrets: []string{}}} {
+		h := sent(cfg)
+		for _, name := range []string{"webhook-id", "webhook-timestamp", "webhook-signature"} {
+			require.Empty(t, h.Get(name), name)
+		}
+	}
+}
+
 func TestDeliver_Timeout(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
@@ -601,6 +703,12 @@ func TestNew_Validation(t *testing.T) {
 		{"SecretPrefix", webhook.Config{URL: "http://127.0.0.1/", Secret: "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}, `Secret: must start with "whsec_"`},
 		{"SecretBase64", webhook.Config{URL: "http://127.0.0.1/", Secret: "whsec_not*base64"}, "Secret: the part after \"whsec_\" is not valid base64"},
 		{"SecretEmpty", webhook.Config{URL: "http://127.0.0.1/", Secret: "whsec_"}, "Secret: nothing after"},
+		// Among several, the bad one is named by its place, not quoted.
+		{"SecretListPrefix", webhook.Config{URL: "http://127.0.0.1/", Secret: testSecret + " MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}, `Secret (secret 2 of 2): must start with "whsec_"`},
+		{"SecretListBase64", webhook.Config{URL: "http://127.0.0.1/", Secret: "whsec_not*base64\n" + testSecret}, `Secret (secret 1 of 2): the part after "whsec_" is not valid base64`},
+		{"SecretsPrefix", webhook.Config{URL: "http://127.0.0.1/", Secrets: []string{testSecret, "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}}, `Secrets[1]: must start with "whsec_"`},
+		{"SecretsBlank", webhook.Config{URL: "http://127.0.0.1/", Secrets: []string{" "}}, `Secrets[0]: must start with "whsec_"`},
+		{"SecretAndSecrets", webhook.Config{URL: "http://127.0.0.1/", Secret: testSecret, Secrets: []string{testSecret}}, "Secret and Secrets: both are set"},
 		{"Timeout", webhook.Config{URL: "http://127.0.0.1/", Timeout: -time.Second}, "Timeout: -1s is negative"},
 		{"MaxResultBody", webhook.Config{URL: "http://127.0.0.1/", MaxResultBody: -1}, "MaxResultBody: -1 is negative"},
 		{"Guarantee", webhook.Config{URL: "http://127.0.0.1/", Guarantee: "maybe"}, `Guarantee: "maybe" is not enforced or forwarded`},
@@ -614,8 +722,10 @@ func TestNew_Validation(t *testing.T) {
 			require.Nil(t, c)
 			require.ErrorContains(t, err, "webhook config: "+tt.want)
 			require.NotContains(t, err.Error(), "s3cr3t", "a password in the URL stays out of errors")
-			if raw := strings.TrimPrefix(tt.cfg.Secret, "whsec_"); raw != "" {
-				require.NotContains(t, err.Error(), raw)
+			for _, secret := range append(strings.Fields(tt.cfg.Secret), tt.cfg.Secrets...) {
+				if raw := strings.TrimSpace(strings.TrimPrefix(secret, "whsec_")); raw != "" {
+					require.NotContains(t, err.Error(), raw)
+				}
 			}
 		})
 	}
@@ -628,6 +738,29 @@ func TestNew_Validation(t *testing.T) {
 		require.Len(t, lines, 3)
 		for _, l := range lines {
 			require.True(t, strings.HasPrefix(l, "webhook config: "), l)
+		}
+	})
+
+	// One line per bad secret, so that each can be found and fixed.
+	t.Run("EveryBadSecret", func(t *testing.T) {
+		t.Parallel()
+		for cfg, want := range map[*webhook.Config][]string{
+			{URL: "http://127.0.0.1/", Secret: "nope " + testSecret + " whsec_"}: {
+				`webhook config: Secret (secret 1 of 3): must start with "whsec_"`,
+				`webhook config: Secret (secret 3 of 3): nothing after "whsec_"`,
+			},
+			{URL: "http://127.0.0.1/", Secrets: []string{"nope", testSecret, "whsec_"}}: {
+				`webhook config: Secrets[0]: must start with "whsec_"`,
+				`webhook config: Secrets[2]: nothing after "whsec_"`,
+			},
+		} {
+			_, err := webhook.New(*cfg)
+			require.Error(t, err)
+			lines := strings.Split(err.Error(), "\n")
+			require.Len(t, lines, len(want), err.Error())
+			for i, w := range want {
+				require.True(t, strings.HasPrefix(lines[i], w), "%q does not start with %q", lines[i], w)
+			}
 		}
 	})
 
@@ -647,6 +780,10 @@ func TestConfig_LogValueRedactsSecret(t *testing.T) {
 	s := cfg.LogValue().String()
 	require.NotContains(t, s, "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
 	require.NotContains(t, s, "hunter2")
+	require.Contains(t, s, "REDACTED")
+
+	s = webhook.Config{URL: "https://example.com/hook", Secrets: []string{testSecret}}.LogValue().String()
+	require.NotContains(t, s, "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
 	require.Contains(t, s, "REDACTED")
 }
 

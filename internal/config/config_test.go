@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/webhook"
 	"github.com/outboxd/outboxd/internal/intent"
 	"github.com/outboxd/outboxd/relay"
 )
@@ -383,7 +385,8 @@ func TestLoadProblems(t *testing.T) {
 				`OUTBOX_WEBHOOK_GUARANTEE must be forwarded or enforced, got "reconciled"`,
 				`OUTBOX_WEBHOOK_ON_AMBIGUOUS must be retry or hold, got "panic"`,
 				`OUTBOX_WEBHOOK_A_URL is not a valid URL: invalid port ":x" after host`,
-				`OUTBOX_WEBHOOK_A_SECRET must be whsec_ followed by base64 (the Standard Webhooks format)`,
+				`OUTBOX_WEBHOOK_A_SECRET: secret 1 of 2 must be whsec_ followed by base64 (the Standard Webhooks format)`,
+				`OUTBOX_WEBHOOK_A_SECRET: secret 2 of 2 must be whsec_ followed by base64 (the Standard Webhooks format)`,
 				`OUTBOX_WEBHOOK_A_RATE must be requests per second, 0 for no limit, got -1`,
 				`OUTBOX_WEBHOOK_A_CONCURRENCY must not be negative (0 means OUTBOX_CONCURRENCY), got -2`,
 				`OUTBOX_WEBHOOK_B_URL must be an absolute http or https URL, got "xxxxx"`,
@@ -391,6 +394,21 @@ func TestLoadProblems(t *testing.T) {
 				`OUTBOX_WEBHOOK_B_RATE must be requests per second, 0 for no limit, got NaN`,
 				`OUTBOX_WEBHOOK_C_SECRET must be whsec_ followed by base64 (the Standard Webhooks format)`,
 				`OUTBOX_WEBHOOK_C_TIMEOUT (29.5s) must be at least 1s shorter than OUTBOX_LEASE (30s), or a slow attempt outlives its lease and another relay sends the row again`,
+			},
+		},
+		{
+			// Several secrets: one line for each bad one, naming its place, never the secret.
+			name: "WebhookSecretList",
+			env: with(minimal, map[string]string{
+				"OUTBOX_CONNECTORS":         "webhook:crm",
+				"OUTBOX_WEBHOOK_SECRET":     "whsec_c2VjcmV0LWRlZmF1bHQ= c2VjcmV0LW5ldw==\n\twhsec_",
+				"OUTBOX_WEBHOOK_CRM_URL":    "https://crm.example.com/",
+				"OUTBOX_WEBHOOK_CRM_SECRET": "whsec_Y3JtLXMzY3JldC1rZXk=\nwhsec_Y3JtLW5ldy1rZXk",
+			}),
+			want: []string{
+				`OUTBOX_WEBHOOK_SECRET: secret 2 of 3 must be whsec_ followed by base64 (the Standard Webhooks format)`,
+				`OUTBOX_WEBHOOK_SECRET: secret 3 of 3 must be whsec_ followed by base64 (the Standard Webhooks format)`,
+				`OUTBOX_WEBHOOK_CRM_SECRET: secret 2 of 2 must be whsec_ followed by base64 (the Standard Webhooks format)`,
 			},
 		},
 		{
@@ -418,6 +436,9 @@ func TestLoadProblems(t *testing.T) {
 			cfg, err := Load(environ(tt.env))
 			require.Nil(t, cfg)
 			require.Equal(t, tt.want, problemLines(t, err))
+			for _, secret := range []string{"c2VjcmV0LWRlZmF1bHQ", "c2VjcmV0LW5ldw", "Y3JtLXMzY3JldC1rZXk", "Y3JtLW5ldy1rZXk"} {
+				require.NotContains(t, err.Error(), secret)
+			}
 
 			// The message has a header and one line per problem.
 			lines := strings.Split(err.Error(), "\n")
@@ -425,6 +446,61 @@ func TestLoadProblems(t *testing.T) {
 			require.Len(t, lines, len(tt.want)+1)
 		})
 	}
+}
+
+// TestLoadWebhookSecrets reads several signing secrets from one variable, as a secret is
+// rotated: separated by spaces, tabs or newlines, each valid, in the order given, and
+// handed to the connector, which signs with each. A blank value is no secret at all.
+func TestLoadWebhookSecrets(t *testing.T) {
+	t.Parallel()
+
+	const (
+		old   = "whsec_c2VjcmV0LWRlZmF1bHQ="
+		fresh = "whsec_c2VjcmV0LW5ldy1rZXk="
+	)
+	for name, value := range map[string]string{
+		"Space":     old + " " + fresh,
+		"Lines":     old + "\n" + fresh + "\n",
+		"TabsAndCR": "\t" + old + "\r\n\t" + fresh,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := Load(environ(with(minimal, map[string]string{"OUTBOX_WEBHOOK_SECRET": value})))
+			require.NoError(t, err)
+			w := cfg.Webhooks[0]
+			require.Equal(t, []string{old, fresh}, strings.Fields(w.Secret.Reveal()))
+
+			// The connector takes the value as Load read it.
+			_, err = webhook.New(webhook.Config{URL: w.URL, Secret: w.Secret.Reveal()})
+			require.NoError(t, err)
+
+			var text, js bytes.Buffer
+			slog.New(slog.NewTextHandler(&text, nil)).Info("starting", "config", cfg)
+			slog.New(slog.NewJSONHandler(&js, nil)).Info("starting", "config", cfg)
+			for how, out := range map[string]string{
+				"slog text": text.String(),
+				"slog json": js.String(),
+				"%v":        fmt.Sprintf("%v", cfg),
+				"%+v":       fmt.Sprintf("%+v", *cfg),
+				"%#v":       fmt.Sprintf("%#v", cfg),
+				"webhook":   fmt.Sprintf("%v %+v %#v", w, w, w),
+			} {
+				for _, secret := range []string{"c2VjcmV0LWRlZmF1bHQ", "c2VjcmV0LW5ldy1rZXk"} {
+					require.NotContains(t, out, secret, how)
+				}
+			}
+			require.Contains(t, text.String(), "config.webhook.secret=xxxxx")
+		})
+	}
+
+	t.Run("Blank", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := Load(environ(with(minimal, map[string]string{"OUTBOX_WEBHOOK_SECRET": " \n\t"})))
+		require.NoError(t, err)
+		w := cfg.Webhooks[0]
+		require.Empty(t, w.Secret, "a blank value means unsigned, as an empty one does")
+		require.Contains(t, w.String(), " secret= ")
+	})
 }
 
 func TestLoadNoSecretInProblems(t *testing.T) {

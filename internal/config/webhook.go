@@ -2,6 +2,7 @@ package config
 
 import (
 	"encoding/base64"
+	"fmt"
 	"log/slog"
 	"strings"
 	"time"
@@ -18,9 +19,12 @@ type Webhook struct {
 	// URL receives the POSTs. It may carry a token (in the user info, path or query),
 	// so the Webhook's String and LogValue show only its scheme and host.
 	URL string `env:"URL" desc:"URL the webhook instance POSTs to; setting it creates the default webhook instance (required for a named instance)"`
-	// Secret signs the requests (Standard Webhooks): "whsec_" and base64. Empty means
-	// unsigned.
-	Secret Secret `env:"SECRET" desc:"Standard Webhooks signing secret, whsec_ followed by base64; empty sends unsigned requests"`
+	// Secret signs the requests (Standard Webhooks): "whsec_" and base64, or several
+	// such secrets separated by white space (spaces, tabs, newlines), each of which signs
+	// every request, in the order given, so that a secret can be rotated. It is passed
+	// to the webhook connector as read, and the connector splits it the same way. Empty,
+	// or white space only, means unsigned.
+	Secret Secret `env:"SECRET" desc:"Standard Webhooks signing secret, whsec_ followed by base64, or several separated by white space to rotate it (each request is signed with each, in order); empty sends unsigned requests"`
 	// Timeout bounds one attempt.
 	Timeout time.Duration `env:"TIMEOUT" envDefault:"10s" desc:"time limit of one attempt, at least 1s shorter than OUTBOX_LEASE"`
 	// Rate is the most requests per second; 0 means no limit.
@@ -80,6 +84,10 @@ func loadWebhook(environment map[string]string, k kind, name string, p *problems
 	w.Name = name
 	w.Guarantee = connectors.Guarantee(normalize(string(w.Guarantee)))
 	w.OnAmbiguous = normalize(w.OnAmbiguous)
+	if strings.TrimSpace(w.Secret.Reveal()) == "" {
+		// White space only means unsigned, as empty does, and then shows as unset.
+		w.Secret = ""
+	}
 	w.validate(p)
 	return w
 }
@@ -89,10 +97,7 @@ func (w *Webhook) validate(p *problems) {
 	if urlVar := pre + "URL"; checkRequired(urlVar, w.URL, w.Instance(), p) {
 		checkHTTPURL(urlVar, w.URL, p)
 	}
-	if name := pre + "SECRET"; w.Secret != "" && !validWebhookSecret(w.Secret.Reveal()) {
-		// Never quote the secret.
-		p.addf(name, "%s must be whsec_ followed by base64 (the Standard Webhooks format)", name)
-	}
+	checkWebhookSecrets(pre+"SECRET", w.Secret, p)
 	checkTimeout(pre+"TIMEOUT", w.Timeout, p)
 	checkRate(pre+"RATE", w.Rate, p)
 	checkConcurrency(pre+"CONCURRENCY", w.Concurrency, p)
@@ -100,6 +105,32 @@ func (w *Webhook) validate(p *problems) {
 		p.addf(name, "%s must be %s or %s, got %q", name, connectors.Forwarded, connectors.Enforced, w.Guarantee)
 	}
 	checkOnAmbiguous(pre+"ON_AMBIGUOUS", w.OnAmbiguous, p)
+}
+
+// checkWebhookSecrets reports each secret of s (separated by white space, as the
+// webhook connector splits them) that is not a Standard Webhooks secret, naming its
+// place when there are several, so that each bad one can be found. It never quotes a
+// secret.
+func checkWebhookSecrets(name string, s Secret, p *problems) {
+	secrets := strings.Fields(s.Reveal())
+	reported := false
+	for i, secret := range secrets {
+		if validWebhookSecret(secret) {
+			continue
+		}
+		where := name
+		if len(secrets) > 1 {
+			where = fmt.Sprintf("%s: secret %d of %d", name, i+1, len(secrets))
+		}
+		// addf reports one problem per variable; the variable is named once, for the
+		// checks that look, and the later secrets get their own lines.
+		key := name
+		if reported {
+			key = ""
+		}
+		p.addf(key, "%s must be whsec_ followed by base64 (the Standard Webhooks format)", where)
+		reported = true
+	}
 }
 
 // validWebhookSecret reports whether s is a Standard Webhooks secret, as the webhook
