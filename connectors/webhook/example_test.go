@@ -46,3 +46,36 @@ func Example() {
 	// {"status":200,"body":"{\"received\":\"order-42:notify-crm\",\"effect\":1}"} <nil>
 	// effects: 1
 }
+
+// A secret is rotated by signing with the old and the new one for a while: a receiver
+// that holds either accepts the request, so receivers can move to the new secret one at
+// a time, and the old one is dropped once none holds it any more.
+func ExampleConfig_secrets() {
+	const (
+		oldSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+		newSecret = "whsec_dGhlIG5ldyBzZWNyZXQsIHJlcGxhY2luZyBpdA=="
+	)
+	for _, receiverSecret := range []string{oldSecret, newSecret} {
+		r, err := receiver.Start(receiver.Options{Secret: receiverSecret})
+		if err != nil {
+			panic(err)
+		}
+		c, err := webhook.New(webhook.Config{
+			URL:     r.URL(),
+			Secrets: []string{oldSecret, newSecret}, // or Secret: oldSecret + " " + newSecret
+		})
+		if err != nil {
+			panic(err)
+		}
+		_, err = c.Deliver(context.Background(), connectors.Delivery{
+			Key:     "order-42:notify-crm",
+			Attempt: 1,
+			Payload: json.RawMessage(`{"order":42,"state":"paid"}`),
+		})
+		fmt.Println(err, r.Effects("order-42:notify-crm"))
+		r.Close()
+	}
+	// Output:
+	// <nil> 1
+	// <nil> 1
+}
