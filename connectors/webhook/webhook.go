@@ -63,15 +63,29 @@ type Config struct {
 	NowFunc func() time.Time
 }
 
+// String describes c without its secrets, or the URL's path and query, which may hold a
+// token (as LogValue shows it), as the other connectors' configurations do.
+func (c Config) String() string {
+	return fmt.Sprintf("webhook.Config{URL: %s, Secret: %s, Timeout: %s, Guarantee: %s}",
+		connectors.RedactEndpoint(c.URL), c.redactedSecret(), c.Timeout, c.Guarantee)
+}
+
+// GoString keeps the secrets out of %#v too.
+func (c Config) GoString() string { return c.String() }
+
+// redactedSecret is REDACTED when c signs, else empty.
+func (c Config) redactedSecret() string {
+	if strings.TrimSpace(c.Secret) != "" || len(c.Secrets) > 0 {
+		return "REDACTED"
+	}
+	return ""
+}
+
 // LogValue keeps the secret out of logs.
 func (c Config) LogValue() slog.Value {
-	secret := ""
-	if strings.TrimSpace(c.Secret) != "" || len(c.Secrets) > 0 {
-		secret = "REDACTED"
-	}
 	return slog.GroupValue(
 		slog.String("url", connectors.RedactEndpoint(c.URL)),
-		slog.String("secret", secret),
+		slog.String("secret", c.redactedSecret()),
 		slog.Duration("timeout", c.Timeout),
 		slog.String("guarantee", string(c.Guarantee)),
 	)

@@ -787,6 +787,25 @@ func TestConfig_LogValueRedactsSecret(t *testing.T) {
 	require.Contains(t, s, "REDACTED")
 }
 
+// A Config printed with fmt (an application's own log line, a %+v in an error) showed
+// its secrets, and the URL's password and path, which may hold a token; the other
+// connectors' configurations redact them in every form.
+func TestConfig_PrintedFormsRedactSecrets(t *testing.T) {
+	t.Parallel()
+	for _, cfg := range []webhook.Config{
+		{URL: "https://user:hunter2@example.com/hooks/T0K3N?sig=s3cret", Secret: testSecret},
+		{URL: "https://example.com/hooks/T0K3N", Secrets: []string{testSecret}},
+	} {
+		for _, s := range []string{fmt.Sprint(cfg), fmt.Sprintf("%v", cfg), fmt.Sprintf("%+v", cfg), fmt.Sprintf("%#v", cfg)} {
+			for _, secret := range []string{"MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "hunter2", "T0K3N", "s3cret"} {
+				require.NotContains(t, s, secret)
+			}
+			require.Contains(t, s, "REDACTED")
+			require.Contains(t, s, "example.com")
+		}
+	}
+}
+
 func TestDefaultTransport(t *testing.T) {
 	t.Parallel()
 	tr := webhook.DefaultTransport()
