@@ -143,7 +143,8 @@ var (
 
 // ParseTokens reads OUTBOX_API_TOKENS: a JSON array of tokens. Empty text means no
 // tokens. Each token needs a unique name, a hex SHA-256 (normalised to lowercase) and at
-// least one well-formed connector; the error joins one error per problem.
+// least one well-formed connector, and gives each field once; the error joins one error
+// per problem.
 func ParseTokens(jsonText string) ([]Token, error) {
 	if strings.TrimSpace(jsonText) == "" {
 		return nil, nil
@@ -157,6 +158,11 @@ func ParseTokens(jsonText string) ([]Token, error) {
 	if dec.More() {
 		return nil, errors.New("tokens: unexpected data after the JSON array")
 	}
+	// The same array again, each entry as written, for what decoding hides (repeatedField).
+	var entries []json.RawMessage
+	if err := json.Unmarshal([]byte(jsonText), &entries); err != nil || len(entries) != len(tokens) {
+		return nil, errors.New("tokens: the JSON array could not be read a second time") // it decoded above
+	}
 	var errs []error
 	seen := make(map[string]bool, len(tokens))
 	hashes := make(map[string]string, len(tokens)) // sha256 -> the first token's label
@@ -165,6 +171,12 @@ func ParseTokens(jsonText string) ([]Token, error) {
 		label := fmt.Sprintf("token %d", i)
 		if t.Name != "" {
 			label = fmt.Sprintf("token %q", t.Name)
+		}
+		if field, first, again := repeatedField(entries[i]); field != "" {
+			// encoding/json keeps the last: "admin": false where a reviewer looks could
+			// be followed by "Admin": true.
+			errs = append(errs, fmt.Errorf("%s: field %q is given more than once (as %q and %q) and only the last would count; give it once",
+				label, field, first, again))
 		}
 		switch {
 		case strings.TrimSpace(t.Name) == "":
@@ -200,4 +212,38 @@ func ParseTokens(jsonText string) ([]Token, error) {
 		return nil, errors.Join(errs...)
 	}
 	return tokens, nil
+}
+
+// tokenFields are the JSON names of a [Token]'s fields.
+var tokenFields = []string{"name", "sha256", "connectors", "admin"}
+
+// repeatedField returns the first field of a [Token] that the JSON object entry gives
+// twice, and the two names it is given as, matched as encoding/json matches them (without
+// regard to case, with Unicode folding, as strings.EqualFold does); field is "" when each
+// is given once.
+func repeatedField(entry json.RawMessage) (field, first, again string) {
+	dec := json.NewDecoder(bytes.NewReader(entry))
+	if _, err := dec.Token(); err != nil { // the '{': ParseTokens decoded entry already
+		return "", "", ""
+	}
+	given := make(map[string]string, len(tokenFields)) // field -> the name it was given as
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return "", "", ""
+		}
+		name, _ := t.(string)
+		if err := dec.Decode(new(json.RawMessage)); err != nil {
+			return "", "", ""
+		}
+		i := slices.IndexFunc(tokenFields, func(f string) bool { return strings.EqualFold(f, name) })
+		if i < 0 {
+			continue // unknown: the decoder refused it
+		}
+		if prev, ok := given[tokenFields[i]]; ok {
+			return tokenFields[i], prev, name
+		}
+		given[tokenFields[i]] = name
+	}
+	return "", "", ""
 }

@@ -94,3 +94,28 @@ func TestParseTokensRefusesUnknownKinds(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, toks, 1)
 }
+
+// encoding/json lets the last of a field's names win, matched without regard to case
+// (with Unicode folding: "ſ" is an "s"), so an entry could read "admin": false, or a
+// narrow "connectors", where a reviewer looks, and grant admin, or every connector, further
+// on. A field given twice is refused; one written in another case still reads as before.
+func TestParseTokensRefusesAFieldGivenTwice(t *testing.T) {
+	t.Parallel()
+	h := strings.Repeat("ab", 32)
+	for _, fields := range []string{
+		`"connectors":["webhook"],"admin":false,"admin":true`,
+		`"connectors":["webhook"],"admin":false,"Admin":true`,
+		`"connectors":["webhook"],"connectorſ":["*"]`,
+		`"connectors":["webhook"],"CONNECTORS":["*"],"admin":false`,
+	} {
+		_, err := intent.ParseTokens(`[{"name":"agent","sha256":"` + h + `",` + fields + `}]`)
+		require.ErrorContains(t, err, `token "agent": field`, fields)
+		require.ErrorContains(t, err, "is given more than once", fields)
+	}
+	_, err := intent.ParseTokens(`[{"name":"agent","sha256":"` + h + `","name":"ops","connectors":["webhook"]}]`)
+	require.ErrorContains(t, err, "is given more than once")
+
+	toks, err := intent.ParseTokens(`[{"Name":"agent","SHA256":"` + h + `","Connectors":["webhook"],"Admin":false}]`)
+	require.NoError(t, err)
+	require.Equal(t, []intent.Token{{Name: "agent", SHA256: h, Connectors: []string{"webhook"}}}, toks)
+}
