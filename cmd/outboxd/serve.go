@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -117,12 +119,13 @@ func serve(ctx context.Context, e *env) (err error) {
 		return err
 	}
 
+	httpLogger := logger.With("component", "http")
 	srv := httpserver.New(&httpserver.Config{
 		Addr:            cfg.HTTPAddr,
-		ReadyFunc:       r.Ready,
+		ReadyFunc:       readiness(r.Ready, httpLogger),
 		Gatherer:        registry,
 		ShutdownTimeout: cfg.Engine.ShutdownTimeout,
-		Logger:          logger.With("component", "http"),
+		Logger:          httpLogger,
 	})
 	if len(cfg.API.Tokens) > 0 {
 		// The API's writes reset the pool when they meet a server that takes no writes
@@ -194,6 +197,28 @@ func serve(ctx context.Context, e *env) (err error) {
 	}
 	logger.InfoContext(ctx, "outboxd stopped")
 	return nil
+}
+
+// readiness is ready for /readyz, whose answer anyone who reaches OUTBOX_HTTP_ADDR reads,
+// token or not. When ready's error wraps the database's, such as "database unreachable:
+// failed to connect to `user=app database=app`: 10.0.0.5:5432 (db.internal): ...", that
+// error is logged at debug level and left out of the answer: pgx names the user, the
+// database and each host and address tried, which the intent API keeps in the log too.
+// The relay's own words stay.
+func readiness(ready func(context.Context) error, logger *slog.Logger) func(context.Context) error {
+	return func(ctx context.Context) error {
+		err := ready(ctx)
+		cause := errors.Unwrap(err)
+		if cause == nil {
+			return err
+		}
+		logger.DebugContext(ctx, "not ready: the database's error, left out of /readyz's answer", "err", err)
+		reason, ok := strings.CutSuffix(err.Error(), ": "+cause.Error())
+		if !ok {
+			reason = "the relay is not ready"
+		}
+		return fmt.Errorf("%s (the database's error is logged at debug level)", reason)
+	}
 }
 
 // buildInstances makes the relay's connector instances from the configuration. The
