@@ -1,6 +1,7 @@
 package mcpserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -266,12 +267,25 @@ func addTool[In, Out any](s *mcp.Server, t *mcp.Tool, h mcp.ToolHandlerFor[In, O
 }
 
 // decodeArguments checks a tool call's arguments against the tool's input schema, with
-// its defaults applied, and decodes them into v, as mcp.AddTool does.
+// its defaults applied, and decodes them into v, as mcp.AddTool does. A payload that is a
+// JSON object is checked and decoded as {}: propose reads it from the raw arguments
+// (rawPayload) and leaves its numbers to the outbox, as the intent API does, where
+// map[string]any needed each to fit a float64 and refused 1e400, which jsonb takes.
 func decodeArguments(raw json.RawMessage, schema *jsonschema.Resolved, v any) error {
 	args := map[string]any{}
 	if len(raw) > 0 {
-		if err := json.Unmarshal(raw, &args); err != nil {
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &fields); err != nil {
 			return err
+		}
+		for name, value := range fields {
+			var arg any
+			if name == "payload" && bytes.HasPrefix(bytes.TrimSpace(value), []byte("{")) {
+				arg = map[string]any{}
+			} else if err := json.Unmarshal(value, &arg); err != nil {
+				return err
+			}
+			args[name] = arg
 		}
 	}
 	if err := schema.ApplyDefaults(&args); err != nil {
