@@ -31,6 +31,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/singleflight"
 )
 
 // Limits of every connection.
@@ -47,7 +48,8 @@ type Config struct {
 	// Addr is the host:port to listen on. Defaults to 127.0.0.1:8080.
 	Addr string
 	// ReadyFunc says whether the process can do its work: nil when it can, else an
-	// error saying why not. Defaults to always ready.
+	// error saying why not. /readyz requests that come while a call runs share its
+	// answer. Defaults to always ready.
 	ReadyFunc func(ctx context.Context) error
 	// ReadyTimeout bounds one call of ReadyFunc. Defaults to 5s.
 	ReadyTimeout time.Duration
@@ -83,6 +85,8 @@ type Server struct {
 	server *http.Server
 	// stopping is done once shutdown begins; event streams end with it.
 	stopping context.Context
+	// ready runs the readiness checks (see checkReady).
+	ready singleflight.Group
 }
 
 // New returns a server with /healthz, /readyz and /metrics mounted. It does not listen
@@ -242,14 +246,8 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeoutCause(r.Context(), s.cfg.ReadyTimeout,
-		fmt.Errorf("readiness check took longer than %s", s.cfg.ReadyTimeout))
-	defer cancel()
-	err := s.cfg.ReadyFunc(ctx)
-	if err != nil && ctx.Err() != nil {
-		// Name the timeout rather than a bare "context deadline exceeded".
-		err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
-	}
+	ctx := r.Context()
+	err := s.checkReady(ctx)
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	if err != nil {
@@ -261,4 +259,25 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_, _ = fmt.Fprintln(w, "ready")
+}
+
+// checkReady calls ReadyFunc, once for all the /readyz requests that come while a call
+// runs, which share its answer. The endpoint needs no token, and a call may hold one of
+// the database pool's connections (or dial a new one) until ReadyTimeout: requests in
+// parallel, each with a call of its own, took the connections the relay and the intent
+// API work on. The call is not bound to the request that made it, so that its client
+// going away does not end the others' answer.
+func (s *Server) checkReady(ctx context.Context) error {
+	_, err, _ := s.ready.Do("", func() (any, error) {
+		ctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), s.cfg.ReadyTimeout,
+			fmt.Errorf("readiness check took longer than %s", s.cfg.ReadyTimeout))
+		defer cancel()
+		err := s.cfg.ReadyFunc(ctx)
+		if err != nil && ctx.Err() != nil {
+			// Name the timeout rather than a bare "context deadline exceeded".
+			err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
+		}
+		return nil, err
+	})
+	return err
 }

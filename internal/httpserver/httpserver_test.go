@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -292,4 +294,47 @@ func TestRunListenError(t *testing.T) {
 	err = s.Run(t.Context())
 	require.ErrorContains(t, err, "listen: ")
 	require.True(t, strings.Contains(err.Error(), "address already in use"), err.Error())
+}
+
+// /readyz needs no token, and each check may hold one of the database pool's connections,
+// or dial a new one, until ReadyTimeout: requests in parallel, while the database is
+// slow, each ran a check of their own and took the connections the relay writes outcomes
+// on. Requests that come while a check runs share its answer, so checks never overlap.
+func TestReadyChecksDoNotOverlap(t *testing.T) {
+	t.Parallel()
+	var (
+		running, overlaps atomic.Int32
+		overlapped        = make(chan struct{})
+		once              sync.Once
+	)
+	s := New(&Config{
+		ReadyFunc: func(ctx context.Context) error {
+			if running.Add(1) > 1 {
+				overlaps.Add(1)
+				once.Do(func() { close(overlapped) })
+			}
+			defer running.Add(-1)
+			select {
+			case <-ctx.Done(): // a database that does not answer
+			case <-overlapped:
+			}
+			return errors.New("database slow")
+		},
+		ReadyTimeout: time.Second,
+		Logger:       slog.New(slog.DiscardHandler),
+	})
+	var wg sync.WaitGroup
+	codes := make([]int, 8)
+	for i := range codes {
+		wg.Go(func() {
+			rec := httptest.NewRecorder()
+			s.Handler().ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), http.MethodGet, "/readyz", nil))
+			codes[i] = rec.Code
+		})
+	}
+	wg.Wait()
+	require.Zero(t, overlaps.Load(), "readiness checks ran at the same time")
+	for _, code := range codes {
+		require.Equal(t, http.StatusServiceUnavailable, code)
+	}
 }
