@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -195,15 +196,15 @@ func New(svc *intent.Service, tokenFor TokenFunc, cfg *Config) *mcp.Server {
 	t := &tools{svc: svc, tokenFor: tokenFor, log: c.Logger.With("component", "mcp"), timeout: c.CallTimeout}
 	s := mcp.NewServer(&mcp.Implementation{Name: "outboxd", Title: "outboxd intents", Version: c.Version},
 		&mcp.ServerOptions{Instructions: instructions})
-	addTool(s, &mcp.Tool{
+	addTool(s, t.log, &mcp.Tool{
 		Name: ToolPropose, Title: "Propose an intent", Description: proposeDescription,
 		Annotations: &mcp.ToolAnnotations{IdempotentHint: true, DestructiveHint: ptr(false), OpenWorldHint: ptr(true)},
 	}, withTimeout(t, t.propose))
-	addTool(s, &mcp.Tool{
+	addTool(s, t.log, &mcp.Tool{
 		Name: ToolGet, Title: "Read an intent", Description: getDescription,
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, withTimeout(t, t.get))
-	addTool(s, &mcp.Tool{
+	addTool(s, t.log, &mcp.Tool{
 		Name: ToolList, Title: "List intents", Description: listDescription,
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, withTimeout(t, t.list))
@@ -219,7 +220,11 @@ func ptr[T any](v T) *T { return &v }
 // (an amount of 12345678901234567891 read 12345678901234567000), and a number past a
 // float64's range (1e400, which jsonb takes) or nesting past 1,000 levels failed the
 // call, and with it every page of list_intents holding that row.
-func addTool[In, Out any](s *mcp.Server, t *mcp.Tool, h mcp.ToolHandlerFor[In, Out]) {
+//
+// A panic in h fails the call with an error and is logged to log: the SDK runs handlers
+// on goroutines of its own without recovering, so a panic ended the whole process, and
+// with it the relay and the intent API that `outboxd serve` runs beside MCP.
+func addTool[In, Out any](s *mcp.Server, log *slog.Logger, t *mcp.Tool, h mcp.ToolHandlerFor[In, Out]) {
 	in, err := jsonschema.For[In](nil)
 	if err != nil {
 		panic(fmt.Sprintf("addTool %s: input schema: %v", t.Name, err))
@@ -234,7 +239,14 @@ func addTool[In, Out any](s *mcp.Server, t *mcp.Tool, h mcp.ToolHandlerFor[In, O
 	}
 	tt := *t
 	tt.InputSchema, tt.OutputSchema = in, out
-	s.AddTool(&tt, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	s.AddTool(&tt, func(ctx context.Context, req *mcp.CallToolRequest) (res *mcp.CallToolResult, err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				log.ErrorContext(ctx, "MCP tool call panicked", "tool", t.Name, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+				res, err = &mcp.CallToolResult{}, nil
+				res.SetError(fmt.Errorf("%s failed inside outboxd (a bug, logged there); whether it wrote anything is unknown: get_intent with the same key tells", t.Name))
+			}
+		}()
 		var args In
 		if err := decodeArguments(req.Params.Arguments, inResolved, &args); err != nil {
 			res := &mcp.CallToolResult{}
