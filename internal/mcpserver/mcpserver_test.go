@@ -79,16 +79,7 @@ func (b *testBundle) connect(t *testing.T, tokenName string) *mcp.ClientSession 
 func connectAs(t *testing.T, svc *intent.Service, tok *intent.Token, cfg *mcpserver.Config) *mcp.ClientSession {
 	t.Helper()
 	server := mcpserver.New(svc, func(context.Context, *mcp.CallToolRequest) (*intent.Token, error) { return tok, nil }, cfg)
-	st, ct := mcp.NewInMemoryTransports()
-	ss, err := server.Connect(t.Context(), st, nil)
-	require.NoError(t, err)
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(t.Context(), ct, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = cs.Close()
-		_ = ss.Wait()
-	})
-	return cs
+	return mcpserver.ConnectInMemory(t, server)
 }
 
 func (b *testBundle) count(t *testing.T, where string, args ...any) int {

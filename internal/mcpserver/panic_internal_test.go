@@ -32,15 +32,7 @@ func TestToolPanicFailsTheCallNotTheProcess(t *testing.T) {
 		}
 		return nil, out{OK: true}, nil
 	})
-	st, ct := mcp.NewInMemoryTransports()
-	ss, err := s.Connect(t.Context(), st, nil)
-	require.NoError(t, err)
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(t.Context(), ct, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = cs.Close()
-		_ = ss.Wait()
-	})
+	cs := connectInMemory(t, s)
 
 	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "maybe_panic", Arguments: map[string]any{"boom": true}})
 	require.NoError(t, err)
@@ -54,4 +46,20 @@ func TestToolPanicFailsTheCallNotTheProcess(t *testing.T) {
 	res, err = cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "maybe_panic", Arguments: map[string]any{"boom": false}})
 	require.NoError(t, err, "the session still answers")
 	require.False(t, res.IsError)
+}
+
+// connectInMemory opens a client session to server over in-memory transports, closed
+// when t ends.
+func connectInMemory(t *testing.T, server *mcp.Server) *mcp.ClientSession {
+	t.Helper()
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := server.Connect(t.Context(), st, nil)
+	require.NoError(t, err)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(t.Context(), ct, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = cs.Close()
+		_ = ss.Wait()
+	})
+	return cs
 }

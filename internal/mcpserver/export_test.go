@@ -1,0 +1,4 @@
+package mcpserver
+
+// ConnectInMemory is connectInMemory, for the package's external tests.
+var ConnectInMemory = connectInMemory
