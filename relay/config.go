@@ -91,7 +91,8 @@ type Instance struct {
 	Concurrency int
 	// Rate is the most requests per second this relay sends to the instance (relays
 	// sharing it do not coordinate); 0 means no limit. Requests
-	// are paced: no more than a tenth of a second's worth (at least one) go at once.
+	// are paced: no more than a tenth of a second's worth (at least one) go at once, and
+	// never more than the rate (rounded up) within one second.
 	Rate float64
 	// OnAmbiguous is what a forwarded connector does after an attempt whose effect is
 	// unknown: "retry" (the default) or "hold" the row for an operator.

@@ -153,6 +153,7 @@ type instance struct {
 	startBy    time.Duration // a row claimed ahead that waited longer is handed back
 	took       atomic.Int64  // recent attempts' average duration, in nanoseconds
 	limiter    *rate.Limiter // nil: no rate limit
+	window     *sendWindow   // nil: the limiter alone keeps the rate within every second (see sendWindow)
 	ownSlot    chan struct{} // the delivery slot kept for the instance (see reserveSlots); nil: none
 	unsent     atomic.Int64  // rows of a rate-limited instance claimed, not yet sent nor handed back
 	claimed    atomic.Int64  // rows claimed and not finished
@@ -394,7 +395,14 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 			// receiver that enforces its limit answers with 429.
 			// Bounded before the conversion: a tenth of a rate beyond an int would come out
 			// of it as a burst of one row.
-			inst.limiter = rate.NewLimiter(rate.Limit(in.Rate), max(1, int(min(in.Rate/10, math.MaxInt32))))
+			burst := max(1, int(min(in.Rate/10, math.MaxInt32)))
+			inst.limiter = rate.NewLimiter(rate.Limit(in.Rate), burst)
+			if burst > 1 {
+				// The burst and then the rate would put burst-1 requests more than the
+				// rate in the second that begins with the burst (see sendWindow). With a
+				// burst of one, requests are 1/rate apart, never more in a second.
+				inst.window = &sendWindow{most: int(min(in.Rate, math.MaxInt32))}
+			}
 		}
 		r.instances[name] = inst
 		r.names = append(r.names, name)
@@ -1101,8 +1109,9 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 			// On the uncorrected reading, as deliver takes the tokens: the correction to
 			// the database's clock moves (see readClock), and the limiter would count a
 			// step of it as time gone by.
+			local := r.cfg.NowFunc()
 			unsent := float64(inst.unsent.Load())
-			free := inst.limiter.TokensAt(r.cfg.NowFunc()) - unsent
+			free := inst.limiter.TokensAt(local) - unsent
 			tokens := int(free)
 			if free < 1 {
 				// At most maxRateWait: the next token of a tiny rate can be further off
@@ -1117,6 +1126,18 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 				continue
 			}
 			limit = min(limit, tokens)
+			if inst.window != nil {
+				// Read after the tokens, as deliver notes a request in the window before
+				// it lowers unsent: at worst a request is counted twice here too.
+				n, wait := inst.window.free(local, int(unsent))
+				if n < 1 {
+					if wait > 0 && (retryIn == 0 || wait < retryIn) {
+						retryIn = max(wait, time.Millisecond)
+					}
+					continue
+				}
+				limit = min(limit, n)
+			}
 		}
 		if limit > 0 {
 			plans = append(plans, claimPlan{inst: inst, limit: limit})
@@ -1197,6 +1218,50 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 		}
 	}
 	return claimed, wrote, more, retryIn, nil
+}
+
+// sendWindow keeps the requests of a rate-limited instance within any one second to its
+// rate, which its limiter alone does not once its burst is more than one: the burst
+// goes at once and the tokens then come at the rate, so the second that begins with the
+// burst (at start, or after a quiet spell) saw the rate and burst-1 more, 109 requests
+// at 100/s, and a receiver that counts its limit over a second answered the last with
+// 429. It holds the times of the requests of the last second, never more than most of
+// them, on the uncorrected clock the limiter reads.
+type sendWindow struct {
+	most  int // the most requests within one second: the rate, rounded down
+	mu    sync.Mutex
+	times []time.Time // oldest first
+}
+
+// free returns how many more requests may go at now besides the unsent ones already
+// claimed, and, when none may, how long until one may.
+func (w *sendWindow) free(now time.Time, unsent int) (n int, wait time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.forget(now)
+	n = w.most - len(w.times) - unsent
+	if n > 0 || unsent >= w.most {
+		return n, 0 // when the unsent rows go, their workers wake the claim loop
+	}
+	// One more may go once all but the last most-unsent-1 have left the second.
+	return n, w.times[len(w.times)-w.most+unsent].Add(time.Second).Sub(now)
+}
+
+// sent notes a request that goes at t.
+func (w *sendWindow) sent(t time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.forget(t)
+	w.times = append(w.times, t)
+}
+
+// forget drops the requests that went a second or more before now.
+func (w *sendWindow) forget(now time.Time) {
+	i := 0
+	for i < len(w.times) && now.Sub(w.times[i]) >= time.Second {
+		i++
+	}
+	w.times = w.times[i:]
 }
 
 // tightClaimEvery is the least time between two claims of an instance that holds no
@@ -1788,6 +1853,9 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 		// that came meanwhile, faster than the rate, which the receiver answers with 429.
 		// On the uncorrected reading (see claimRound).
 		inst.limiter.AllowN(local, 1)
+		if inst.window != nil {
+			inst.window.sent(local)
+		}
 		inst.unsent.Add(-1)
 	}
 	if inst.forgotten(row, started) {
