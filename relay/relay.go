@@ -158,6 +158,10 @@ type instance struct {
 	unsent     atomic.Int64  // rows of a rate-limited instance claimed, not yet sent nor handed back
 	claimed    atomic.Int64  // rows claimed and not finished
 	jobs       chan claimed  // claimed rows waiting for one of the instance's workers
+	// The latest time a request took its token at, so that none takes one at an
+	// earlier time (see takeToken).
+	tokenMu sync.Mutex
+	tokenAt time.Time
 	// Where the instance's claims start in outbox_pending_due (zero: at its head), and
 	// when a claim last started at the head; only the claim loop uses them.
 	scanFrom   time.Time
@@ -1852,10 +1856,7 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 		// them all) would otherwise go out together with the rows claimed on the tokens
 		// that came meanwhile, faster than the rate, which the receiver answers with 429.
 		// On the uncorrected reading (see claimRound).
-		inst.limiter.AllowN(local, 1)
-		if inst.window != nil {
-			inst.window.sent(local)
-		}
+		inst.takeToken(local)
 		inst.unsent.Add(-1)
 	}
 	if inst.forgotten(row, started) {
@@ -1894,6 +1895,25 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 	inst.observeTook(took)
 	r.noteUnwritten(row)
 	r.results <- o
+}
+
+// takeToken takes the token of a request of a rate-limited instance that goes at local
+// (an uncorrected reading), and notes it in the instance's window. A worker can be
+// preempted between its reading and this call, and another's later reading take its
+// token first: the limiter takes the time it is given as its last request's, and the
+// time between the two readings then counted as gone by twice, a token (or more) too
+// many for the next claim. So a request takes its token no earlier than the last.
+func (inst *instance) takeToken(local time.Time) {
+	inst.tokenMu.Lock()
+	defer inst.tokenMu.Unlock()
+	if local.Before(inst.tokenAt) {
+		local = inst.tokenAt
+	}
+	inst.tokenAt = local
+	inst.limiter.AllowN(local, 1)
+	if inst.window != nil {
+		inst.window.sent(local)
+	}
 }
 
 // noteUnwritten notes that row's attempt has ended, its outcome not yet written, until
