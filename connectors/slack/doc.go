@@ -11,7 +11,7 @@
 // (a JSON array of Block Kit blocks, which must decode with [github.com/slack-go/slack.Blocks]) is required; with
 // blocks, "text" is the notification fallback. Blocks are sent as the payload writes them,
 // with any field slack-go does not model. "thread_ts" makes the message a reply in
-// that thread. Any other field is refused, so a misspelt one does not vanish silently.
+// that thread (naming a reply, it names the reply's thread, as Slack takes it). Any other field is refused, so a misspelt one does not vanish silently.
 // [ValidatePayload] runs the same checks.
 //
 // Each message carries the row's key in its message metadata:
@@ -27,7 +27,8 @@
 // Slack does not dedupe posts, so the connector reconciles ([connectors.Reconciled]).
 // On any attempt after the first, and on any attempt after an ambiguous one, it first
 // reads the conversation with include_all_metadata: conversations.history, or for a
-// thread reply conversations.replies (replies are not in a channel's history),
+// thread reply conversations.replies of the thread's parent (replies are not in a
+// channel's history, and Slack answers for a reply's ts with that reply alone),
 // [Config.HistoryLimit] messages a page, up to 10 pages, only the messages since 10
 // minutes before the row's first attempt (connectors.Delivery.FirstAttemptAt; all of
 // them when it is unknown). If a message whose metadata carries the key is there, Deliver

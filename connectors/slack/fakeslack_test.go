@@ -334,6 +334,13 @@ func (f *fakeSlack) postMessage(w http.ResponseWriter, r *http.Request) {
 	}
 
 	f.mu.Lock()
+	// A thread_ts naming a reply posts in its parent's thread, as Slack does: a thread
+	// has one level, and the reply's thread_ts names its parent.
+	for _, m := range f.channels[channel] {
+		if m.TS == msg.ThreadTS && m.ThreadTS != "" {
+			msg.ThreadTS = m.ThreadTS
+		}
+	}
 	f.store(channel, msg)
 	f.mu.Unlock()
 
@@ -444,7 +451,9 @@ func (f *fakeSlack) history(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, resp)
 }
 
-// replies answers a thread oldest first, paged by a cursor that is an offset.
+// replies answers a thread oldest first, paged by a cursor that is an offset. Given the
+// ts of a reply, it answers that reply alone, as Slack does (slackapi/bolt-python#783),
+// though its documentation says a reply's ts names the thread too.
 func (f *fakeSlack) replies(w http.ResponseWriter, r *http.Request) {
 	p, channel, ok := f.lookup(w, r)
 	if !ok {

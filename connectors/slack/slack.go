@@ -412,16 +412,32 @@ func (c *Connector) find(ctx context.Context, m message, key string, since time.
 			return resp.Messages, resp.HasMore, resp.ResponseMetaData.NextCursor, nil
 		}
 	} else {
-		where = "conversations.replies " + m.Channel + " " + m.ThreadTS
-		page = func(cursor string) ([]slackgo.Message, bool, string, error) {
+		thread := m.ThreadTS
+		where = "conversations.replies " + m.Channel + " " + thread
+		replies := func(cursor string) ([]slackgo.Message, bool, string, error) {
 			return c.api.GetConversationRepliesContext(ctx, &slackgo.GetConversationRepliesParameters{
 				ChannelID:          m.Channel,
-				Timestamp:          m.ThreadTS,
+				Timestamp:          thread,
 				Cursor:             cursor,
 				Limit:              c.historyLimit,
 				Oldest:             oldest,
 				IncludeAllMetadata: true,
 			})
+		}
+		page = func(cursor string) ([]slackgo.Message, bool, string, error) {
+			msgs, more, next, err := replies(cursor)
+			if err != nil || cursor != "" || thread != m.ThreadTS || len(msgs) == 0 || msgs[0].Timestamp != thread {
+				return msgs, more, next, err
+			}
+			if root := msgs[0].ThreadTimestamp; root != "" && root != thread {
+				// thread_ts names a reply, not its thread's parent: Slack posted in the
+				// parent's thread, but answers for the reply's ts with that reply alone,
+				// and read as the whole thread it would hide the message and post it again.
+				thread = root
+				where = fmt.Sprintf("conversations.replies %s %s (the thread of %s)", m.Channel, thread, m.ThreadTS)
+				return replies("")
+			}
+			return msgs, more, next, err
 		}
 	}
 	cursor, read := "", 0
