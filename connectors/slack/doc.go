@@ -60,7 +60,9 @@
 //     ([connectors.RetryAfter]); 429 without it, 408, 409, 425 and 5xx are retried with
 //     backoff. A 502 or 504 answering a post is a gateway's answer for Slack, which may
 //     have posted behind it, so it is also marked [connectors.Ambiguous].
-//   - Slack's service_unavailable, request_timeout and ratelimited answers are retried;
+//   - Slack's service_unavailable, request_timeout and ratelimited answers are retried,
+//     and so are team_added_to_org and org_login_required (a workspace migrating into an
+//     Enterprise organization, unavailable until the migration completes);
 //     internal_error and fatal_error, which Slack says may follow a partial effect, are
 //     retried and marked [connectors.Ambiguous] when they answer a post.
 //   - Every other Slack error code is permanent ([connectors.Permanent]): it names a

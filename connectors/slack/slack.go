@@ -486,6 +486,10 @@ var (
 		"request_timeout":     true,
 		"ratelimited":         true,
 		"rate_limited":        true,
+		// The workspace is migrating into an Enterprise organization, during which Slack
+		// says its API is unavailable (now and then, or until the migration completes).
+		"team_added_to_org":  true,
+		"org_login_required": true,
 	}
 	// ambiguousCodes: Slack says some of the operation may have happened.
 	ambiguousCodes = map[string]bool{

@@ -323,6 +323,10 @@ func TestDeliver_SlackErrors(t *testing.T) {
 		{"some_new_error", true, false},
 		{"service_unavailable", false, false},
 		{"ratelimited", false, false},
+		// A workspace moving into an Enterprise organization: Slack says the API is
+		// unavailable until the migration completes, not that the request is wrong.
+		{"team_added_to_org", false, false},
+		{"org_login_required", false, false},
 		{"internal_error", false, true},
 		{"fatal_error", false, true},
 	}
