@@ -52,7 +52,10 @@
 // The token needs the history scope of the conversation's kind
 // (channels:history, groups:history, im:history, mpim:history) besides chat:write;
 // without it the lookup fails with
-// missing_scope, which is permanent.
+// missing_scope, which is permanent. And the bot must be a member of the conversation:
+// chat:write.public lets it post to a public channel it is not in, but a bot token reads
+// the history only of conversations it is in, and the lookup fails with not_in_channel,
+// which is permanent too. Either way the row goes to dead without posting again.
 //
 // # Outcomes
 //

@@ -26,7 +26,9 @@ import (
 type Config struct {
 	// Token is the bot token ("xoxb-…") the messages are posted with. It needs the
 	// chat:write scope, and channels:history, groups:history, im:history or mpim:history
-	// for the kinds of conversation it posts to, so that it can reconcile. Required.
+	// for the kinds of conversation it posts to, so that it can reconcile; and its bot
+	// must be a member of each (chat:write.public posts without, but does not read
+	// history). Required.
 	Token string
 	// APIBase is the Web API root, with or without a trailing slash. Defaults to
 	// "https://slack.com/api/".
