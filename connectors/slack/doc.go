@@ -28,7 +28,8 @@
 // On any attempt after the first, and on any attempt after an ambiguous one, it first
 // reads the conversation with include_all_metadata: conversations.history, or for a
 // thread reply conversations.replies of the thread's parent (replies are not in a
-// channel's history, and Slack answers for a reply's ts with that reply alone),
+// channel's history, and Slack answers for a reply's ts with that reply alone; when the
+// thread is gone, Slack posts a reply to it in the channel, so the history is read),
 // [Config.HistoryLimit] messages a page, up to 10 pages, only the messages since 10
 // minutes before the row's first attempt (connectors.Delivery.FirstAttemptAt; all of
 // them when it is unknown). If a message whose metadata carries the key is there, Deliver

@@ -162,6 +162,13 @@ func (f *fakeSlack) LastForm() map[string][]string {
 	return f.forms[len(f.forms)-1]
 }
 
+// Delete removes channel's message ts, as a person deleting it does; its replies stay.
+func (f *fakeSlack) Delete(channel, ts string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.channels[channel] = slices.DeleteFunc(f.channels[channel], func(m *fakeMessage) bool { return m.TS == ts })
+}
+
 // Seed stores a message that carries no key, as other posters' messages do.
 func (f *fakeSlack) Seed(channel, text string) {
 	f.mu.Lock()
@@ -335,10 +342,19 @@ func (f *fakeSlack) postMessage(w http.ResponseWriter, r *http.Request) {
 
 	f.mu.Lock()
 	// A thread_ts naming a reply posts in its parent's thread, as Slack does: a thread
-	// has one level, and the reply's thread_ts names its parent.
-	for _, m := range f.channels[channel] {
-		if m.TS == msg.ThreadTS && m.ThreadTS != "" {
-			msg.ThreadTS = m.ThreadTS
+	// has one level, and the reply's thread_ts names its parent. One naming a message
+	// that is gone, with no replies left to keep its thread, posts the reply as a
+	// message of the channel's own, without a word (see slack-go's
+	// PostMessageWithResponseContext).
+	if ts := msg.ThreadTS; ts != "" {
+		msg.ThreadTS = ""
+		for _, m := range f.channels[channel] {
+			switch {
+			case m.TS == ts:
+				msg.ThreadTS = cmpOr(m.ThreadTS, m.TS)
+			case m.ThreadTS == ts:
+				msg.ThreadTS = ts
+			}
 		}
 	}
 	f.store(channel, msg)

@@ -384,69 +384,91 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 }
 
 // find looks for the message an earlier attempt posted under key: in the conversation's
-// history, or for a thread reply, in the thread's replies, HistoryLimit per page, at most
-// maxLookupPages pages, only those since a little before the row's first attempt when
-// that is known. It posts nothing. When the pages run out before the messages since then
-// do, it cannot tell whether an earlier attempt posted, and says so with an error that is
-// ambiguous and permanent: posting again could be a second message. Its errors are
-// classified.
+// history, or for a thread reply, in the thread's replies (in the history when the
+// thread is gone), HistoryLimit per page, at most maxLookupPages pages, only those since
+// a little before the row's first attempt when that is known. It posts nothing. When
+// the pages run out before the messages since then do, it cannot tell whether an earlier
+// attempt posted, and says so with an error that is ambiguous and permanent: posting
+// again could be a second message. Its errors are classified.
 func (c *Connector) find(ctx context.Context, m message, key string, since time.Time) (string, bool, error) {
 	oldest := ""
 	if !since.IsZero() {
 		t := since.Add(-lookupClockSkew)
 		oldest = fmt.Sprintf("%d.%06d", t.Unix(), t.Nanosecond()/1000)
 	}
-	var where string
-	var page func(cursor string) ([]slackgo.Message, bool, string, error)
+	history := func(cursor string) ([]slackgo.Message, bool, string, error) {
+		resp, err := c.api.GetConversationHistoryContext(ctx, &slackgo.GetConversationHistoryParameters{
+			ChannelID:          m.Channel,
+			Cursor:             cursor,
+			Limit:              c.historyLimit,
+			Oldest:             oldest,
+			IncludeAllMetadata: true,
+		})
+		if err != nil {
+			return nil, false, "", err
+		}
+		return resp.Messages, resp.HasMore, resp.ResponseMetaData.NextCursor, nil
+	}
 	if m.ThreadTS == "" {
-		where = "conversations.history " + m.Channel
-		page = func(cursor string) ([]slackgo.Message, bool, string, error) {
-			resp, err := c.api.GetConversationHistoryContext(ctx, &slackgo.GetConversationHistoryParameters{
-				ChannelID:          m.Channel,
-				Cursor:             cursor,
-				Limit:              c.historyLimit,
-				Oldest:             oldest,
-				IncludeAllMetadata: true,
-			})
-			if err != nil {
-				return nil, false, "", err
-			}
-			return resp.Messages, resp.HasMore, resp.ResponseMetaData.NextCursor, nil
-		}
-	} else {
-		thread := m.ThreadTS
-		where = "conversations.replies " + m.Channel + " " + thread
-		replies := func(cursor string) ([]slackgo.Message, bool, string, error) {
-			return c.api.GetConversationRepliesContext(ctx, &slackgo.GetConversationRepliesParameters{
-				ChannelID:          m.Channel,
-				Timestamp:          thread,
-				Cursor:             cursor,
-				Limit:              c.historyLimit,
-				Oldest:             oldest,
-				IncludeAllMetadata: true,
-			})
-		}
-		page = func(cursor string) ([]slackgo.Message, bool, string, error) {
-			msgs, more, next, err := replies(cursor)
-			if err != nil || cursor != "" || thread != m.ThreadTS || len(msgs) == 0 || msgs[0].Timestamp != thread {
-				return msgs, more, next, err
-			}
-			if root := msgs[0].ThreadTimestamp; root != "" && root != thread {
-				// thread_ts names a reply, not its thread's parent: Slack posted in the
-				// parent's thread, but answers for the reply's ts with that reply alone,
-				// and read as the whole thread it would hide the message and post it again.
-				thread = root
-				where = fmt.Sprintf("conversations.replies %s %s (the thread of %s)", m.Channel, thread, m.ThreadTS)
-				return replies("")
-			}
+		where := "conversations.history " + m.Channel
+		return c.scan(ctx, &where, history, key, since)
+	}
+
+	thread := m.ThreadTS
+	where := "conversations.replies " + m.Channel + " " + thread
+	replies := func(cursor string) ([]slackgo.Message, bool, string, error) {
+		return c.api.GetConversationRepliesContext(ctx, &slackgo.GetConversationRepliesParameters{
+			ChannelID:          m.Channel,
+			Timestamp:          thread,
+			Cursor:             cursor,
+			Limit:              c.historyLimit,
+			Oldest:             oldest,
+			IncludeAllMetadata: true,
+		})
+	}
+	page := func(cursor string) ([]slackgo.Message, bool, string, error) {
+		msgs, more, next, err := replies(cursor)
+		if err != nil || cursor != "" || thread != m.ThreadTS || len(msgs) == 0 || msgs[0].Timestamp != thread {
 			return msgs, more, next, err
 		}
+		if root := msgs[0].ThreadTimestamp; root != "" && root != thread {
+			// thread_ts names a reply, not its thread's parent: Slack posted in the
+			// parent's thread, but answers for the reply's ts with that reply alone,
+			// and read as the whole thread it would hide the message and post it again.
+			thread = root
+			where = fmt.Sprintf("conversations.replies %s %s (the thread of %s)", m.Channel, thread, m.ThreadTS)
+			return replies("")
+		}
+		return msgs, more, next, err
 	}
+	ts, found, err := c.scan(ctx, &where, page, key, since)
+	if se, ok := errors.AsType[slackgo.SlackErrorResponse](err); !ok || se.Err != "thread_not_found" {
+		return ts, found, err
+	}
+	// The message thread_ts names is gone, and Slack posts a reply to it as a message of
+	// the channel's own without a word (see slackgo.PostMessageWithResponseContext): an
+	// earlier attempt's reply would be in the channel's history. Not there, the thread's
+	// absence stays the answer (permanent), and nothing is posted.
+	where = "conversations.history " + m.Channel + " (the thread is gone)"
+	hts, hfound, herr := c.scan(ctx, &where, history, key, since)
+	switch {
+	case herr == nil && hfound:
+		return hts, true, nil
+	case herr != nil && (!connectors.IsPermanent(herr) || connectors.IsAmbiguous(herr)):
+		return "", false, herr // retried, or the history too long to tell
+	}
+	return "", false, err
+}
+
+// scan reads the pages of a conversation (history) or a thread (replies) from page, at
+// most maxLookupPages, for a message whose metadata carries key. See [Connector.find].
+// Its errors name *where as it is when they happen: page may learn a better name.
+func (c *Connector) scan(ctx context.Context, where *string, page func(cursor string) ([]slackgo.Message, bool, string, error), key string, since time.Time) (string, bool, error) {
 	cursor, read := "", 0
 	for range maxLookupPages {
 		msgs, more, next, err := page(cursor)
 		if err != nil {
-			return "", false, c.classify(ctx, "look up the key in "+where, err, false)
+			return "", false, c.classify(ctx, "look up the key in "+*where, err, false)
 		}
 		read += len(msgs) // Slack may return fewer than the limit asks
 		if ts, ok := findKey(msgs, key); ok {
@@ -464,7 +486,7 @@ func (c *Connector) find(ctx context.Context, m message, key string, since time.
 	return "", false, connectors.Ambiguous(connectors.Permanent(fmt.Errorf(
 		"look up the key in %s: not in the %d messages read (%d pages, %d asked for each), and %s; "+
 			"an earlier attempt may have posted, so the message is not posted again: check the conversation, then cancel the row or replay it with a new key",
-		where, read, maxLookupPages, c.historyLimit, more)))
+		*where, read, maxLookupPages, c.historyLimit, more)))
 }
 
 func findKey(msgs []slackgo.Message, key string) (string, bool) {

@@ -3,6 +3,7 @@ package slack_test
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -38,4 +39,41 @@ func TestDeliver_ThreadTSNamingAReply(t *testing.T) {
 	require.True(t, decodeResult(t, raw).Reconciled, "%s", raw)
 	require.Equal(t, 1, b.f.Effects("k"), "the retry posted a second reply")
 	require.Equal(t, 1, b.f.Posts("k"))
+}
+
+// A reply whose parent was deleted (with no replies left, so nothing stands for it) is
+// posted by Slack as a message of the channel's own, without an error (see slack-go's
+// PostMessageWithResponseContext). After an ambiguous attempt, the retry read the
+// thread, met thread_not_found and sent the row to dead as refused, though the message
+// had been posted: it is found in the channel's history, and the row delivered.
+func TestDeliver_ReplyUnthreadedParentDeleted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, slack.Config{})
+	threadTS, reply := startThread(t, b)
+	b.f.Delete(testChannel, threadTS)
+
+	b.f.Plan("k", fakePlan{DropAfterEffect: true})
+	_, err := b.c.Deliver(t.Context(), reply("k"))
+	require.True(t, connectors.IsAmbiguous(err), "%v", err)
+	msgs := b.f.Messages(testChannel)
+	require.Empty(t, msgs[len(msgs)-1].ThreadTS, "posted in the channel, not in a thread")
+
+	d := reply("k")
+	d.Attempt, d.PreviousAmbiguous = 2, true
+	raw, err := b.c.Deliver(t.Context(), d)
+	require.NoError(t, err)
+	require.Equal(t, result{Channel: testChannel, TS: msgs[len(msgs)-1].TS, Reconciled: true}, decodeResult(t, raw))
+	require.Equal(t, 1, b.f.Effects("k"))
+
+	// Nothing posted under the key: the thread is gone, and the retry says so without
+	// posting, as before.
+	b.f.Plan("n", fakePlan{Status: http.StatusServiceUnavailable})
+	_, err = b.c.Deliver(t.Context(), reply("n"))
+	require.Error(t, err)
+	d = reply("n")
+	d.Attempt = 2
+	_, err = b.c.Deliver(t.Context(), d)
+	require.True(t, connectors.IsPermanent(err), "%v", err)
+	require.Contains(t, err.Error(), "thread_not_found")
+	require.Zero(t, b.f.Effects("n"))
 }
