@@ -46,7 +46,10 @@
 // row or replay it with a new key. A message someone deleted is not found, and the retry
 // posts again. So is one Slack had not yet made visible when the lookup read: an attempt
 // that timed out while Slack was still at work may post after the retry has looked, and
-// the retry then posts a second message. Commercially distributed apps outside Slack's
+// the retry then posts a second message. So is one stamped, by Slack's clock, more than
+// 10 minutes before the first attempt's time, which is the relay's (corrected to the
+// database's): a database clock that far ahead of Slack's hides every earlier attempt's
+// message. Commercially distributed apps outside Slack's
 // Marketplace (not a workspace's internal apps) may read 15 messages a page and one page
 // a minute: a lookup that needs a second page is refused
 // with ratelimited and retried until the row's attempts or age run out, without posting.
