@@ -116,3 +116,33 @@ func TestDeliver_InconclusiveCountsMessagesRead(t *testing.T) {
 	require.Contains(t, err.Error(), "not in the 20 messages read (10 pages, 100 asked for each)")
 	require.Equal(t, 1, b.f.Posts("k"))
 }
+
+// A cursor Slack handed out a page earlier that it no longer takes (invalid_cursor:
+// "not valid or is no longer valid") is no fault of the row: the next attempt reads from
+// the first page with new cursors. It sent the row to dead as a refused request.
+func TestDeliver_LookupCursorNoLongerValid(t *testing.T) {
+	t.Parallel()
+	b := setup(t, slack.Config{HistoryLimit: 1})
+	b.f.Plan("k", fakePlan{Status: http.StatusServiceUnavailable})
+	_, err := b.c.Deliver(t.Context(), delivery("k"))
+	require.Error(t, err)
+	for i := range 3 {
+		b.f.Seed(testChannel, fmt.Sprintf("chatter %d", i))
+	}
+
+	b.f.PlanLookup(fakePlan{}, fakePlan{Error: "invalid_cursor"})
+	d := delivery("k")
+	d.Attempt = 2
+	_, err = b.c.Deliver(t.Context(), d)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "invalid_cursor")
+	require.False(t, connectors.IsPermanent(err), "%v", err)
+	require.False(t, connectors.IsAmbiguous(err), "%v", err)
+	require.Equal(t, 1, b.f.Posts("k"), "the refused first attempt's post only: none without a successful lookup")
+
+	d.Attempt = 3
+	raw, err := b.c.Deliver(t.Context(), d)
+	require.NoError(t, err)
+	require.False(t, decodeResult(t, raw).Reconciled, "%s", raw)
+	require.Equal(t, 1, b.f.Effects("k"))
+}

@@ -514,6 +514,9 @@ var (
 		// says its API is unavailable (now and then, or until the migration completes).
 		"team_added_to_org":  true,
 		"org_login_required": true,
+		// A lookup's cursor, handed out by the page before, that Slack no longer takes:
+		// the next attempt reads from the first page again.
+		"invalid_cursor": true,
 	}
 	// ambiguousCodes: Slack says some of the operation may have happened.
 	ambiguousCodes = map[string]bool{
