@@ -83,6 +83,9 @@
 //     was written (seen with net/http/httptrace), Slack may have posted the message,
 //     and the error is also marked ambiguous; the next attempt looks first. A failed
 //     lookup is never ambiguous: it posts nothing.
+//   - So is an HTTP 200 that is not an answer of the Web API, whose every answer says
+//     "ok": true, or false with an error code (a wrong APIBase, a proxy's own reply):
+//     answering a post, what answered may have passed it on, so it is ambiguous too.
 //
 // [Config.Timeout] bounds one attempt, lookup and post together; an attempt that runs
 // past it wraps [ErrTimeout].

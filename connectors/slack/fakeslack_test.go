@@ -59,6 +59,9 @@ type fakePlan struct {
 	RetryAfter string
 	// Error answers {"ok":false,"error":Error} with 200.
 	Error string
+	// Body answers 200 with this body as JSON, as a service that is not Slack's Web API
+	// (a proxy's, a wrong APIBase) may.
+	Body string
 	// DropAfterEffect stores the message, then closes the connection without answering.
 	DropAfterEffect bool
 	// HangAfterEffect stores the message, then answers nothing until the client gives up.
@@ -276,6 +279,10 @@ func answerPlan(w http.ResponseWriter, p fakePlan) bool {
 		return true
 	case p.Error != "":
 		slackError(w, p.Error)
+		return true
+	case p.Body != "":
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(p.Body))
 		return true
 	}
 	return false

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptrace"
@@ -142,7 +143,7 @@ func New(cfg Config) (*Connector, error) {
 	// A redirected POST would be resent as a GET without its body; a 3xx is an answer to
 	// classify, not a place to go.
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	client.Transport = retryAfterSeconds{cmp.Or[http.RoundTripper](client.Transport, http.DefaultTransport)}
+	client.Transport = slackAnswers{retryAfterSeconds{cmp.Or[http.RoundTripper](client.Transport, http.DefaultTransport)}}
 
 	return &Connector{
 		// No slackgo.OptionRetry: the relay owns retries, and a library retry of a post
@@ -179,6 +180,47 @@ func (t retryAfterSeconds) CloseIdleConnections() {
 		c.CloseIdleConnections()
 	}
 }
+
+// slackAnswers refuses an HTTP 200 whose body is not an answer of Slack's Web API, which
+// always says "ok": true, or false with an error code. slack-go takes a body with
+// neither for a success (it reads a missing error code as none): a post so answered
+// would be stored as delivered, without a ts, though nothing may have been posted, and a
+// lookup so answered read as a conversation without the key, after which the retry
+// would post again.
+type slackAnswers struct{ next http.RoundTripper }
+
+func (t slackAnswers) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.next.RoundTrip(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return resp, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil {
+		return nil, err // the connection failed mid-answer
+	}
+	var answer struct {
+		OK    *bool  `json:"ok"`
+		Error string `json:"error"`
+	}
+	// Decoded as slack-go does (the first JSON value), so that both read the same answer.
+	if json.NewDecoder(bytes.NewReader(body)).Decode(&answer) != nil || answer.OK == nil || (!*answer.OK && answer.Error == "") {
+		return nil, errNotSlackAnswer
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	return resp, nil
+}
+
+// CloseIdleConnections closes the idle connections of the transport underneath.
+func (t slackAnswers) CloseIdleConnections() {
+	if c, ok := t.next.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// errNotSlackAnswer is an HTTP 200 that slackAnswers refused. It does not quote the body:
+// a service that echoes requests would show the token.
+var errNotSlackAnswer = errors.New(`HTTP 200 without Slack's "ok" and error code: not an answer of the Slack Web API (is APIBase right?)`)
 
 func (cfg Config) withDefaults() Config {
 	cfg.APIBase = cmp.Or(cfg.APIBase, DefaultAPIBase)
@@ -559,6 +601,14 @@ func (c *Connector) classify(ctx context.Context, op string, err error, wrote bo
 			return err
 		}
 		return connectors.Permanent(err)
+	}
+	if errors.Is(err, errNotSlackAnswer) {
+		if wrote {
+			// Something answered for Slack, as a gateway's 502 does: it may have passed
+			// the post on.
+			return connectors.Ambiguous(fmt.Errorf("%s: %w; what answered may have passed the post on to Slack", op, err))
+		}
+		return fmt.Errorf("%s: %w", op, err)
 	}
 	if errors.Is(context.Cause(ctx), ErrTimeout) && !errors.Is(err, ErrTimeout) {
 		err = fmt.Errorf("%w: %w", ErrTimeout, err)
