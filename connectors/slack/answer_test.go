@@ -52,3 +52,17 @@ func TestDeliver_AnswerWithoutOK(t *testing.T) {
 		})
 	}
 }
+
+// A post answered "ok": true without the message's ts, which Slack always gives, was
+// stored as delivered with an empty ts: no answer of Slack's, and nothing to find the
+// message by.
+func TestDeliver_PostAnsweredWithoutTS(t *testing.T) {
+	t.Parallel()
+	b := setup(t, slack.Config{})
+	b.f.Plan("k", fakePlan{Body: `{"ok":true,"channel":"C0TEST"}`})
+	raw, err := b.c.Deliver(t.Context(), delivery("k"))
+	require.Error(t, err, "stored %s", raw)
+	require.Contains(t, err.Error(), "without the message's ts")
+	require.False(t, connectors.IsPermanent(err), "%v", err)
+	require.True(t, connectors.IsAmbiguous(err), "%v", err)
+}

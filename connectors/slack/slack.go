@@ -422,6 +422,11 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	if err != nil {
 		return nil, c.classify(ctx, "chat.postMessage "+m.Channel, err, wrote.Load())
 	}
+	if ts == "" {
+		// Slack's "ok" always comes with the message's ts: this answer is no account of a
+		// post, which may or may not have been made.
+		return nil, connectors.Ambiguous(fmt.Errorf(`chat.postMessage %s: answered "ok" without the message's ts: not an answer of the Slack Web API (is APIBase right?); what answered may have passed the post on to Slack`, m.Channel))
+	}
 	return connectors.MarshalResult(result{Channel: cmp.Or(channel, m.Channel), TS: ts}), nil
 }
 
