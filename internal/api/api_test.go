@@ -27,9 +27,10 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // Test tokens: agent may use webhook instances and payment; crm only webhook:crm;
 // admin everything.
 const (
-	agentSecret = "obx_agent-secret-value"
-	crmSecret   = "obx_crm-secret-value"
-	adminSecret = "obx_admin-secret-value"
+	agentSecret  = "obx_agent-secret-value"
+	crmSecret    = "obx_crm-secret-value"
+	adminSecret  = "obx_admin-secret-value"
+	admin2Secret = "obx_admin2-secret-value"
 )
 
 func hash(s string) string {
@@ -76,6 +77,7 @@ func setup(t *testing.T, o options) *testBundle {
 			{Name: "agent", SHA256: hash(agentSecret), Connectors: []string{"webhook:*", "payment"}},
 			{Name: "crm", SHA256: hash(crmSecret), Connectors: []string{"webhook:crm"}},
 			{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
+			{Name: "admin2", SHA256: hash(admin2Secret), Connectors: []string{"*"}, Admin: true},
 		},
 		ApprovalRequired: []string{"payment"},
 	}}
@@ -294,6 +296,37 @@ func TestScope(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, r.status, r.raw)
 	r = b.do(t, "POST", "/v1/intents/c1/cancel", adminSecret, "", `{"why":"x"}`)
 	require.Equal(t, http.StatusBadRequest, r.status, r.raw)
+}
+
+// An approval gate is a second pair of eyes: the token that proposed an intent awaiting
+// approval cannot approve it, even an admin token (one given to an agent would approve
+// its own payments); another admin token can, and the proposer may still reject it.
+func TestAProposerCannotApproveItsOwnIntent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	for _, key := range []string{"own-1", "own-2"} {
+		r := b.do(t, "POST", "/v1/intents", adminSecret, key, `{"connector":"payment","payload":`+paymentPayload+`}`)
+		require.Equal(t, http.StatusCreated, r.status, r.raw)
+		require.Equal(t, "awaiting_approval", r.body["status"])
+	}
+
+	r := b.do(t, "POST", "/v1/intents/own-1/approve", adminSecret, "", "")
+	require.Equal(t, http.StatusForbidden, r.status, r.raw)
+	require.Equal(t, "forbidden", r.errCode(t))
+	require.Contains(t, r.raw, `token \"admin\" proposed intent \"own-1\"`)
+	require.Contains(t, r.raw, "outboxd approve")
+	r = b.do(t, "GET", "/v1/intents/own-1", adminSecret, "", "")
+	require.Equal(t, "awaiting_approval", r.body["status"], "nothing was approved")
+
+	r = b.do(t, "POST", "/v1/intents/own-1/approve", admin2Secret, "", "")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.Equal(t, "pending", r.body["status"])
+	r = b.do(t, "POST", "/v1/intents/own-1/approve", adminSecret, "", "")
+	require.Equal(t, http.StatusOK, r.status, "approving an approved intent again is harmless, whoever asks: %s", r.raw)
+
+	r = b.do(t, "POST", "/v1/intents/own-2/reject", adminSecret, "", "")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.Equal(t, "canceled", r.body["status"])
 }
 
 func TestApprovalFlow(t *testing.T) {

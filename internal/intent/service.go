@@ -195,13 +195,21 @@ func (s *Service) List(ctx context.Context, tok *Token, f ops.Filter) (ops.Page,
 }
 
 // Approve moves an awaiting_approval intent to pending ([ops.Approve]); admin tokens
-// only ([ErrForbidden]). Approving twice returns the intent unchanged; approving a
+// only ([ErrForbidden]), and not the token that proposed it ([ErrForbidden] too): an
+// approval gate is a second pair of eyes, and an agent given an admin token would
+// otherwise approve its own payments. Another token, or an operator with `outboxd
+// approve`, approves it. Approving twice returns the intent unchanged; approving a
 // rejected or canceled one fails with [ErrConflictState].
 func (s *Service) Approve(ctx context.Context, tok *Token, key, reason string) (outbox.Intent, error) {
-	if err := s.admin(ctx, tok, key); err != nil {
+	in, err := s.decidable(ctx, tok, key)
+	if err != nil {
 		return outbox.Intent{}, err
 	}
-	in, err := ops.Approve(ctx, s.Pool, key, actor(tok), reason, s.now())
+	if in.Status == outbox.StatusAwaitingApproval && in.CreatedBy == tok.Name {
+		return outbox.Intent{}, fmt.Errorf("%w: token %q proposed intent %q, so it cannot approve it too: "+
+			"another admin token, or an operator with `outboxd approve`, approves it", ErrForbidden, tok.Name, key)
+	}
+	in, err = ops.Approve(ctx, s.Pool, key, actor(tok), reason, s.now())
 	return in, s.leaveReadOnly(err)
 }
 
@@ -239,15 +247,20 @@ func (s *Service) Cancel(ctx context.Context, tok *Token, key, reason string) (o
 // admin checks that tok may decide about the intent with key: an admin token whose
 // connectors include the intent's. An intent it may not see is not found.
 func (s *Service) admin(ctx context.Context, tok *Token, key string) error {
+	_, err := s.decidable(ctx, tok, key)
+	return err
+}
+
+// decidable is admin, and returns the intent as it is now.
+func (s *Service) decidable(ctx context.Context, tok *Token, key string) (outbox.Intent, error) {
 	if tok == nil || !tok.Admin {
 		name := ""
 		if tok != nil {
 			name = tok.Name
 		}
-		return fmt.Errorf("%w: token %q is not an admin token; only admins approve, reject and cancel", ErrForbidden, name)
+		return outbox.Intent{}, fmt.Errorf("%w: token %q is not an admin token; only admins approve, reject and cancel", ErrForbidden, name)
 	}
-	_, err := s.Get(ctx, tok, key)
-	return err
+	return s.Get(ctx, tok, key)
 }
 
 // actor names a token in the audit trail.
