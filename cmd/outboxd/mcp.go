@@ -51,7 +51,9 @@ func newMCPCmd(e *env) *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			pool, err := db.open(ctx, e)
+			// Not open: a database that is down or not yet migrated is a tool error
+			// at each call, which the agent can retry, rather than no server at all.
+			pool, err := db.openPool(ctx, e)
 			if err != nil {
 				return err
 			}

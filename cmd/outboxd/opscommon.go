@@ -17,9 +17,11 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/internal/config"
 	"github.com/outboxd/outboxd/internal/ops"
@@ -66,8 +68,43 @@ func boundConnect(cfg *pgxpool.Config) {
 	}
 }
 
-// open returns a small pool on the database: the commands run a few statements each.
+// open returns a small pool on the database, as openPool does, once the database is
+// known to have the outbox schema: on one nobody migrated, every command failed with
+// PostgreSQL's `relation "outbox" does not exist`, which does not say what to do (and
+// cancel printed an empty result first). An older schema is not refused here: the
+// commands ran on it before, and migrate is what upgrades it.
 func (f *dbFlag) open(ctx context.Context, e *env) (*pgxpool.Pool, error) {
+	pool, err := f.openPool(ctx, e)
+	if err != nil {
+		return nil, err
+	}
+	version, err := outboxd.AppliedVersion(ctx, pool)
+	var (
+		pgErr   *pgconn.PgError
+		connErr *pgconn.ConnectError
+	)
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
+		// A role with the README's operator grants may not read
+		// outbox_schema_migrations; that it exists says the schema does.
+	case errors.As(err, &connErr):
+		pool.Close()
+		// pgx's "failed to connect to ..." says it all; "read schema version" would
+		// only puzzle.
+		return nil, connErr
+	case err != nil:
+		pool.Close()
+		return nil, err
+	case version == 0:
+		pool.Close()
+		return nil, errors.New("the database has no outbox schema: run outboxd migrate first")
+	}
+	return pool, nil
+}
+
+// openPool returns a small pool on the database: the commands run a few statements each.
+// It does not connect: the first statement does.
+func (f *dbFlag) openPool(ctx context.Context, e *env) (*pgxpool.Pool, error) {
 	dsn, err := f.resolve(e)
 	if err != nil {
 		return nil, err

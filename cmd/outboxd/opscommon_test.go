@@ -230,3 +230,31 @@ func TestKeysLeftErrorAgrees(t *testing.T) {
 	require.EqualError(t, keysLeftError("replayed", []string{"a"}, nil), "1 of the keys given was not replayed (1 not found, 0 refused)")
 	require.EqualError(t, keysLeftError("canceled", []string{"a"}, map[string]string{"b": "x"}), "2 of the keys given were not canceled (1 not found, 1 refused)")
 }
+
+// The operator commands on a database nobody has migrated say to run outboxd migrate,
+// and print nothing on stdout. They failed with PostgreSQL's `relation "outbox" does not
+// exist`, and cancel first printed an empty result ("canceled: 0") as if it had run.
+func TestOpsCommandsOnAnUnmigratedDatabaseSayToMigrate(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	_, err := d.pool.Exec(t.Context(), `DROP SCHEMA public CASCADE; CREATE SCHEMA public`)
+	require.NoError(t, err)
+	for _, args := range [][]string{
+		{"status"}, {"status", "--json"}, {"list"}, {"list", "--json"}, {"inspect", "k"},
+		{"replay", "--key", "k"}, {"replay", "--status", "dead", "--json"},
+		{"cancel", "k"}, {"cancel", "k", "--json"}, {"approve", "k"}, {"reject", "k"},
+		{"enqueue", "--connector", "webhook", "--key", "k", "--payload", "{}"},
+		{"purge", "--older-than", "1h"},
+	} {
+		code, out, errOut := d.cli(t, "", args...)
+		require.Equal(t, exitFailure, code, "%v: %s", args, errOut)
+		require.Equal(t, "outboxd: the database has no outbox schema: run outboxd migrate first\n", errOut, args)
+		require.Empty(t, out, args)
+	}
+	// A database out of reach is still pgx's word for it, not a failure to read the
+	// schema's version.
+	code, _, errOut := runCLI(t, []string{"OUTBOX_DATABASE_URL=postgres://app@" + pgtest.UnreachableAddr(t) + "/app"},
+		strings.NewReader(""), "status")
+	require.Equal(t, exitFailure, code, errOut)
+	require.True(t, strings.HasPrefix(errOut, "outboxd: failed to connect to `user=app database=app`"), errOut)
+}
