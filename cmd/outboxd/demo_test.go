@@ -176,6 +176,25 @@ func TestDemoRefusesInvalidDatabaseURL(t *testing.T) {
 	require.Contains(t, stderr.String(), "OUTBOX_DATABASE_URL")
 }
 
+// TestDemoGivesUpOnADatabaseThatDoesNotAnswer: on a database that accepts connections
+// and never answers, the demo fails after opsConnectTimeout with pgx's connect timeout,
+// as every other command does. It waited out its whole demoTimeout (a minute) and then
+// said only "migrate: context deadline exceeded".
+func TestDemoGivesUpOnADatabaseThatDoesNotAnswer(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*opsConnectTimeout) // a bound for the test only
+	defer cancel()
+
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{"demo"}, []string{"OUTBOX_DATABASE_URL=postgres://app:hunter2@" + pgtest.UnansweringAddr(t) + "/app"},
+		strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitFailure, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	require.NoError(t, ctx.Err(), "the demo ended by itself")
+	require.Contains(t, stderr.String(), "failed to connect")
+	require.Contains(t, stderr.String(), "timeout")
+	require.NotContains(t, stdout.String()+stderr.String(), "hunter2")
+}
+
 // TestDemoSaysWhatItDidToTheSchema: on a user's database at an older schema version, the
 // demo upgrades it; it must say so, as `outboxd migrate` does.
 func TestDemoSaysWhatItDidToTheSchema(t *testing.T) {
