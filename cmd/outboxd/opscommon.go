@@ -35,18 +35,28 @@ import (
 
 // dbFlag is the --database-url flag every operator command has; it wins over
 // OUTBOX_DATABASE_URL.
-type dbFlag struct{ url string }
+type dbFlag struct {
+	url string
+	cmd *cobra.Command
+}
 
 func (f *dbFlag) register(cmd *cobra.Command) {
+	f.cmd = cmd
 	cmd.Flags().StringVar(&f.url, "database-url", "",
 		"PostgreSQL DSN (default: $OUTBOX_DATABASE_URL); it may hold a password, so prefer the variable")
 }
 
 // resolve returns the DSN to use: the flag, else OUTBOX_DATABASE_URL. A missing DSN is a
-// usage error.
+// usage error, and so is the flag given empty (--database-url "$STAGING_URL", unset):
+// taken for no flag, it would point a purge or a replay meant for one database at
+// another. White space alone is empty too, as in OUTBOX_DATABASE_URL: pgx reads it as a
+// DSN that sets nothing, the local server's default database.
 func (f *dbFlag) resolve(e *env) (string, error) {
-	if f.url != "" {
+	if strings.TrimSpace(f.url) != "" {
 		return f.url, nil
+	}
+	if f.cmd != nil && f.cmd.Flags().Changed("database-url") {
+		return "", usagef("--database-url is empty; leave it out to use OUTBOX_DATABASE_URL")
 	}
 	db, err := config.LoadDatabase(e.environ)
 	if err != nil {

@@ -258,3 +258,23 @@ func TestOpsCommandsOnAnUnmigratedDatabaseSayToMigrate(t *testing.T) {
 	require.Equal(t, exitFailure, code, errOut)
 	require.True(t, strings.HasPrefix(errOut, "outboxd: failed to connect to `user=app database=app`"), errOut)
 }
+
+// --database-url given empty ("$STAGING_URL" unset) is a usage error. It fell back to
+// OUTBOX_DATABASE_URL, as if not given, so a purge or a replay meant for one database
+// changed the rows of another.
+func TestEmptyDatabaseURLFlagIsAUsageError(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.insert(t, fixture{Key: "k-old", Status: outbox.StatusDelivered, Age: 48 * time.Hour})
+	for _, args := range [][]string{
+		{"purge", "--older-than", "24h", "--database-url", ""},
+		{"status", "--database-url="},
+		{"inspect", "k-old", "--database-url", " "},
+	} {
+		code, out, errOut := d.cli(t, "", args...)
+		require.Equal(t, exitUsage, code, "%v: %s%s", args, out, errOut)
+		require.Contains(t, errOut, "--database-url is empty", args)
+		require.Empty(t, out, args)
+	}
+	require.Equal(t, outbox.StatusDelivered, d.status(t, "k-old"))
+}
