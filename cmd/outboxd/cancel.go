@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -40,8 +39,10 @@ func newCancelCmd(e *env) *cobra.Command {
 			}
 			defer pool.Close()
 			res, err := ops.Cancel(ctx, pool, keys, actor(e), reason, time.Time{})
-			if err != nil && !errors.Is(err, ops.ErrInvalidOptions) {
-				// Earlier batches were committed: say which rows they canceled.
+			if err != nil && len(res.Canceled)+len(res.Unchanged)+len(res.Refused) > 0 {
+				// Earlier batches were committed: say which rows they canceled. When
+				// none was, an empty result would pass for the answer (as purge, which
+				// reports only rows it purged).
 				_ = reportCancel(e, res, asJSON)
 			}
 			if err != nil {

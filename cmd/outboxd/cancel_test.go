@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -34,4 +35,21 @@ func TestCancel(t *testing.T) {
 	require.Contains(t, errOut, "3 of the keys given were not canceled (1 not found, 2 refused)")
 	require.Equal(t, outbox.StatusCanceled, d.status(t, "k-held"))
 	require.Equal(t, outbox.StatusDelivered, d.status(t, "k-delivered"))
+}
+
+// A cancel that fails before any of its batches committed prints no result: it printed
+// "canceled: 0", "unchanged: 0", "refused: 0" (with --json, an empty result a script
+// would take for the answer) above the error, and the key given was in none of them.
+func TestCancelThatChangedNothingPrintsNoResult(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.seedEveryState(t)
+	reader := roleEnv(t, d, "outboxd_reader_", `GRANT SELECT ON outbox, outbox_attempts, outbox_audit TO ROLE_`)
+	for _, args := range [][]string{{"cancel", "k-pending"}, {"cancel", "k-pending", "--json"}} {
+		code, out, errOut := runCLI(t, reader, strings.NewReader(""), args...)
+		require.Equal(t, exitFailure, code, args)
+		require.Contains(t, errOut, "permission denied for table outbox", args)
+		require.Empty(t, out, args)
+	}
+	require.Equal(t, outbox.StatusPending, d.status(t, "k-pending"))
 }
