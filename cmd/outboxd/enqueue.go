@@ -38,6 +38,17 @@ func newEnqueueCmd(e *env) *cobra.Command {
 					return usagef("enqueue needs --%s", name)
 				}
 			}
+			// Given empty (--ordering-key "$CUSTOMER", unset), they would be taken for
+			// no flag: an intent without its ordering key, free to go out before the
+			// earlier rows of that key, or due at once instead of at its time.
+			for _, given := range []struct{ name, value, without string }{
+				{"ordering-key", orderingKey, "an intent without an ordering key"},
+				{"not-before", nbf, "an intent due at once"},
+			} {
+				if given.value == "" && cmd.Flags().Changed(given.name) {
+					return usagef("--%s is empty; leave it out for %s", given.name, given.without)
+				}
+			}
 			m := outbox.Message{Connector: connector, Key: key, OrderingKey: orderingKey, CreatedBy: actor(e)}
 			if nbf != "" {
 				t, err := time.Parse(time.RFC3339, nbf)

@@ -100,3 +100,20 @@ func TestEnqueueAgainShowsNoNextAttemptForRowsThatWillNotBeAttempted(t *testing.
 		}
 	}
 }
+
+// --ordering-key or --not-before given empty (--ordering-key "$CUSTOMER", unset) is a
+// usage error, as list's and replay's empty filters are. It was taken for no flag: the
+// intent was written without its ordering key, free to go out before the earlier rows
+// of that key, or due at once instead of at its time.
+func TestEnqueueRefusesEmptyOrderingKeyAndNotBefore(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	for _, flag := range []string{"--ordering-key", "--not-before"} {
+		code, out, errOut := d.cli(t, "", "enqueue", "--connector", "webhook", "--key", "order-1",
+			"--payload", `{"order": 1}`, flag, "")
+		require.Equal(t, exitUsage, code, "%s: %s%s", flag, out, errOut)
+		require.Contains(t, errOut, flag+" is empty", flag)
+		require.Empty(t, out, flag)
+	}
+	require.Equal(t, 0, d.count(t, `SELECT count(*) FROM outbox`))
+}
