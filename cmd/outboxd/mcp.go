@@ -51,13 +51,21 @@ func newMCPCmd(e *env) *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			// Not open: a database that is down or not yet migrated is a tool error
-			// at each call, which the agent can retry, rather than no server at all.
+			// Not open: a database that is down is a tool error at each call, which
+			// the agent can retry, rather than no server at all.
 			pool, err := db.openPool(ctx, e)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
+			// One that answers and was never migrated fails every call until someone
+			// runs migrate, with an "internal error" the agent would retry for ever and
+			// a reason only in the log, which an MCP client seldom shows: refused now,
+			// as serve refuses it. Any other failure to look is left to the calls (a
+			// database that never answers delays the start by its connect timeout).
+			if err := checkSchema(ctx, pool); errors.Is(err, errNoSchema) {
+				return err
+			}
 
 			logger := newLogger(e.stderr, logCfg)
 			logger.InfoContext(ctx, "outboxd mcp serving on stdio", "version", buildVersion(),

@@ -121,3 +121,20 @@ func TestMCPCommandUsage(t *testing.T) {
 		})
 	}
 }
+
+// outboxd mcp on a database nobody has migrated stops at start with the word to run
+// outboxd migrate, as serve does. It served, and every call failed with "internal
+// error; calling again with the same key is safe", which the agent would retry for ever
+// while only the log, which an MCP client seldom shows, said why.
+func TestMCPCommandRefusesAnUnmigratedDatabase(t *testing.T) {
+	t.Parallel()
+	const secret = "obx_cmd-unmigrated-secret"
+	d := newOpsDB(t, mcpTokensEnv(secret), "OUTBOX_MCP_TOKEN="+secret)
+	_, err := d.pool.Exec(t.Context(), `DROP SCHEMA public CASCADE; CREATE SCHEMA public`)
+	require.NoError(t, err)
+
+	code, out, errOut := d.cli(t, "", "mcp")
+	require.Equal(t, exitFailure, code, errOut)
+	require.Contains(t, errOut, "outboxd: the database has no outbox schema: run outboxd migrate first\n")
+	require.Empty(t, out)
+}

@@ -79,15 +79,28 @@ func boundConnect(cfg *pgxpool.Config) {
 }
 
 // open returns a small pool on the database, as openPool does, once the database is
-// known to have the outbox schema: on one nobody migrated, every command failed with
-// PostgreSQL's `relation "outbox" does not exist`, which does not say what to do (and
-// cancel printed an empty result first). An older schema is not refused here: the
-// commands ran on it before, and migrate is what upgrades it.
+// known to have the outbox schema (see checkSchema).
 func (f *dbFlag) open(ctx context.Context, e *env) (*pgxpool.Pool, error) {
 	pool, err := f.openPool(ctx, e)
 	if err != nil {
 		return nil, err
 	}
+	if err := checkSchema(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// errNoSchema is the failure of a command on a database nobody has migrated.
+var errNoSchema = errors.New("the database has no outbox schema: run outboxd migrate first")
+
+// checkSchema returns errNoSchema when the database has no outbox schema: on one nobody
+// migrated, every command failed with PostgreSQL's `relation "outbox" does not exist`,
+// which does not say what to do (and cancel printed an empty result first). An older
+// schema is not refused here: the commands ran on it before, and migrate is what
+// upgrades it.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	version, err := outboxd.AppliedVersion(ctx, pool)
 	var (
 		pgErr   *pgconn.PgError
@@ -97,19 +110,17 @@ func (f *dbFlag) open(ctx context.Context, e *env) (*pgxpool.Pool, error) {
 	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
 		// A role with the README's operator grants may not read
 		// outbox_schema_migrations; that it exists says the schema does.
+		return nil
 	case errors.As(err, &connErr):
-		pool.Close()
 		// pgx's "failed to connect to ..." says it all; "read schema version" would
 		// only puzzle.
-		return nil, connErr
+		return connErr
 	case err != nil:
-		pool.Close()
-		return nil, err
+		return err
 	case version == 0:
-		pool.Close()
-		return nil, errors.New("the database has no outbox schema: run outboxd migrate first")
+		return errNoSchema
 	}
-	return pool, nil
+	return nil
 }
 
 // openPool returns a small pool on the database: the commands run a few statements each.
