@@ -117,7 +117,8 @@
 // # Stopping and failures
 //
 // When Run's context ends, the relay stops claiming, hands back at once the rows it had
-// claimed but not started, lets deliveries in flight finish within
+// claimed but not started (with a NOTIFY, so that the relays still running take them at
+// once), lets deliveries in flight finish within
 // Config.ShutdownTimeout, cancels the rest (recorded as ambiguous retries; an attempt
 // its connector reports as cancelled before anything was sent is handed back
 // uncounted, and a receiver's answer that came as the cancel struck is decided as any

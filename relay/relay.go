@@ -1496,7 +1496,11 @@ func (r *Relay) releaseRows(ctx context.Context, rows []claimed) bool {
 	}
 	execCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := r.pool.Exec(execCtx, releaseSQL, r.cfg.ID, ids, r.now(), attempts, leases); err != nil {
+	query := releaseSQL
+	if r.stopRequested() {
+		query = releaseWakeSQL // the rows are for the other relays now
+	}
+	if _, err := r.pool.Exec(execCtx, query, r.cfg.ID, ids, r.now(), attempts, leases); err != nil {
 		// Never sent: left to their lease, they would come back as ambiguous attempts
 		// (held for an operator, or dead on their last attempt). The claim loop tries
 		// again before its next round; a stopped relay leaves them to their lease.
@@ -1514,6 +1518,14 @@ func (r *Relay) releaseRows(ctx context.Context, rows []claimed) bool {
 	r.recovered(ctx, releaseFailed)
 	r.rescan.Store(true) // they may lie behind where claims start
 	return true
+}
+
+// stopRequested reports whether Run was asked to stop: the relay claims no more rows
+// (a round in flight then hands back what it claimed), so rows it gives up now are for
+// the other relays.
+func (r *Relay) stopRequested() bool {
+	done := r.runDone.Load()
+	return done != nil && isClosed(*done)
 }
 
 // releaseFailed is the warning of a release that failed (see failed).
@@ -1677,11 +1689,20 @@ const fenceWait = 5 * time.Second
 func (r *Relay) releaseLost(ctx context.Context, leases []time.Time, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	tag, err := r.pool.Exec(ctx, releaseLostSQL, r.cfg.ID, leases, r.now())
-	if err != nil {
-		return err
+	var n int64
+	if r.stopRequested() {
+		// The rows are for the other relays now.
+		if err := r.pool.QueryRow(ctx, releaseLostWakeSQL, r.cfg.ID, leases, r.now()).Scan(&n, nil); err != nil {
+			return err
+		}
+	} else {
+		tag, err := r.pool.Exec(ctx, releaseLostSQL, r.cfg.ID, leases, r.now())
+		if err != nil {
+			return err
+		}
+		n = tag.RowsAffected()
 	}
-	if n := tag.RowsAffected(); n > 0 {
+	if n > 0 {
 		r.rescan.Store(true) // they may lie behind where claims start
 		r.log.WarnContext(ctx, "released rows claimed in a round whose reply was lost", "rows", n)
 	}

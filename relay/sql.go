@@ -384,6 +384,19 @@ UPDATE outbox o
 WHERE o.id = r.id AND o.attempts = r.attempt AND o.status = 'delivering' AND o.lease_owner = $1
   AND o.lease_expires_at = r.lease`
 
+// releaseWakeSQL is releaseSQL for a relay asked to stop, which claims no more rows: the
+// rows it hands back are for the relays still running, so when it hands back any it
+// wakes them (NOTIFY, sent at commit), as an insert would. Their claims then start at
+// the head of the index, where these rows lie (they keep their next_attempt_at); an
+// idle relay would find them only at its poll interval, a busy one at its next claim
+// from the head. It returns how many it handed back (pg_notify returns void, cast to
+// text so that the column can be read; CASE calls it only when rows were handed back).
+const releaseWakeSQL = `
+WITH released AS (` + releaseSQL + `
+    RETURNING 1
+)
+SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify('` + notifyChannel + `', '')::text END FROM released`
+
 // reclaimSQL puts back rows of this relay's connectors ($4) whose lease expired (their
 // relay died or lost the database): the abandoned attempt is logged as ambiguous, and the
 // row becomes pending again; held for an operator when its connector is forwarded with the
@@ -460,6 +473,14 @@ const sessionSQL = `SELECT pid, backend_start FROM pg_stat_activity WHERE pid = 
 const releaseLostSQL = `
 UPDATE outbox o
 ` + releaseSet + `WHERE o.status = 'delivering' AND o.lease_owner = $1 AND o.lease_expires_at = ANY($2::timestamptz[])`
+
+// releaseLostWakeSQL is releaseLostSQL for a relay asked to stop, which wakes the relays
+// still running when it hands back any row, as releaseWakeSQL does.
+const releaseLostWakeSQL = `
+WITH released AS (` + releaseLostSQL + `
+    RETURNING 1
+)
+SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify('` + notifyChannel + `', '')::text END FROM released`
 
 // unknownConnectorsSQL counts the rows of connectors this relay does not have ($1) that
 // wait for a relay that has them: pending ones, and delivering ones whose lease expired

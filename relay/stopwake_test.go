@@ -1,0 +1,87 @@
+package relay
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// A relay that stops hands back the rows it claimed ahead and never started, for the
+// relays still running with the same instances. Nothing told them: an idle one (it
+// polls hourly here) found those rows only at its next poll interval, and a busy one,
+// whose claims start near its newest rows, only at its next claim from the head of the
+// index, though they were due all along.
+func TestRowsHandedBackAtStopWakeOtherRelays(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	cfg := separateMetrics(b.fastConfig())
+	cfg.Concurrency = 1 // one worker: the second row is claimed ahead and waits for it
+	conn := newGatedConnector()
+	stopping, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	defer cancel()
+	ran := make(chan error, 1)
+	go func() { ran <- stopping.Run(ctx) }()
+	first, second := deliverOneOfTwo(t, b.pool, stopping, conn)
+
+	b.startNotifyOnly(t) // the relay left running, idle
+	cancel()             // SIGTERM: the row claimed ahead is handed back at once
+	waitStatus(t, b.pool, second, outbox.StatusDelivered)
+
+	close(conn.gate)
+	select {
+	case err := <-ran:
+		require.NoError(t, err)
+	case <-time.After(waitTimeout):
+		t.Fatal("relay did not stop")
+	}
+	waitStatus(t, b.pool, first, outbox.StatusDelivered)
+}
+
+// Both hand-backs of a relay asked to stop wake the relays still running: of rows
+// claimed and not started, and of the rows of a round whose reply was lost (found by
+// its lease). Each NOTIFYs only when it handed back a row, and says how many it did.
+func TestHandBacksOfAStoppingRelayNotify(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	_, cfg := b.clockedConfig(t)
+	r := b.newRelay(t, cfg)
+	stopped := make(chan struct{})
+	close(stopped)
+	runDone := (<-chan struct{})(stopped)
+	r.runDone.Store(&runDone) // Run was asked to stop
+	listener, err := b.pool.Acquire(t.Context())
+	require.NoError(t, err)
+	defer listener.Release()
+	_, err = listener.Exec(t.Context(), "LISTEN "+notifyChannel)
+	require.NoError(t, err)
+	notified := func() bool {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+		defer cancel()
+		_, err := listener.Conn().WaitForNotification(ctx)
+		return err == nil
+	}
+
+	enqueue(t, b.pool, "a", "webhook", []int{1})
+	enqueue(t, b.pool, "b", "webhook", []int{2})
+	for notified() { // the inserts' own
+	}
+	rows := claimRows(t, r, "webhook")
+	require.Len(t, rows, 2)
+
+	require.True(t, r.releaseRows(t.Context(), rows[:1]))
+	require.True(t, notified(), "handing back a row not started wakes the other relays")
+	require.NoError(t, r.releaseLost(t.Context(), []time.Time{rows[1].lease}, waitTimeout))
+	require.True(t, notified(), "handing back the rows of a lost round wakes the other relays")
+	require.Equal(t, 2, countStatus(t, b.pool)[outbox.StatusPending])
+
+	require.NoError(t, r.releaseLost(t.Context(), []time.Time{rows[1].lease}, waitTimeout))
+	require.False(t, notified(), "nothing handed back, nothing to wake for")
+}
