@@ -122,7 +122,8 @@
 // Config.ShutdownTimeout, cancels the rest (recorded as ambiguous retries; an attempt
 // its connector reports as cancelled before anything was sent is handed back
 // uncounted, and a receiver's answer that came as the cancel struck is decided as any
-// other), and records every outcome. Database errors are
+// other), and records every outcome (with a NOTIFY when one lets the next row of an
+// ordering key go, which is then for the relays still running). Database errors are
 // retried with backoff, so the relay rides out a PostgreSQL restart: outcomes wait in
 // memory until they can be written, and rows whose outcome never lands are retried after
 // their lease expires. A receiver's answer is made storable before it is written (NUL

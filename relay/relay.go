@@ -2361,12 +2361,25 @@ func queueRelease(b *pgx.Batch, batch []outcome) int {
 func (r *Relay) execRecord(ctx context.Context, batch []outcome, args []any) error {
 	b := &pgx.Batch{}
 	queueRecord(b, batch, args)
+	if r.stopRequested() && endsOrdered(batch) {
+		// The keys' next rows this lets go are due now, and this relay claims no more:
+		// they are for the relays still running, which nothing else wakes.
+		b.Queue(wakeSQL)
+	}
 	return r.sendWrite(ctx, batch, b, pgx.BatchResults.Close)
 }
 
 // anyMaybeWritten reports whether an earlier write of one of outs may have committed.
 func anyMaybeWritten(outs []outcome) bool {
 	return slices.ContainsFunc(outs, func(o outcome) bool { return o.maybeWritten })
+}
+
+// endsOrdered reports whether one of outs ends a row with an ordering key (delivered,
+// dead), which lets the key's next row go (see queueRelease).
+func endsOrdered(outs []outcome) bool {
+	return slices.ContainsFunc(outs, func(o outcome) bool {
+		return o.ordered && (o.status == outbox.StatusDelivered || o.status == outbox.StatusDead)
+	})
 }
 
 // anyOrdered reports whether one of outs is of a row with an ordering key: writing it

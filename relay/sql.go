@@ -397,6 +397,10 @@ WITH released AS (` + releaseSQL + `
 )
 SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify('` + notifyChannel + `', '')::text END FROM released`
 
+// wakeSQL wakes the relays (their LISTEN connections), at commit, as an insert does: for
+// rows that a relay asked to stop makes due for the others.
+const wakeSQL = `SELECT pg_notify('` + notifyChannel + `', '')`
+
 // reclaimSQL puts back rows of this relay's connectors ($4) whose lease expired (their
 // relay died or lost the database): the abandoned attempt is logged as ambiguous, and the
 // row becomes pending again; held for an operator when its connector is forwarded with the

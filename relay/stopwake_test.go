@@ -85,3 +85,39 @@ func TestHandBacksOfAStoppingRelayNotify(t *testing.T) {
 	require.NoError(t, r.releaseLost(t.Context(), []time.Time{rows[1].lease}, waitTimeout))
 	require.False(t, notified(), "nothing handed back, nothing to wake for")
 }
+
+// A relay that stops writes the outcomes of its deliveries in flight once they end, and
+// one that ends a row of an ordering key lets the key's next row go. It no longer claims
+// that row itself, and nothing told the relays still running: an idle one (it polls
+// hourly here) found it only at its next poll interval, though it was due at once.
+func TestOrderedOutcomeOfAStoppingRelayWakesOtherRelays(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	conn := newGatedConnector()
+	stopping, err := New(b.pool, separateMetrics(b.fastConfig()), map[string]Instance{"webhook": {Connector: conn}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	defer cancel()
+	ran := make(chan error, 1)
+	go func() { ran <- stopping.Run(ctx) }()
+	_, err = outbox.EnqueueBatch(t.Context(), b.pool, []outbox.Message{
+		{Key: "head", Connector: "webhook", OrderingKey: "k", Payload: []int{1}},
+		{Key: "next", Connector: "webhook", OrderingKey: "k", Payload: []int{2}},
+	})
+	require.NoError(t, err)
+	require.Equal(t, "head", conn.waitFirst(t)) // in flight; next waits for it
+
+	b.startNotifyOnly(t) // the relay left running, idle
+	cancel()             // SIGTERM
+	require.Eventually(t, func() bool { return len(wakeRows(t, b, stopping.ID())) == 0 }, waitTimeout, 10*time.Millisecond,
+		"the stopping relay's claim loop has ended")
+	close(conn.gate) // the attempt in flight ends; its outcome is written after the stop
+	select {
+	case err := <-ran:
+		require.NoError(t, err)
+	case <-time.After(waitTimeout):
+		t.Fatal("relay did not stop")
+	}
+	waitStatus(t, b.pool, "head", outbox.StatusDelivered)
+	waitStatus(t, b.pool, "next", outbox.StatusDelivered)
+}
