@@ -74,7 +74,8 @@
 // idle while another is busy with other instances still hears of its rows at once. When
 // the load stops the marks lapse (about two seconds) and inserts wake idle relays again;
 // a relay that stops deletes its words at once (other relays' words about the same
-// instances stand).
+// instances stand), and wakes the relays still running for the rows inserted under its
+// mark that it left pending.
 //
 // Rows with an ordering key are delivered one at a time in id order: a row is due only
 // when no earlier row of its key is pending, delivering, held or awaiting approval, and

@@ -871,7 +871,9 @@ const (
 // inserts would send no NOTIFY until the fast-polling mark lapsed, and a relay still
 // running but idle would find their rows only at its PollInterval; and while the word
 // that it has them lasted (seenFor), inserts would wake relays with NOTIFY they do not
-// need (the commits of transactions that notify are serialised). It is best effort,
+// need (the commits of transactions that notify are serialised). It wakes the relays
+// still running too, for the rows inserted while its mark stood that it did not claim
+// (see withdrawSQL). It is best effort,
 // bounded by withdrawTimeout: a relay that cannot reach the database (or was killed)
 // leaves its words to lapse by themselves.
 //

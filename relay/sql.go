@@ -573,9 +573,14 @@ SELECT (SELECT max(seen_until) FROM outbox_wake_connectors WHERE relay_id = $1),
 
 // withdrawSQL deletes, for relay $1 that stops, its words in outbox_wake_connectors (see
 // Relay.withdraw): that it has its instances and polls fast for them. Other relays' words
-// about the same instances stand.
+// about the same instances stand. It also wakes the relays still running (NOTIFY, sent
+// at commit): while its mark stood, inserts of its instances sent none, and the rows it
+// had no room to claim are still pending, for them now.
 const withdrawSQL = `
-DELETE FROM outbox_wake_connectors WHERE relay_id = $1`
+WITH gone AS (
+    DELETE FROM outbox_wake_connectors WHERE relay_id = $1
+)
+SELECT pg_notify('` + notifyChannel + `', '')`
 
 // missingPrivilegesSQL names the current role and the privileges the relay uses on the
 // outbox's tables that it lacks, per table ("UPDATE on outbox; INSERT on

@@ -121,3 +121,48 @@ func TestOrderedOutcomeOfAStoppingRelayWakesOtherRelays(t *testing.T) {
 	waitStatus(t, b.pool, "head", outbox.StatusDelivered)
 	waitStatus(t, b.pool, "next", outbox.StatusDelivered)
 }
+
+// A busy relay's fast-polling mark keeps the inserts of its instances from sending
+// NOTIFY, and it may have no room to claim the rows inserted meanwhile. When it stops,
+// they are still pending, and the relays still running with those instances heard
+// nothing of them: its withdrawal only let later inserts NOTIFY again, and an idle relay
+// (it polls hourly here) found the rows already there only at its next poll interval.
+func TestStoppingRelayWakesOtherRelaysForRowsItsMarkSilenced(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	cfg := separateMetrics(b.fastConfig())
+	cfg.Concurrency = 1
+	conn := newGatedConnector()
+	conn.timeout = 0 // no rows claimed ahead: the one in flight leaves no room
+	stopping, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	defer cancel()
+	ran := make(chan error, 1)
+	go func() { ran <- stopping.Run(ctx) }()
+	enqueue(t, b.pool, "first", "webhook", []int{1})
+	require.Equal(t, "first", conn.waitFirst(t))
+
+	b.startNotifyOnly(t) // the relay left running, idle
+	// The stopping relay's mark, written for an hour in the insert's own transaction:
+	// the insert sends no NOTIFY, however long this test took to get here.
+	tx, err := b.pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
+	_, err = tx.Exec(t.Context(), pollFastSQL, stopping.ID(), []string{"webhook"}, time.Hour)
+	require.NoError(t, err)
+	enqueue(t, tx, "second", "webhook", []int{2})
+	require.NoError(t, tx.Commit(t.Context()))
+
+	cancel() // SIGTERM, with "first" still in flight and "second" pending
+	waitStatus(t, b.pool, "second", outbox.StatusDelivered)
+
+	close(conn.gate)
+	select {
+	case err := <-ran:
+		require.NoError(t, err)
+	case <-time.After(waitTimeout):
+		t.Fatal("relay did not stop")
+	}
+	waitStatus(t, b.pool, "first", outbox.StatusDelivered)
+}
