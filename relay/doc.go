@@ -81,9 +81,12 @@
 // when no earlier row of its key is pending, delivering, held or awaiting approval, and
 // no later one is delivering (a dead head replayed while its key went on waits for the
 // row in flight). A failing head therefore blocks only its own key. A dead or canceled
-// row no longer holds its key back. Ids are drawn at insert, not at commit: rows of one
-// key inserted by concurrent transactions go out in the order their transactions commit
-// only when those transactions are serialised (they update the same row first, say).
+// row no longer holds its key back. A key's rows may be of different instances: a relay
+// that ends a row whose key's next row is of an instance it does not have wakes the
+// others (NOTIFY), since its own claims do not take that row. Ids are drawn at insert,
+// not at commit: rows of one key inserted by concurrent transactions go out in the order
+// their transactions commit only when those transactions are serialised (they update
+// the same row first, say).
 //
 // # Outcomes
 //

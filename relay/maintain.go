@@ -212,7 +212,7 @@ func (r *Relay) reclaim(ctx context.Context) {
 		}
 		// Rows sent to dead let their keys' next rows go: those may be parked behind
 		// them (parkInFlight), by a relay that is gone and will not write their outcome.
-		if _, err = tx.Exec(ctx, lockNextSQL, put); err != nil {
+		if _, err = tx.Exec(ctx, lockNextSQL, put, r.ownInstances()); err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, releaseNextSQL, put, now)

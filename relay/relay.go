@@ -1357,7 +1357,7 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 	}
 	records := 0
 	if len(outs) > 0 {
-		records = queueRecord(b, outs, r.recordArgs(outs))
+		records = queueRecord(b, outs, r.recordArgs(outs), r.ownInstances())
 	}
 	if len(plans) > 0 {
 		// The round's lease expiry, as PostgreSQL stores it (microseconds), and later
@@ -1528,6 +1528,16 @@ func (r *Relay) releaseRows(ctx context.Context, rows []claimed) bool {
 func (r *Relay) stopRequested() bool {
 	done := r.runDone.Load()
 	return done != nil && isClosed(*done)
+}
+
+// ownInstances is the instances whose rows this relay claims itself, for lockNextSQL:
+// its instances, and none once it was asked to stop (the keys' next rows it lets go are
+// then for the relays still running).
+func (r *Relay) ownInstances() []string {
+	if r.stopRequested() {
+		return []string{}
+	}
+	return nonNil(r.names)
 }
 
 // releaseFailed is the warning of a release that failed (see failed).
@@ -2296,8 +2306,9 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 // recordAgainSQL, a statement of its own that starts once the earlier write has ended,
 // then sees the attempts it logged. Then parkSQL, when batch retries rows of ordering
 // keys later (queuePark), and lockNextSQL and releaseNextSQL, when it ends some
-// (queueRelease).
-func queueRecord(b *pgx.Batch, batch []outcome, args []any) int {
+// (queueRelease); own is the instances whose rows the relay claims itself (see
+// ownInstances).
+func queueRecord(b *pgx.Batch, batch []outcome, args []any, own []string) int {
 	n := 1
 	if !anyMaybeWritten(batch) {
 		b.Queue(recordSQL, args...)
@@ -2306,7 +2317,7 @@ func queueRecord(b *pgx.Batch, batch []outcome, args []any) int {
 		b.Queue(recordAgainSQL, args...)
 		n = 2
 	}
-	return n + queuePark(b, batch) + queueRelease(b, batch)
+	return n + queuePark(b, batch) + queueRelease(b, batch, own)
 }
 
 // queuePark queues parkSQL when batch puts rows of ordering keys back to pending for a
@@ -2336,8 +2347,9 @@ func queuePark(b *pgx.Batch, batch []outcome) int {
 
 // queueRelease queues lockNextSQL and releaseNextSQL when batch ends rows of ordering
 // keys (delivered, dead), and returns how many statements that is (0 or 2). They run
-// after their outcomes, in the same transaction, as queuePark does.
-func queueRelease(b *pgx.Batch, batch []outcome) int {
+// after their outcomes, in the same transaction, as queuePark does. lockNextSQL wakes
+// the other relays for a next row of an instance not in own.
+func queueRelease(b *pgx.Batch, batch []outcome, own []string) int {
 	var (
 		ended []int64
 		at    time.Time
@@ -2353,7 +2365,7 @@ func queueRelease(b *pgx.Batch, batch []outcome) int {
 	if len(ended) == 0 {
 		return 0
 	}
-	b.Queue(lockNextSQL, ended)
+	b.Queue(lockNextSQL, ended, own)
 	b.Queue(releaseNextSQL, ended, at)
 	return 2
 }
@@ -2362,26 +2374,13 @@ func queueRelease(b *pgx.Batch, batch []outcome) int {
 // queueRecord).
 func (r *Relay) execRecord(ctx context.Context, batch []outcome, args []any) error {
 	b := &pgx.Batch{}
-	queueRecord(b, batch, args)
-	if r.stopRequested() && endsOrdered(batch) {
-		// The keys' next rows this lets go are due now, and this relay claims no more:
-		// they are for the relays still running, which nothing else wakes.
-		b.Queue(wakeSQL)
-	}
+	queueRecord(b, batch, args, r.ownInstances())
 	return r.sendWrite(ctx, batch, b, pgx.BatchResults.Close)
 }
 
 // anyMaybeWritten reports whether an earlier write of one of outs may have committed.
 func anyMaybeWritten(outs []outcome) bool {
 	return slices.ContainsFunc(outs, func(o outcome) bool { return o.maybeWritten })
-}
-
-// endsOrdered reports whether one of outs ends a row with an ordering key (delivered,
-// dead), which lets the key's next row go (see queueRelease).
-func endsOrdered(outs []outcome) bool {
-	return slices.ContainsFunc(outs, func(o outcome) bool {
-		return o.ordered && (o.status == outbox.StatusDelivered || o.status == outbox.StatusDead)
-	})
 }
 
 // anyOrdered reports whether one of outs is of a row with an ordering key: writing it

@@ -366,8 +366,19 @@ const nextUnfinished = `
 // The lock is the one releaseNextSQL's update takes: FOR UPDATE would also wait for a
 // replay's FOR KEY SHARE (ops, waitLaterClaimsSQL), which may in turn wait for a row
 // this transaction holds.
+//
+// A next row that is pending and of an instance other than $2, the instances this relay
+// claims itself (none once it was asked to stop), wakes the relays (NOTIFY, sent at
+// commit): ordering keys are one namespace for every connector, and relays sharing a
+// database may have different instances. This relay's own claims look for the keys'
+// next rows (see Relay.claimRound), but a relay with that row's instance heard nothing
+// and found it only at its poll interval. (Here, where each next row is found anyway,
+// not in a statement of its own, which would look every one up again; pg_notify
+// returns void, cast to text to be read.)
 const lockNextSQL = `
-SELECT n.id FROM outbox n
+SELECT n.id, CASE WHEN n.status = 'pending' AND n.connector <> ALL($2::text[])
+                  THEN pg_notify('` + notifyChannel + `', '')::text END
+FROM outbox n
 WHERE n.id = ANY (ARRAY(` + nextUnfinished + `))
 ORDER BY n.id
 FOR NO KEY UPDATE OF n`
@@ -396,10 +407,6 @@ WITH released AS (` + releaseSQL + `
     RETURNING 1
 )
 SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify('` + notifyChannel + `', '')::text END FROM released`
-
-// wakeSQL wakes the relays (their LISTEN connections), at commit, as an insert does: for
-// rows that a relay asked to stop makes due for the others.
-const wakeSQL = `SELECT pg_notify('` + notifyChannel + `', '')`
 
 // reclaimSQL puts back rows of this relay's connectors ($4) whose lease expired (their
 // relay died or lost the database): the abandoned attempt is logged as ambiguous, and the
