@@ -1,13 +1,14 @@
 package relay
 
 import (
-	"context"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -46,41 +47,39 @@ func TestOrderedOutcomeWakesTheRelayOfTheNextRowsInstance(t *testing.T) {
 
 // The wake-up is for next rows of another relay's instances only: one of this relay's
 // own instances, which its claims find, sends no NOTIFY (each would serialise the
-// round's commit with every other transaction that notifies, and wake every relay).
+// round's commit with every other transaction that notifies, and wake every relay). In
+// every query exec mode (behind a transaction pooler, the simple protocol).
 func TestNextRowOfOwnInstanceSendsNoNotify(t *testing.T) {
 	t.Parallel()
-	b := setup(t, receiver.Options{})
-	_, err := outbox.EnqueueBatch(t.Context(), b.pool, []outbox.Message{
-		{Key: "head", Connector: "webhook", OrderingKey: "k", Payload: []int{1}},
-		{Key: "next", Connector: "webhook", OrderingKey: "k", Payload: []int{2}},
-	})
-	require.NoError(t, err)
-	var head int64
-	require.NoError(t, b.pool.QueryRow(t.Context(),
-		`UPDATE outbox SET status = 'delivered' WHERE idempotency_key = 'head' RETURNING id`).Scan(&head))
-	listener, err := b.pool.Acquire(t.Context())
-	require.NoError(t, err)
-	defer listener.Release()
-	_, err = listener.Exec(t.Context(), "LISTEN "+notifyChannel)
-	require.NoError(t, err)
-	notified := func() bool {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
-		defer cancel()
-		_, err := listener.Conn().WaitForNotification(ctx)
-		return err == nil
-	}
+	for _, mode := range append([]pgx.QueryExecMode{pgx.QueryExecModeCacheStatement}, pgtest.ExecModes...) {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, receiver.Options{})
+			pool := pgtest.InMode(t, b.pool, mode)
+			_, err := outbox.EnqueueBatch(t.Context(), b.pool, []outbox.Message{
+				{Key: "head", Connector: "webhook", OrderingKey: "k", Payload: []int{1}},
+				{Key: "next", Connector: "webhook", OrderingKey: "k", Payload: []int{2}},
+			})
+			require.NoError(t, err)
+			var head int64
+			require.NoError(t, b.pool.QueryRow(t.Context(),
+				`UPDATE outbox SET status = 'delivered' WHERE idempotency_key = 'head' RETURNING id`).Scan(&head))
+			notified := listenFor(t, b)
+			for notified() { // the insert's own
+			}
 
-	for _, c := range []struct {
-		own  []string
-		wake bool
-	}{
-		{[]string{"webhook", "webhook:a"}, false},
-		{[]string{"webhook:a"}, true},
-		{[]string{}, true}, // a relay asked to stop
-	} {
-		_, err := b.pool.Exec(t.Context(), lockNextSQL, []int64{head}, c.own)
-		require.NoError(t, err)
-		require.Equal(t, c.wake, notified(), "own instances %v", c.own)
+			for _, c := range []struct {
+				own  []string
+				wake bool
+			}{
+				{[]string{"webhook", "webhook:a"}, false},
+				{[]string{"webhook:a"}, true},
+				{[]string{}, true}, // a relay asked to stop
+			} {
+				_, err := pool.Exec(t.Context(), lockNextSQL, []int64{head}, c.own)
+				require.NoError(t, err)
+				require.Equal(t, c.wake, notified(), "own instances %v", c.own)
+			}
+		})
 	}
 }

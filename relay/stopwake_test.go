@@ -5,8 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -46,80 +48,58 @@ func TestRowsHandedBackAtStopWakeOtherRelays(t *testing.T) {
 
 // Both hand-backs of a relay asked to stop wake the relays still running: of rows
 // claimed and not started, and of the rows of a round whose reply was lost (found by
-// its lease). Each NOTIFYs only when it handed back a row, and says how many it did.
+// its lease). Each NOTIFYs only when it handed back a row, and says how many it did; in
+// every query exec mode (behind a transaction pooler, the simple protocol).
 func TestHandBacksOfAStoppingRelayNotify(t *testing.T) {
 	t.Parallel()
-	b := setup(t, receiver.Options{})
-	_, cfg := b.clockedConfig(t)
-	r := b.newRelay(t, cfg)
-	stopped := make(chan struct{})
-	close(stopped)
-	runDone := (<-chan struct{})(stopped)
-	r.runDone.Store(&runDone) // Run was asked to stop
+	for _, mode := range append([]pgx.QueryExecMode{pgx.QueryExecModeCacheStatement}, pgtest.ExecModes...) {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, receiver.Options{})
+			_, cfg := b.clockedConfig(t)
+			r, err := New(pgtest.InMode(t, b.pool, mode), cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+			require.NoError(t, err)
+			stopped := make(chan struct{})
+			close(stopped)
+			runDone := (<-chan struct{})(stopped)
+			r.runDone.Store(&runDone) // Run was asked to stop
+			notified := listenFor(t, b)
+
+			enqueue(t, b.pool, "a", "webhook", []int{1})
+			enqueue(t, b.pool, "b", "webhook", []int{2})
+			for notified() { // the inserts' own
+			}
+			rows := claimRows(t, r, "webhook")
+			require.Len(t, rows, 2)
+
+			require.True(t, r.releaseRows(t.Context(), rows[:1]))
+			require.True(t, notified(), "handing back a row not started wakes the other relays")
+			require.NoError(t, r.releaseLost(t.Context(), []time.Time{rows[1].lease}, waitTimeout))
+			require.True(t, notified(), "handing back the rows of a lost round wakes the other relays")
+			require.Equal(t, 2, countStatus(t, b.pool)[outbox.StatusPending])
+
+			require.NoError(t, r.releaseLost(t.Context(), []time.Time{rows[1].lease}, waitTimeout))
+			require.False(t, notified(), "nothing handed back, nothing to wake for")
+		})
+	}
+}
+
+// listenFor LISTENs on a connection of b's pool held until the test ends, and returns a
+// function that reports whether a notification arrives within a moment.
+func listenFor(t *testing.T, b *testBundle) (notified func() bool) {
+	t.Helper()
 	listener, err := b.pool.Acquire(t.Context())
 	require.NoError(t, err)
-	defer listener.Release()
+	t.Cleanup(listener.Release)
 	_, err = listener.Exec(t.Context(), "LISTEN "+notifyChannel)
 	require.NoError(t, err)
-	notified := func() bool {
+	return func() bool {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 		defer cancel()
 		_, err := listener.Conn().WaitForNotification(ctx)
 		return err == nil
 	}
-
-	enqueue(t, b.pool, "a", "webhook", []int{1})
-	enqueue(t, b.pool, "b", "webhook", []int{2})
-	for notified() { // the inserts' own
-	}
-	rows := claimRows(t, r, "webhook")
-	require.Len(t, rows, 2)
-
-	require.True(t, r.releaseRows(t.Context(), rows[:1]))
-	require.True(t, notified(), "handing back a row not started wakes the other relays")
-	require.NoError(t, r.releaseLost(t.Context(), []time.Time{rows[1].lease}, waitTimeout))
-	require.True(t, notified(), "handing back the rows of a lost round wakes the other relays")
-	require.Equal(t, 2, countStatus(t, b.pool)[outbox.StatusPending])
-
-	require.NoError(t, r.releaseLost(t.Context(), []time.Time{rows[1].lease}, waitTimeout))
-	require.False(t, notified(), "nothing handed back, nothing to wake for")
-}
-
-// A relay that stops writes the outcomes of its deliveries in flight once they end, and
-// one that ends a row of an ordering key lets the key's next row go. It no longer claims
-// that row itself, and nothing told the relays still running: an idle one (it polls
-// hourly here) found it only at its next poll interval, though it was due at once.
-func TestOrderedOutcomeOfAStoppingRelayWakesOtherRelays(t *testing.T) {
-	t.Parallel()
-	b := setup(t, receiver.Options{})
-	conn := newGatedConnector()
-	stopping, err := New(b.pool, separateMetrics(b.fastConfig()), map[string]Instance{"webhook": {Connector: conn}})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	defer cancel()
-	ran := make(chan error, 1)
-	go func() { ran <- stopping.Run(ctx) }()
-	_, err = outbox.EnqueueBatch(t.Context(), b.pool, []outbox.Message{
-		{Key: "head", Connector: "webhook", OrderingKey: "k", Payload: []int{1}},
-		{Key: "next", Connector: "webhook", OrderingKey: "k", Payload: []int{2}},
-	})
-	require.NoError(t, err)
-	require.Equal(t, "head", conn.waitFirst(t)) // in flight; next waits for it
-
-	b.startNotifyOnly(t) // the relay left running, idle
-	cancel()             // SIGTERM
-	require.Eventually(t, func() bool { return len(wakeRows(t, b, stopping.ID())) == 0 }, waitTimeout, 10*time.Millisecond,
-		"the stopping relay's claim loop has ended")
-	close(conn.gate) // the attempt in flight ends; its outcome is written after the stop
-	select {
-	case err := <-ran:
-		require.NoError(t, err)
-	case <-time.After(waitTimeout):
-		t.Fatal("relay did not stop")
-	}
-	waitStatus(t, b.pool, "head", outbox.StatusDelivered)
-	waitStatus(t, b.pool, "next", outbox.StatusDelivered)
 }
 
 // A busy relay's fast-polling mark keeps the inserts of its instances from sending
