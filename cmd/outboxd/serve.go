@@ -63,13 +63,22 @@ func newServeCmd(e *env) *cobra.Command {
 func serve(ctx context.Context, e *env) (err error) {
 	cfg, err := config.Load(e.environ)
 	if err != nil {
+		// Before the problems, which a misspelt variable often explains: the
+		// OUTBOX_WEBHOOK_CRM_URL required, when OUTBOX_WEBHOOK_CRM_ULR is set. The log
+		// settings may be among the problems: the defaults then.
+		var cerr *config.Error
+		if errors.As(err, &cerr) {
+			logCfg, lerr := config.LoadLog(e.environ)
+			if lerr != nil {
+				logCfg = config.Log{}
+			}
+			warnUnknown(ctx, newLogger(e.stderr, logCfg), cerr.Unknown)
+		}
 		return usageError{err}
 	}
 	logger := newLogger(e.stderr, cfg.Log)
 	// First, as one may explain a problem below: OUTBOX_WEBHOK_URL creates no instance.
-	for _, name := range cfg.Unknown {
-		logger.WarnContext(ctx, "unknown variable ignored: outboxd reads no variable of this name; check its spelling", "variable", name)
-	}
+	warnUnknown(ctx, logger, cfg.Unknown)
 	if len(cfg.Instances()) == 0 {
 		return usagef("no connector instance is configured: set OUTBOX_WEBHOOK_URL for the default webhook " +
 			"instance, or name instances in OUTBOX_CONNECTORS (webhook:crm reads OUTBOX_WEBHOOK_CRM_URL)")
@@ -197,6 +206,13 @@ func serve(ctx context.Context, e *env) (err error) {
 	}
 	logger.InfoContext(ctx, "outboxd stopped")
 	return nil
+}
+
+// warnUnknown warns about each variable that starts with OUTBOX_ but that nothing reads.
+func warnUnknown(ctx context.Context, logger *slog.Logger, names []string) {
+	for _, name := range names {
+		logger.WarnContext(ctx, "unknown variable ignored: outboxd reads no variable of this name; check its spelling", "variable", name)
+	}
 }
 
 // readiness is ready for /readyz, whose answer anyone who reaches OUTBOX_HTTP_ADDR reads,

@@ -26,7 +26,7 @@ import (
 
 // serveChildEnv makes the test binary run `outboxd serve` (see TestMain) instead of the
 // tests, so a test can stop a real process with a real signal.
-const serveChildEnv = "OUTBOX_TEST_SERVE_CHILD"
+const serveChildEnv = "OUTBOXD_TEST_SERVE_CHILD" // not OUTBOX_: serve would warn about it
 
 // processWait bounds every wait on the child process. Reaching it means something is
 // stuck, not slow.

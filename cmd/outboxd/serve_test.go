@@ -270,3 +270,23 @@ func TestServeWarnsAboutUnknownVariables(t *testing.T) {
 	require.NotContains(t, stderr.String(), "c2VjcmV0", "a warning names the variable, never its value")
 	require.Contains(t, stderr.String(), "outboxd: no connector instance is configured")
 }
+
+// TestServeWarnsAboutUnknownVariablesWithProblems: the warnings come with the
+// configuration's problems too, which a misspelt variable most often explains: the
+// operator who set OUTBOX_WEBHOOK_CRM_ULR reads that OUTBOX_WEBHOOK_CRM_URL is required,
+// and that the variable they set is read by nothing.
+func TestServeWarnsAboutUnknownVariablesWithProblems(t *testing.T) {
+	t.Parallel()
+
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"serve"}, []string{
+		"OUTBOX_DATABASE_URL=postgres://app@localhost/app",
+		"OUTBOX_CONNECTORS=webhook:crm",
+		"OUTBOX_WEBHOOK_CRM_ULR=https://crm.example.com/hook",
+		"OUTBOX_LOG_LEVEL=loud", // the warnings are logged all the same, at the default level
+	}, strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitUsage, code, stderr.String())
+	require.Contains(t, stderr.String(), "level=WARN msg=\"unknown variable ignored: outboxd reads no variable of this name; check its spelling\" variable=OUTBOX_WEBHOOK_CRM_ULR\n")
+	require.Contains(t, stderr.String(), "\n- OUTBOX_WEBHOOK_CRM_URL is required for webhook:crm, which OUTBOX_CONNECTORS names\n")
+	require.NotContains(t, stderr.String(), "crm.example.com", "a warning names the variable, never its value")
+}

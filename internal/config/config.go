@@ -105,10 +105,11 @@ func Load(environ []string) (*Config, error) {
 	for _, in := range c.instances() {
 		checkLease(in.timeoutVar(), in.timeout(), c.Engine.Lease, &p)
 	}
-	if err := p.err(); err != nil {
-		return nil, err
-	}
 	c.Unknown = unknownVariables(environment, named)
+	if len(p.errs) > 0 {
+		// With the variables nothing reads but those a problem names (see Error.Unknown).
+		return nil, &Error{Problems: p.errs, Unknown: slices.DeleteFunc(c.Unknown, func(name string) bool { return !p.ok(name) })}
+	}
 	return &c, nil
 }
 

@@ -805,6 +805,27 @@ func TestLoadUnknownVariables(t *testing.T) {
 	require.Empty(t, cfg.Unknown)
 }
 
+// TestLoadUnknownVariablesWithProblems: a misspelt variable is most often what a problem
+// is about (OUTBOX_WEBHOOK_CRM_ULR, for the OUTBOX_WEBHOOK_CRM_URL that webhook:crm
+// requires), so a Load that fails lists the variables it does not read too, for serve
+// to warn about with the problems; but not those a problem names already.
+func TestLoadUnknownVariablesWithProblems(t *testing.T) {
+	t.Parallel()
+
+	_, err := Load(environ(with(minimal, map[string]string{
+		"OUTBOX_CONNECTORS":      "webhook:crm",
+		"OUTBOX_WEBHOOK_CRM_ULR": "https://crm.example.com/hook",
+		"OUTBOX_WEBHOOK_CRN_URL": "https://crm.example.com/hook", // a problem: webhook:crn is not listed
+	})))
+	require.Equal(t, []string{
+		"OUTBOX_WEBHOOK_CRM_URL is required for webhook:crm, which OUTBOX_CONNECTORS names",
+		"OUTBOX_WEBHOOK_CRN_URL is set but webhook:crn is not in OUTBOX_CONNECTORS",
+	}, problemLines(t, err))
+	var cerr *Error
+	require.ErrorAs(t, err, &cerr)
+	require.Equal(t, []string{"OUTBOX_WEBHOOK_CRM_ULR"}, cerr.Unknown)
+}
+
 // TestMCPTokenNotBlamedForBadTokens: when OUTBOX_API_TOKENS does not parse, the
 // problem is that variable's alone; saying that OUTBOX_MCP_TOKEN matches none of the
 // tokens would send the operator after the MCP token, which may be the right one.

@@ -16,6 +16,11 @@ import (
 type Error struct {
 	// Problems holds one error per problem.
 	Problems []error
+	// Unknown lists the OUTBOX_ variables that nothing reads, as [Config.Unknown] does,
+	// but for those a problem names already: a misspelt name is most often what a
+	// problem is about (OUTBOX_WEBHOOK_CRM_ULR, for the OUTBOX_WEBHOOK_CRM_URL that
+	// webhook:crm requires). [Load] sets it; serve warns about each with the problems.
+	Unknown []string
 }
 
 func (e *Error) Error() string {
