@@ -128,19 +128,32 @@ func statusJSON(rep ops.Report, g map[string]connectors.Guarantee) statusReportJ
 
 // writeStatus prints the verdict line and the table, one row per connector.
 func writeStatus(w io.Writer, rep ops.Report, g map[string]connectors.Guarantee) error {
-	var attention []string
+	var (
+		attention []string
+		awaiting  int
+	)
 	for _, c := range rep.Connectors {
 		if c.Verdict != ops.VerdictHealthy {
 			attention = append(attention, c.Connector+": "+c.Verdict)
 		}
+		awaiting += c.Counts.AwaitingApproval
+	}
+	// Intents awaiting approval leave the verdict as it is (they wait for a person by
+	// design, not for a repair), but the line says so: "nothing needs attention" read
+	// wrong to the person they wait for.
+	approvals := ""
+	if awaiting > 0 {
+		approvals = fmt.Sprintf("; %d intent(s) await approval (outboxd list --status awaiting_approval)", awaiting)
 	}
 	switch {
 	case len(rep.Connectors) == 0:
 		fmt.Fprintf(w, "%s: the outbox is empty\n", rep.Verdict)
+	case len(attention) == 0 && awaiting > 0:
+		fmt.Fprintf(w, "%s: %d connector(s)%s\n", rep.Verdict, len(rep.Connectors), approvals)
 	case len(attention) == 0:
 		fmt.Fprintf(w, "%s: %d connector(s), nothing needs attention\n", rep.Verdict, len(rep.Connectors))
 	default:
-		fmt.Fprintf(w, "%s: %s\n", rep.Verdict, strings.Join(attention, "; "))
+		fmt.Fprintf(w, "%s: %s%s\n", rep.Verdict, strings.Join(attention, "; "), approvals)
 	}
 	if len(rep.Connectors) == 0 {
 		return nil

@@ -56,6 +56,30 @@ func TestStatusGolden(t *testing.T) {
 	require.Equal(t, string(want), b.String())
 }
 
+// Intents awaiting approval wait for a person: the verdict stays healthy, but the line
+// no longer says that nothing needs attention, which read wrong to that person.
+func TestStatusLineNamesIntentsAwaitingApproval(t *testing.T) {
+	t.Parallel()
+	rep := ops.Report{
+		Now:     time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC),
+		Verdict: ops.VerdictHealthy,
+		Connectors: []ops.ConnectorStatus{
+			{Connector: "payment", Counts: ops.Counts{Delivered: 4, AwaitingApproval: 2}, Verdict: ops.VerdictHealthy},
+			{Connector: "webhook", Counts: ops.Counts{Delivered: 9, AwaitingApproval: 1}, Verdict: ops.VerdictHealthy},
+		},
+	}
+	var b bytes.Buffer
+	require.NoError(t, writeStatus(&b, rep, nil))
+	first, _, _ := strings.Cut(b.String(), "\n")
+	require.Equal(t, "healthy: 2 connector(s); 3 intent(s) await approval (outboxd list --status awaiting_approval)", first)
+
+	rep.Connectors[0].Counts.AwaitingApproval, rep.Connectors[1].Counts.AwaitingApproval = 0, 0
+	b.Reset()
+	require.NoError(t, writeStatus(&b, rep, nil))
+	first, _, _ = strings.Cut(b.String(), "\n")
+	require.Equal(t, "healthy: 2 connector(s), nothing needs attention", first)
+}
+
 func TestStatusCommand(t *testing.T) {
 	t.Parallel()
 	d := newOpsDB(t, "OUTBOX_WEBHOOK_URL=http://127.0.0.1:1/hook", "OUTBOX_WEBHOOK_GUARANTEE=enforced")
@@ -64,7 +88,7 @@ func TestStatusCommand(t *testing.T) {
 	code, out, errOut := d.cli(t, "", "status")
 	require.Equal(t, exitOK, code, errOut)
 	lines := strings.Split(out, "\n")
-	require.Equal(t, "rows stuck: webhook: rows stuck", lines[0])
+	require.Equal(t, "rows stuck: webhook: rows stuck; 1 intent(s) await approval (outboxd list --status awaiting_approval)", lines[0])
 	require.Regexp(t, `(?m)^CONNECTOR\s+GUARANTEE\s+PENDING\s+DELIVERING\s+DELIVERED\s+DEAD\s+CANCELED\s+AWAITING\s+HELD\s+OLDEST PENDING\s+STUCK\s+AMBIGUOUS\s+DEAD 1H\s+DEAD 24H\s+VERDICT$`, out)
 	// webhook: 1 pending, 2 delivering, 1 delivered, 1 dead, 1 canceled, 1 awaiting, 1 held;
 	// oldest pending 2h; 1 stuck; 1 ambiguous; the dead row went dead a minute ago.
