@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/slack"
 	"github.com/outboxd/outboxd/connectors/webhook"
 	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/internal/receiver"
@@ -43,9 +45,24 @@ const childAheadEnv = "OUTBOX_TEST_CHILD_AHEAD"
 // or taken its own expired lease back, and the test failed.
 const childLease = time.Hour + 20*time.Second
 
+// childKindEnv picks the child relay's one connector instance: unset, an enforced
+// webhook named "webhook"; childHold, a forwarded webhook named "webhook" with the hold
+// policy; childSlack, a slack connector named "slack" whose Web API root is
+// OUTBOX_TEST_CHILD_URL.
+const childKindEnv = "OUTBOX_TEST_CHILD_KIND"
+
+const (
+	childHold  = "hold"
+	childSlack = "slack"
+)
+
+// childConcurrencyEnv sets the child relay's Config.Concurrency, the default when unset.
+const childConcurrencyEnv = "OUTBOX_TEST_CHILD_CONCURRENCY"
+
 // runChild runs a relay against OUTBOX_TEST_CHILD_DSN delivering to
 // OUTBOX_TEST_CHILD_URL until it is killed or gets SIGTERM, on a clock
-// OUTBOX_TEST_CHILD_AHEAD ahead of the real one when that is set.
+// OUTBOX_TEST_CHILD_AHEAD ahead of the real one when that is set, with the instance
+// childKindEnv names.
 func runChild() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -54,12 +71,17 @@ func runChild() int {
 		return 1
 	}
 	defer pool.Close()
-	hook, err := webhook.New(webhook.Config{URL: os.Getenv("OUTBOX_TEST_CHILD_URL"), Guarantee: connectors.Enforced, Timeout: time.Hour})
+	instances, err := childInstances(os.Getenv(childKindEnv), os.Getenv("OUTBOX_TEST_CHILD_URL"))
 	if err != nil {
 		return 1
 	}
 	cfg := &Config{ID: "child", Lease: childLease, PollInterval: 50 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	if n := os.Getenv(childConcurrencyEnv); n != "" {
+		if cfg.Concurrency, err = strconv.Atoi(n); err != nil {
+			return 1
+		}
+	}
 	if ahead := os.Getenv(childAheadEnv); ahead != "" {
 		d, err := time.ParseDuration(ahead)
 		if err != nil {
@@ -67,7 +89,7 @@ func runChild() int {
 		}
 		cfg.NowFunc = func() time.Time { return time.Now().Add(d) }
 	}
-	r, err := New(pool, cfg, map[string]Instance{"webhook": {Connector: hook}})
+	r, err := New(pool, cfg, instances)
 	if err != nil {
 		return 1
 	}
@@ -75,6 +97,24 @@ func runChild() int {
 		return 1
 	}
 	return 0
+}
+
+// childInstances is the child relay's instance of kind (see childKindEnv), delivering
+// to url. Its attempts' time limit is an hour, below childLease: a held request stays
+// open until the test kills the child.
+func childInstances(kind, url string) (map[string]Instance, error) {
+	switch kind {
+	case "":
+		hook, err := webhook.New(webhook.Config{URL: url, Guarantee: connectors.Enforced, Timeout: time.Hour})
+		return map[string]Instance{"webhook": {Connector: hook}}, err
+	case childHold:
+		hook, err := webhook.New(webhook.Config{URL: url, Guarantee: connectors.Forwarded, Timeout: time.Hour})
+		return map[string]Instance{"webhook": {Connector: hook, OnAmbiguous: AmbiguousHold}}, err
+	case childSlack:
+		c, err := slack.New(slack.Config{Token: fakeSlackToken, APIBase: url, Timeout: time.Hour})
+		return map[string]Instance{"slack": {Connector: c}}, err
+	}
+	return nil, fmt.Errorf("unknown child kind %q", kind)
 }
 
 // The failure that matters most, with a real process: the relay is killed (SIGKILL) after
