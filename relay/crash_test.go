@@ -117,6 +117,44 @@ func childInstances(kind, url string) (map[string]Instance, error) {
 	return nil, fmt.Errorf("unknown child kind %q", kind)
 }
 
+// childDB returns a fresh database's URL, for a relay process to connect to, and a pool
+// on it for the test.
+func childDB(t *testing.T) (string, *pgxpool.Pool) {
+	t.Helper()
+	dsn := pgtest.URL(t)
+	pool, err := pgxpool.New(t.Context(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return dsn, pool
+}
+
+// requireNothingRecorded checks that a relay killed while the receiver held key's answer
+// recorded nothing: the row is still delivering under the dead relay's lease, and no
+// attempt is logged.
+func requireNothingRecorded(t *testing.T, pool *pgxpool.Pool, key string) {
+	t.Helper()
+	in, err := outbox.Get(t.Context(), pool, key)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDelivering, in.Status, "the dead relay's lease is still on the row")
+	require.Empty(t, attemptsOf(t, pool, key), "no outcome was recorded")
+}
+
+// holdEffect returns what holds the receiver's answer to key until the relay is dead:
+// hold, to call with each effect's key (a receiver's OnEffect), closes arrived when key's
+// effect begins and waits for release. The test closes release (closeOnce), also in a
+// cleanup registered after the receiver's, so that it runs before the receiver's Close,
+// which waits for the held request.
+func holdEffect(key string) (arrived, release chan struct{}, hold func(string)) {
+	arrived, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	return arrived, release, func(k string) {
+		if k == key {
+			once.Do(func() { close(arrived) })
+			<-release
+		}
+	}
+}
+
 // The failure that matters most, with a real process: the relay is killed (SIGKILL) after
 // the receiver performed the write but before the outcome was recorded. The receiver
 // holds its answer until the process is dead, so the relay cannot have recorded it, and
@@ -125,17 +163,8 @@ func childInstances(kind, url string) (map[string]Instance, error) {
 // again with the same key, and there is still exactly one effect.
 func TestRelayKilledAfterEffectBeforeRecord(t *testing.T) {
 	t.Parallel()
-	var (
-		once    sync.Once
-		arrived = make(chan struct{})
-		release = make(chan struct{})
-	)
-	rcv, err := receiver.Start(receiver.Options{OnEffect: func(e receiver.Effect) {
-		if e.Key == "charge-once" {
-			once.Do(func() { close(arrived) })
-			<-release // hold the answer until the relay is dead
-		}
-	}})
+	arrived, release, hold := holdEffect("charge-once")
+	rcv, err := receiver.Start(receiver.Options{OnEffect: func(e receiver.Effect) { hold(e.Key) }})
 	require.NoError(t, err)
 	t.Cleanup(rcv.Close)
 	// The receiver behind a front that tells when the held request has been answered
@@ -153,10 +182,7 @@ func TestRelayKilledAfterEffectBeforeRecord(t *testing.T) {
 		closeOnce(release)
 		front.Close()
 	})
-	dsn := pgtest.URL(t)
-	pool, err := pgxpool.New(t.Context(), dsn)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	dsn, pool := childDB(t)
 
 	startChild := func(environ ...string) (*exec.Cmd, chan error) {
 		child := exec.Command(os.Args[0], "-test.run=^$")
@@ -188,17 +214,14 @@ func TestRelayKilledAfterEffectBeforeRecord(t *testing.T) {
 	closeOnce(release)
 	waitFor(t, answered, "the receiver never answered the dead relay's request")
 
-	in, err := outbox.Get(t.Context(), pool, "charge-once")
-	require.NoError(t, err)
-	require.Equal(t, outbox.StatusDelivering, in.Status, "the dead relay's lease is still on the row")
-	require.Empty(t, attemptsOf(t, pool, "charge-once"), "no outcome was recorded")
+	requireNothingRecorded(t, pool, "charge-once")
 	require.Equal(t, 1, rcv.Effects("charge-once"))
 
 	// The relay comes back after the lease has expired (on its clock, ahead by more than
 	// the lease); it takes the row, and the receiver answers from its store: still one
 	// effect.
 	child, exited = startChild(childAheadEnv + "=" + (childLease + time.Hour).String())
-	in = waitStatus(t, pool, "charge-once", outbox.StatusDelivered)
+	in := waitStatus(t, pool, "charge-once", outbox.StatusDelivered)
 	require.Equal(t, 1, rcv.Effects("charge-once"))
 	require.Equal(t, 2, rcv.Requests("charge-once"), "the retry reached the receiver, which answered from its store")
 	require.Equal(t, 2, in.Attempts)

@@ -26,7 +26,6 @@ import (
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/connectors/slack"
 	"github.com/outboxd/outboxd/connectors/webhook"
-	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/internal/replaylock"
 	"github.com/outboxd/outboxd/outbox"
@@ -114,40 +113,24 @@ func successor(t *testing.T, pool *pgxpool.Pool, instances map[string]Instance) 
 // attempt was ambiguous.
 func TestRelayKilledAfterEffectHoldsAForwardedRow(t *testing.T) {
 	t.Parallel()
-	var (
-		once    sync.Once
-		arrived = make(chan struct{})
-		release = make(chan struct{})
-	)
-	rcv, err := receiver.Start(receiver.Options{IgnoreKeys: true, OnEffect: func(e receiver.Effect) {
-		if e.Key == "post-once" {
-			once.Do(func() { close(arrived) })
-			<-release // hold the answer until the relay is dead
-		}
-	}})
+	arrived, release, hold := holdEffect("post-once")
+	rcv, err := receiver.Start(receiver.Options{IgnoreKeys: true, OnEffect: func(e receiver.Effect) { hold(e.Key) }})
 	require.NoError(t, err)
 	t.Cleanup(rcv.Close)
 	t.Cleanup(func() { closeOnce(release) })
-	dsn := pgtest.URL(t)
-	pool, err := pgxpool.New(t.Context(), dsn)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	dsn, pool := childDB(t)
 
 	child := startRelayChild(t, dsn, rcv.URL(), childKindEnv+"="+childHold)
 	enqueue(t, pool, "post-once", "webhook", map[string]int{"n": 1})
 	waitFor(t, arrived, "the child relay never delivered")
 	child.kill(t)
 	closeOnce(release)
-
-	in, err := outbox.Get(t.Context(), pool, "post-once")
-	require.NoError(t, err)
-	require.Equal(t, outbox.StatusDelivering, in.Status, "the dead relay's lease is still on the row")
-	require.Empty(t, attemptsOf(t, pool, "post-once"), "no outcome was recorded")
+	requireNothingRecorded(t, pool, "post-once")
 
 	hook, err := webhook.New(webhook.Config{URL: rcv.URL(), Guarantee: connectors.Forwarded})
 	require.NoError(t, err)
 	successor(t, pool, map[string]Instance{"webhook": {Connector: hook, OnAmbiguous: AmbiguousHold}})
-	in = waitStatus(t, pool, "post-once", outbox.StatusHeld)
+	in := waitStatus(t, pool, "post-once", outbox.StatusHeld)
 	require.Equal(t, 1, in.Attempts)
 	require.Contains(t, in.LastError, "relay child lost its lease during attempt 1")
 	require.Contains(t, in.LastError, "held for an operator")
@@ -173,10 +156,7 @@ func TestRelayKilledWithARequestUnansweredAndRowsWaiting(t *testing.T) {
 	// never acts on it nor answers; it passes later connections through.
 	front := newHalfFront(t, rcv.URL())
 
-	dsn := pgtest.URL(t)
-	pool, err := pgxpool.New(t.Context(), dsn)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	dsn, pool := childDB(t)
 
 	child := startRelayChild(t, dsn, front.url+"/hook", childConcurrencyEnv+"=1")
 	keys := []string{"row-1", "row-2", "row-3", "row-4"}
@@ -252,25 +232,13 @@ func TestRelayKilledWithARequestUnansweredAndRowsWaiting(t *testing.T) {
 // again with the same key: one effect.
 func TestRelayKilledWhileStoppingAfterItsHandBack(t *testing.T) {
 	t.Parallel()
-	var (
-		once    sync.Once
-		arrived = make(chan struct{})
-		release = make(chan struct{})
-	)
-	rcv, err := receiver.Start(receiver.Options{OnEffect: func(e receiver.Effect) {
-		if e.Key == "draining" {
-			once.Do(func() { close(arrived) })
-			<-release // hold the answer until the relay is dead
-		}
-	}})
+	arrived, release, hold := holdEffect("draining")
+	rcv, err := receiver.Start(receiver.Options{OnEffect: func(e receiver.Effect) { hold(e.Key) }})
 	require.NoError(t, err)
 	t.Cleanup(rcv.Close)
 	target, answered := answeredFront(t, rcv, "draining")
 	t.Cleanup(func() { closeOnce(release) }) // before the front's Close, which waits for the held request
-	dsn := pgtest.URL(t)
-	pool, err := pgxpool.New(t.Context(), dsn)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	dsn, pool := childDB(t)
 
 	child := startRelayChild(t, dsn, target, childConcurrencyEnv+"=1")
 	enqueue(t, pool, "draining", "webhook", map[string]int{"n": 0})
@@ -357,10 +325,7 @@ func TestRelayKilledWithAClaimRoundInFlight(t *testing.T) {
 		rcv, err := receiver.Start(receiver.Options{IgnoreKeys: true})
 		require.NoError(t, err)
 		t.Cleanup(rcv.Close)
-		dsn := pgtest.URL(t)
-		pool, err := pgxpool.New(t.Context(), dsn)
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
+		dsn, pool := childDB(t)
 
 		child := startRelayChild(t, dsn, rcv.URL(), childKindEnv+"="+childHold)
 		// A row with an ordering key, for the replay lock below.
@@ -447,24 +412,12 @@ func TestRelayKilledWithAClaimRoundInFlight(t *testing.T) {
 // delivered, and the relay that comes next leaves it alone: one effect, one request.
 func TestRelayKilledWithItsOutcomeRoundInFlight(t *testing.T) {
 	t.Parallel()
-	var (
-		once    sync.Once
-		arrived = make(chan struct{})
-		release = make(chan struct{})
-	)
-	rcv, err := receiver.Start(receiver.Options{OnEffect: func(e receiver.Effect) {
-		if e.Key == "recorded-dead" {
-			once.Do(func() { close(arrived) })
-			<-release
-		}
-	}})
+	arrived, release, hold := holdEffect("recorded-dead")
+	rcv, err := receiver.Start(receiver.Options{OnEffect: func(e receiver.Effect) { hold(e.Key) }})
 	require.NoError(t, err)
 	t.Cleanup(rcv.Close)
 	t.Cleanup(func() { closeOnce(release) })
-	dsn := pgtest.URL(t)
-	pool, err := pgxpool.New(t.Context(), dsn)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	dsn, pool := childDB(t)
 
 	child := startRelayChild(t, dsn, rcv.URL())
 	enqueue(t, pool, "recorded-dead", "webhook", map[string]int{"n": 1})
@@ -607,39 +560,23 @@ func (f *halfFront) cut() {
 // and records it as delivered: one message, one post.
 func TestRelayKilledAfterSlackPostIsReconciled(t *testing.T) {
 	t.Parallel()
-	var (
-		once    sync.Once
-		arrived = make(chan struct{})
-		release = make(chan struct{})
-	)
-	fake := startRelaySlack(t, func(key string) {
-		if key == "announce-once" {
-			once.Do(func() { close(arrived) })
-			<-release // hold the answer until the relay is dead
-		}
-	})
+	arrived, release, hold := holdEffect("announce-once")
+	fake := startRelaySlack(t, hold)
 	t.Cleanup(func() { closeOnce(release) })
-	dsn := pgtest.URL(t)
-	pool, err := pgxpool.New(t.Context(), dsn)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	dsn, pool := childDB(t)
 
 	child := startRelayChild(t, dsn, fake.srv.URL+"/api/", childKindEnv+"="+childSlack)
 	enqueue(t, pool, "announce-once", "slack", map[string]string{"channel": "C0123", "text": "deployed"})
 	waitFor(t, arrived, "the child relay never posted")
 	child.kill(t)
 	closeOnce(release)
-
-	in, err := outbox.Get(t.Context(), pool, "announce-once")
-	require.NoError(t, err)
-	require.Equal(t, outbox.StatusDelivering, in.Status, "the dead relay's lease is still on the row")
-	require.Empty(t, attemptsOf(t, pool, "announce-once"), "no outcome was recorded")
+	requireNothingRecorded(t, pool, "announce-once")
 	require.Equal(t, 1, fake.messages("announce-once"))
 
 	c, err := slack.New(slack.Config{Token: fakeSlackToken, APIBase: fake.srv.URL + "/api/"})
 	require.NoError(t, err)
 	successor(t, pool, map[string]Instance{"slack": {Connector: c}})
-	in = waitStatus(t, pool, "announce-once", outbox.StatusDelivered)
+	in := waitStatus(t, pool, "announce-once", outbox.StatusDelivered)
 	require.Equal(t, 2, in.Attempts)
 	var res struct {
 		TS         string `json:"ts"`

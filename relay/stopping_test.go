@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/connectors"
-	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -133,10 +132,7 @@ func (c *cancelledConnector) Deliver(ctx context.Context, d connectors.Delivery)
 // stop instead of 50ms. The timer now runs from the stop.
 func TestShutdownTimeoutRunsFromTheStopWhileARoundIsStuck(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.URL(t)
-	pool, err := pgxpool.New(t.Context(), dsn) // the test's
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	dsn, pool := childDB(t)
 	relayPool, err := pgxpool.New(t.Context(), dsn)
 	require.NoError(t, err)
 	t.Cleanup(relayPool.Close)
