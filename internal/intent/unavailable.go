@@ -18,13 +18,15 @@ import (
 // unavailable too: the write did not happen, and the same call works once writes do.
 // So is a session lost on the way, which ends the call with an EOF or a reset rather
 // than a word from PostgreSQL: a pooler or a proxy that restarted, a failover that
-// resets the connections (HAProxy's shutdown-sessions), a host gone. A timeout is not
+// resets the connections (HAProxy's shutdown-sessions), a host gone; in the simple
+// protocol (default_query_exec_mode=simple_protocol, behind a transaction pooler) pgx
+// reports that loss as "conn closed" ([pgconn.ErrConnClosed]) instead. A timeout is not
 // one: it is the caller's bound, which says so itself.
 func Unavailable(err error) bool {
 	if errors.As(err, new(*pgconn.ConnectError)) {
 		return true
 	}
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, pgconn.ErrConnClosed) {
 		return true
 	}
 	if opErr := (*net.OpError)(nil); errors.As(err, &opErr) && !opErr.Timeout() {
@@ -44,10 +46,13 @@ func Unavailable(err error) bool {
 // NothingWritten reports whether err, which [Unavailable] counts, shows that the call
 // wrote nothing: no connection could be made, the server takes no writes (25006), or the
 // session was lost before any of the call was sent. A session ended or lost while the
-// call ran may have committed its write, and lost only the answer.
+// call ran may have committed its write, and lost only the answer. "conn closed" is not
+// taken as nothing sent, though pgx calls it safe to retry: in the simple protocol it is
+// what a statement gets whose session was lost after it went out.
 func NothingWritten(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, new(*pgconn.ConnectError)) || pgconn.SafeToRetry(err) ||
+	return errors.As(err, new(*pgconn.ConnectError)) ||
+		(pgconn.SafeToRetry(err) && !errors.Is(err, pgconn.ErrConnClosed)) ||
 		(errors.As(err, &pgErr) && pgErr.Code == "25006")
 }
 

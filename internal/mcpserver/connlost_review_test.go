@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
@@ -16,11 +18,25 @@ import (
 // back (a proxy or pooler restarted, a failover that resets connections) is the database
 // out of reach, as one that is down; but the intent was written: the tool error must not
 // tell the agent that nothing was, which it may take as the effect not happening.
+// So in every query exec mode: behind a transaction pooler (simple protocol), pgx
+// reports the lost session of the statement it sent as "conn closed"
+// (pgconn.ErrConnClosed), which it calls safe to retry.
 func TestMCPSessionLostAfterCommitDoesNotSayNothingWasWritten(t *testing.T) {
 	t.Parallel()
+	for _, mode := range append([]pgx.QueryExecMode{pgx.QueryExecModeCacheStatement}, pgtest.ExecModes...) {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			testMCPSessionLostAfterCommit(t, mode)
+		})
+	}
+}
+
+func testMCPSessionLostAfterCommit(t *testing.T, mode pgx.QueryExecMode) {
 	direct := pgtest.DB(t)
 	path := pgtest.NewPath(t, direct)
-	pool := path.Pool(t, direct, pgtest.OneUnpingedSession)
+	pool := path.Pool(t, direct, pgtest.OneUnpingedSession, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.DefaultQueryExecMode = mode
+	})
 	b := &testBundle{pool: pool, svc: &intent.Service{Pool: pool, Policy: testPolicy()}}
 	cs := b.connect(t, "agent")
 	// The pool holds a session through the path that has prepared the proposal's
