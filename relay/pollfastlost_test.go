@@ -5,8 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -14,14 +16,25 @@ import (
 // its reply arrives. Inserts of its instances then send no NOTIFY for the next
 // fastPollWindow, so the relay must poll fast for it as the database says: it used to
 // take the error as "not written" and poll only every PollInterval, and a row inserted
-// meanwhile waited that long (here an hour).
+// meanwhile waited that long (here an hour). So in every query exec mode: in the simple
+// protocol (as behind a transaction pooler) pgx reports the lost reply as "conn closed",
+// which it calls safe to retry.
 func TestLostPollFastReplyStillPollsFast(t *testing.T) {
 	t.Parallel()
+	for _, mode := range append([]pgx.QueryExecMode{pgx.QueryExecModeCacheStatement}, pgtest.ExecModes...) {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			testLostPollFastReply(t, mode)
+		})
+	}
+}
+
+func testLostPollFastReply(t *testing.T, mode pgx.QueryExecMode) {
 	direct, proxy, cfg, _ := lossySetup(t)
 	cfg.PollInterval = time.Hour
 	conn := &recordingConnector{}
 	proxy.arm("relay_id, polling_until)", nil) // pollFastSQL
-	r, err := New(proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
+	r, err := New(pgtest.InMode(t, proxy.pool, mode), cfg, map[string]Instance{"webhook": {Connector: conn}})
 	require.NoError(t, err)
 	r.fastGrace = waitTimeout // the lost reply and the insert below may be far apart on a busy machine
 	run(t, r)

@@ -993,8 +993,11 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 			// A statement whose reply was lost may have committed: inserts then send no
 			// NOTIFY for the next fastPollWindow, so this relay polls fast as it says, and
 			// for fastGrace after, for the transactions that inserted before the mark
-			// lapsed and commit after (see fastPollGrace).
-			if err == nil || unsure(err) {
+			// lapsed and commit after (see fastPollGrace). In the simple protocol (as
+			// behind a transaction pooler) pgx reports that lost reply as "conn closed",
+			// which it calls safe to retry, and unsure as never sent: sent or not, polling
+			// fast does no harm.
+			if err == nil || unsure(err) || errors.Is(err, pgconn.ErrConnClosed) {
 				fastUntil = time.Now().Add(fastPollWindow + r.fastGrace)
 			}
 		}
