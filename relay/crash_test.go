@@ -27,6 +27,7 @@ import (
 	"github.com/outboxd/outboxd/connectors/webhook"
 	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/internal/receiver"
+	"github.com/outboxd/outboxd/internal/slacktest"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -111,7 +112,7 @@ func childInstances(kind, url string) (map[string]Instance, error) {
 		hook, err := webhook.New(webhook.Config{URL: url, Guarantee: connectors.Forwarded, Timeout: time.Hour})
 		return map[string]Instance{"webhook": {Connector: hook, OnAmbiguous: AmbiguousHold}}, err
 	case childSlack:
-		c, err := slack.New(slack.Config{Token: fakeSlackToken, APIBase: url, Timeout: time.Hour})
+		c, err := slack.New(slack.Config{Token: slacktest.Token, APIBase: url, Timeout: time.Hour})
 		return map[string]Instance{"slack": {Connector: c}}, err
 	}
 	return nil, fmt.Errorf("unknown child kind %q", kind)

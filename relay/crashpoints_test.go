@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -12,8 +11,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -28,6 +25,7 @@ import (
 	"github.com/outboxd/outboxd/connectors/webhook"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/internal/replaylock"
+	"github.com/outboxd/outboxd/internal/slacktest"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -561,19 +559,19 @@ func (f *halfFront) cut() {
 func TestRelayKilledAfterSlackPostIsReconciled(t *testing.T) {
 	t.Parallel()
 	arrived, release, hold := holdEffect("announce-once")
-	fake := startRelaySlack(t, hold)
+	fake := slacktest.Start(t, slacktest.Options{OnPostFunc: hold})
 	t.Cleanup(func() { closeOnce(release) })
 	dsn, pool := childDB(t)
 
-	child := startRelayChild(t, dsn, fake.srv.URL+"/api/", childKindEnv+"="+childSlack)
+	child := startRelayChild(t, dsn, fake.APIBase(), childKindEnv+"="+childSlack)
 	enqueue(t, pool, "announce-once", "slack", map[string]string{"channel": "C0123", "text": "deployed"})
 	waitFor(t, arrived, "the child relay never posted")
 	child.kill(t)
 	closeOnce(release)
 	requireNothingRecorded(t, pool, "announce-once")
-	require.Equal(t, 1, fake.messages("announce-once"))
+	require.Equal(t, 1, fake.Effects("announce-once"))
 
-	c, err := slack.New(slack.Config{Token: fakeSlackToken, APIBase: fake.srv.URL + "/api/"})
+	c, err := slack.New(slack.Config{Token: slacktest.Token, APIBase: fake.APIBase()})
 	require.NoError(t, err)
 	successor(t, pool, map[string]Instance{"slack": {Connector: c}})
 	in := waitStatus(t, pool, "announce-once", outbox.StatusDelivered)
@@ -584,151 +582,11 @@ func TestRelayKilledAfterSlackPostIsReconciled(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(in.Result, &res))
 	require.True(t, res.Reconciled, "the message was found, not posted again: %s", in.Result)
-	require.Equal(t, fake.ts("announce-once"), res.TS)
+	require.Equal(t, fake.TS("announce-once"), res.TS)
 	require.Equal(t, []attemptRow{
 		{Attempt: 1, Outcome: "lease_expired", Ambiguous: true, Error: "lease expired before the outcome was recorded", RelayID: "child"},
 		{Attempt: 2, Outcome: "delivered", RelayID: "successor"},
 	}, attemptsOf(t, pool, "announce-once"))
-	require.Equal(t, 1, fake.messages("announce-once"))
-	require.Equal(t, 1, fake.posts("announce-once"), "the message was not posted again")
-}
-
-// fakeSlackToken is the token relaySlack takes.
-const fakeSlackToken = "xoxb-crash-test"
-
-// relaySlack is just enough of Slack's Web API for the slack connector's post and its
-// lookup before a retry: chat.postMessage keeps each message with the key its metadata
-// carries, and conversations.history returns a channel's messages newest first, on one
-// page.
-type relaySlack struct {
-	srv    *httptest.Server
-	onPost func(key string) // called after the message is stored, before the answer
-
-	mu     sync.Mutex
-	last   time.Time // the latest message's time
-	msgs   []slackMsg
-	nposts map[string]int
-}
-
-type slackMsg struct {
-	channel, ts, text, key string
-	at                     time.Time
-}
-
-func startRelaySlack(t *testing.T, onPost func(key string)) *relaySlack {
-	t.Helper()
-	f := &relaySlack{onPost: onPost, nposts: map[string]int{}}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/api/chat.postMessage", f.post)
-	mux.HandleFunc("/api/conversations.history", f.history)
-	f.srv = httptest.NewServer(mux)
-	t.Cleanup(f.srv.Close)
-	return f
-}
-
-func writeSlack(w http.ResponseWriter, v map[string]any) {
-	w.Header().Set("Content-Type", "application/json; charset=utf-8")
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-func (f *relaySlack) authorized(r *http.Request) bool {
-	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-		return tok == fakeSlackToken
-	}
-	return r.Form.Get("token") == fakeSlackToken
-}
-
-func (f *relaySlack) post(w http.ResponseWriter, r *http.Request) {
-	if err := r.ParseForm(); err != nil || !f.authorized(r) {
-		writeSlack(w, map[string]any{"ok": false, "error": "invalid_auth"})
-		return
-	}
-	m := slackMsg{channel: r.Form.Get("channel"), text: r.Form.Get("text")}
-	var meta struct {
-		EventType    string         `json:"event_type"`
-		EventPayload map[string]any `json:"event_payload"`
-	}
-	if raw := r.Form.Get("metadata"); raw != "" && json.Unmarshal([]byte(raw), &meta) == nil && meta.EventType == slack.EventType {
-		m.key, _ = meta.EventPayload[slack.KeyField].(string)
-	}
-	f.mu.Lock()
-	// Slack's ts is when the message was posted, unique in its channel.
-	m.at = time.Now().Truncate(time.Microsecond)
-	if !m.at.After(f.last) {
-		m.at = f.last.Add(time.Microsecond)
-	}
-	f.last = m.at
-	m.ts = fmt.Sprintf("%d.%06d", m.at.Unix(), m.at.Nanosecond()/1000)
-	f.msgs = append(f.msgs, m)
-	f.nposts[m.key]++
-	f.mu.Unlock()
-	if f.onPost != nil {
-		f.onPost(m.key)
-	}
-	writeSlack(w, map[string]any{"ok": true, "channel": m.channel, "ts": m.ts})
-}
-
-func (f *relaySlack) history(w http.ResponseWriter, r *http.Request) {
-	if err := r.ParseForm(); err != nil || !f.authorized(r) {
-		writeSlack(w, map[string]any{"ok": false, "error": "invalid_auth"})
-		return
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var out []map[string]any
-	for i := len(f.msgs) - 1; i >= 0; i-- {
-		m := f.msgs[i]
-		if m.channel != r.Form.Get("channel") || !tsAfter(m.ts, r.Form.Get("oldest")) {
-			continue
-		}
-		msg := map[string]any{"type": "message", "ts": m.ts, "text": m.text}
-		if m.key != "" {
-			msg["metadata"] = map[string]any{"event_type": slack.EventType, "event_payload": map[string]any{slack.KeyField: m.key}}
-		}
-		out = append(out, msg)
-	}
-	writeSlack(w, map[string]any{"ok": true, "messages": out, "has_more": false})
-}
-
-// messages counts the stored messages that carry key.
-func (f *relaySlack) messages(key string) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	n := 0
-	for _, m := range f.msgs {
-		if m.key == key {
-			n++
-		}
-	}
-	return n
-}
-
-// ts is the ts of the first message that carries key.
-func (f *relaySlack) ts(key string) string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, m := range f.msgs {
-		if m.key == key {
-			return m.ts
-		}
-	}
-	return ""
-}
-
-// posts counts chat.postMessage requests for key.
-func (f *relaySlack) posts(key string) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.nposts[key]
-}
-
-// tsAfter reports whether message ts is after oldest (Slack's "oldest", exclusive); an
-// empty oldest holds every message.
-func tsAfter(ts, oldest string) bool {
-	if oldest == "" {
-		return true
-	}
-	a, _ := strconv.ParseFloat(ts, 64)
-	b, _ := strconv.ParseFloat(oldest, 64)
-	return a > b
+	require.Equal(t, 1, fake.Effects("announce-once"))
+	require.Equal(t, 1, fake.Posts("announce-once"), "the message was not posted again")
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/connectors/slack"
+	"github.com/outboxd/outboxd/internal/slacktest"
 )
 
 // Slack's Web API answers every call with "ok": true, or false and an error code.
@@ -23,7 +24,7 @@ func TestDeliver_AnswerWithoutOK(t *testing.T) {
 			t.Run("Post", func(t *testing.T) {
 				t.Parallel()
 				b := setup(t, slack.Config{})
-				b.f.Plan("k", fakePlan{Body: body})
+				b.f.Plan("k", slacktest.Plan{Body: body})
 				raw, err := b.c.Deliver(t.Context(), delivery("k"))
 				require.Error(t, err, "stored %s", raw)
 				require.Contains(t, err.Error(), `without Slack's "ok"`)
@@ -39,7 +40,7 @@ func TestDeliver_AnswerWithoutOK(t *testing.T) {
 						_, reply := startThread(t, b)
 						d = reply("k")
 					}
-					b.f.PlanLookup(fakePlan{Body: body})
+					b.f.PlanLookup(slacktest.Plan{Body: body})
 					d.Attempt, d.PreviousAmbiguous = 2, true
 					_, err := b.c.Deliver(t.Context(), d)
 					require.Error(t, err)
@@ -59,7 +60,7 @@ func TestDeliver_AnswerWithoutOK(t *testing.T) {
 func TestDeliver_PostAnsweredWithoutTS(t *testing.T) {
 	t.Parallel()
 	b := setup(t, slack.Config{})
-	b.f.Plan("k", fakePlan{Body: `{"ok":true,"channel":"C0TEST"}`})
+	b.f.Plan("k", slacktest.Plan{Body: `{"ok":true,"channel":"C0TEST"}`})
 	raw, err := b.c.Deliver(t.Context(), delivery("k"))
 	require.Error(t, err, "stored %s", raw)
 	require.Contains(t, err.Error(), "without the message's ts")

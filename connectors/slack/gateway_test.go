@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/connectors/slack"
+	"github.com/outboxd/outboxd/internal/slacktest"
 )
 
 // A 502 or 504 answering a post is a gateway's answer for Slack: it passed the post on
@@ -24,7 +25,7 @@ func TestDeliver_GatewayAnswerToAPostIsAmbiguous(t *testing.T) {
 		t.Run(fmt.Sprint(status), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, slack.Config{})
-			b.f.Plan("k", fakePlan{StatusAfterEffect: status})
+			b.f.Plan("k", slacktest.Plan{StatusAfterEffect: status})
 
 			raw, err := b.c.Deliver(t.Context(), delivery("k"))
 			require.Error(t, err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/connectors/slack"
+	"github.com/outboxd/outboxd/internal/slacktest"
 )
 
 // The ambiguous attempt's message was pushed off the first page of history by others'
@@ -16,7 +17,7 @@ import (
 func TestDeliver_ReconcilesBeyondFirstHistoryPage(t *testing.T) {
 	t.Parallel()
 	b := setup(t, slack.Config{HistoryLimit: 3})
-	b.f.Plan("k", fakePlan{DropAfterEffect: true})
+	b.f.Plan("k", slacktest.Plan{DropAfterEffect: true})
 	_, err := b.c.Deliver(t.Context(), delivery("k"))
 	require.True(t, connectors.IsAmbiguous(err), "%v", err)
 
@@ -37,7 +38,7 @@ func TestDeliver_ReconcilesBeyondFirstHistoryPage(t *testing.T) {
 func TestDeliver_InconclusiveHistoryIsReportedNotReposted(t *testing.T) {
 	t.Parallel()
 	b := setup(t, slack.Config{HistoryLimit: 1})
-	b.f.Plan("k", fakePlan{DropAfterEffect: true})
+	b.f.Plan("k", slacktest.Plan{DropAfterEffect: true})
 	_, err := b.c.Deliver(t.Context(), delivery("k"))
 	require.True(t, connectors.IsAmbiguous(err), "%v", err)
 
@@ -63,7 +64,7 @@ func TestDeliver_InconclusiveThreadIsReportedNotReposted(t *testing.T) {
 		_, err := b.c.Deliver(t.Context(), reply(fmt.Sprintf("earlier-%d", i)))
 		require.NoError(t, err)
 	}
-	b.f.Plan("k", fakePlan{DropAfterEffect: true})
+	b.f.Plan("k", slacktest.Plan{DropAfterEffect: true})
 	_, err := b.c.Deliver(t.Context(), reply("k"))
 	require.True(t, connectors.IsAmbiguous(err), "%v", err)
 
@@ -85,7 +86,7 @@ func TestZeroFirstAttemptAt(t *testing.T) {
 	for i := range 12 {
 		b.f.Seed(testChannel, fmt.Sprintf("old chatter %d", i))
 	}
-	b.f.Plan("n", fakePlan{Status: http.StatusServiceUnavailable})
+	b.f.Plan("n", slacktest.Plan{Status: http.StatusServiceUnavailable})
 	d := delivery("n")
 	_, err := b.c.Deliver(t.Context(), d)
 	require.Error(t, err)
@@ -103,7 +104,7 @@ func TestDeliver_InconclusiveCountsMessagesRead(t *testing.T) {
 	t.Parallel()
 	b := setup(t, slack.Config{HistoryLimit: 100})
 	b.f.CapLimit(2)
-	b.f.Plan("k", fakePlan{DropAfterEffect: true})
+	b.f.Plan("k", slacktest.Plan{DropAfterEffect: true})
 	_, err := b.c.Deliver(t.Context(), delivery("k"))
 	require.True(t, connectors.IsAmbiguous(err), "%v", err)
 	for i := range 25 {
@@ -123,14 +124,14 @@ func TestDeliver_InconclusiveCountsMessagesRead(t *testing.T) {
 func TestDeliver_LookupCursorNoLongerValid(t *testing.T) {
 	t.Parallel()
 	b := setup(t, slack.Config{HistoryLimit: 1})
-	b.f.Plan("k", fakePlan{Status: http.StatusServiceUnavailable})
+	b.f.Plan("k", slacktest.Plan{Status: http.StatusServiceUnavailable})
 	_, err := b.c.Deliver(t.Context(), delivery("k"))
 	require.Error(t, err)
 	for i := range 3 {
 		b.f.Seed(testChannel, fmt.Sprintf("chatter %d", i))
 	}
 
-	b.f.PlanLookup(fakePlan{}, fakePlan{Error: "invalid_cursor"})
+	b.f.PlanLookup(slacktest.Plan{}, slacktest.Plan{Error: "invalid_cursor"})
 	d := delivery("k")
 	d.Attempt = 2
 	_, err = b.c.Deliver(t.Context(), d)

@@ -15,12 +15,13 @@ import (
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/connectors/connectortest"
 	"github.com/outboxd/outboxd/connectors/slack"
+	"github.com/outboxd/outboxd/internal/slacktest"
 )
 
 const testChannel = "C0TEST"
 
 type testBundle struct {
-	f *fakeSlack
+	f *slacktest.Server
 	c *slack.Connector
 }
 
@@ -28,8 +29,8 @@ type testBundle struct {
 // default to the fake's, and cfg.HTTPClient to a client on a transport of the test's own.
 func setup(t *testing.T, cfg slack.Config) *testBundle {
 	t.Helper()
-	f := startFakeSlack(t)
-	cfg.Token = cmpOr(cfg.Token, testToken)
+	f := slacktest.Start(t, slacktest.Options{})
+	cfg.Token = cmpOr(cfg.Token, slacktest.Token)
 	cfg.APIBase = cmpOr(cfg.APIBase, f.APIBase())
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = testClient(t)
@@ -77,14 +78,14 @@ func decodeResult(t *testing.T, raw json.RawMessage) result {
 
 func TestConstants(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, fakeEventType, slack.EventType)
-	require.Equal(t, fakeKeyField, slack.KeyField)
+	require.Equal(t, slacktest.EventType, slack.EventType)
+	require.Equal(t, slacktest.KeyField, slack.KeyField)
 }
 
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	f := startFakeSlack(t)
-	c, err := slack.New(slack.Config{Token: testToken, APIBase: f.APIBase()}) // the shared transport, as in production
+	f := slacktest.Start(t, slacktest.Options{})
+	c, err := slack.New(slack.Config{Token: slacktest.Token, APIBase: f.APIBase()}) // the shared transport, as in production
 	require.NoError(t, err)
 	connectortest.Run(t, connectortest.Harness{
 		Connector: c,
@@ -93,7 +94,7 @@ func TestConformance(t *testing.T) {
 			return json.RawMessage(fmt.Sprintf(`{"channel":"C%04d","text":"row %d"}`, i, i))
 		},
 		EffectsFunc:         f.Effects,
-		DropAfterEffectFunc: func(key string) { f.Plan(key, fakePlan{DropAfterEffect: true}) },
+		DropAfterEffectFunc: func(key string) { f.Plan(key, slacktest.Plan{DropAfterEffect: true}) },
 	})
 }
 
@@ -157,7 +158,7 @@ func TestDeliver_DropAfterEffect(t *testing.T) {
 				_, err := b.c.Deliver(t.Context(), delivery("warm-up"))
 				require.NoError(t, err)
 			}
-			b.f.Plan("k", fakePlan{DropAfterEffect: true})
+			b.f.Plan("k", slacktest.Plan{DropAfterEffect: true})
 
 			raw, err := b.c.Deliver(t.Context(), delivery("k"))
 			require.Error(t, err)
@@ -165,7 +166,7 @@ func TestDeliver_DropAfterEffect(t *testing.T) {
 			require.True(t, connectors.IsAmbiguous(err), "%v", err)
 			require.False(t, connectors.IsPermanent(err))
 			require.Contains(t, err.Error(), "chat.postMessage C0TEST: no answer after the request was sent")
-			require.NotContains(t, err.Error(), testToken)
+			require.NotContains(t, err.Error(), slacktest.Token)
 			require.Equal(t, 1, b.f.Posts("k"), "the transport did not resend on its own")
 			require.Equal(t, 1, b.f.Effects("k"))
 
@@ -188,7 +189,7 @@ func TestDeliver_RetryNotFoundPosts(t *testing.T) {
 	t.Parallel()
 	b := setup(t, slack.Config{})
 	b.f.Seed(testChannel, "someone else's message")
-	b.f.Plan("k", fakePlan{Status: http.StatusServiceUnavailable})
+	b.f.Plan("k", slacktest.Plan{Status: http.StatusServiceUnavailable})
 
 	_, err := b.c.Deliver(t.Context(), delivery("k"))
 	require.Error(t, err)
@@ -216,7 +217,7 @@ func TestDeliver_ThreadReply(t *testing.T) {
 	}
 	require.Equal(t, threadTS, b.f.LastForm()["thread_ts"][0])
 
-	b.f.Plan("k", fakePlan{DropAfterEffect: true})
+	b.f.Plan("k", slacktest.Plan{DropAfterEffect: true})
 	_, err := b.c.Deliver(t.Context(), reply("k"))
 	require.True(t, connectors.IsAmbiguous(err), "%v", err)
 
@@ -239,7 +240,7 @@ func TestDeliver_HistoryLimit(t *testing.T) {
 		b.f.SeedAt(testChannel, fmt.Sprintf("old chatter %d", i), time.Now().Add(-time.Hour))
 	}
 	first := time.Now()
-	b.f.Plan("k", fakePlan{DropAfterEffect: true})
+	b.f.Plan("k", slacktest.Plan{DropAfterEffect: true})
 	d := delivery("k")
 	d.FirstAttemptAt = first
 	_, err := b.c.Deliver(t.Context(), d)
@@ -255,7 +256,7 @@ func TestDeliver_HistoryLimit(t *testing.T) {
 
 	// An earlier attempt that was refused posted nothing: the lookup reads to the end of
 	// the messages since the first attempt, and the retry posts.
-	b.f.Plan("n", fakePlan{Status: http.StatusServiceUnavailable})
+	b.f.Plan("n", slacktest.Plan{Status: http.StatusServiceUnavailable})
 	d = delivery("n")
 	d.FirstAttemptAt = time.Now()
 	_, err = b.c.Deliver(t.Context(), d)
@@ -273,7 +274,7 @@ func TestDeliver_HangAfterEffect(t *testing.T) {
 	// The timeout ends the hang; it is long enough for a slow machine to post (and, in
 	// the second attempt, look through the history) well within it.
 	b := setup(t, slack.Config{Timeout: time.Second})
-	b.f.Plan("k", fakePlan{HangAfterEffect: true})
+	b.f.Plan("k", slacktest.Plan{HangAfterEffect: true})
 
 	_, err := b.c.Deliver(t.Context(), delivery("k"))
 	require.Error(t, err)
@@ -291,7 +292,7 @@ func TestDeliver_HangAfterEffect(t *testing.T) {
 func TestDeliver_RateLimited(t *testing.T) {
 	t.Parallel()
 	b := setup(t, slack.Config{})
-	b.f.Plan("k", fakePlan{Status: http.StatusTooManyRequests, RetryAfter: "7"})
+	b.f.Plan("k", slacktest.Plan{Status: http.StatusTooManyRequests, RetryAfter: "7"})
 
 	raw, err := b.c.Deliver(t.Context(), delivery("k"))
 	require.Error(t, err)
@@ -334,7 +335,7 @@ func TestDeliver_SlackErrors(t *testing.T) {
 		t.Run(tt.code, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, slack.Config{})
-			b.f.Plan("k", fakePlan{Error: tt.code})
+			b.f.Plan("k", slacktest.Plan{Error: tt.code})
 			_, err := b.c.Deliver(t.Context(), delivery("k"))
 			require.Error(t, err)
 			require.Contains(t, err.Error(), "chat.postMessage C0TEST: "+tt.code)
@@ -349,7 +350,7 @@ func TestDeliver_SlackErrors(t *testing.T) {
 func TestDeliver_ChannelNotFound(t *testing.T) {
 	t.Parallel()
 	b := setup(t, slack.Config{})
-	b.f.Plan("k", fakePlan{Error: "channel_not_found"})
+	b.f.Plan("k", slacktest.Plan{Error: "channel_not_found"})
 	_, err := b.c.Deliver(t.Context(), delivery("k"))
 	require.True(t, connectors.IsPermanent(err), "%v", err)
 	require.Zero(t, b.f.Effects("k"))
@@ -385,7 +386,7 @@ func TestDeliver_HTTPStatus(t *testing.T) {
 		t.Run(fmt.Sprint(tt.status), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, slack.Config{})
-			b.f.Plan("k", fakePlan{Status: tt.status})
+			b.f.Plan("k", slacktest.Plan{Status: tt.status})
 			_, err := b.c.Deliver(t.Context(), delivery("k"))
 			require.Error(t, err)
 			require.Equal(t, tt.permanent, connectors.IsPermanent(err), "%v", err)
@@ -401,13 +402,13 @@ func TestDeliver_LookupFails(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name      string
-		plan      fakePlan
+		plan      slacktest.Plan
 		permanent bool
 		delay     time.Duration
 	}{
-		{"ServerError", fakePlan{Status: http.StatusInternalServerError}, false, 0},
-		{"RateLimited", fakePlan{Status: http.StatusTooManyRequests, RetryAfter: "3"}, false, 3 * time.Second},
-		{"MissingScope", fakePlan{Error: "missing_scope"}, true, 0},
+		{"ServerError", slacktest.Plan{Status: http.StatusInternalServerError}, false, 0},
+		{"RateLimited", slacktest.Plan{Status: http.StatusTooManyRequests, RetryAfter: "3"}, false, 3 * time.Second},
+		{"MissingScope", slacktest.Plan{Error: "missing_scope"}, true, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -433,12 +434,12 @@ func TestDeliver_APIBase(t *testing.T) {
 	for _, trim := range []bool{false, true} {
 		t.Run(fmt.Sprintf("TrailingSlash=%t", !trim), func(t *testing.T) {
 			t.Parallel()
-			f := startFakeSlack(t)
+			f := slacktest.Start(t, slacktest.Options{})
 			base := f.APIBase()
 			if trim {
 				base = strings.TrimSuffix(base, "/")
 			}
-			c, err := slack.New(slack.Config{Token: testToken, APIBase: base, HTTPClient: testClient(t)})
+			c, err := slack.New(slack.Config{Token: slacktest.Token, APIBase: base, HTTPClient: testClient(t)})
 			require.NoError(t, err)
 			require.Equal(t, "slack "+f.APIBase(), c.String())
 			_, err = c.Deliver(t.Context(), delivery("k"))
@@ -527,19 +528,19 @@ func TestNew_Validation(t *testing.T) {
 	require.NotContains(t, err.Error(), "abc")
 
 	for _, base := range []string{"http://", "https://x:y@slack.com/api", "https://slack.com/api?x=1", "::"} {
-		_, err := slack.New(slack.Config{Token: testToken, APIBase: base})
+		_, err := slack.New(slack.Config{Token: slacktest.Token, APIBase: base})
 		require.Error(t, err, base)
 		require.Contains(t, err.Error(), "APIBase: ")
 	}
 
-	c, err := slack.New(slack.Config{Token: testToken})
+	c, err := slack.New(slack.Config{Token: slacktest.Token})
 	require.NoError(t, err)
 	require.Equal(t, "slack https://slack.com/api/", c.String())
 }
 
 func TestSecretsStayOut(t *testing.T) {
 	t.Parallel()
-	cfg := slack.Config{Token: testToken}
+	cfg := slack.Config{Token: slacktest.Token}
 	c, err := slack.New(cfg)
 	require.NoError(t, err)
 
@@ -579,7 +580,7 @@ func TestDeliver_RateLimitedRetryAfterDate(t *testing.T) {
 		t.Run(fmt.Sprintf("Lookup=%t", lookup), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, slack.Config{})
-			plan := fakePlan{Status: http.StatusTooManyRequests, RetryAfter: time.Now().Add(time.Hour).UTC().Format(http.TimeFormat)}
+			plan := slacktest.Plan{Status: http.StatusTooManyRequests, RetryAfter: time.Now().Add(time.Hour).UTC().Format(http.TimeFormat)}
 			d := delivery("k")
 			if lookup {
 				b.f.PlanLookup(plan)
@@ -602,7 +603,7 @@ func TestDeliver_RateLimitedRetryAfterDate(t *testing.T) {
 	// A Retry-After that is neither seconds nor a date is ignored: the 429 is retried with
 	// backoff.
 	b := setup(t, slack.Config{})
-	b.f.Plan("k", fakePlan{Status: http.StatusTooManyRequests, RetryAfter: "soon"})
+	b.f.Plan("k", slacktest.Plan{Status: http.StatusTooManyRequests, RetryAfter: "soon"})
 	_, err := b.c.Deliver(t.Context(), delivery("k"))
 	require.Error(t, err)
 	require.False(t, connectors.IsPermanent(err), "%v", err)

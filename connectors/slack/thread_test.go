@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/connectors/slack"
+	"github.com/outboxd/outboxd/internal/slacktest"
 )
 
 // A payload's thread_ts may name a reply rather than the thread's parent (Slack advises
@@ -27,7 +28,7 @@ func TestDeliver_ThreadTSNamingAReply(t *testing.T) {
 
 	d := delivery("k")
 	d.Payload = json.RawMessage(fmt.Sprintf(`{"channel":"C0TEST","text":"reply to a reply","thread_ts":%q}`, replyTS))
-	b.f.Plan("k", fakePlan{DropAfterEffect: true})
+	b.f.Plan("k", slacktest.Plan{DropAfterEffect: true})
 	_, err = b.c.Deliver(t.Context(), d)
 	require.True(t, connectors.IsAmbiguous(err), "%v", err)
 	msgs := b.f.Messages(testChannel)
@@ -52,7 +53,7 @@ func TestDeliver_ReplyUnthreadedParentDeleted(t *testing.T) {
 	threadTS, reply := startThread(t, b)
 	b.f.Delete(testChannel, threadTS)
 
-	b.f.Plan("k", fakePlan{DropAfterEffect: true})
+	b.f.Plan("k", slacktest.Plan{DropAfterEffect: true})
 	_, err := b.c.Deliver(t.Context(), reply("k"))
 	require.True(t, connectors.IsAmbiguous(err), "%v", err)
 	msgs := b.f.Messages(testChannel)
@@ -67,7 +68,7 @@ func TestDeliver_ReplyUnthreadedParentDeleted(t *testing.T) {
 
 	// Nothing posted under the key: the thread is gone, and the retry says so without
 	// posting, as before.
-	b.f.Plan("n", fakePlan{Status: http.StatusServiceUnavailable})
+	b.f.Plan("n", slacktest.Plan{Status: http.StatusServiceUnavailable})
 	_, err = b.c.Deliver(t.Context(), reply("n"))
 	require.Error(t, err)
 	d = reply("n")

@@ -1,6 +1,7 @@
-package slack_test
+package slacktest
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"mime"
@@ -14,35 +15,49 @@ import (
 	"time"
 )
 
+// Token is the token the fake takes; any other gets invalid_auth.
+const Token = "xoxb-1234-5678-secretpart"
+
+// The fake's idea of the metadata that carries a key: a message whose metadata has
+// event_type EventType carries the key in its event_payload's KeyField. The connector's
+// exported constants are checked against these in its tests.
 const (
-	testToken = "xoxb-1234-5678-secretpart"
-	// The fake's idea of the metadata that carries a key; the connector's exported
-	// constants are checked against these in the tests.
-	fakeEventType = "outboxd_intent"
-	fakeKeyField  = "idempotency_key"
+	EventType = "outboxd_intent"
+	KeyField  = "idempotency_key"
 )
 
-// fakeSlack is a Slack Web API on loopback, just enough of chat.postMessage,
-// conversations.history and conversations.replies for slack-go: it takes the token as
-// slack-go sends it (a "token" form field) or as a bearer header, reads form or JSON
-// bodies, and keeps every posted message with its metadata, per channel.
-type fakeSlack struct {
-	t   *testing.T
-	srv *httptest.Server
+// Options configure a [Server]. The zero value is a fake that answers every request as
+// its plans, if any, say.
+type Options struct {
+	// OnPostFunc, when set, is called with the key of each message chat.postMessage
+	// stores ("" for one whose metadata carries none), on the request's goroutine, after
+	// the message is stored and before the answer, so a test can block here to hold the
+	// answer back. It is not called for a post answered without storing a message (a
+	// plan's error, a refused channel). Defaults to nil.
+	OnPostFunc func(key string)
+}
+
+// Server is a running fake Slack Web API; see the package documentation. Its methods
+// are safe for concurrent use.
+type Server struct {
+	t    testing.TB
+	srv  *httptest.Server
+	opts Options
 
 	mu       sync.Mutex
 	seq      int
-	lastTS   time.Time                 // the latest message's time: ts are the wall clock, unique
-	channels map[string][]*fakeMessage // oldest first
-	plans    map[string][]fakePlan     // by idempotency key, consumed in order
-	posts    map[string]int            // chat.postMessage requests by key
-	lookups  map[string]int            // history and replies requests by channel
-	historyF []fakePlan                // plans for the next history/replies requests
-	forms    []map[string][]string     // every chat.postMessage request's parameters
-	maxLimit int                       // the most messages a history or replies page holds, if set
+	lastTS   time.Time             // the latest message's time: ts are the wall clock, unique
+	channels map[string][]*Message // oldest first
+	plans    map[string][]Plan     // by idempotency key, consumed in order
+	posts    map[string]int        // chat.postMessage requests by key
+	lookups  map[string]int        // history and replies requests by channel
+	historyF []Plan                // plans for the next history/replies requests
+	forms    []map[string][]string // every chat.postMessage request's parameters
+	maxLimit int                   // the most messages a history or replies page holds, if set
 }
 
-type fakeMessage struct {
+// Message is a stored message, as history shows it with its metadata.
+type Message struct {
 	TS       string         `json:"ts"`
 	ThreadTS string         `json:"thread_ts,omitempty"`
 	Text     string         `json:"text,omitempty"`
@@ -51,8 +66,8 @@ type fakeMessage struct {
 	key      string
 }
 
-// fakePlan scripts the answer to one request.
-type fakePlan struct {
+// Plan scripts the answer to one request. The zero value answers as Slack would.
+type Plan struct {
 	// Status answers with this HTTP status and no Slack body.
 	Status int
 	// RetryAfter goes with Status 429.
@@ -71,12 +86,14 @@ type fakePlan struct {
 	StatusAfterEffect int
 }
 
-func startFakeSlack(t *testing.T) *fakeSlack {
+// Start starts a fake on loopback, closed when t's test ends.
+func Start(t testing.TB, opts Options) *Server {
 	t.Helper()
-	f := &fakeSlack{
+	f := &Server{
 		t:        t,
-		channels: map[string][]*fakeMessage{},
-		plans:    map[string][]fakePlan{},
+		opts:     opts,
+		channels: map[string][]*Message{},
+		plans:    map[string][]Plan{},
 		posts:    map[string]int{},
 		lookups:  map[string]int{},
 	}
@@ -90,17 +107,17 @@ func startFakeSlack(t *testing.T) *fakeSlack {
 }
 
 // APIBase is the fake's Web API root, with a trailing slash.
-func (f *fakeSlack) APIBase() string { return f.srv.URL + "/api/" }
+func (f *Server) APIBase() string { return f.srv.URL + "/api/" }
 
 // Plan scripts the next chat.postMessage requests for key.
-func (f *fakeSlack) Plan(key string, plans ...fakePlan) {
+func (f *Server) Plan(key string, plans ...Plan) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.plans[key] = append(f.plans[key], plans...)
 }
 
 // PlanLookup scripts the next conversations.history or conversations.replies requests.
-func (f *fakeSlack) PlanLookup(plans ...fakePlan) {
+func (f *Server) PlanLookup(plans ...Plan) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.historyF = append(f.historyF, plans...)
@@ -109,14 +126,14 @@ func (f *fakeSlack) PlanLookup(plans ...fakePlan) {
 // CapLimit makes history and replies pages hold at most n messages whatever limit asks,
 // as Slack does (it may return fewer than asked; for apps outside its Marketplace, at
 // most 15).
-func (f *fakeSlack) CapLimit(n int) {
+func (f *Server) CapLimit(n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.maxLimit = n
 }
 
 // Effects counts the stored messages whose metadata carries key, in every channel.
-func (f *fakeSlack) Effects(key string) int {
+func (f *Server) Effects(key string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := 0
@@ -130,25 +147,42 @@ func (f *fakeSlack) Effects(key string) int {
 	return n
 }
 
+// TS is the ts of the first stored message whose metadata carries key, in any channel,
+// or "" if there is none.
+func (f *Server) TS(key string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	earliest := ""
+	for _, msgs := range f.channels {
+		for _, m := range msgs {
+			// ts are unique over the whole fake and grow with each message stored.
+			if m.key == key && (earliest == "" || tsAfter(earliest, m.TS)) {
+				earliest = m.TS
+			}
+		}
+	}
+	return earliest
+}
+
 // Posts counts chat.postMessage requests for key.
-func (f *fakeSlack) Posts(key string) int {
+func (f *Server) Posts(key string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.posts[key]
 }
 
 // Lookups counts history and replies requests for channel.
-func (f *fakeSlack) Lookups(channel string) int {
+func (f *Server) Lookups(channel string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.lookups[channel]
 }
 
 // Messages returns channel's messages, oldest first.
-func (f *fakeSlack) Messages(channel string) []fakeMessage {
+func (f *Server) Messages(channel string) []Message {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([]fakeMessage, 0, len(f.channels[channel]))
+	out := make([]Message, 0, len(f.channels[channel]))
 	for _, m := range f.channels[channel] {
 		out = append(out, *m)
 	}
@@ -156,7 +190,7 @@ func (f *fakeSlack) Messages(channel string) []fakeMessage {
 }
 
 // LastForm returns the parameters of the latest chat.postMessage request.
-func (f *fakeSlack) LastForm() map[string][]string {
+func (f *Server) LastForm() map[string][]string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.forms) == 0 {
@@ -166,34 +200,34 @@ func (f *fakeSlack) LastForm() map[string][]string {
 }
 
 // Delete removes channel's message ts, as a person deleting it does; its replies stay.
-func (f *fakeSlack) Delete(channel, ts string) {
+func (f *Server) Delete(channel, ts string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.channels[channel] = slices.DeleteFunc(f.channels[channel], func(m *fakeMessage) bool { return m.TS == ts })
+	f.channels[channel] = slices.DeleteFunc(f.channels[channel], func(m *Message) bool { return m.TS == ts })
 }
 
 // Seed stores a message that carries no key, as other posters' messages do.
-func (f *fakeSlack) Seed(channel, text string) {
+func (f *Server) Seed(channel, text string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.store(channel, &fakeMessage{Text: text})
+	f.store(channel, &Message{Text: text})
 }
 
 // store keeps m with a ts taken from the wall clock, as Slack's are (a message's ts is
 // when it was posted), one microsecond after the previous one at least.
-func (f *fakeSlack) store(channel string, m *fakeMessage) {
+func (f *Server) store(channel string, m *Message) {
 	f.storeAt(channel, m, time.Now())
 }
 
 // SeedAt stores a message without a key as posted at 'at' (or just after the latest
 // message, if that is later), as a message from before the row's first attempt.
-func (f *fakeSlack) SeedAt(channel, text string, at time.Time) {
+func (f *Server) SeedAt(channel, text string, at time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.storeAt(channel, &fakeMessage{Text: text}, at)
+	f.storeAt(channel, &Message{Text: text}, at)
 }
 
-func (f *fakeSlack) storeAt(channel string, m *fakeMessage, at time.Time) {
+func (f *Server) storeAt(channel string, m *Message, at time.Time) {
 	f.seq++
 	now := at.Truncate(time.Microsecond)
 	if !now.After(f.lastTS) {
@@ -263,13 +297,13 @@ func slackError(w http.ResponseWriter, code string) {
 // authorized checks the token: a bearer header or, as slack-go sends it, a form field.
 func authorized(r *http.Request, p map[string][]string) bool {
 	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-		return tok == testToken
+		return tok == Token
 	}
-	return first(p, "token") == testToken
+	return first(p, "token") == Token
 }
 
 // answerPlan writes a scripted answer, if it is one that needs no effect.
-func answerPlan(w http.ResponseWriter, p fakePlan) bool {
+func answerPlan(w http.ResponseWriter, p Plan) bool {
 	switch {
 	case p.Status != 0:
 		if p.RetryAfter != "" {
@@ -292,7 +326,7 @@ func validChannel(ch string) bool {
 	return len(ch) >= 3 && strings.ContainsRune("CGD", rune(ch[0])) && strings.ToUpper(ch) == ch
 }
 
-func (f *fakeSlack) postMessage(w http.ResponseWriter, r *http.Request) {
+func (f *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost && r.Method != http.MethodGet {
 		http.Error(w, "method", http.StatusMethodNotAllowed)
 		return
@@ -307,7 +341,7 @@ func (f *fakeSlack) postMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	channel := first(p, "channel")
-	msg := &fakeMessage{Text: first(p, "text"), ThreadTS: first(p, "thread_ts")}
+	msg := &Message{Text: first(p, "text"), ThreadTS: first(p, "thread_ts")}
 	if b := first(p, "blocks"); b != "" {
 		if err := json.Unmarshal([]byte(b), &msg.Blocks); err != nil {
 			slackError(w, "invalid_blocks")
@@ -319,9 +353,9 @@ func (f *fakeSlack) postMessage(w http.ResponseWriter, r *http.Request) {
 			slackError(w, "invalid_metadata_format")
 			return
 		}
-		if msg.Metadata["event_type"] == fakeEventType {
+		if msg.Metadata["event_type"] == EventType {
 			if ep, ok := msg.Metadata["event_payload"].(map[string]any); ok {
-				msg.key, _ = ep[fakeKeyField].(string)
+				msg.key, _ = ep[KeyField].(string)
 			}
 		}
 	}
@@ -329,7 +363,7 @@ func (f *fakeSlack) postMessage(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.forms = append(f.forms, p)
 	f.posts[msg.key]++
-	var plan fakePlan
+	var plan Plan
 	if ps := f.plans[msg.key]; len(ps) > 0 {
 		plan, f.plans[msg.key] = ps[0], ps[1:]
 	}
@@ -358,7 +392,7 @@ func (f *fakeSlack) postMessage(w http.ResponseWriter, r *http.Request) {
 		for _, m := range f.channels[channel] {
 			switch {
 			case m.TS == ts:
-				msg.ThreadTS = cmpOr(m.ThreadTS, m.TS)
+				msg.ThreadTS = cmp.Or(m.ThreadTS, m.TS)
 			case m.ThreadTS == ts:
 				msg.ThreadTS = ts
 			}
@@ -366,6 +400,9 @@ func (f *fakeSlack) postMessage(w http.ResponseWriter, r *http.Request) {
 	}
 	f.store(channel, msg)
 	f.mu.Unlock()
+	if f.opts.OnPostFunc != nil {
+		f.opts.OnPostFunc(msg.key)
+	}
 
 	switch {
 	case plan.DropAfterEffect:
@@ -386,7 +423,7 @@ func (f *fakeSlack) postMessage(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[string]any{"ok": true, "channel": channel, "ts": msg.TS, "message": msg})
 }
 
-func (f *fakeSlack) lookup(w http.ResponseWriter, r *http.Request) (map[string][]string, string, bool) {
+func (f *Server) lookup(w http.ResponseWriter, r *http.Request) (map[string][]string, string, bool) {
 	p, err := params(r)
 	if err != nil {
 		slackError(w, "invalid_form_data")
@@ -399,7 +436,7 @@ func (f *fakeSlack) lookup(w http.ResponseWriter, r *http.Request) (map[string][
 	channel := first(p, "channel")
 	f.mu.Lock()
 	f.lookups[channel]++
-	var plan fakePlan
+	var plan Plan
 	if len(f.historyF) > 0 {
 		plan, f.historyF = f.historyF[0], f.historyF[1:]
 	}
@@ -415,7 +452,7 @@ func (f *fakeSlack) lookup(w http.ResponseWriter, r *http.Request) (map[string][
 }
 
 // view is a stored message as history shows it: metadata only when asked for.
-func view(m *fakeMessage, withMetadata bool) fakeMessage {
+func view(m *Message, withMetadata bool) Message {
 	v := *m
 	if !withMetadata {
 		v.Metadata = nil
@@ -428,7 +465,7 @@ func wantsMetadata(p map[string][]string) bool {
 	return b
 }
 
-func (f *fakeSlack) limit(p map[string][]string) int {
+func (f *Server) limit(p map[string][]string) int {
 	n, err := strconv.Atoi(first(p, "limit"))
 	if err != nil || n <= 0 {
 		n = 100
@@ -444,7 +481,7 @@ func (f *fakeSlack) limit(p map[string][]string) int {
 // history answers newest first, top-level messages only (thread replies are not in a
 // channel's history), at most limit of them, from a cursor (an offset), only those after
 // "oldest" when given.
-func (f *fakeSlack) history(w http.ResponseWriter, r *http.Request) {
+func (f *Server) history(w http.ResponseWriter, r *http.Request) {
 	p, channel, ok := f.lookup(w, r)
 	if !ok {
 		return
@@ -454,7 +491,7 @@ func (f *fakeSlack) history(w http.ResponseWriter, r *http.Request) {
 	offset, _ := strconv.Atoi(first(p, "cursor"))
 	oldest := first(p, "oldest")
 	f.mu.Lock()
-	var all []fakeMessage
+	var all []Message
 	for _, m := range slices.Backward(f.channels[channel]) {
 		if m.ThreadTS != "" && m.ThreadTS != m.TS {
 			continue
@@ -477,7 +514,7 @@ func (f *fakeSlack) history(w http.ResponseWriter, r *http.Request) {
 // replies answers a thread oldest first, paged by a cursor that is an offset. Given the
 // ts of a reply, it answers that reply alone, as Slack does (slackapi/bolt-python#783),
 // though its documentation says a reply's ts names the thread too.
-func (f *fakeSlack) replies(w http.ResponseWriter, r *http.Request) {
+func (f *Server) replies(w http.ResponseWriter, r *http.Request) {
 	p, channel, ok := f.lookup(w, r)
 	if !ok {
 		return
@@ -487,7 +524,7 @@ func (f *fakeSlack) replies(w http.ResponseWriter, r *http.Request) {
 	n := f.limit(p)
 	offset, _ := strconv.Atoi(first(p, "cursor"))
 	f.mu.Lock()
-	var thread []fakeMessage
+	var thread []Message
 	oldest := first(p, "oldest")
 	for _, m := range f.channels[channel] {
 		if m.TS == ts || (m.ThreadTS == ts && tsAfter(m.TS, oldest)) {
