@@ -1922,7 +1922,11 @@ func (r *Relay) deliver(ctx context.Context, inst *instance, row claimed) {
 			r.releaseRows(context.Background(), []claimed{row})
 			return
 		}
-		err = connectors.Ambiguous(fmt.Errorf("%w (cancelled: %v)", err, context.Cause(ctx)))
+		if cause := context.Cause(ctx); !errors.Is(err, cause) {
+			// Named once: a connector's error may say why its context ended already.
+			err = fmt.Errorf("%w (cancelled: %v)", err, cause)
+		}
+		err = connectors.Ambiguous(err)
 	}
 	o := r.decide(inst, row, result, err, finished)
 	o.started = started

@@ -1278,6 +1278,8 @@ func TestGracefulShutdown(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, outbox.StatusPending, in.Status, "back for a retry (%s)", in.LastError)
 		require.Contains(t, in.LastError, "shutdown timeout")
+		// Named once: the webhook connector's error already says why its context ended.
+		require.Equal(t, 1, strings.Count(in.LastError, "relay shutdown timeout reached"), in.LastError)
 		att := attemptsOf(t, b.pool, "stuck")
 		require.Len(t, att, 1)
 		require.True(t, att[0].Ambiguous)
