@@ -11,22 +11,25 @@ import (
 )
 
 func newMigrateCmd(e *env) *cobra.Command {
-	return &cobra.Command{
+	// --database-url as every operator command has it: they say "run outboxd migrate
+	// first" on a database without the schema, which may be the flag's.
+	var db dbFlag
+	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or upgrade the outbox schema",
-		Long: "migrate applies the schema embedded in this binary to OUTBOX_DATABASE_URL. It is safe to run " +
+		Long: "migrate applies the schema embedded in this binary to OUTBOX_DATABASE_URL (or --database-url). It is safe to run " +
 			"again and from several processes at once; rows are never dropped.",
 		Example: "  OUTBOX_DATABASE_URL=postgres://app@localhost/app outboxd migrate",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			db, err := config.LoadDatabase(e.environ)
+			url, err := db.resolve(e)
 			if err != nil {
-				return usageError{err}
+				return err
 			}
 			ctx := cmd.Context()
 			// Parsed as the pool parses it, so that pool settings in the DSN
 			// (pool_max_conns=...), which every command reads, are not sent to the
 			// server as run-time parameters.
-			poolCfg, err := config.ParseDSN("OUTBOX_DATABASE_URL", db.URL)
+			poolCfg, err := config.ParseDSN("OUTBOX_DATABASE_URL", url)
 			if err != nil {
 				return usageError{err}
 			}
@@ -48,4 +51,6 @@ func newMigrateCmd(e *env) *cobra.Command {
 			return nil
 		},
 	}
+	db.register(cmd)
+	return cmd
 }

@@ -203,6 +203,21 @@ func TestMigrateAcceptsPoolSettingsInDSN(t *testing.T) {
 	require.Contains(t, stdout.String(), "schema already at version")
 }
 
+// migrate takes --database-url as the operator commands do: they tell a user of the flag
+// whose database has no schema to run outboxd migrate, which refused the flag.
+func TestMigrateTakesDatabaseURLFlag(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"migrate", "--database-url", pgtest.URL(t)}, nil, strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitOK, code, stderr.String())
+	require.Contains(t, stdout.String(), "schema already at version")
+
+	stdout.Reset()
+	stderr.Reset()
+	code = run(t.Context(), []string{"migrate", "--database-url", ""}, []string{"OUTBOX_DATABASE_URL=" + pgtest.URL(t)}, strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitUsage, code, "an empty flag is not taken for none: %s", stderr.String())
+}
+
 // TestServeRefusesBadConfigurationAsUsage: configurations that can never work are
 // refused at start as usage errors (exit 2, "invalid configuration", one line naming the
 // variable), not after the relay or the listener has been built (exit 1).
