@@ -310,6 +310,10 @@ var reservedHeaders = map[string]bool{
 	"Webhook-Id":        true,
 	"Webhook-Timestamp": true,
 	"Webhook-Signature": true,
+	// The transport asks for gzip and decompresses the answer itself only when the
+	// request names no Accept-Encoding: a row's own would leave the stored result
+	// holding the compressed bytes instead of the receiver's answer.
+	"Accept-Encoding": true,
 }
 
 // Deliver POSTs d.Payload to the configured URL, once. See the package documentation for
