@@ -9,6 +9,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -433,13 +434,26 @@ func replayNewKey(ctx context.Context, tx pgx.Tx, r lockedRow, redeliver bool) (
 		return "", false, "stuck in delivering: a relay will retry it under its own key; replay it without NewKey, or cancel it once it is back", nil
 	}
 	var (
-		m       outbox.Message
-		payload []byte
-		n       int
+		m                outbox.Message
+		payload, headers []byte
+		n                int
 	)
-	if err := tx.QueryRow(ctx, copySQL, r.id).Scan(&m.Connector, &payload, &m.OrderingKey, &m.Headers,
+	if err := tx.QueryRow(ctx, copySQL, r.id).Scan(&m.Connector, &payload, &m.OrderingKey, &headers,
 		&m.CreatedBy, &n); err != nil {
 		return "", false, "", fmt.Errorf("read row %d: %w", r.id, err)
+	}
+	// Read as the relay reads them, so a value plain SQL wrote as a number is copied as
+	// the text it was sent as; names are copied lowercase, as Enqueue takes them, since
+	// plain SQL writes them as it likes (Traceparent) and the webhook connector sends
+	// each by its canonical name whatever its case.
+	m.Headers = make(map[string]string)
+	for name, value := range outbox.DecodeHeaders(headers) {
+		lower := strings.ToLower(name)
+		if _, dup := m.Headers[lower]; dup {
+			return "", false, fmt.Sprintf("its headers name %q twice, in different case, which the connector refuses to send; "+
+				"enqueue a new intent with one of them to act after all", lower), nil
+		}
+		m.Headers[lower] = value
 	}
 	if r.status == outbox.StatusHeld && m.OrderingKey != "" {
 		return "", false, "held with an ordering key, which would hold its copy back; cancel it, then enqueue a new intent under a new key to act after all", nil
@@ -473,6 +487,12 @@ func replayNewKey(ctx context.Context, tx pgx.Tx, r lockedRow, redeliver bool) (
 	m.Key = outbox.Key(r.key, "replay", strconv.Itoa(n+1))
 	m.Payload = json.RawMessage(payload)
 	if _, err := outbox.Enqueue(ctx, tx, m); err != nil {
+		if errors.Is(err, outbox.ErrInvalidMessage) {
+			// A row plain SQL wrote may hold what Enqueue refuses (a header name with
+			// '_'): that row cannot be copied, which need not fail the others' replay.
+			// Enqueue refuses before writing, so the transaction goes on.
+			return "", false, fmt.Sprintf("its copy cannot be enqueued: %v", err), nil
+		}
 		return "", false, "", err
 	}
 	return m.Key, true, "", nil
