@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -139,18 +140,27 @@ func Inspect(ctx context.Context, db outbox.DB, key string) (Detail, error) {
 	return d, nil
 }
 
-// credentialHeaders are row headers whose values are credentials for the receiver (a
-// row's Authorization replaces a webhook instance's own), which no API token is shown and
-// the CLI does not print.
-var credentialHeaders = map[string]bool{"authorization": true, "proxy-authorization": true, "cookie": true}
+// credentialWords mark row headers whose values are credentials for the receiver, which
+// no API token is shown and the CLI does not print: Authorization (a row's replaces a
+// webhook instance's own), Proxy-Authorization and Cookie, and the headers in which
+// receivers take credentials of their own (an API gateway's X-Api-Key, an Azure
+// Function's X-Functions-Key, GitLab's Private-Token, X-Auth-Token). A harmless header
+// a word catches is only hidden from view; it is still sent.
+var credentialWords = []string{"auth", "cookie", "key", "token", "secret", "password", "session", "credential"}
+
+// credentialHeader reports whether a row header's value is to be shown REDACTED.
+func credentialHeader(name string) bool {
+	name = strings.ToLower(name)
+	return slices.ContainsFunc(credentialWords, func(w string) bool { return strings.Contains(name, w) })
+}
 
 // WithoutCredentials returns in with the values of its credential headers redacted.
 func WithoutCredentials(in outbox.Intent) outbox.Intent {
 	for name := range in.Headers {
-		if credentialHeaders[strings.ToLower(name)] {
+		if credentialHeader(name) {
 			h := make(map[string]string, len(in.Headers))
 			for k, v := range in.Headers {
-				if credentialHeaders[strings.ToLower(k)] {
+				if credentialHeader(k) {
 					v = "REDACTED"
 				}
 				h[k] = v
