@@ -189,8 +189,11 @@ func (c *Config) validate() error {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", name, d))
 		}
 	}
-	if backoffMax := cmp.Or(c.BackoffMax, time.Hour); c.BackoffMax >= 0 && c.BackoffBase > backoffMax {
-		errs = append(errs, fmt.Errorf("BackoffBase (%s) must not exceed BackoffMax (%s)", c.BackoffBase, backoffMax))
+	// Each against the other's default when only one is set: above the cap, the base
+	// (jittered) would always be capped, and every retry would come at exactly BackoffMax.
+	backoffBase, backoffMax := cmp.Or(c.BackoffBase, time.Second), cmp.Or(c.BackoffMax, time.Hour)
+	if c.BackoffBase >= 0 && c.BackoffMax >= 0 && backoffBase > backoffMax {
+		errs = append(errs, fmt.Errorf("BackoffBase (%s) must not exceed BackoffMax (%s)", backoffBase, backoffMax))
 	}
 	return errors.Join(errs...)
 }

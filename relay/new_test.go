@@ -61,6 +61,16 @@ func TestNewBackoffBaseAboveDefaultMax(t *testing.T) {
 	require.ErrorContains(t, err, "BackoffBase")
 }
 
+// BackoffMax below the default BackoffBase is refused too: accepted, every retry came
+// at exactly BackoffMax (the base, jittered, always above the cap), without jitter, so
+// rows that failed together came back together, and without the doubling.
+func TestNewBackoffMaxBelowDefaultBase(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	_, err := New(pool, &Config{BackoffMax: 500 * time.Millisecond}, nil)
+	require.ErrorContains(t, err, "BackoffBase (1s) must not exceed BackoffMax (500ms)")
+}
+
 // Rate +Inf is refused like NaN.
 func TestNewRejectsInfiniteRate(t *testing.T) {
 	t.Parallel()
