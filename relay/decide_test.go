@@ -218,3 +218,36 @@ func TestMaxAgeFromTheKeyWindowSaysSo(t *testing.T) {
 	require.Equal(t, statusDead, o.status)
 	require.Contains(t, *o.lastError, "the maximum age 72h0m0s)", "the configured maximum age needs no explanation")
 }
+
+// A retry that would reach a receiver after it forgets the key holds the row. When the
+// receiver's Retry-After (or the backoff) set that retry's time, last_error said only
+// "the first attempt was at <an hour ago>, so a retry now could act twice", which a
+// person reads against a window of 24h as wrong: it did not say that the retry was due
+// 23 hours later, nor that the receiver had asked for that wait.
+func TestHeldPastTheKeyWindowSaysWhenTheRetryWouldBe(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	pool, err := pgxpool.New(t.Context(), "postgres://outboxd@"+pgtest.UnreachableAddr(t)+"/outboxd")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r, err := New(pool, &Config{
+		Registerer: prometheus.NewRegistry(), Logger: testLogger(), NowFunc: func() time.Time { return now },
+		BackoffBase: time.Hour, BackoffMax: 48 * time.Hour,
+	}, map[string]Instance{
+		"payment": {Connector: declared{g: connectors.Enforced, window: 24 * time.Hour, timeout: 10 * time.Second}, MaxAge: 72 * time.Hour},
+	})
+	require.NoError(t, err)
+	inst := r.instances["payment"]
+	row := claimed{id: 1, attempt: 2, firstAt: now.Add(-time.Hour)}
+
+	o := r.decide(inst, row, nil, connectors.RetryAfter(errors.New("Stripe answered 429 Too Many Requests"), 23*time.Hour), now)
+	require.Equal(t, statusHeld, o.status, *o.lastError)
+	require.NotContains(t, *o.lastError, "a retry now")
+	require.Contains(t, *o.lastError, "a retry at 2026-12-01T11:00:00Z, 23h0m0s later as the receiver's Retry-After asked, could act twice")
+
+	row.attempt = 6 // backoff 32h ±20%
+	o = r.decide(inst, row, nil, errors.New("Stripe answered 503 Service Unavailable"), now)
+	require.Equal(t, statusHeld, o.status, *o.lastError)
+	require.NotContains(t, *o.lastError, "a retry now")
+	require.Regexp(t, `so a retry at 2026-12-0\dT\d\d:\d\d:\d\dZ could act twice`, *o.lastError)
+}

@@ -2003,14 +2003,17 @@ func (inst *instance) forgotten(row claimed, t time.Time) bool {
 		t.Add(inst.attemptMax).After(row.firstAt.Add(inst.keyWindow))
 }
 
-func forgottenReason(inst *instance, row claimed) string {
-	return fmt.Sprintf("held: %s remembers idempotency keys for %s and the first attempt was at %s, so a retry now could act twice; "+
-		"check the receiver, then replay with a new key or cancel", inst.name, inst.keyWindow, row.firstAt.UTC().Format(time.RFC3339))
+// forgottenReason says why row is held: a retry at when ("now", or the time decide
+// scheduled, which a receiver's Retry-After may have set) could come after inst's
+// receiver has forgotten its key.
+func forgottenReason(inst *instance, row claimed, when string) string {
+	return fmt.Sprintf("held: %s remembers idempotency keys for %s and the first attempt was at %s, so a retry %s could act twice; "+
+		"check the receiver, then replay with a new key or cancel", inst.name, inst.keyWindow, row.firstAt.UTC().Format(time.RFC3339), when)
 }
 
 // holdForgotten is the outcome of an attempt not made because the key window passed.
 func (r *Relay) holdForgotten(inst *instance, row claimed, now time.Time) outcome {
-	msg := fmt.Sprintf("attempt %d not sent: %s", row.attempt, forgottenReason(inst, row))
+	msg := fmt.Sprintf("attempt %d not sent: %s", row.attempt, forgottenReason(inst, row, "now"))
 	inst.outcomes[statusHeld].Inc() // no duration: the connector was not called
 	return outcome{id: row.id, key: row.key, attempt: row.attempt, status: statusHeld, lastError: &msg,
 		started: now, finished: now, record: statusHeld, ordered: row.ordered}
@@ -2094,7 +2097,13 @@ func (r *Relay) decide(inst *instance, row claimed, result json.RawMessage, err 
 			msg += fmt.Sprintf(" (gave up: the next attempt, at %s, would be later than the maximum age %s%s)", at, inst.maxAge, why)
 		} else if inst.forgotten(row, next) {
 			o.status = statusHeld
-			msg += " (" + forgottenReason(inst, row) + ")"
+			// Not "now": the retry was due later (at says when, and whether the receiver
+			// asked for that wait), and now may lie well inside the window.
+			when := "at " + at
+			if hasDelay && delay > 0 {
+				when += "," // closes the clause about the Retry-After
+			}
+			msg += " (" + forgottenReason(inst, row, when) + ")"
 		} else {
 			o.status = statusPending
 			o.nextAt = &next
