@@ -200,7 +200,10 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 // delete only delivered and canceled rows), replaying again is refused unless
 // opts.Redeliver, as for a delivered row. A copy itself is refused with NewKey, so that
 // an operation has one line of copies, which its row's replays follow (a filter may
-// select a row and its dead copy together).
+// select a row and its dead copy together). The row a copy re-executes is put back under
+// its own key (without NewKey) on the same terms: refused while its latest copy is on
+// its way, and once that was delivered (or is gone) unless opts.Redeliver, since the
+// receiver never saw the row's own key and would act again.
 // A stuck delivering row is refused with NewKey (the relay would retry it as well), as
 // is a held row with an ordering key (it would hold its copy back forever: cancel it and
 // enqueue a new intent).
@@ -398,6 +401,18 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 			}
 			d["new_key"] = newKey
 		} else {
+			// A row that replay --new-key re-executed stays dead or held, so a plain replay
+			// (--status dead, run for the rows that died since) selects it too: under its own
+			// key, which the receiver never acted on, it would execute the operation beside
+			// its copy, or after it.
+			reason, err := replayCopied(ctx, tx, r, opts.Redeliver)
+			if err != nil {
+				return err
+			}
+			if reason != "" {
+				br.Refused[t.key] = reason
+				continue
+			}
 			replayIDs = append(replayIDs, r.id)
 		}
 		br.Replayed = append(br.Replayed, t.key)
@@ -458,31 +473,12 @@ func replayNewKey(ctx context.Context, tx pgx.Tx, r lockedRow, redeliver bool) (
 	if r.status == outbox.StatusHeld && m.OrderingKey != "" {
 		return "", false, "held with an ordering key, which would hold its copy back; cancel it, then enqueue a new intent under a new key to act after all", nil
 	}
-	if n > 0 {
-		prev := outbox.Key(r.key, "replay", strconv.Itoa(n))
-		var st string
-		err := tx.QueryRow(ctx, statusByKeySQL, prev).Scan(&st)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return "", false, "", fmt.Errorf("look up %q: %w", prev, err)
-		}
-		switch st {
-		case outbox.StatusPending, outbox.StatusDelivering, outbox.StatusHeld, outbox.StatusAwaitingApproval:
-			return prev, false, "", nil
-		case outbox.StatusDelivered, "":
-			// The row itself stays dead or held, so a replay --new-key run again (for the
-			// rows that died since) selects it again: a further copy would have the
-			// receiver act again for an operation that happened, as replaying a
-			// delivered row would. A copy that is gone was delivered or canceled, then
-			// deleted by retention or purge, which keep no other rows.
-			if redeliver {
-				break
-			}
-			if st == "" {
-				return "", false, fmt.Sprintf("its copy %s is gone (retention or purge deletes only delivered and canceled rows), "+
-					"so it may have been executed already; executing it once more needs Redeliver (--redeliver)", prev), nil
-			}
-			return "", false, fmt.Sprintf("its copy %s was delivered; executing it once more needs Redeliver (--redeliver)", prev), nil
-		}
+	prev, onItsWay, reason, err := lastCopy(ctx, tx, r.key, n, redeliver)
+	if err != nil || reason != "" {
+		return "", false, reason, err
+	}
+	if onItsWay {
+		return prev, false, "", nil
 	}
 	m.Key = outbox.Key(r.key, "replay", strconv.Itoa(n+1))
 	m.Payload = json.RawMessage(payload)
@@ -496,6 +492,65 @@ func replayNewKey(ctx context.Context, tx pgx.Tx, r lockedRow, redeliver bool) (
 		return "", false, "", err
 	}
 	return m.Key, true, "", nil
+}
+
+// lastCopy looks at prev, the latest of the n copies that replay --new-key made of the
+// row with key (none when n is 0). onItsWay says it is still to be executed (pending,
+// delivering, held, awaiting approval); reason is set when it was delivered, or is gone,
+// and redeliver is false: the operation happened, and executing it again needs
+// Redeliver, as replaying a delivered row does.
+func lastCopy(ctx context.Context, tx pgx.Tx, key string, n int, redeliver bool) (prev string, onItsWay bool, reason string, err error) {
+	if n == 0 {
+		return "", false, "", nil
+	}
+	prev = outbox.Key(key, "replay", strconv.Itoa(n))
+	var st string
+	err = tx.QueryRow(ctx, statusByKeySQL, prev).Scan(&st)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return "", false, "", fmt.Errorf("look up %q: %w", prev, err)
+	}
+	switch st {
+	case outbox.StatusPending, outbox.StatusDelivering, outbox.StatusHeld, outbox.StatusAwaitingApproval:
+		return prev, true, "", nil
+	case outbox.StatusDelivered, "":
+		// The row itself stays dead or held, so a replay --new-key run again (for the
+		// rows that died since) selects it again: a further copy would have the
+		// receiver act again for an operation that happened, as replaying a
+		// delivered row would. A copy that is gone was delivered or canceled, then
+		// deleted by retention or purge, which keep no other rows.
+		if redeliver {
+			break
+		}
+		if st == "" {
+			return prev, false, fmt.Sprintf("its copy %s is gone (retention or purge deletes only delivered and canceled rows), "+
+				"so it may have been executed already; executing it once more needs Redeliver (--redeliver)", prev), nil
+		}
+		return prev, false, fmt.Sprintf("its copy %s was delivered; executing it once more needs Redeliver (--redeliver)", prev), nil
+	}
+	return prev, false, "", nil
+}
+
+// copiesMadeSQL counts the new-key replays row $1 has had, as copySQL does.
+const copiesMadeSQL = `
+SELECT count(*) FROM outbox_audit a
+WHERE a.outbox_id = $1 AND a.action = 'replay' AND a.details->>'new_key' IS NOT NULL`
+
+// replayCopied says why row r, which replay --new-key may have re-executed, cannot be
+// put back under its own key: its latest copy is still on its way (the operation would
+// run twice at once), or was delivered or is gone and redeliver is false (see
+// lastCopy). It is empty when the row has no copy, or its latest copy died or was
+// canceled.
+func replayCopied(ctx context.Context, tx pgx.Tx, r lockedRow, redeliver bool) (string, error) {
+	var n int
+	if err := tx.QueryRow(ctx, copiesMadeSQL, r.id).Scan(&n); err != nil {
+		return "", fmt.Errorf("look up copies of row %d: %w", r.id, err)
+	}
+	prev, onItsWay, reason, err := lastCopy(ctx, tx, r.key, n, redeliver)
+	if onItsWay {
+		reason = fmt.Sprintf("its copy %s, which replay --new-key made, is still on its way: putting the row back too "+
+			"would execute the operation twice; cancel the copy first to replay the row instead", prev)
+	}
+	return reason, err
 }
 
 // resolve turns a selection into rows, in order, and the keys no row has.

@@ -1,0 +1,41 @@
+package ops_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/ops"
+)
+
+// replay --new-key leaves the dead row as it is, so a plain replay run later (replay
+// --status dead, for the rows that died since) selects it too. Put back under its own
+// key, which the receiver never acted on, it executed the operation again: beside its
+// copy still on its way, or after its copy was delivered, with nothing said. It is
+// treated as replay --new-key treats the row: unchanged while the copy is on its way,
+// refused once it was delivered (or is gone) unless Redeliver.
+func TestReplayOfARowWhoseCopyWasExecutedDoesNotExecuteItAgain(t *testing.T) {
+	t.Parallel()
+	pool, sel, opts, first := copiedDeadRow(t)
+	opts.NewKey = false
+
+	res, err := ops.Replay(t.Context(), pool, sel, opts)
+	require.NoError(t, err)
+	require.Empty(t, res.Replayed, "the row was put back beside its copy on its way: %+v", res)
+	require.Equal(t, "dead", state(t, pool, "charge").Status)
+
+	_, err = pool.Exec(t.Context(), `UPDATE outbox SET status = 'delivered', delivered_at = $2 WHERE idempotency_key = $1`,
+		first, base)
+	require.NoError(t, err)
+	res, err = ops.Replay(t.Context(), pool, sel, opts)
+	require.NoError(t, err)
+	require.Empty(t, res.Replayed, "the operation was executed again though its copy was delivered: %+v", res)
+	require.Contains(t, res.Refused["charge"], first)
+	require.Contains(t, res.Refused["charge"], "Redeliver")
+
+	// Asked explicitly, it is executed once more.
+	opts.Redeliver = true
+	res, err = ops.Replay(t.Context(), pool, sel, opts)
+	require.NoError(t, err)
+	require.Equal(t, []string{"charge"}, res.Replayed)
+}
