@@ -39,3 +39,21 @@ func TestReplayOfARowWhoseCopyWasExecutedDoesNotExecuteItAgain(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"charge"}, res.Replayed)
 }
+
+// A copy that replay --new-key made died too (the receiver still broken), and replay
+// --status dead selects the row and its copy together: both went back to pending, each
+// under its own key, and the operation was executed twice. The copy, the operation's
+// current row, is put back; the row is refused.
+func TestReplayOfARowAndItsDeadCopyExecutesTheOperationOnce(t *testing.T) {
+	t.Parallel()
+	pool, sel, opts, first := copiedDeadRow(t)
+	_, err := pool.Exec(t.Context(), `UPDATE outbox SET status = 'dead' WHERE idempotency_key = $1`, first)
+	require.NoError(t, err)
+
+	opts.NewKey = false
+	res, err := ops.Replay(t.Context(), pool, sel, opts)
+	require.NoError(t, err)
+	require.Equal(t, []string{first}, res.Replayed, "%+v", res)
+	require.Contains(t, res.Refused["charge"], "replay the copy instead")
+	require.Equal(t, "dead", state(t, pool, "charge").Status)
+}

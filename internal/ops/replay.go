@@ -203,7 +203,8 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 // select a row and its dead copy together). The row a copy re-executes is put back under
 // its own key (without NewKey) on the same terms: refused while its latest copy is on
 // its way, and once that was delivered (or is gone) unless opts.Redeliver, since the
-// receiver never saw the row's own key and would act again.
+// receiver never saw the row's own key and would act again; and refused while that copy
+// is dead, the operation's current row, which is replayed instead.
 // A stuck delivering row is refused with NewKey (the relay would retry it as well), as
 // is a held row with an ordering key (it would hold its copy back forever: cancel it and
 // enqueue a new intent).
@@ -473,11 +474,12 @@ func replayNewKey(ctx context.Context, tx pgx.Tx, r lockedRow, redeliver bool) (
 	if r.status == outbox.StatusHeld && m.OrderingKey != "" {
 		return "", false, "held with an ordering key, which would hold its copy back; cancel it, then enqueue a new intent under a new key to act after all", nil
 	}
-	prev, onItsWay, reason, err := lastCopy(ctx, tx, r.key, n, redeliver)
+	prev, st, reason, err := lastCopy(ctx, tx, r.key, n, redeliver)
 	if err != nil || reason != "" {
 		return "", false, reason, err
 	}
-	if onItsWay {
+	switch st {
+	case outbox.StatusPending, outbox.StatusDelivering, outbox.StatusHeld, outbox.StatusAwaitingApproval:
 		return prev, false, "", nil
 	}
 	m.Key = outbox.Key(r.key, "replay", strconv.Itoa(n+1))
@@ -495,23 +497,20 @@ func replayNewKey(ctx context.Context, tx pgx.Tx, r lockedRow, redeliver bool) (
 }
 
 // lastCopy looks at prev, the latest of the n copies that replay --new-key made of the
-// row with key (none when n is 0). onItsWay says it is still to be executed (pending,
-// delivering, held, awaiting approval); reason is set when it was delivered, or is gone,
-// and redeliver is false: the operation happened, and executing it again needs
-// Redeliver, as replaying a delivered row does.
-func lastCopy(ctx context.Context, tx pgx.Tx, key string, n int, redeliver bool) (prev string, onItsWay bool, reason string, err error) {
+// row with key (none when n is 0), and returns its status ("" when gone or none); reason
+// is set when it was delivered, or is gone, and redeliver is false: the operation
+// happened, and executing it again needs Redeliver, as replaying a delivered row does.
+func lastCopy(ctx context.Context, tx pgx.Tx, key string, n int, redeliver bool) (prev, status, reason string, err error) {
 	if n == 0 {
-		return "", false, "", nil
+		return "", "", "", nil
 	}
 	prev = outbox.Key(key, "replay", strconv.Itoa(n))
 	var st string
 	err = tx.QueryRow(ctx, statusByKeySQL, prev).Scan(&st)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return "", false, "", fmt.Errorf("look up %q: %w", prev, err)
+		return "", "", "", fmt.Errorf("look up %q: %w", prev, err)
 	}
 	switch st {
-	case outbox.StatusPending, outbox.StatusDelivering, outbox.StatusHeld, outbox.StatusAwaitingApproval:
-		return prev, true, "", nil
 	case outbox.StatusDelivered, "":
 		// The row itself stays dead or held, so a replay --new-key run again (for the
 		// rows that died since) selects it again: a further copy would have the
@@ -522,12 +521,12 @@ func lastCopy(ctx context.Context, tx pgx.Tx, key string, n int, redeliver bool)
 			break
 		}
 		if st == "" {
-			return prev, false, fmt.Sprintf("its copy %s is gone (retention or purge deletes only delivered and canceled rows), "+
+			return prev, st, fmt.Sprintf("its copy %s is gone (retention or purge deletes only delivered and canceled rows), "+
 				"so it may have been executed already; executing it once more needs Redeliver (--redeliver)", prev), nil
 		}
-		return prev, false, fmt.Sprintf("its copy %s was delivered; executing it once more needs Redeliver (--redeliver)", prev), nil
+		return prev, st, fmt.Sprintf("its copy %s was delivered; executing it once more needs Redeliver (--redeliver)", prev), nil
 	}
-	return prev, false, "", nil
+	return prev, st, "", nil
 }
 
 // copiesMadeSQL counts the new-key replays row $1 has had, as copySQL does.
@@ -538,17 +537,23 @@ WHERE a.outbox_id = $1 AND a.action = 'replay' AND a.details->>'new_key' IS NOT 
 // replayCopied says why row r, which replay --new-key may have re-executed, cannot be
 // put back under its own key: its latest copy is still on its way (the operation would
 // run twice at once), or was delivered or is gone and redeliver is false (see
-// lastCopy). It is empty when the row has no copy, or its latest copy died or was
-// canceled.
+// lastCopy), or is dead. A dead copy is the operation's current row, which a replay
+// puts back under its own key (replay --status dead selects the row and its copy
+// together, and would put both back: the operation would run twice). It is empty when
+// the row has no copy, or its latest copy was canceled.
 func replayCopied(ctx context.Context, tx pgx.Tx, r lockedRow, redeliver bool) (string, error) {
 	var n int
 	if err := tx.QueryRow(ctx, copiesMadeSQL, r.id).Scan(&n); err != nil {
 		return "", fmt.Errorf("look up copies of row %d: %w", r.id, err)
 	}
-	prev, onItsWay, reason, err := lastCopy(ctx, tx, r.key, n, redeliver)
-	if onItsWay {
+	prev, st, reason, err := lastCopy(ctx, tx, r.key, n, redeliver)
+	switch st {
+	case outbox.StatusPending, outbox.StatusDelivering, outbox.StatusHeld, outbox.StatusAwaitingApproval:
 		reason = fmt.Sprintf("its copy %s, which replay --new-key made, is still on its way: putting the row back too "+
 			"would execute the operation twice; cancel the copy first to replay the row instead", prev)
+	case outbox.StatusDead:
+		reason = fmt.Sprintf("its copy %s, which replay --new-key made, is dead: replay the copy instead, "+
+			"so that the operation runs once more, not twice", prev)
 	}
 	return reason, err
 }
