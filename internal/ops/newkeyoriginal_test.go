@@ -57,3 +57,33 @@ func TestReplayOfARowAndItsDeadCopyExecutesTheOperationOnce(t *testing.T) {
 	require.Contains(t, res.Refused["charge"], "replay the copy instead")
 	require.Equal(t, "dead", state(t, pool, "charge").Status)
 }
+
+// A copy that replay --new-key made may have acted (an ambiguous attempt), then died or
+// was canceled: the operation may have happened. Executing the row again, with a new
+// key or under its own, may then have the receiver act twice, which the result says
+// (Ambiguous) of an ambiguous attempt of the row itself, and did not of one of its
+// copy's.
+func TestReplayOfARowWhoseCopyMayHaveActedIsAmbiguous(t *testing.T) {
+	t.Parallel()
+	for _, newKey := range []bool{true, false} {
+		t.Run(map[bool]string{true: "new key", false: "own key"}[newKey], func(t *testing.T) {
+			t.Parallel()
+			pool, _, opts, first := copiedDeadRow(t)
+			// Dead, a new-key replay copies it again; canceled, a replay puts the row back.
+			status := map[bool]string{true: "dead", false: "canceled"}[newKey]
+			_, err := pool.Exec(t.Context(), `UPDATE outbox SET status = $2, attempts = 2 WHERE idempotency_key = $1`, first, status)
+			require.NoError(t, err)
+			_, err = pool.Exec(t.Context(), `
+INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
+SELECT id, g, 'relay-1', $2, $2, 'retry', g = 1, 'attempt ' || g
+FROM outbox, generate_series(1, 2) g WHERE idempotency_key = $1`, first, base)
+			require.NoError(t, err)
+
+			opts.NewKey = newKey
+			res, err := ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{"charge"}}, opts)
+			require.NoError(t, err)
+			require.Equal(t, []string{"charge"}, res.Replayed, "%+v", res)
+			require.Equal(t, "webhook", res.Ambiguous["charge"], "its copy may have acted: %+v", res)
+		})
+	}
+}

@@ -73,7 +73,8 @@ type ReplayResult struct {
 	NotFound []string `json:"not_found"`
 	// Ambiguous maps the Replayed keys an attempt of which may have reached the receiver
 	// (stuck in delivering, or held or dead after an ambiguous attempt, or delivered once
-	// and replayed since) to their connector: sending them again may have the receiver
+	// and replayed since; or such an attempt of a copy that NewKey made of the row) to
+	// their connector: sending them again may have the receiver
 	// act twice, unless it enforces the key ([GuaranteeNote]; with NewKey, whatever it
 	// guarantees). Delivered rows (Redeliver) are not in it: the CLI explains them apart.
 	Ambiguous map[string]string `json:"ambiguous"`
@@ -417,6 +418,14 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 			replayIDs = append(replayIDs, r.id)
 		}
 		br.Replayed = append(br.Replayed, t.key)
+		if r.status != outbox.StatusDelivered && !stuck && !r.reached {
+			// A copy that replay --new-key made of the row is the same operation: its
+			// attempt may have reached the receiver, and executing the row again may have
+			// the receiver act twice, as after one of the row's own.
+			if r.reached, err = copyReached(ctx, tx, r.id); err != nil {
+				return err
+			}
+		}
 		if r.status != outbox.StatusDelivered && (stuck || r.reached) {
 			br.Ambiguous[t.key] = r.connector
 		}
@@ -533,6 +542,25 @@ func lastCopy(ctx context.Context, tx pgx.Tx, key string, n int, redeliver bool)
 const copiesMadeSQL = `
 SELECT count(*) FROM outbox_audit a
 WHERE a.outbox_id = $1 AND a.action = 'replay' AND a.details->>'new_key' IS NOT NULL`
+
+// copyReachedSQL says whether an attempt of a copy that replay --new-key made of row $1
+// may have reached the receiver, as lockSQL's last column says of a row's own.
+const copyReachedSQL = `
+SELECT EXISTS (
+    SELECT 1 FROM outbox_audit a JOIN outbox c ON c.idempotency_key = a.details->>'new_key'
+    WHERE a.outbox_id = $1 AND a.action = 'replay'
+      AND (c.ambiguous OR EXISTS (SELECT 1 FROM outbox_attempts t
+                                  WHERE t.outbox_id = c.id AND (t.ambiguous OR t.outcome = 'delivered'))))`
+
+// copyReached says whether an attempt of a copy of row id may have reached the
+// receiver (copyReachedSQL).
+func copyReached(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
+	var reached bool
+	if err := tx.QueryRow(ctx, copyReachedSQL, id).Scan(&reached); err != nil {
+		return false, fmt.Errorf("look up the attempts of copies of row %d: %w", id, err)
+	}
+	return reached, nil
+}
 
 // replayCopied says why row r, which replay --new-key may have re-executed, cannot be
 // put back under its own key: its latest copy is still on its way (the operation would
