@@ -37,11 +37,19 @@ func TestReplayNewKeyCopiesAnOperationOnce(t *testing.T) {
 	require.Empty(t, res.Replayed)
 	require.Contains(t, res.Refused[first], "charge")
 
-	// Put back under its own key, a copy is the operation's current attempt, as any row.
+	// Put back under its own key, the latest copy is the operation's current attempt, as
+	// any row; an earlier one is not, and would run the operation beside it.
 	opts.NewKey = false
 	res, err = ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{first}}, opts)
 	require.NoError(t, err)
-	require.Equal(t, []string{first}, res.Replayed)
+	require.Empty(t, res.Replayed)
+	second := outbox.Key("charge", "replay", "2")
+	require.Contains(t, res.Refused[first], second)
+	_, err = pool.Exec(t.Context(), `UPDATE outbox SET status = 'dead' WHERE idempotency_key = $1`, second)
+	require.NoError(t, err)
+	res, err = ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{second}}, opts)
+	require.NoError(t, err)
+	require.Equal(t, []string{second}, res.Replayed)
 }
 
 // copiedDeadRow inserts the dead row "charge" and replays it with a new key, as

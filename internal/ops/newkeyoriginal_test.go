@@ -87,3 +87,26 @@ FROM outbox, generate_series(1, 2) g WHERE idempotency_key = $1`, first, base)
 		})
 	}
 }
+
+// Two rounds of replay --new-key with the receiver still broken leave the row and two
+// dead copies. replay --status dead then selects both copies: each went back under its
+// own key, and the operation was executed twice. Only the latest copy, the operation's
+// current row, is put back.
+func TestReplayOfTwoDeadCopiesExecutesTheOperationOnce(t *testing.T) {
+	t.Parallel()
+	pool, sel, opts, first := copiedDeadRow(t)
+	_, err := pool.Exec(t.Context(), `UPDATE outbox SET status = 'dead' WHERE idempotency_key = $1`, first)
+	require.NoError(t, err)
+	res, err := ops.Replay(t.Context(), pool, sel, opts)
+	require.NoError(t, err)
+	second := res.NewKeys["charge"]
+	require.NotEmpty(t, second)
+	_, err = pool.Exec(t.Context(), `UPDATE outbox SET status = 'dead' WHERE idempotency_key = $1`, second)
+	require.NoError(t, err)
+
+	opts.NewKey = false
+	res, err = ops.Replay(t.Context(), pool, sel, opts)
+	require.NoError(t, err)
+	require.Equal(t, []string{second}, res.Replayed, "%+v", res)
+	require.Contains(t, res.Refused[first], second)
+}

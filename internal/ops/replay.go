@@ -205,7 +205,8 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 // its own key (without NewKey) on the same terms: refused while its latest copy is on
 // its way, and once that was delivered (or is gone) unless opts.Redeliver, since the
 // receiver never saw the row's own key and would act again; and refused while that copy
-// is dead, the operation's current row, which is replayed instead.
+// is dead, the operation's current row, which is replayed instead. Of a row's copies,
+// only the latest is put back under its own key.
 // A stuck delivering row is refused with NewKey (the relay would retry it as well), as
 // is a held row with an ordering key (it would hold its copy back forever: cancel it and
 // enqueue a new intent).
@@ -340,10 +341,8 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 		details   []string
 		copyOf    map[string]string
 	)
-	if opts.NewKey {
-		if copyOf, err = copiesOf(ctx, tx, b); err != nil {
-			return err
-		}
+	if copyOf, err = copiesOf(ctx, tx, b); err != nil {
+		return err
 	}
 	for _, t := range b {
 		r, ok := locked[t.id]
@@ -410,6 +409,14 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 			reason, err := replayCopied(ctx, tx, r, opts.Redeliver)
 			if err != nil {
 				return err
+			}
+			if of, ok := copyOf[t.key]; ok && reason == "" {
+				// Of the copies of one row, only the latest is the operation's current row:
+				// replay --status dead, after two rounds of --new-key against a receiver
+				// still broken, selects both dead copies, and would put both back.
+				if reason, err = laterCopy(ctx, tx, t.key, of); err != nil {
+					return err
+				}
 			}
 			if reason != "" {
 				br.Refused[t.key] = reason
@@ -560,6 +567,26 @@ func copyReached(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
 		return false, fmt.Errorf("look up the attempts of copies of row %d: %w", id, err)
 	}
 	return reached, nil
+}
+
+// copiesMadeOfSQL counts the new-key replays the row with key $1 has had.
+const copiesMadeOfSQL = `
+SELECT count(*) FROM outbox_audit a JOIN outbox o ON o.id = a.outbox_id
+WHERE o.idempotency_key = $1 AND a.action = 'replay' AND a.details->>'new_key' IS NOT NULL`
+
+// laterCopy says why key, a copy that replay --new-key made of the row with key of,
+// cannot be put back under its own key: a later copy of that row re-executes the
+// operation. It is empty when key is the latest copy.
+func laterCopy(ctx context.Context, tx pgx.Tx, key, of string) (string, error) {
+	var n int
+	if err := tx.QueryRow(ctx, copiesMadeOfSQL, of).Scan(&n); err != nil {
+		return "", fmt.Errorf("look up copies of %q: %w", of, err)
+	}
+	if latest := outbox.Key(of, "replay", strconv.Itoa(n)); latest != key {
+		return fmt.Sprintf("a later copy %s that replay --new-key made of %q re-executes the operation: "+
+			"replay that one instead, so that the operation runs once more, not twice", latest, of), nil
+	}
+	return "", nil
 }
 
 // replayCopied says why row r, which replay --new-key may have re-executed, cannot be
