@@ -18,9 +18,7 @@ import (
 // The copy is refused, and the row it copies is re-executed once.
 func TestReplayNewKeyCopiesAnOperationOnce(t *testing.T) {
 	t.Parallel()
-	pool, sel, opts, first := copiedDeadRow(t)
-	_, err := pool.Exec(t.Context(), `UPDATE outbox SET status = 'dead' WHERE idempotency_key = $1`, first)
-	require.NoError(t, err)
+	pool, sel, opts, first := copiedDeadRowWithDeadCopy(t)
 
 	res, err := ops.Replay(t.Context(), pool, sel, opts)
 	require.NoError(t, err)
@@ -65,5 +63,15 @@ func copiedDeadRow(t *testing.T) (*pgxpool.Pool, ops.Selection, ops.ReplayOption
 	require.NoError(t, err)
 	first := outbox.Key("charge", "replay", "1")
 	require.Equal(t, first, res.NewKeys["charge"])
+	return pool, sel, opts, first
+}
+
+// copiedDeadRowWithDeadCopy is copiedDeadRow, with the copy dead too (the receiver still
+// broken).
+func copiedDeadRowWithDeadCopy(t *testing.T) (*pgxpool.Pool, ops.Selection, ops.ReplayOptions, string) {
+	t.Helper()
+	pool, sel, opts, first := copiedDeadRow(t)
+	_, err := pool.Exec(t.Context(), `UPDATE outbox SET status = 'dead' WHERE idempotency_key = $1`, first)
+	require.NoError(t, err)
 	return pool, sel, opts, first
 }

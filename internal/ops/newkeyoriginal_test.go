@@ -46,9 +46,7 @@ func TestReplayOfARowWhoseCopyWasExecutedDoesNotExecuteItAgain(t *testing.T) {
 // current row, is put back; the row is refused.
 func TestReplayOfARowAndItsDeadCopyExecutesTheOperationOnce(t *testing.T) {
 	t.Parallel()
-	pool, sel, opts, first := copiedDeadRow(t)
-	_, err := pool.Exec(t.Context(), `UPDATE outbox SET status = 'dead' WHERE idempotency_key = $1`, first)
-	require.NoError(t, err)
+	pool, sel, opts, first := copiedDeadRowWithDeadCopy(t)
 
 	opts.NewKey = false
 	res, err := ops.Replay(t.Context(), pool, sel, opts)
@@ -94,9 +92,7 @@ FROM outbox, generate_series(1, 2) g WHERE idempotency_key = $1`, first, base)
 // current row, is put back.
 func TestReplayOfTwoDeadCopiesExecutesTheOperationOnce(t *testing.T) {
 	t.Parallel()
-	pool, sel, opts, first := copiedDeadRow(t)
-	_, err := pool.Exec(t.Context(), `UPDATE outbox SET status = 'dead' WHERE idempotency_key = $1`, first)
-	require.NoError(t, err)
+	pool, sel, opts, first := copiedDeadRowWithDeadCopy(t)
 	res, err := ops.Replay(t.Context(), pool, sel, opts)
 	require.NoError(t, err)
 	second := res.NewKeys["charge"]
