@@ -7,8 +7,9 @@
 //	User-Agent: outboxd
 //
 // plus the row's own headers (such as traceparent; one of a name the connector or the
-// transport sets, such as Content-Type, Idempotency-Key, User-Agent, Host, Accept-Encoding
-// or a webhook-* header, is dropped), and, when the URL has a user name
+// transport sets, such as Content-Type, Idempotency-Key, User-Agent, Host,
+// Accept-Encoding, or the webhook-id, webhook-timestamp and webhook-signature it signs
+// with, is dropped), and, when the URL has a user name
 // (https://user:pass@host/hook), HTTP Basic authentication from it unless the row carries
 // its own Authorization header (as net/http's client does). When [Config.Secret] or
 // [Config.Secrets] is set, the request is also signed the Standard Webhooks way
