@@ -34,6 +34,9 @@ func TestOperatorCommandsWorkWithTheREADMEsPrivileges(t *testing.T) {
 	d := newOpsDB(t)
 	d.seedEveryState(t)
 	d.insert(t, fixture{Key: "k-awaiting-2", Status: outbox.StatusAwaitingApproval})
+	// Replayed under its own key: k-dead, copied by replay --new-key first, is refused then
+	// (its copy is on its way).
+	d.insert(t, fixture{Key: "k-dead-2", Status: outbox.StatusDead})
 	old := d.insert(t, fixture{Key: "k-old", Status: outbox.StatusDelivered, Age: 48 * time.Hour})
 	_, err := d.pool.Exec(t.Context(), `INSERT INTO outbox_audit (outbox_id, action, actor, reason) VALUES ($1, 'replay', 'bob', 'x')`, old)
 	require.NoError(t, err)
@@ -54,7 +57,7 @@ func TestOperatorCommandsWorkWithTheREADMEsPrivileges(t *testing.T) {
 	for _, args := range [][]string{
 		{"status"}, {"list"}, {"inspect", "k-held"},
 		{"replay", "--key", "k-dead", "--new-key", "--reason", "again"},
-		{"replay", "--key", "k-dead", "--reason", "receiver fixed"},
+		{"replay", "--key", "k-dead-2", "--reason", "receiver fixed"},
 		{"replay", "--key", "k-stuck", "--reason", "stuck"},
 		{"replay", "--key", "k-delivered", "--redeliver", "--reason", "again"},
 		{"cancel", "k-pending", "--reason", "refunded"},
