@@ -8,7 +8,8 @@
 // "channel" is a conversation ID (C…, G… or D…) and is required: a retry looks the key
 // up in that conversation's history, which Slack only serves by ID, so names such as
 // "#general" and user IDs are refused. At least one of "text" and a non-empty "blocks"
-// (a JSON array of Block Kit blocks, which must decode with [github.com/slack-go/slack.Blocks]) is required; with
+// (a JSON array of at most 50 Block Kit blocks, as Slack takes in a message, which must
+// decode with [github.com/slack-go/slack.Blocks]) is required; with
 // blocks, "text" is the notification fallback. Blocks are sent as the payload writes them,
 // with any field slack-go does not model. "thread_ts" makes the message a reply in
 // that thread (naming a reply, it names the reply's thread, as Slack takes it). Any other field is refused, so a misspelt one does not vanish silently.

@@ -83,6 +83,8 @@ const (
 	// lookupClockSkew is how much earlier than the row's first attempt (the relay's
 	// clock) the lookup starts reading (Slack's clock stamps the messages).
 	lookupClockSkew = 10 * time.Minute
+	// maxBlocks is how many Block Kit blocks Slack takes in one message.
+	maxBlocks = 50
 )
 
 // ErrTimeout is the cause of an attempt that ran past [Config.Timeout]; errors.Is finds
@@ -348,6 +350,10 @@ func parsePayload(raw json.RawMessage) (message, error) {
 		}
 		var raws []json.RawMessage
 		_ = json.Unmarshal(b, &raws) // an array of valid JSON: slack-go just read it the same way
+		if len(raws) > maxBlocks {
+			// Slack answers invalid_blocks to every attempt: refused before the row is written.
+			return m, fmt.Errorf(`payload: "blocks": %d blocks; Slack takes at most %d a message`, len(raws), maxBlocks)
+		}
 		if len(raws) != len(m.blocks.BlockSet) {
 			// slack-go keeps one block per element; were it to skip one, the pairs below would be wrong.
 			return m, fmt.Errorf(`payload: "blocks": slack-go decoded %d of the %d blocks`, len(m.blocks.BlockSet), len(raws))

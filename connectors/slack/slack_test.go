@@ -611,3 +611,23 @@ func TestDeliver_RateLimitedRetryAfterDate(t *testing.T) {
 	_, ok := connectors.RetryDelay(err)
 	require.False(t, ok, "%v", err)
 }
+
+// Slack takes at most 50 blocks a message and answers invalid_blocks to more, on every
+// attempt: such a payload is refused before the row is written, and never posted.
+func TestValidatePayload_AtMost50Blocks(t *testing.T) {
+	t.Parallel()
+	blocks := func(n int) json.RawMessage {
+		return json.RawMessage(`{"channel":"C0TEST","text":"x","blocks":[` +
+			strings.TrimSuffix(strings.Repeat(`{"type":"divider"},`, n), ",") + `]}`)
+	}
+	require.NoError(t, slack.ValidatePayload(blocks(50)))
+	err := slack.ValidatePayload(blocks(51))
+	require.ErrorContains(t, err, "51 blocks")
+
+	b := setup(t, slack.Config{})
+	d := delivery("too-many-blocks")
+	d.Payload = blocks(51)
+	_, err = b.c.Deliver(t.Context(), d)
+	require.True(t, connectors.IsPermanent(err), "%v", err)
+	require.Zero(t, b.f.Posts(d.Key))
+}
