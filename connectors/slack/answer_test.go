@@ -67,3 +67,34 @@ func TestDeliver_PostAnsweredWithoutTS(t *testing.T) {
 	require.False(t, connectors.IsPermanent(err), "%v", err)
 	require.True(t, connectors.IsAmbiguous(err), "%v", err)
 }
+
+// A lookup answered "ok": true without "messages", which Slack always gives (an empty
+// list for a conversation with none since the first attempt), was read as a conversation
+// without the key, and the retry posted again: no answer of Slack's, and no account of
+// what the conversation holds.
+func TestDeliver_LookupAnsweredWithoutMessages(t *testing.T) {
+	t.Parallel()
+	for _, thread := range []bool{false, true} {
+		t.Run(fmt.Sprintf("Thread=%t", thread), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, slack.Config{})
+			d := delivery("k")
+			if thread {
+				_, reply := startThread(t, b)
+				d = reply("k")
+			}
+			b.f.Plan("k", slacktest.Plan{DropAfterEffect: true})
+			_, err := b.c.Deliver(t.Context(), d)
+			require.True(t, connectors.IsAmbiguous(err), "%v", err)
+
+			b.f.PlanLookup(slacktest.Plan{Body: `{"ok":true}`})
+			d.Attempt, d.PreviousAmbiguous = 2, true
+			raw, err := b.c.Deliver(t.Context(), d)
+			require.Error(t, err, "stored %s", raw)
+			require.Contains(t, err.Error(), `without "messages"`)
+			require.False(t, connectors.IsPermanent(err), "%v", err)
+			require.False(t, connectors.IsAmbiguous(err), "a lookup acts on nothing: %v", err)
+			require.Equal(t, 1, b.f.Effects("k"), "posted again after a lookup that read nothing")
+		})
+	}
+}

@@ -86,8 +86,10 @@
 //     lookup is never ambiguous: it posts nothing.
 //   - So is an HTTP 200 that is not an answer of the Web API, whose every answer says
 //     "ok": true, or false with an error code (a wrong APIBase, a proxy's own reply),
-//     and a post's "ok" without the message's ts: answering a post, what answered may
-//     have passed it on, so it is ambiguous too.
+//     a post's "ok" without the message's ts, and a lookup's "ok" without the messages
+//     (Slack's is an empty list when there are none: read as one, the retry would post
+//     again): answering a post, what answered may have passed it on, so it is ambiguous
+//     too.
 //
 // [Config.Timeout] bounds one attempt, lookup and post together; an attempt that runs
 // past it wraps [ErrTimeout].

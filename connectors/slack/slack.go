@@ -224,6 +224,9 @@ func (t slackAnswers) CloseIdleConnections() {
 // a service that echoes requests would show the token.
 var errNotSlackAnswer = errors.New(`HTTP 200 without Slack's "ok" and error code: not an answer of the Slack Web API (is APIBase right?)`)
 
+// errNoMessages is a lookup's "ok" without the messages, which Slack always gives.
+var errNoMessages = errors.New(`answered "ok" without "messages": not an answer of the Slack Web API (is APIBase right?)`)
+
 func (cfg Config) withDefaults() Config {
 	cfg.APIBase = cmp.Or(cfg.APIBase, DefaultAPIBase)
 	cfg.Timeout = cmp.Or(cfg.Timeout, defaultTimeout)
@@ -520,6 +523,12 @@ func (c *Connector) scan(ctx context.Context, where *string, page func(cursor st
 	cursor, read := "", 0
 	for range maxLookupPages {
 		msgs, more, next, err := page(cursor)
+		if err == nil && msgs == nil {
+			// Slack's "ok" always comes with the messages, an empty list when there are
+			// none: this answer says nothing of what the conversation holds, and read as
+			// a conversation without the key, the retry would post again.
+			err = errNoMessages
+		}
 		if err != nil {
 			return "", false, c.classify(ctx, "look up the key in "+*where, err, false)
 		}

@@ -205,6 +205,19 @@ func TestDeliver_RetryNotFoundPosts(t *testing.T) {
 	require.Equal(t, 1, b.f.Lookups(testChannel))
 }
 
+// A conversation with no messages since the first attempt is answered with an empty
+// list ("messages": []): the retry reads it as one without the key, and posts.
+func TestDeliver_RetryInEmptyConversationPosts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, slack.Config{})
+	d := delivery("k")
+	d.Attempt = 2
+	raw, err := b.c.Deliver(t.Context(), d)
+	require.NoError(t, err)
+	require.False(t, decodeResult(t, raw).Reconciled)
+	require.Equal(t, 1, b.f.Effects("k"))
+}
+
 // A thread reply is not in the channel's history; the retry reads the thread, page by
 // page.
 func TestDeliver_ThreadReply(t *testing.T) {

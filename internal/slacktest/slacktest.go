@@ -491,7 +491,7 @@ func (f *Server) history(w http.ResponseWriter, r *http.Request) {
 	offset, _ := strconv.Atoi(first(p, "cursor"))
 	oldest := first(p, "oldest")
 	f.mu.Lock()
-	var all []Message
+	all := []Message{} // Slack answers "messages": [] for none, never null or nothing
 	for _, m := range slices.Backward(f.channels[channel]) {
 		if m.ThreadTS != "" && m.ThreadTS != m.TS {
 			continue
