@@ -1,11 +1,13 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"strings"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"github.com/outboxd/outboxd/connectors/email"
 	"github.com/outboxd/outboxd/connectors/payment"
 	"github.com/outboxd/outboxd/connectors/slack"
+	"github.com/outboxd/outboxd/connectors/webhook"
 	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/internal/receiver"
 )
@@ -391,4 +394,23 @@ func TestNewDefaultLeaseCoversConnectorDefaults(t *testing.T) {
 	r, err = New(pool, &Config{Logger: testLogger()}, map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
 	require.NoError(t, err)
 	require.Equal(t, 30*time.Second, r.cfg.Lease)
+}
+
+// The hold policy is for forwarded receivers: set on an instance whose connector
+// enforces the key, it does nothing, and New says so once (taken silently, an operator
+// who set OUTBOX_WEBHOOK_ON_AMBIGUOUS=hold with GUARANTEE=enforced waited for held rows
+// that never came).
+func TestNewWarnsOfHoldOnAnInstanceNotForwarded(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	var logs bytes.Buffer
+	forwarded, err := webhook.New(webhook.Config{URL: "http://127.0.0.1:1/", Guarantee: connectors.Forwarded})
+	require.NoError(t, err)
+	_, err = New(pool, &Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, map[string]Instance{
+		"webhook":     {Connector: newHook(t, "http://127.0.0.1:1/"), OnAmbiguous: AmbiguousHold},
+		"webhook:fwd": {Connector: forwarded, OnAmbiguous: AmbiguousHold},
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, strings.Count(logs.String(), "OnAmbiguous hold has no effect"), logs.String())
+	require.Contains(t, logs.String(), "connector=webhook guarantee=enforced")
 }

@@ -372,6 +372,15 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 				inst.maxAge, inst.windowAge = w, true
 			}
 		}
+		if policy == AmbiguousHold && inst.guarantee != connectors.Forwarded {
+			// The policy is for receivers that do not enforce the key; this one's
+			// connector says it does (or reconciles), so the relay retries with the same
+			// key as always. Said once at start: taken silently, it read as held rows that
+			// never come.
+			r.log.Warn("OnAmbiguous hold has no effect on this instance: its connector's guarantee is not forwarded, "+
+				"so an ambiguous attempt is retried with the same key (or looked up first)",
+				"connector", name, "guarantee", string(inst.guarantee))
+		}
 		var ahead int
 		ahead, inst.startBy = claimAhead(inst.limit, cfg.Lease, connectors.Timeout(in.Connector))
 		switch {
