@@ -143,10 +143,10 @@ func replay(ctx context.Context, e *env, pool *pgxpool.Pool, sel ops.Selection, 
 		}
 	}
 	if o.DryRun {
-		return reportReplay(e, plan, notes, ambiguousNotes(plan.Ambiguous, g, o.NewKey), sel, run.json)
+		return reportReplay(e, plan, notes, ambiguousNotes(plan, g, o.NewKey), sel, run.json)
 	}
 	if len(plan.Replayed) > replayConfirmAbove && !run.yes {
-		all := slices.Concat(notes, ambiguousNotes(plan.Ambiguous, g, o.NewKey))
+		all := slices.Concat(notes, ambiguousNotes(plan, g, o.NewKey))
 		if err := confirmReplay(e, len(plan.Replayed), all); err != nil {
 			return err
 		}
@@ -167,7 +167,7 @@ func replay(ctx context.Context, e *env, pool *pgxpool.Pool, sel ops.Selection, 
 		defer bar.done()
 	}
 	res, err := ops.Replay(ctx, pool, sel, o)
-	anotes := ambiguousNotes(res.Ambiguous, g, o.NewKey)
+	anotes := ambiguousNotes(res, g, o.NewKey)
 	if err != nil {
 		// Earlier batches are committed; show them with the error.
 		_ = reportReplay(e, res, notes, anotes, orig, run.json)
@@ -265,13 +265,23 @@ func redeliveryNotes(ctx context.Context, pool *pgxpool.Pool, sel ops.Selection,
 
 // ambiguousNotes returns a GuaranteeNote per connector of the replayed rows an earlier
 // attempt of which may have reached the receiver (ops.ReplayResult.Ambiguous, key to
-// connector): what sending them again means, as for delivered rows.
-func ambiguousNotes(ambiguous map[string]string, g map[string]connectors.Guarantee, newKey bool) []string {
-	seen := map[string]bool{}
-	for _, c := range ambiguous {
-		seen[c] = true
+// connector): what sending them again means, as for delivered rows. A row there because
+// a copy that --new-key made may have acted (ops.ReplayResult.AmbiguousByCopy) goes out
+// under a key the receiver did not see that attempt carry, and is explained as a new key.
+func ambiguousNotes(res ops.ReplayResult, g map[string]connectors.Guarantee, newKey bool) []string {
+	copied := make(map[string]bool, len(res.AmbiguousByCopy))
+	for _, k := range res.AmbiguousByCopy {
+		copied[k] = true
 	}
-	return guaranteeNotes(sortedKeys(seen), g, newKey)
+	seen, byCopy := map[string]bool{}, map[string]bool{}
+	for k, c := range res.Ambiguous {
+		if copied[k] {
+			byCopy[c] = true
+		} else {
+			seen[c] = true
+		}
+	}
+	return append(guaranteeNotes(sortedKeys(seen), g, newKey), guaranteeNotes(sortedKeys(byCopy), g, true)...)
 }
 
 // guaranteeNotes says, for each connector of names, what sending a row again means

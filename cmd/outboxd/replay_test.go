@@ -370,3 +370,34 @@ VALUES ($1, 1, 'relay-1', now() - interval '2 minutes', now() - interval '1 minu
 	require.Equal(t, map[string]string{"held": "webhook", "stuck": "webhook"}, res.Ambiguous)
 	require.Equal(t, []string{note}, res.Notes)
 }
+
+// A row whose copy (replay --new-key) may have acted, then was canceled, is in the
+// result's ambiguous rows, and replaying the row under its own key sends a key the
+// receiver never saw: it acts again whatever its guarantee. The note said what the
+// guarantee means for the same key ("enforced: ... acts only once"), telling the
+// operator that a second effect would not happen when it would.
+func TestReplayOfARowWhoseCopyMayHaveActedSaysTheReceiverActsAgain(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t, "OUTBOX_WEBHOOK_URL=http://127.0.0.1:1/hook", "OUTBOX_WEBHOOK_GUARANTEE=enforced")
+	d.insert(t, fixture{Key: "charge", Status: outbox.StatusDead, Attempts: 3, LastError: "503"})
+	code, _, errOut := d.cli(t, "", "replay", "--key", "charge", "--new-key")
+	require.Equal(t, exitOK, code, errOut)
+	copyKey := outbox.Key("charge", "replay", "1")
+	_, err := d.pool.Exec(t.Context(), `
+WITH c AS (UPDATE outbox SET status = 'canceled', attempts = 1 WHERE idempotency_key = $1 RETURNING id)
+INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
+SELECT id, 1, 'relay-1', now(), now(), 'retry', true, 'timeout' FROM c`, copyKey)
+	require.NoError(t, err)
+
+	for _, dry := range []bool{true, false} {
+		args := []string{"replay", "--key", "charge", "--reason", "once more"}
+		if dry {
+			args = append(args, "--dry-run")
+		}
+		code, out, errOut := d.cli(t, "", args...)
+		require.Equal(t, exitOK, code, errOut)
+		require.NotContains(t, out, ops.GuaranteeNote(connectors.Enforced), "dry run %v", dry)
+		require.Contains(t, out, "webhook: a new key, so the receiver acts again whatever its guarantee (enforced)",
+			"dry run %v", dry)
+	}
+}

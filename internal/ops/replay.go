@@ -78,7 +78,13 @@ type ReplayResult struct {
 	// act twice, unless it enforces the key ([GuaranteeNote]; with NewKey, whatever it
 	// guarantees). Delivered rows (Redeliver) are not in it: the CLI explains them apart.
 	Ambiguous map[string]string `json:"ambiguous"`
-	DryRun    bool              `json:"dry_run"`
+	// AmbiguousByCopy are the keys of Ambiguous, put back under their own key (without
+	// NewKey), a copy of which that NewKey made may have reached the receiver: that
+	// attempt carried the copy's key, not the row's, so the receiver acts again whatever
+	// it guarantees, as for a new key. The CLI says so instead of what the guarantee
+	// means for the same key.
+	AmbiguousByCopy []string `json:"-"`
+	DryRun          bool     `json:"dry_run"`
 }
 
 // errRollback ends a dry run's transaction without an error.
@@ -296,6 +302,7 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayO
 func (r *ReplayResult) merge(b ReplayResult) {
 	r.Replayed = append(r.Replayed, b.Replayed...)
 	r.Unchanged = append(r.Unchanged, b.Unchanged...)
+	r.AmbiguousByCopy = append(r.AmbiguousByCopy, b.AmbiguousByCopy...)
 	r.NotFound = append(r.NotFound, b.NotFound...)
 	for k, v := range b.Refused {
 		r.Refused[k] = v
@@ -425,13 +432,20 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 			replayIDs = append(replayIDs, r.id)
 		}
 		br.Replayed = append(br.Replayed, t.key)
-		if r.status != outbox.StatusDelivered && !stuck && !r.reached {
+		if r.status != outbox.StatusDelivered {
 			// A copy that replay --new-key made of the row is the same operation: its
 			// attempt may have reached the receiver, and executing the row again may have
-			// the receiver act twice, as after one of the row's own.
-			if r.reached, err = copyReached(ctx, tx, r.id); err != nil {
+			// the receiver act twice, as after one of the row's own. Looked up for a row
+			// whose own attempt may have too: under the row's own key, the receiver's
+			// record of that key does not cover what the copy did.
+			byCopy, err := copyReached(ctx, tx, r.id)
+			if err != nil {
 				return err
 			}
+			if byCopy && !opts.NewKey {
+				br.AmbiguousByCopy = append(br.AmbiguousByCopy, t.key)
+			}
+			r.reached = r.reached || byCopy
 		}
 		if r.status != outbox.StatusDelivered && (stuck || r.reached) {
 			br.Ambiguous[t.key] = r.connector
