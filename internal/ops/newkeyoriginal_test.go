@@ -106,3 +106,32 @@ func TestReplayOfTwoDeadCopiesExecutesTheOperationOnce(t *testing.T) {
 	require.Equal(t, []string{second}, res.Replayed, "%+v", res)
 	require.Contains(t, res.Refused[first], second)
 }
+
+// replay --redeliver of a row whose copy that replay --new-key made was delivered puts
+// the row back under its own key, on purpose. Selecting the copy too (--key both, or a
+// filter such as --status dead,delivered) put both back, each under its own key, and
+// the operation was executed twice more. One of them is put back, the other refused.
+func TestRedeliverOfARowAndItsDeliveredCopyExecutesTheOperationOnce(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []int{0, 1} {
+		t.Run(map[int]string{0: "one batch", 1: "a batch each"}[batch], func(t *testing.T) {
+			t.Parallel()
+			pool, _, opts, first := copiedDeadRow(t)
+			_, err := pool.Exec(t.Context(), `UPDATE outbox SET status = 'delivered', delivered_at = $2 WHERE idempotency_key = $1`,
+				first, base)
+			require.NoError(t, err)
+			opts.NewKey, opts.Redeliver, opts.BatchSize = false, true, batch
+			sel := ops.Selection{Keys: []string{"charge", first}}
+
+			for _, dry := range []bool{true, false} {
+				opts.DryRun = dry
+				res, err := ops.Replay(t.Context(), pool, sel, opts)
+				require.NoError(t, err)
+				require.Equal(t, []string{"charge"}, res.Replayed, "dry run %v: %+v", dry, res)
+				require.Contains(t, res.Refused[first], `"charge"`, "dry run %v", dry)
+			}
+			require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM outbox WHERE status = 'pending'`),
+				"the operation was executed more than once more")
+		})
+	}
+}

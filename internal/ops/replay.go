@@ -212,7 +212,9 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 // its way, and once that was delivered (or is gone) unless opts.Redeliver, since the
 // receiver never saw the row's own key and would act again; and refused while that copy
 // is dead, the operation's current row, which is replayed instead. Of a row's copies,
-// only the latest is put back under its own key.
+// only the latest is put back under its own key, and not together with the row (which
+// Redeliver puts back once that copy was delivered): the first of the two is, the other
+// refused.
 // A stuck delivering row is refused with NewKey (the relay would retry it as well), as
 // is a held row with an ordering key (it would hold its copy back forever: cancel it and
 // enqueue a new intent).
@@ -255,6 +257,10 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayO
 		size = min(size, max(1, int(opts.Rate))) // about one batch a second
 	}
 	start, done := time.Now(), 0
+	// The row each operation is put back as, by the key of the row a copy copies (see
+	// replayBatch), over every batch, so that a dry run, which commits none, decides as
+	// the run does.
+	ran := map[string]string{}
 	for _, b := range batches(targets, size) {
 		var br ReplayResult
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -266,7 +272,7 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayO
 			if err != nil {
 				return err
 			}
-			if err := replayBatch(ctx, tx, b, opts, now, &br); err != nil {
+			if err := replayBatch(ctx, tx, b, opts, now, ran, &br); err != nil {
 				return err
 			}
 			if opts.DryRun {
@@ -317,8 +323,11 @@ func (r *ReplayResult) merge(b ReplayResult) {
 	}
 }
 
-// replayBatch replays one batch in tx, recording the outcome of each key in br.
-func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions, now time.Time, br *ReplayResult) error {
+// replayBatch replays one batch in tx, recording the outcome of each key in br. ran maps
+// the key of each row put back under its own key so far, or of the row it copies (a
+// copy that NewKey made), to the key of the row put back.
+func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions, now time.Time, ran map[string]string,
+	br *ReplayResult) error {
 	if !opts.NewKey && !opts.DryRun {
 		// Before any row is locked (a claim round waiting for this one may be writing
 		// outcomes of such rows): see internal/replaylock. A copy (NewKey) is a new row
@@ -425,10 +434,22 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 					return err
 				}
 			}
+			op := t.key
+			if of, ok := copyOf[t.key]; ok {
+				op = of
+			}
+			if other, ok := ran[op]; ok && reason == "" {
+				// With Redeliver, a row whose copy was delivered is put back, and so is that
+				// copy (the latest): selected together (--key both, a filter of both
+				// statuses), each went back under its own key, and the operation ran twice.
+				reason = fmt.Sprintf("this replay puts back %q, the same operation (a copy that replay --new-key made, "+
+					"or the row it copies): putting this one back too would execute the operation twice", other)
+			}
 			if reason != "" {
 				br.Refused[t.key] = reason
 				continue
 			}
+			ran[op] = t.key
 			replayIDs = append(replayIDs, r.id)
 		}
 		br.Replayed = append(br.Replayed, t.key)
