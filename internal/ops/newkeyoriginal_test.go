@@ -135,3 +135,29 @@ func TestRedeliverOfARowAndItsDeliveredCopyExecutesTheOperationOnce(t *testing.T
 		})
 	}
 }
+
+// Of two copies that replay --new-key made, the earlier is refused, naming the later as
+// the one to replay. When the operator had canceled the later one, that was not true
+// (replaying it is refused: canceled rows stay canceled); the row they copy, which its
+// canceled copy no longer holds back, is the one to replay.
+func TestReplayOfAnEarlierCopyNamesTheRowWhenTheLaterWasCanceled(t *testing.T) {
+	t.Parallel()
+	pool, sel, opts, first := copiedDeadRowWithDeadCopy(t)
+	res, err := ops.Replay(t.Context(), pool, sel, opts)
+	require.NoError(t, err)
+	second := res.NewKeys["charge"]
+	_, err = ops.Cancel(t.Context(), pool, []string{second}, "op", "", base)
+	require.NoError(t, err)
+
+	opts.NewKey = false
+	res, err = ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{first}}, opts)
+	require.NoError(t, err)
+	require.Empty(t, res.Replayed)
+	require.NotContains(t, res.Refused[first], "replay that one instead", "it is canceled: %s", res.Refused[first])
+	require.Contains(t, res.Refused[first], `replay "charge"`)
+
+	// As said, the row is replayed.
+	res, err = ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{"charge"}}, opts)
+	require.NoError(t, err)
+	require.Equal(t, []string{"charge"}, res.Replayed, "%+v", res)
+}

@@ -617,11 +617,22 @@ func laterCopy(ctx context.Context, tx pgx.Tx, key, of string) (string, error) {
 	if err := tx.QueryRow(ctx, copiesMadeOfSQL, of).Scan(&n); err != nil {
 		return "", fmt.Errorf("look up copies of %q: %w", of, err)
 	}
-	if latest := outbox.Key(of, "replay", strconv.Itoa(n)); latest != key {
-		return fmt.Sprintf("a later copy %s that replay --new-key made of %q re-executes the operation: "+
-			"replay that one instead, so that the operation runs once more, not twice", latest, of), nil
+	latest := outbox.Key(of, "replay", strconv.Itoa(n))
+	if latest == key {
+		return "", nil
 	}
-	return "", nil
+	var st string
+	if err := tx.QueryRow(ctx, statusByKeySQL, latest).Scan(&st); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("look up %q: %w", latest, err)
+	}
+	if st == outbox.StatusCanceled {
+		// Replaying a canceled copy is refused; the row it copies, which a canceled copy
+		// no longer holds back (replayCopied), is the operation's current row.
+		return fmt.Sprintf("a later copy %s that replay --new-key made of %q was canceled: replay %q instead, "+
+			"so that the operation runs once more, not twice", latest, of, of), nil
+	}
+	return fmt.Sprintf("a later copy %s that replay --new-key made of %q re-executes the operation: "+
+		"replay that one instead, so that the operation runs once more, not twice", latest, of), nil
 }
 
 // replayCopied says why row r, which replay --new-key may have re-executed, cannot be
