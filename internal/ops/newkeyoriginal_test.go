@@ -161,3 +161,24 @@ func TestReplayOfAnEarlierCopyNamesTheRowWhenTheLaterWasCanceled(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"charge"}, res.Replayed, "%+v", res)
 }
+
+// The row that replay --new-key copied may have acted (an ambiguous attempt) before it
+// died: the operation may have happened. Its copy, dead after plain failures, put back
+// under its own key executes the operation again, which may have the receiver act
+// twice, as TestReplayOfARowWhoseCopyMayHaveActedIsAmbiguous says of the row after its
+// copy's attempt; the result listed the copy as ambiguous only for an attempt of its own.
+func TestReplayOfACopyWhoseRowMayHaveActedIsAmbiguous(t *testing.T) {
+	t.Parallel()
+	pool, _, opts, first := copiedDeadRowWithDeadCopy(t)
+	_, err := pool.Exec(t.Context(), `
+INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
+SELECT id, 1, 'relay-1', $2, $2, 'retry', true, 'timeout' FROM outbox WHERE idempotency_key = $1`, "charge", base)
+	require.NoError(t, err)
+
+	opts.NewKey = false
+	res, err := ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{first}}, opts)
+	require.NoError(t, err)
+	require.Equal(t, []string{first}, res.Replayed, "%+v", res)
+	require.Equal(t, "webhook", res.Ambiguous[first], "the row it copies may have acted: %+v", res)
+	require.Equal(t, []string{first}, res.AmbiguousByCopy, "that attempt carried another key")
+}

@@ -73,16 +73,18 @@ type ReplayResult struct {
 	NotFound []string `json:"not_found"`
 	// Ambiguous maps the Replayed keys an attempt of which may have reached the receiver
 	// (stuck in delivering, or held or dead after an ambiguous attempt, or delivered once
-	// and replayed since; or such an attempt of a copy that NewKey made of the row) to
+	// and replayed since; or such an attempt of a copy that NewKey made of the row, or of
+	// the row a copy copies, or of its other copies) to
 	// their connector: sending them again may have the receiver
 	// act twice, unless it enforces the key ([GuaranteeNote]; with NewKey, whatever it
 	// guarantees). Delivered rows (Redeliver) are not in it: the CLI explains them apart.
 	Ambiguous map[string]string `json:"ambiguous"`
 	// AmbiguousByCopy are the keys of Ambiguous, put back under their own key (without
-	// NewKey), a copy of which that NewKey made may have reached the receiver: that
-	// attempt carried the copy's key, not the row's, so the receiver acts again whatever
-	// it guarantees, as for a new key. The CLI says so instead of what the guarantee
-	// means for the same key.
+	// NewKey), an attempt of another row of whose operation may have reached the
+	// receiver (a copy that NewKey made of the row, or the row a copy copies, or its
+	// other copies): that attempt carried another key, so the receiver acts again
+	// whatever it guarantees, as for a new key. The CLI says so instead of what the
+	// guarantee means for the same key.
 	AmbiguousByCopy []string `json:"-"`
 	DryRun          bool     `json:"dry_run"`
 }
@@ -454,12 +456,17 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 		}
 		br.Replayed = append(br.Replayed, t.key)
 		if r.status != outbox.StatusDelivered {
-			// A copy that replay --new-key made of the row is the same operation: its
-			// attempt may have reached the receiver, and executing the row again may have
-			// the receiver act twice, as after one of the row's own. Looked up for a row
-			// whose own attempt may have too: under the row's own key, the receiver's
-			// record of that key does not cover what the copy did.
-			byCopy, err := copyReached(ctx, tx, r.id)
+			// A copy that replay --new-key made of the row is the same operation, as is
+			// the row a copy copies, and its other copies: an attempt of one may have
+			// reached the receiver, and executing the row again may have the receiver act
+			// twice, as after one of the row's own. Looked up for a row whose own attempt
+			// may have too: under the row's own key, the receiver's record of that key
+			// does not cover what the others did.
+			of := t.key
+			if c, ok := copyOf[t.key]; ok {
+				of = c
+			}
+			byCopy, err := otherReached(ctx, tx, of, t.key)
 			if err != nil {
 				return err
 			}
@@ -585,21 +592,29 @@ const copiesMadeSQL = `
 SELECT count(*) FROM outbox_audit a
 WHERE a.outbox_id = $1 AND a.action = 'replay' AND a.details->>'new_key' IS NOT NULL`
 
-// copyReachedSQL says whether an attempt of a copy that replay --new-key made of row $1
-// may have reached the receiver, as lockSQL's last column says of a row's own.
-const copyReachedSQL = `
+// otherReachedSQL says whether an attempt of another row of the operation than the row
+// with key $2 may have reached the receiver, as lockSQL's last column says of a row's
+// own: of the row with key $1 (the row $2 is a copy of, or $2 itself) and of the copies
+// that replay --new-key made of it. The keys are joined to the rows, each found by its
+// key's index: "key = $1 OR key IN (...)" would read the whole table for every row.
+const otherReachedSQL = `
 SELECT EXISTS (
-    SELECT 1 FROM outbox_audit a JOIN outbox c ON c.idempotency_key = a.details->>'new_key'
-    WHERE a.outbox_id = $1 AND a.action = 'replay'
+    SELECT 1
+    FROM (SELECT $1::text AS key
+          UNION ALL
+          SELECT a.details->>'new_key' FROM outbox_audit a JOIN outbox o ON o.id = a.outbox_id
+          WHERE o.idempotency_key = $1 AND a.action = 'replay') k
+    JOIN outbox c ON c.idempotency_key = k.key
+    WHERE c.idempotency_key <> $2
       AND (c.ambiguous OR EXISTS (SELECT 1 FROM outbox_attempts t
                                   WHERE t.outbox_id = c.id AND (t.ambiguous OR t.outcome = 'delivered'))))`
 
-// copyReached says whether an attempt of a copy of row id may have reached the
-// receiver (copyReachedSQL).
-func copyReached(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
+// otherReached says whether an attempt of another row than key of the operation of the
+// row with key of (otherReachedSQL) may have reached the receiver.
+func otherReached(ctx context.Context, tx pgx.Tx, of, key string) (bool, error) {
 	var reached bool
-	if err := tx.QueryRow(ctx, copyReachedSQL, id).Scan(&reached); err != nil {
-		return false, fmt.Errorf("look up the attempts of copies of row %d: %w", id, err)
+	if err := tx.QueryRow(ctx, otherReachedSQL, of, key).Scan(&reached); err != nil {
+		return false, fmt.Errorf("look up the attempts of copies of %q: %w", of, err)
 	}
 	return reached, nil
 }
