@@ -182,3 +182,25 @@ SELECT id, 1, 'relay-1', $2, $2, 'retry', true, 'timeout' FROM outbox WHERE idem
 	require.Equal(t, "webhook", res.Ambiguous[first], "the row it copies may have acted: %+v", res)
 	require.Equal(t, []string{first}, res.AmbiguousByCopy, "that attempt carried another key")
 }
+
+// A row whose copy that replay --new-key made was delivered is put back under its own
+// key with Redeliver. Redelivering the copy later, while that row was on its way, put it
+// back too, and the operation was executed twice at once; it is refused, as the row is
+// while its copy is on its way.
+func TestReplayOfACopyWhoseRowIsOnItsWayIsRefused(t *testing.T) {
+	t.Parallel()
+	pool, _, opts, first := copiedDeadRow(t)
+	_, err := pool.Exec(t.Context(), `UPDATE outbox SET status = 'delivered', delivered_at = $2 WHERE idempotency_key = $1`,
+		first, base)
+	require.NoError(t, err)
+	opts.NewKey, opts.Redeliver = false, true
+	res, err := ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{"charge"}}, opts)
+	require.NoError(t, err)
+	require.Equal(t, []string{"charge"}, res.Replayed, "%+v", res)
+
+	res, err = ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{first}}, opts)
+	require.NoError(t, err)
+	require.Empty(t, res.Replayed, "the copy was put back beside its row on its way: %+v", res)
+	require.Contains(t, res.Refused[first], `"charge"`)
+	require.Equal(t, "delivered", state(t, pool, first).Status)
+}

@@ -216,7 +216,7 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 // is dead, the operation's current row, which is replayed instead. Of a row's copies,
 // only the latest is put back under its own key, and not together with the row (which
 // Redeliver puts back once that copy was delivered): the first of the two is, the other
-// refused.
+// refused, and the copy is refused while the row is on its way again.
 // A stuck delivering row is refused with NewKey (the relay would retry it as well), as
 // is a held row with an ordering key (it would hold its copy back forever: cancel it and
 // enqueue a new intent).
@@ -626,17 +626,29 @@ WHERE o.idempotency_key = $1 AND a.action = 'replay' AND a.details->>'new_key' I
 
 // laterCopy says why key, a copy that replay --new-key made of the row with key of,
 // cannot be put back under its own key: a later copy of that row re-executes the
-// operation. It is empty when key is the latest copy.
+// operation, or that row itself is on its way. It is empty when key is the latest copy
+// and the row is not.
 func laterCopy(ctx context.Context, tx pgx.Tx, key, of string) (string, error) {
 	var n int
 	if err := tx.QueryRow(ctx, copiesMadeOfSQL, of).Scan(&n); err != nil {
 		return "", fmt.Errorf("look up copies of %q: %w", of, err)
 	}
 	latest := outbox.Key(of, "replay", strconv.Itoa(n))
+	var st string
 	if latest == key {
+		// The row of is pending or delivering only once it was put back under its own
+		// key after its copies were made (a new-key replay leaves a pending row unchanged,
+		// and refuses one delivering): with Redeliver, after this copy was delivered. It
+		// is then on its way, as replayCopied refuses the row while its copy is.
+		if err := tx.QueryRow(ctx, statusByKeySQL, of).Scan(&st); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return "", fmt.Errorf("look up %q: %w", of, err)
+		}
+		if st == outbox.StatusPending || st == outbox.StatusDelivering {
+			return fmt.Sprintf("%q, the row this copy that replay --new-key made copies, was put back under its own key "+
+				"and is on its way: putting the copy back too would execute the operation twice", of), nil
+		}
 		return "", nil
 	}
-	var st string
 	if err := tx.QueryRow(ctx, statusByKeySQL, latest).Scan(&st); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return "", fmt.Errorf("look up %q: %w", latest, err)
 	}
