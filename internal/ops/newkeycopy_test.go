@@ -75,3 +75,34 @@ func copiedDeadRowWithDeadCopy(t *testing.T) (*pgxpool.Pool, ops.Selection, ops.
 	require.NoError(t, err)
 	return pool, sel, opts, first
 }
+
+// A held row stays held once replay --new-key copied it, and its operator cancels it to
+// clear it. Its copy, dead too, was then refused a new-key replay saying "re-execute that
+// row instead", which is refused (canceled rows stay canceled): the text sent the
+// operator in a circle. It says what can be done: replay the copy under its own key.
+func TestReplayNewKeyOfACopyOfACanceledRowSaysWhatToDo(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	insertRow(t, pool, row{Key: "charge", Status: outbox.StatusHeld, Attempts: 1, Age: time.Hour})
+	opts := ops.ReplayOptions{Actor: "op", NewKey: true, Now: base}
+	res, err := ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{"charge"}}, opts)
+	require.NoError(t, err)
+	first := res.NewKeys["charge"]
+	require.NotEmpty(t, first, "%+v", res)
+	_, err = ops.Cancel(t.Context(), pool, []string{"charge"}, "op", "its copy re-executes it", base)
+	require.NoError(t, err)
+	_, err = pool.Exec(t.Context(), `UPDATE outbox SET status = 'dead' WHERE idempotency_key = $1`, first)
+	require.NoError(t, err)
+
+	res, err = ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{first}}, opts)
+	require.NoError(t, err)
+	require.Empty(t, res.Replayed)
+	require.NotContains(t, res.Refused[first], "re-execute that row instead", "it is canceled: %s", res.Refused[first])
+	require.Contains(t, res.Refused[first], "without --new-key")
+
+	// As said, it is put back under its own key.
+	opts.NewKey = false
+	res, err = ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{first}}, opts)
+	require.NoError(t, err)
+	require.Equal(t, []string{first}, res.Replayed, "%+v", res)
+}

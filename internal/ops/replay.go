@@ -401,6 +401,17 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 				// looks only at its own copies: a copy of the copy would go unseen, and
 				// both would execute the operation (a filter such as --status dead selects
 				// the row and its dead copy together).
+				var st string
+				if err := tx.QueryRow(ctx, statusByKeySQL, of).Scan(&st); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+					return fmt.Errorf("look up %q: %w", of, err)
+				}
+				if st == outbox.StatusCanceled {
+					// Which its replay refuses: an operator clears a held row that way once
+					// its copy re-executes it.
+					br.Refused[t.key] = fmt.Sprintf("a copy that replay --new-key made of %q, which was canceled, so it cannot "+
+						"be re-executed with a new key: replay this copy without --new-key, or enqueue a new intent", of)
+					continue
+				}
 				br.Refused[t.key] = fmt.Sprintf("a copy that replay --new-key made of %q: re-execute that row instead, "+
 					"once this copy is finished or canceled, so that the operation runs once more, not twice", of)
 				continue
