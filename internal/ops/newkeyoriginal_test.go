@@ -2,6 +2,7 @@ package ops_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -203,4 +204,26 @@ func TestReplayOfACopyWhoseRowIsOnItsWayIsRefused(t *testing.T) {
 	require.Empty(t, res.Replayed, "the copy was put back beside its row on its way: %+v", res)
 	require.Contains(t, res.Refused[first], `"charge"`)
 	require.Equal(t, "delivered", state(t, pool, first).Status)
+}
+
+// A row whose copy that replay --new-key made is still on its way is refused, saying to
+// cancel the copy first. A relay delivering the copy has it in flight, and cancel
+// refuses it ("its outcome decides"): the text said what cannot be done.
+func TestReplayOfARowWhoseCopyIsInFlightSaysToWait(t *testing.T) {
+	t.Parallel()
+	pool, sel, opts, first := copiedDeadRow(t)
+	_, err := pool.Exec(t.Context(), `
+UPDATE outbox SET status = 'delivering', lease_owner = 'relay-1', lease_expires_at = $2, attempts = 1
+WHERE idempotency_key = $1`, first, base.Add(time.Minute))
+	require.NoError(t, err)
+	canceled, err := ops.Cancel(t.Context(), pool, []string{first}, "op", "", base)
+	require.NoError(t, err)
+	require.Contains(t, canceled.Refused, first, "cancel refuses a row in flight")
+
+	opts.NewKey = false
+	res, err := ops.Replay(t.Context(), pool, sel, opts)
+	require.NoError(t, err)
+	require.Empty(t, res.Replayed)
+	require.NotContains(t, res.Refused["charge"], "cancel the copy first", res.Refused["charge"])
+	require.Contains(t, res.Refused["charge"], "outcome")
 }

@@ -687,7 +687,11 @@ func replayCopied(ctx context.Context, tx pgx.Tx, r lockedRow, redeliver bool) (
 	}
 	prev, st, reason, err := lastCopy(ctx, tx, r.key, n, redeliver)
 	switch st {
-	case outbox.StatusPending, outbox.StatusDelivering, outbox.StatusHeld, outbox.StatusAwaitingApproval:
+	case outbox.StatusDelivering:
+		// Cancel refuses a row in flight (or stuck): its outcome decides first.
+		reason = fmt.Sprintf("its copy %s, which replay --new-key made, is being delivered: putting the row back too "+
+			"would execute the operation twice; wait for the copy's outcome", prev)
+	case outbox.StatusPending, outbox.StatusHeld, outbox.StatusAwaitingApproval:
 		reason = fmt.Sprintf("its copy %s, which replay --new-key made, is still on its way: putting the row back too "+
 			"would execute the operation twice; cancel the copy first to replay the row instead", prev)
 	case outbox.StatusDead:
