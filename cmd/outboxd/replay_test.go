@@ -233,17 +233,7 @@ func TestRedeliverWithNewKeySaysTheReceiverActsAgain(t *testing.T) {
 	d := newOpsDB(t, "OUTBOX_WEBHOOK_URL=http://127.0.0.1:1/hook", "OUTBOX_WEBHOOK_GUARANTEE=enforced")
 	d.insert(t, fixture{Key: "paid", Status: outbox.StatusDelivered, Attempts: 1})
 
-	for _, dry := range []bool{true, false} {
-		args := []string{"replay", "--key", "paid", "--redeliver", "--new-key", "--reason", "charge again"}
-		if dry {
-			args = append(args, "--dry-run")
-		}
-		code, out, errOut := d.cli(t, "", args...)
-		require.Equal(t, exitOK, code, errOut)
-		require.NotContains(t, out, ops.GuaranteeNote(connectors.Enforced), "dry run %v", dry)
-		require.Contains(t, out, "webhook: a new key, so the receiver acts again whatever its guarantee (enforced)",
-			"dry run %v", dry)
-	}
+	requireActsAgainNote(t, d, "--key", "paid", "--redeliver", "--new-key", "--reason", "charge again")
 	require.Equal(t, 2, d.count(t, `SELECT count(*) FROM outbox`))
 }
 
@@ -389,12 +379,19 @@ INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_
 SELECT id, 1, 'relay-1', now(), now(), 'retry', true, 'timeout' FROM c`, copyKey)
 	require.NoError(t, err)
 
+	requireActsAgainNote(t, d, "--key", "charge", "--reason", "once more")
+}
+
+// requireActsAgainNote runs replay with args, as a dry run and then for real, and checks
+// that each says the receiver acts again (a new key), not the enforced guarantee's note.
+func requireActsAgainNote(t *testing.T, d *opsDB, args ...string) {
+	t.Helper()
 	for _, dry := range []bool{true, false} {
-		args := []string{"replay", "--key", "charge", "--reason", "once more"}
+		a := append([]string{"replay"}, args...)
 		if dry {
-			args = append(args, "--dry-run")
+			a = append(a, "--dry-run")
 		}
-		code, out, errOut := d.cli(t, "", args...)
+		code, out, errOut := d.cli(t, "", a...)
 		require.Equal(t, exitOK, code, errOut)
 		require.NotContains(t, out, ops.GuaranteeNote(connectors.Enforced), "dry run %v", dry)
 		require.Contains(t, out, "webhook: a new key, so the receiver acts again whatever its guarantee (enforced)",
