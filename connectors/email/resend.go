@@ -212,7 +212,8 @@ type ResendResult struct {
 // Failures are classified for the relay: a payload that is not valid, a 3xx, and a 4xx
 // other than 408, 409, 425 and 429 are permanent (Resend's error name and message are in
 // the error); 409 invalid_idempotent_request (the key was used with another body) is
-// permanent; 409 concurrent_idempotent_requests, 408, 425, 429 and 5xx are retried, after
+// permanent and ambiguous (Resend sent an email under the key); 409
+// concurrent_idempotent_requests, 408, 425, 429 and 5xx are retried, after
 // Retry-After when given; a request that got no answer after it was written is
 // [connectors.Ambiguous], and so are a 2xx whose answer cannot be read, a 409
 // concurrent_idempotent_requests (an earlier request with the key, still in progress,
@@ -355,8 +356,13 @@ func (c *Resend) classify(resp *http.Response, res ResendResult) error {
 	}
 	switch {
 	case res.Name == resendKeyReused:
-		// The key was used with a different body: retrying sends the same body again.
-		return connectors.Permanent(fmt.Errorf("%s (the key was already used for a different email)", answered))
+		// The key was used with a different body: retrying sends the same body again. Resend
+		// keeps a key only for a request that sent its email, and a row's body changes only
+		// with the connector's configuration (its From), so this is the row's email sent by
+		// an attempt whose answer was lost: ambiguous, or a dead row would read as one
+		// nothing was sent for, and its replay with a new key would send it again.
+		return connectors.Ambiguous(connectors.Permanent(fmt.Errorf(
+			"%s (an earlier request with this key sent an email with another body, perhaps this row's before the sender was changed: check before replaying the row with a new key)", answered)))
 	case res.Name == resendConcurrentRequests:
 		// An earlier request with the key is still in progress at Resend: an attempt
 		// whose answer was lost, which may yet send the email. This attempt leaves the
