@@ -3,6 +3,7 @@ package outbox
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/outboxd/outboxd/connectors"
@@ -21,13 +22,14 @@ func TestPrepare_PaymentRefusesWhatTheConnectorRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, payload := range map[string]string{
-		"UnknownParam":      `{"operation":"payment_intent.create","params":{"amount":2000,"currency":"usd","colour":"red"}}`,
-		"MisspeltParam":     `{"operation":"payment_intent.create","params":{"amount":2000,"currency":"usd","paymentMethodTypes":["card"]}}`,
-		"WrongType":         `{"operation":"payment_intent.create","params":{"amount":"2000","currency":"usd"}}`,
-		"ConfirmWithoutID":  `{"operation":"payment_intent.confirm","params":{"payment_method":"pm_card_visa"}}`,
-		"CancelIDNotAnID":   `{"operation":"payment_intent.cancel","params":{"id":"pi_1/../x"}}`,
-		"NullMetadataValue": `{"operation":"customer.create","params":{"metadata":{"a":null}}}`,
-		"IDOnCreate":        `{"operation":"refund.create","params":{"id":"re_1","payment_intent":"pi_1"}}`,
+		"UnknownParam":         `{"operation":"payment_intent.create","params":{"amount":2000,"currency":"usd","colour":"red"}}`,
+		"MisspeltParam":        `{"operation":"payment_intent.create","params":{"amount":2000,"currency":"usd","paymentMethodTypes":["card"]}}`,
+		"WrongType":            `{"operation":"payment_intent.create","params":{"amount":"2000","currency":"usd"}}`,
+		"ConfirmWithoutID":     `{"operation":"payment_intent.confirm","params":{"payment_method":"pm_card_visa"}}`,
+		"CancelIDNotAnID":      `{"operation":"payment_intent.cancel","params":{"id":"pi_1/../x"}}`,
+		"NullMetadataValue":    `{"operation":"customer.create","params":{"metadata":{"a":null}}}`,
+		"IDOnCreate":           `{"operation":"refund.create","params":{"id":"re_1","payment_intent":"pi_1"}}`,
+		"MetadataValueOver500": `{"operation":"customer.create","params":{"metadata":{"a":"` + strings.Repeat("v", 501) + `"}}}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

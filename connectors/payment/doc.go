@@ -91,7 +91,8 @@
 //     well, as a whole one is.
 //   - An unknown operation, a payload or params that do not decode, a missing or
 //     malformed "id" (letters, digits and '_' only), a metadata key that is empty or holds
-//     square brackets, or a key Stripe would refuse are permanent, and nothing is sent.
+//     square brackets, metadata over Stripe's limits (50 keys, keys of 40 characters,
+//     values of 500), or a key Stripe would refuse are permanent, and nothing is sent.
 //     [CheckPayload] tells the payload's faults apart without sending; it is registered
 //     for outbox.Enqueue, which refuses such keys itself. A whole number written with a fraction or an exponent (2000.0,
 //     2e3) goes into an integer parameter as that integer.

@@ -9,6 +9,16 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"unicode/utf8"
+
+	"github.com/outboxd/outboxd/connectors"
+)
+
+// Stripe's limits on metadata (https://docs.stripe.com/api/metadata).
+const (
+	maxMetadataKeys     = 50
+	maxMetadataKeyLen   = 40
+	maxMetadataValueLen = 500
 )
 
 // decodeParams decodes a row's params, a JSON object named the way the Stripe API names
@@ -91,8 +101,24 @@ func rename(raw json.RawMessage, t reflect.Type, path string) (any, error) {
 		if err := json.Unmarshal(raw, &obj); err != nil {
 			return nil, fmt.Errorf("%s: must be a JSON object", path)
 		}
+		// Every map in the operations' params is metadata, which Stripe limits to 50
+		// keys of up to 40 characters with values of up to 500, and refuses more on
+		// every attempt. Characters are counted as code points, so that nothing Stripe
+		// takes is refused here.
+		if len(obj) > maxMetadataKeys {
+			return nil, fmt.Errorf("%s: %d keys; Stripe takes at most %d", path, len(obj), maxMetadataKeys)
+		}
 		out := make(map[string]any, len(obj))
 		for k, v := range obj {
+			if n := utf8.RuneCountInString(k); n > maxMetadataKeyLen {
+				return nil, fmt.Errorf("%s: the key %q is %d characters; Stripe takes at most %d", path, connectors.Excerpt(k, 60), n, maxMetadataKeyLen)
+			}
+			var s string
+			if json.Unmarshal(v, &s) == nil {
+				if n := utf8.RuneCountInString(s); n > maxMetadataValueLen {
+					return nil, fmt.Errorf("%s.%s: the value is %d characters; Stripe takes at most %d", path, k, n, maxMetadataValueLen)
+				}
+			}
 			// A key is one bracketed part of the form key (metadata[k]), and stripe-go keeps
 			// its brackets: "a][b" would go out as metadata[a][b], "" as metadata[]. Stripe
 			// takes no brackets in metadata keys.
