@@ -35,6 +35,10 @@ const (
 	TLSMandatory = "mandatory"
 	// TLSNone never uses STARTTLS.
 	TLSNone = "none"
+	// TLSImplicit speaks TLS from the first byte, as SMTPS (port 465) does, and verifies
+	// the certificate; there is no STARTTLS on such a port, whose server waits for a TLS
+	// handshake and never greets a client that starts in clear.
+	TLSImplicit = "implicit"
 )
 
 // Config configures a [Connector]. A zero field means its default.
@@ -54,10 +58,11 @@ type Config struct {
 	// Timeout bounds one attempt, from dialling to the server's reply to the message.
 	// Defaults to 30s.
 	Timeout time.Duration
-	// TLS is the STARTTLS policy: [TLSOpportunistic], [TLSMandatory] or [TLSNone].
+	// TLS is the STARTTLS policy: [TLSOpportunistic], [TLSMandatory] or [TLSNone]; or
+	// [TLSImplicit] for a server that speaks TLS from the start (SMTPS, port 465).
 	// Defaults to [TLSOpportunistic].
 	TLS string
-	// TLSConfig is used for STARTTLS; it is cloned, and its ServerName defaults to the
+	// TLSConfig is used for STARTTLS and implicit TLS; it is cloned, and its ServerName defaults to the
 	// host of Addr. Defaults to the system roots and TLS 1.2 or later.
 	TLSConfig *tls.Config
 	// NowFunc is the clock for the Date header. Defaults to time.Now.
@@ -115,6 +120,7 @@ type Connector struct {
 	idDomain  string
 	timeout   time.Duration
 	tlsPolicy gomail.TLSPolicy
+	implicit  bool // TLS from the first byte (TLSImplicit)
 	tlsName   string
 	tlsConfig *tls.Config
 	now       func() time.Time
@@ -158,8 +164,11 @@ func New(cfg Config) (*Connector, error) {
 		c.tlsPolicy = gomail.TLSMandatory
 	case TLSNone:
 		c.tlsPolicy = gomail.NoTLS
+	case TLSImplicit:
+		// The connection is TLS already (see dial): no STARTTLS on top.
+		c.tlsPolicy, c.implicit = gomail.NoTLS, true
 	default:
-		errs = append(errs, fmt.Errorf("TLS: %q is not opportunistic, mandatory or none", cfg.TLS))
+		errs = append(errs, fmt.Errorf("TLS: %q is not opportunistic, mandatory, none or implicit", cfg.TLS))
 	}
 	for i, err := range errs {
 		errs[i] = fmt.Errorf("email config: %w", err) // one line per problem, each complete
@@ -435,6 +444,16 @@ func (c *Connector) dial(ctx context.Context) (*smtp.Client, net.Conn, error) {
 		gomail.WithDialContextFunc(func(dialCtx context.Context, network, _ string) (net.Conn, error) {
 			var d net.Dialer
 			nc, err := d.DialContext(dialCtx, network, c.addr)
+			if err == nil && c.implicit {
+				// SMTPS: the handshake first, bounded as the dial is. go-mail dials
+				// through this function, so its own SSL option would not apply.
+				tc := tls.Client(nc, c.tlsConfig)
+				if err = tc.HandshakeContext(dialCtx); err != nil {
+					_ = nc.Close()
+					return nil, err
+				}
+				nc = tc
+			}
 			if err == nil {
 				// Closing the connection is what interrupts a blocked read or write when
 				// the attempt (ctx, not go-mail's dialCtx, which ends with the dial) is

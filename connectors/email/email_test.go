@@ -348,6 +348,31 @@ func TestDeliver_TLSPolicy(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, b.srv.Messages()[0].TLS)
 	})
+	// SMTPS (port 465): TLS from the first byte, then AUTH over it. A STARTTLS policy
+	// there waits for a greeting the server never sends until the attempt times out, with
+	// every row dead in the end; implicit speaks TLS first.
+	t.Run("Implicit", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, serverOptions{ImplicitTLS: true, Username: "relay", Password: "pw"},
+			email.Config{TLS: email.TLSImplicit, Username: "relay", Password: "pw"})
+		_, err := b.c.Deliver(t.Context(), d)
+		require.NoError(t, err)
+		msgs := b.srv.Messages()
+		require.Len(t, msgs, 1)
+		require.True(t, msgs[0].TLS)
+		require.Equal(t, "relay", msgs[0].AuthUser)
+	})
+	t.Run("ImplicitUntrustedCertificate", func(t *testing.T) {
+		t.Parallel()
+		srv := startServer(t, serverOptions{ImplicitTLS: true})
+		c, err := email.New(email.Config{Addr: srv.addr, From: testFrom, TLS: email.TLSImplicit}) // system roots
+		require.NoError(t, err)
+		_, err = c.Deliver(t.Context(), d)
+		require.Error(t, err)
+		require.False(t, connectors.IsPermanent(err), "%v", err)
+		require.False(t, connectors.IsAmbiguous(err), "nothing was sent: %v", err)
+		require.Empty(t, srv.Messages())
+	})
 	t.Run("UntrustedCertificate", func(t *testing.T) {
 		t.Parallel()
 		srv := startServer(t, serverOptions{StartTLS: true})

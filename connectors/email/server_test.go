@@ -41,6 +41,9 @@ type testServer struct {
 type serverOptions struct {
 	// StartTLS makes the server offer STARTTLS with a self-signed certificate.
 	StartTLS bool
+	// ImplicitTLS makes the server speak TLS from the first byte (SMTPS), with a
+	// self-signed certificate.
+	ImplicitTLS bool
 	// Username and Password, when set, make the server require AUTH PLAIN before MAIL.
 	Username, Password string
 	// AuthAtRcpt makes a server with Username take MAIL without AUTH and refuse each RCPT
@@ -80,16 +83,22 @@ func listen(opts serverOptions) (*testServer, func(), error) {
 	srv.AllowInsecureAuth = true              // loopback: PLAIN in clear is what a local relay does
 	srv.ReadTimeout = time.Minute
 	srv.WriteTimeout = time.Minute
-	if opts.StartTLS {
-		serverTLS, clientTLS, err := selfSigned()
-		if err != nil {
+	var serverTLS *tls.Config
+	if opts.StartTLS || opts.ImplicitTLS {
+		var err error
+		if serverTLS, s.tls, err = selfSigned(); err != nil {
 			return nil, nil, err
 		}
-		srv.TLSConfig, s.tls = serverTLS, clientTLS
+	}
+	if opts.StartTLS {
+		srv.TLSConfig = serverTLS
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, nil, err
+	}
+	if opts.ImplicitTLS {
+		l = tls.NewListener(l, serverTLS)
 	}
 	s.addr = l.Addr().String()
 	done := make(chan struct{})

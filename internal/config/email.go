@@ -37,9 +37,9 @@ type SMTP struct {
 	// Username turns on SMTP AUTH, with Password; empty means no authentication.
 	Username string `env:"USERNAME" desc:"SMTP AUTH user name; empty for no authentication"`
 	Password Secret `env:"PASSWORD" desc:"SMTP AUTH password, set with the user name"`
-	// TLS is "opportunistic" (STARTTLS when offered), "mandatory" (STARTTLS or fail) or
-	// "none".
-	TLS string `env:"TLS" envDefault:"opportunistic" desc:"opportunistic (STARTTLS when the server offers it), mandatory (STARTTLS or fail) or none"`
+	// TLS is "opportunistic" (STARTTLS when offered), "mandatory" (STARTTLS or fail),
+	// "none" or "implicit" (TLS from the start, SMTPS).
+	TLS string `env:"TLS" envDefault:"opportunistic" desc:"opportunistic (STARTTLS when the server offers it), mandatory (STARTTLS or fail), none, or implicit (TLS from the start: SMTPS, port 465)"`
 	// Timeout bounds one attempt.
 	Timeout time.Duration `env:"TIMEOUT" envDefault:"20s" desc:"time limit of one attempt, at least 1s shorter than OUTBOX_LEASE"`
 }
@@ -77,6 +77,7 @@ const (
 	SMTPTLSOpportunistic = "opportunistic"
 	SMTPTLSMandatory     = "mandatory"
 	SMTPTLSNone          = "none"
+	SMTPTLSImplicit      = "implicit"
 )
 
 // Transports of [EmailSettings.Transport].
@@ -218,7 +219,7 @@ func loadEmail(environment map[string]string, k kind, name string, p *problems) 
 		if user, pass := smtp+"USERNAME", smtp+"PASSWORD"; c.Username == "" && c.Password != "" {
 			p.addf(user, "%s is set but %s is not: SMTP authentication needs a user name", pass, user)
 		}
-		checkOneOf(smtp+"TLS", c.TLS, p, SMTPTLSOpportunistic, SMTPTLSMandatory, SMTPTLSNone)
+		checkOneOf(smtp+"TLS", c.TLS, p, SMTPTLSOpportunistic, SMTPTLSMandatory, SMTPTLSNone, SMTPTLSImplicit)
 		checkTimeout(smtp+"TIMEOUT", c.Timeout, p)
 		checkUnused(environment, reflect.TypeFor[ResendAPI](), email, c.Instance(), c.Transport, p)
 	case EmailTransportResend:

@@ -72,6 +72,12 @@ func TestLoadEmail(t *testing.T) {
 			ResendAPI:     ResendAPI{APIBase: "https://api.resend.com", APITimeout: 20 * time.Second},
 		},
 	}, cfg.Emails)
+	// SMTPS (port 465) needs TLS from the start.
+	smtps, err := Load(environ(with(db, map[string]string{
+		"OUTBOX_SMTP_ADDR": "smtp.example.com:465", "OUTBOX_SMTP_TLS": "Implicit", "OUTBOX_EMAIL_FROM": "outbox@example.com",
+	})))
+	require.NoError(t, err)
+	require.Equal(t, SMTPTLSImplicit, smtps.Emails[0].TLS)
 	support := cfg.Emails[1]
 	require.Equal(t, "OUTBOX_SMTP_SUPPORT_", support.SMTPPrefix())
 	require.Equal(t, "OUTBOX_EMAIL_SUPPORT_", support.EmailPrefix())
@@ -238,7 +244,7 @@ func TestLoadKindProblems(t *testing.T) {
 				`OUTBOX_SMTP_TIMEOUT must be a duration such as 500ms, 30s or 1h30m, got "soon"`,
 				`OUTBOX_SMTP_ADDR must be host:port, such as smtp.example.com:587, got "smtp.example.com"`,
 				`OUTBOX_SMTP_PASSWORD is set but OUTBOX_SMTP_USERNAME is not: SMTP authentication needs a user name`,
-				`OUTBOX_SMTP_TLS must be opportunistic, mandatory or none, got "starttls"`,
+				`OUTBOX_SMTP_TLS must be opportunistic, mandatory, none or implicit, got "starttls"`,
 				`OUTBOX_EMAIL_FROM must be an email address such as outbox@example.com or "Outbox <outbox@example.com>", got "not an address"`,
 				`OUTBOX_EMAIL_RATE must be requests per second, 0 for no limit, got NaN`,
 				`OUTBOX_EMAIL_CONCURRENCY must not be negative (0 means OUTBOX_CONCURRENCY), got -1`,
