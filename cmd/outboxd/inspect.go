@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -43,11 +45,14 @@ func newInspectCmd(e *env) *cobra.Command {
 			}
 			defer pool.Close()
 			// One snapshot for the row, its attempts and its audit trail.
-			var d ops.Detail
+			var d inspectJSON
 			err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
 				func(tx pgx.Tx) error {
 					var err error
-					d, err = ops.Inspect(ctx, tx, args[0])
+					if d.Detail, err = ops.Inspect(ctx, tx, args[0]); err != nil {
+						return err
+					}
+					d.CopyOf, err = copyOf(ctx, tx, args[0])
 					return err
 				})
 			if errors.Is(err, outbox.ErrNotFound) {
@@ -74,11 +79,51 @@ func newInspectCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-func writeDetail(w io.Writer, d ops.Detail) error {
+// inspectJSON is what inspect shows of a row: ops.Detail, and the row it copies.
+type inspectJSON struct {
+	ops.Detail
+	// CopyOf is the key of the row that replay --new-key made this row a copy of, if it
+	// did. The row names its copies in its replay audit entries ({"new_key": ...}); the
+	// copy's own key holds the row's only as a readable prefix, cut at 80 characters
+	// and with '/' or a space as '_', which more than one key can give.
+	CopyOf string `json:"copy_of,omitempty"`
+}
+
+// copyOfSQL finds the row whose replay --new-key made the row with key $1, as ops.Replay
+// does: there is no index on new_key, so it reads every replay's audit entry.
+const copyOfSQL = `
+SELECT o.idempotency_key FROM outbox_audit a JOIN outbox o ON o.id = a.outbox_id
+WHERE a.action = 'replay' AND a.details->>'new_key' = $1
+LIMIT 1`
+
+// derivedKey matches what outbox.Key returns, as every copy's key is: only such keys
+// are looked up, so inspecting any other key reads no audit trail but the row's own.
+var derivedKey = regexp.MustCompile(`~[a-z2-7]{26}$`)
+
+// copyOf returns the key of the row that key is a copy of (copyOfSQL), or "".
+func copyOf(ctx context.Context, tx pgx.Tx, key string) (string, error) {
+	if !derivedKey.MatchString(key) {
+		return "", nil
+	}
+	var of string
+	err := tx.QueryRow(ctx, copyOfSQL, key).Scan(&of)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("inspect %q: look up the row it copies: %w", key, err)
+	}
+	return of, nil
+}
+
+func writeDetail(w io.Writer, d inspectJSON) error {
 	in := d.Intent
 	tw := newTable(w)
 	field := func(name, value string) { fmt.Fprintf(tw, "%s:\t%s\n", name, value) }
 	field("key", keyText(in.Key))
+	if d.CopyOf != "" {
+		field("copy of", keyText(d.CopyOf)+" (made by replay --new-key)")
+	}
 	field("id", strconv.FormatInt(in.ID, 10))
 	field("connector", in.Connector)
 	field("status", in.Status)

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 func TestInspect(t *testing.T) {
@@ -181,4 +182,38 @@ func TestInspectTellsAnOrderingKeyDashFromNone(t *testing.T) {
 	code, out, errOut = d.cli(t, "", "inspect", "without")
 	require.Equal(t, exitOK, code, errOut)
 	require.Regexp(t, `(?m)^ordering key:\s+-$`, out)
+}
+
+// A copy that replay --new-key made re-executes its row's operation. inspect of the row
+// names the copy (its replay audit entry's new_key), but inspect of the copy said nothing
+// of the row: its key holds the row's only as a prefix, cut at 80 characters and with
+// '/' and spaces turned to '_', so "order 42/notify" and "order_42_notify" look alike,
+// and the operator could not tell which row's attempts may already have acted.
+func TestInspectOfACopyNamesItsRow(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.insert(t, fixture{Key: "order 42/notify", Status: outbox.StatusDead, Attempts: 3})
+	code, _, errOut := d.cli(t, "", "replay", "--key", "order 42/notify", "--new-key")
+	require.Equal(t, exitOK, code, errOut)
+	copyKey := outbox.Key("order 42/notify", "replay", "1")
+
+	code, out, errOut := d.cli(t, "", "inspect", copyKey)
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^copy of:\s+"order 42/notify" \(made by replay --new-key\)$`, out)
+	code, out, errOut = d.cli(t, "", "inspect", copyKey, "--json")
+	require.Equal(t, exitOK, code, errOut)
+	var got struct {
+		CopyOf string `json:"copy_of"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	require.Equal(t, "order 42/notify", got.CopyOf)
+
+	// The row names its copy, as it did, and is no copy.
+	code, out, errOut = d.cli(t, "", "inspect", "order 42/notify")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, copyKey)
+	require.NotContains(t, out, "copy of:")
+	code, out, errOut = d.cli(t, "", "inspect", "order 42/notify", "--json")
+	require.Equal(t, exitOK, code, errOut)
+	require.NotContains(t, out, `"copy_of"`)
 }
