@@ -128,7 +128,7 @@ func writeDetail(w io.Writer, d inspectJSON) error {
 	field("connector", in.Connector)
 	field("status", in.Status)
 	field("attempts", strconv.Itoa(in.Attempts))
-	field("ambiguous", yesNo(d.Ambiguous, "yes: the receiver may have acted on the latest attempt"))
+	field("ambiguous", ambiguity(d.Detail))
 	field("ordering key", orDash(in.OrderingKey, keyText))
 	field("created", stamp(in.CreatedAt))
 	field("updated", stamp(in.UpdatedAt))
@@ -204,6 +204,26 @@ func writeDetail(w io.Writer, d inspectJSON) error {
 		}
 	}
 	return nil
+}
+
+// ambiguity says whether the receiver may have acted on an attempt of the row. The row's
+// flag is its latest attempt's, so "no" alone would hide an earlier ambiguous attempt
+// (a row that died of a plain failure after one: replayed, the receiver may act twice)
+// and the attempt of a row whose lease expired, flagged only once a relay puts it back.
+func ambiguity(d ops.Detail) string {
+	const latest = "yes: the receiver may have acted on the latest attempt"
+	if d.Ambiguous {
+		return latest
+	}
+	for i := len(d.Attempts) - 1; i >= 0; i-- {
+		if a := d.Attempts[i]; a.Ambiguous {
+			if i == len(d.Attempts)-1 {
+				return latest
+			}
+			return fmt.Sprintf("no, but attempt %d was: the receiver may have acted then", a.Attempt)
+		}
+	}
+	return "no"
 }
 
 // writeIndentedJSON prints raw JSON indented under a heading; "  -" when empty.

@@ -217,3 +217,38 @@ func TestInspectOfACopyNamesItsRow(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	require.NotContains(t, out, `"copy_of"`)
 }
+
+// The row's ambiguous flag is its latest attempt's. A row that died of a plain failure
+// after an ambiguous attempt, and a stuck row (whose flag is set only when a relay puts
+// it back), said "ambiguous: no" at the top of inspect, under which an operator replays
+// without checking the receiver, though it may have acted: the line now says which
+// attempt may have.
+func TestInspectSaysAnEarlierAttemptWasAmbiguous(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.seedEveryState(t)
+	id := d.insert(t, fixture{Key: "dead-after", Status: outbox.StatusDead, Attempts: 2,
+		LastError: "receiver answered 400; but attempt 1 was ambiguous: the receiver may have acted then, so check it before sending the row again"})
+	now := time.Now()
+	_, err := d.pool.Exec(t.Context(), `
+INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
+VALUES ($1, 1, 'relay-a', $2, $2, 'retry', true, 'connection reset'),
+       ($1, 2, 'relay-a', $3, $3, 'dead', false, 'receiver answered 400')`,
+		id, now.Add(-time.Hour), now.Add(-time.Minute))
+	require.NoError(t, err)
+
+	code, out, errOut := d.cli(t, "", "inspect", "dead-after")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^ambiguous:\s+no, but attempt 1 was: the receiver may have acted then$`, out)
+
+	code, out, errOut = d.cli(t, "", "inspect", "k-stuck")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^ambiguous:\s+yes: the receiver may have acted on the latest attempt$`, out)
+
+	// No attempt that may have acted: no.
+	for _, key := range []string{"k-delivering", "k-dead"} {
+		code, out, errOut = d.cli(t, "", "inspect", key)
+		require.Equal(t, exitOK, code, errOut)
+		require.Regexp(t, `(?m)^ambiguous:\s+no$`, out)
+	}
+}
