@@ -75,7 +75,9 @@ func newStatusCmd(e *env) *cobra.Command {
 }
 
 // watchStatus prints the status, clearing the screen first, every statusWatchInterval
-// until ctx ends, which is a normal end.
+// until ctx ends, which is a normal end. A read that fails is shown in place of the
+// status and the watch goes on: it ended the watch, which an operator keeps open while
+// the database restarts or fails over, the moment it did.
 func watchStatus(ctx context.Context, w io.Writer, read func(context.Context) (ops.Report, error),
 	g map[string]connectors.Guarantee) error {
 	ticker := time.NewTicker(statusWatchInterval)
@@ -85,15 +87,16 @@ func watchStatus(ctx context.Context, w io.Writer, read func(context.Context) (o
 		if ctx.Err() != nil {
 			return nil
 		}
-		if err != nil {
-			return err
-		}
 		var b strings.Builder
 		b.WriteString(clearScreen)
-		if err := writeStatus(&b, rep, g); err != nil {
+		at := rep.Now
+		if err != nil {
+			fmt.Fprintf(&b, "could not read the status: %s\n", printable(err.Error()))
+			at = time.Now() // no report: when the read failed, by this machine's clock
+		} else if err := writeStatus(&b, rep, g); err != nil {
 			return err
 		}
-		fmt.Fprintf(&b, "\nrefreshing every %s at %s; Ctrl-C to stop\n", statusWatchInterval, rep.Now.UTC().Format("15:04:05Z"))
+		fmt.Fprintf(&b, "\nrefreshing every %s at %s; Ctrl-C to stop\n", statusWatchInterval, at.UTC().Format("15:04:05Z"))
 		if _, err := io.WriteString(w, b.String()); err != nil {
 			return err
 		}

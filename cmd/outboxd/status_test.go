@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
@@ -214,4 +215,23 @@ func TestOpsCommandGivesUpOnADatabaseThatDoesNotAnswer(t *testing.T) {
 			require.NotContains(t, errb.String(), "hunter2")
 		})
 	}
+}
+
+// A read that fails (the database restarting or failing over, a connection reset) ended
+// the watch with exit 1, leaving the operator without the view they were watching it
+// with at the moment they most need it. The screen says the read failed, and the watch
+// goes on reading.
+func TestStatusWatchGoesOnAfterAFailedRead(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	out := &cancelOnWrite{cancel: cancel}
+	err := watchStatus(ctx, out, func(context.Context) (ops.Report, error) {
+		return ops.Report{}, errors.New("read status: FATAL: terminating connection due to administrator command")
+	}, nil)
+	require.NoError(t, err)
+	s := out.buf.String()
+	require.True(t, strings.HasPrefix(s, clearScreen), "%q", s)
+	require.Contains(t, s, "could not read the status: read status: FATAL: terminating connection due to administrator command\n")
+	require.Contains(t, s, "Ctrl-C to stop")
 }
