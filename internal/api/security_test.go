@@ -126,3 +126,29 @@ func TestScopeChangeKeepsIdempotentReplay(t *testing.T) {
 	require.False(t, again.Inserted)
 	require.Equal(t, first.ID, again.ID)
 }
+
+// An ordering key written while the token was allowed everything may be too long to keep
+// within the token once it is scoped: the same request retried is still the same intent,
+// not "invalid", which tells the client to change a request that was written.
+func TestScopeNarrowedReplaysAnOrderingKeyTooLongToScope(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	req := intent.CreateRequest{Connector: "webhook:crm", Payload: json.RawMessage(`{"n":1}`),
+		OrderingKey: strings.Repeat("k", outbox.MaxKeyLength)}
+	widened := &intent.Token{Name: "crm", Connectors: []string{"*"}}
+	scoped := &intent.Token{Name: "crm", Connectors: []string{"webhook:crm"}}
+	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{*scoped}}}
+
+	first, err := svc.Create(t.Context(), widened, "k-1", req)
+	require.NoError(t, err)
+	again, err := svc.Create(t.Context(), scoped, "k-1", req)
+	require.NoError(t, err, "the same request by the same token after its scope narrowed")
+	require.False(t, again.Inserted)
+	require.Equal(t, first.ID, again.ID)
+
+	// Another token's row is no replay: the scoped key is still too long for it.
+	other := &intent.Token{Name: "other", Connectors: []string{"webhook:crm"}}
+	_, err = svc.Create(t.Context(), other, "k-1", req)
+	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
+	require.ErrorContains(t, err, "kept within token")
+}

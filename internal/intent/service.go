@@ -76,14 +76,9 @@ func (s *Service) Create(ctx context.Context, tok *Token, key string, req Create
 	if !tok.Allows(req.Connector) {
 		return outbox.Intent{}, fmt.Errorf("%w: token %q may not use connector %q", ErrForbidden, tok.Name, req.Connector)
 	}
-	orderingKey, err := scopedOrderingKey(tok, req.OrderingKey)
-	if err != nil {
-		return outbox.Intent{}, err
-	}
 	m := outbox.Message{
 		Key:             key,
 		Connector:       req.Connector,
-		OrderingKey:     orderingKey,
 		RequireApproval: s.Policy.requiresApproval(req.Connector),
 		CreatedBy:       tok.Name,
 	}
@@ -93,6 +88,18 @@ func (s *Service) Create(ctx context.Context, tok *Token, key string, req Create
 	if req.NotBefore != nil {
 		m.NotBefore = *req.NotBefore
 	}
+	orderingKey, err := scopedOrderingKey(tok, req.OrderingKey)
+	if err != nil {
+		// Too long to keep within the token, but the token may have written this request
+		// while it was allowed everything, with the key as given: the same request
+		// retried is that intent, not an invalid one for the client to change.
+		m.OrderingKey = orderingKeyPrefix(tok) + req.OrderingKey
+		if again, ok := s.replayOtherScope(ctx, tok, m, req.OrderingKey); ok {
+			return again, nil
+		}
+		return outbox.Intent{}, err
+	}
+	m.OrderingKey = orderingKey
 	in, err := outbox.Enqueue(ctx, s.Pool, m)
 	if errors.Is(err, outbox.ErrKeyConflict) && req.OrderingKey != "" {
 		if again, ok := s.replayOtherScope(ctx, tok, m, req.OrderingKey); ok {
