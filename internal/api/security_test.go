@@ -152,3 +152,31 @@ func TestScopeNarrowedReplaysAnOrderingKeyTooLongToScope(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
 	require.ErrorContains(t, err, "kept within token")
 }
+
+// A scoped token's intents show their ordering key as stored, token:<name>/<key>, and a
+// client (an agent told so by propose_intent) that sends that key back for its next intent
+// means the same ordering key: prefixed again, the two were not ordered with each other.
+func TestScopedOrderingKeySentBackAsShownIsTheSameKey(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	tok := &intent.Token{Name: "team/b", Connectors: []string{"webhook:crm"}}
+	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{*tok}}}
+
+	first, err := svc.Create(t.Context(), tok, "k-1", intent.CreateRequest{
+		Connector: "webhook:crm", Payload: json.RawMessage(`{"n":1}`), OrderingKey: "customer-42"})
+	require.NoError(t, err)
+	require.Equal(t, "token:team%2Fb/customer-42", first.OrderingKey)
+	next, err := svc.Create(t.Context(), tok, "k-2", intent.CreateRequest{
+		Connector: "webhook:crm", Payload: json.RawMessage(`{"n":2}`), OrderingKey: first.OrderingKey})
+	require.NoError(t, err)
+	require.Equal(t, first.OrderingKey, next.OrderingKey, "the ordering key as shown names the same key")
+
+	// A row written before, prefixed twice, is still that request's intent.
+	_, err = pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, ordering_key, created_by)
+		VALUES ('k-old', 'webhook:crm', '{"n":3}', 'token:team%2Fb/token:team%2Fb/customer-42', 'team/b')`)
+	require.NoError(t, err)
+	old, err := svc.Create(t.Context(), tok, "k-old", intent.CreateRequest{
+		Connector: "webhook:crm", Payload: json.RawMessage(`{"n":3}`), OrderingKey: first.OrderingKey})
+	require.NoError(t, err)
+	require.False(t, old.Inserted)
+}

@@ -146,9 +146,16 @@ func (s *Service) replayOtherScope(ctx context.Context, tok *Token, m outbox.Mes
 // their connector, while it is pending (not_before far ahead, say), held or awaiting
 // approval. A token allowed every connector could write those rows anyway, and shares the
 // application's keys; a token scoped to some connectors has its keys to itself, prefixed
-// "token:<name>/", so it cannot hold back rows it may not write, read or cancel.
+// "token:<name>/", so it cannot hold back rows it may not write, read or cancel. A key
+// that already begins with the token's prefix is kept as it is.
 func scopedOrderingKey(tok *Token, key string) (string, error) {
 	if key == "" || tok.all() {
+		return key, nil
+	}
+	if strings.HasPrefix(key, orderingKeyPrefix(tok)) {
+		// Already the token's own: the form its intents show, sent back (a client, or an
+		// agent, naming the order of its next intent as it read it). Prefixed again it was
+		// another ordering key, and the two intents were not ordered with each other.
 		return key, nil
 	}
 	scoped := orderingKeyPrefix(tok) + key

@@ -96,7 +96,7 @@ type ProposeInput struct {
 	// text; the map type only gives the schema "object".
 	Payload     map[string]any `json:"payload" jsonschema:"what the connector needs, as a JSON object (webhook: any object; email: to, subject, text or html; slack: channel, text or blocks; payment: operation and params)"`
 	Reason      string         `json:"reason,omitempty" jsonschema:"why this effect is wanted, in a sentence a person understands; written to the server's log with the key, not stored with the intent"`
-	OrderingKey string         `json:"ordering_key,omitempty" jsonschema:"intents sharing an ordering key are delivered one at a time, in the order proposed (a token scoped to some connectors has ordering keys of its own, shown as token:<name>/<key>)"`
+	OrderingKey string         `json:"ordering_key,omitempty" jsonschema:"intents sharing an ordering key are delivered one at a time, in the order proposed (a token scoped to some connectors has ordering keys of its own, shown as token:<name>/<key>, which names the same key when sent back)"`
 	// NotBefore is parsed by propose rather than decoded as a time.Time, whose decoding
 	// error would name this Go struct instead of saying what to send.
 	NotBefore string `json:"not_before,omitempty" jsonschema:"do not perform it before this RFC 3339 time, such as 2030-01-02T15:04:05Z"`
