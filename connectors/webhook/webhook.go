@@ -502,7 +502,10 @@ func readExcerpt(body io.Reader, limit int) (string, bool) {
 	read.Reset()
 	_, err := read.ReadFrom(io.LimitReader(body, int64(limit)+1))
 	buf := read.Bytes()
-	truncated := err != nil || len(buf) > limit
+	// cut: the body goes on past buf (the limit, or a read that failed part-way), so
+	// a rune unfinished at its end may be one the cut split.
+	cut := err != nil || len(buf) > limit
+	truncated := cut
 	buf = buf[:min(len(buf), limit)]
 	if utf8.Valid(buf) {
 		return string(buf), truncated
@@ -510,9 +513,8 @@ func readExcerpt(body io.Reader, limit int) (string, bool) {
 	var b strings.Builder
 	for len(buf) > 0 {
 		r, size := utf8.DecodeRune(buf)
-		if r == utf8.RuneError && size == 1 && !utf8.FullRune(buf) {
-			truncated = true // a rune cut by the limit
-			break
+		if r == utf8.RuneError && size == 1 && cut && !utf8.FullRune(buf) {
+			break // a rune cut by the limit; a body that ends in half of one was not cut
 		}
 		n := size
 		if r == utf8.RuneError && size == 1 {

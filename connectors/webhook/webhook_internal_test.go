@@ -38,6 +38,10 @@ func TestReadExcerpt(t *testing.T) {
 		{"Invalid", "a\xffb", 10, "a\uFFFDb", false},
 		{"InvalidNoRoom", "a\xffb", 3, "a", true},
 		{"Empty", "", 10, "", false},
+		// A body that itself ends in half a character was read whole: nothing was left
+		// out, and its last byte is invalid like any other.
+		{"EndsInsideRune", "abc\xe2", 10, "abc\uFFFD", false},
+		{"EndsInsideRuneAtLimit", "abc\xe2\x82", 5, "abc", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
