@@ -201,13 +201,21 @@ func (r *Relay) reclaim(ctx context.Context) {
 	}
 	now := r.now()
 	var put []int64
+	statuses := map[string]int{}
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, reclaimSQL, now, r.cfg.MaxAttempts, nonNil(r.hold), nonNil(r.names), r.maxAges,
 			r.cfg.ID, r.unwrittenExpired(now))
 		if err != nil {
 			return err
 		}
-		if put, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil || len(put) == 0 {
+		put, statuses = put[:0], map[string]int{} // a retried transaction starts again
+		var id int64
+		var status string
+		if _, err = pgx.ForEachRow(rows, []any{&id, &status}, func() error {
+			put = append(put, id)
+			statuses[status]++
+			return nil
+		}); err != nil || len(put) == 0 {
 			return err
 		}
 		// Rows sent to dead let their keys' next rows go: those may be parked behind
@@ -227,7 +235,16 @@ func (r *Relay) reclaim(ctx context.Context) {
 	r.recovered(ctx, reclaimFailed)
 	if n := len(put); n > 0 {
 		r.metrics.leaseExpiries.Add(float64(n))
-		r.log.WarnContext(ctx, "rows put back after their relay's lease expired; their last attempt is recorded as ambiguous", "rows", n)
+		if pending := statuses[statusPending]; pending > 0 {
+			r.log.WarnContext(ctx, "rows put back after their relay's lease expired; their last attempt is recorded as ambiguous", "rows", pending)
+		}
+		// Not retried: these wait for a person, who must know the receiver may have
+		// acted. Said of them as "put back", they were taken for rows to be retried.
+		if held, dead := statuses[statusHeld], statuses[statusDead]; held+dead > 0 {
+			r.log.WarnContext(ctx, "rows whose relay's lease expired mid-attempt were held (the hold policy) or sent to dead "+
+				"(their last allowed attempt, or past their maximum age); the receiver may or may not have acted: "+
+				"check it (outboxd inspect shows the attempts), then replay or cancel them", "held", held, "dead", dead)
+		}
 		// A row sent to dead lets the next row of its ordering key go, which may lie
 		// behind where claims start.
 		r.rescan.Store(true)

@@ -61,7 +61,7 @@ func newMetrics(reg prometheus.Registerer, h holdings, stopped *atomic.Bool) (*m
 			Name: "outboxd_claim_batch_rows", Help: "Rows taken by one claim.", Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 		}),
 		leaseExpiries: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outboxd_lease_expiries_total", Help: "Rows put back because their relay's lease expired mid-attempt.",
+			Name: "outboxd_lease_expiries_total", Help: "Rows whose relay's lease expired mid-attempt: put back, or held (the hold policy) or sent to dead (their last attempt, or past their maximum age).",
 		}),
 		handedBack: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outboxd_claims_handed_back_total", Help: "Claimed rows that waited too long for a worker or a delivery slot (too long to finish inside their lease) and were handed back unsent.",

@@ -419,7 +419,8 @@ SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify('` + notifyChannel + `', 
 // Rows $7 of this relay ($6) are left alone: their attempts ended, and this relay holds
 // their outcomes, not written yet (see Relay.noteUnwritten).
 // Only relays that have the connector decide, since only they know its policy. It
-// returns the rows put back, for releaseNextSQL: a row of an ordering key sent to dead
+// returns the rows it took, each with its new status (pending, held or dead: the log
+// tells them apart), for releaseNextSQL: a row of an ordering key sent to dead
 // lets its key's next row go, which a relay may have parked behind it while it was in
 // flight.
 const reclaimSQL = `
@@ -447,12 +448,14 @@ WITH expired AS (
         lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = $1, updated_at = $1
     FROM expired e
     WHERE o.id = e.id
+    RETURNING o.id, o.status::text
+), logged AS (
+    INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
+    SELECT e.id, e.attempts, e.lease_owner, e.started_at, $1, 'lease_expired', true,
+           'lease expired before the outcome was recorded'
+    FROM expired e
 )
-INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
-SELECT e.id, e.attempts, e.lease_owner, e.started_at, $1, 'lease_expired', true,
-       'lease expired before the outcome was recorded'
-FROM expired e
-RETURNING outbox_id`
+SELECT id, status FROM upd`
 
 // releaseSet is how a release puts a row back: pending, unleased, and the attempt it was
 // claimed for uncounted ($3 is the relay's clock).
