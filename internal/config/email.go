@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/relay"
@@ -218,6 +219,14 @@ func loadEmail(environment map[string]string, k kind, name string, p *problems) 
 		// password without a user name would be silently unused.
 		if user, pass := smtp+"USERNAME", smtp+"PASSWORD"; c.Username == "" && c.Password != "" {
 			p.addf(user, "%s is set but %s is not: SMTP authentication needs a user name", pass, user)
+		}
+		// A newline from a file or a Kubernetes secret would go to the server with AUTH,
+		// refused for every message, and the user name would break the start-up line.
+		// Spaces may belong to a password; control characters never do.
+		for _, v := range []struct{ name, value string }{{smtp + "USERNAME", c.Username}, {smtp + "PASSWORD", c.Password.Reveal()}} {
+			if strings.ContainsFunc(v.value, unicode.IsControl) {
+				p.addf(v.name, "%s must not contain newlines or other control characters", v.name)
+			}
 		}
 		checkOneOf(smtp+"TLS", c.TLS, p, SMTPTLSOpportunistic, SMTPTLSMandatory, SMTPTLSNone, SMTPTLSImplicit)
 		checkTimeout(smtp+"TIMEOUT", c.Timeout, p)

@@ -558,3 +558,32 @@ func TestLoadRefusesControlCharactersInKeys(t *testing.T) {
 		`OUTBOX_SLACK_TOKEN must not contain control characters`,
 	}, problemLines(t, err))
 }
+
+// TestLoadRefusesControlCharactersInSMTPCredentials: a user name or password read from
+// a file or a Kubernetes secret often ends with a newline, which Load kept: AUTH sent
+// it, the server refused it for every message, and serve's start-up line broke at the
+// user name. A space may belong to a password, a newline or other control character
+// not; it is a problem at start, as in an API key, and never quoted.
+func TestLoadRefusesControlCharactersInSMTPCredentials(t *testing.T) {
+	t.Parallel()
+
+	_, err := Load(environ(with(db, map[string]string{
+		"OUTBOX_SMTP_ADDR":     "smtp.example.com:587",
+		"OUTBOX_SMTP_USERNAME": "relay@example.com\n",
+		"OUTBOX_SMTP_PASSWORD": "S3CRET\r\n",
+		"OUTBOX_EMAIL_FROM":    "outbox@example.com",
+	})))
+	require.Equal(t, []string{
+		`OUTBOX_SMTP_USERNAME must not contain newlines or other control characters`,
+		`OUTBOX_SMTP_PASSWORD must not contain newlines or other control characters`,
+	}, problemLines(t, err))
+
+	// Spaces inside a password are the server's business.
+	_, err = Load(environ(with(db, map[string]string{
+		"OUTBOX_SMTP_ADDR":     "smtp.example.com:587",
+		"OUTBOX_SMTP_USERNAME": "relay@example.com",
+		"OUTBOX_SMTP_PASSWORD": "correct horse battery staple",
+		"OUTBOX_EMAIL_FROM":    "outbox@example.com",
+	})))
+	require.NoError(t, err)
+}
