@@ -78,7 +78,10 @@ func (a *API) validate(p *problems) {
 	if a.MaxBody <= 0 {
 		p.addf("OUTBOX_API_MAX_BODY", "OUTBOX_API_MAX_BODY must be positive, got %d", a.MaxBody)
 	}
-	if a.MCPToken != "" && tokensOK {
+	// A newline from a file or a Kubernetes secret would otherwise be reported as a
+	// token matching none, though its hash is right.
+	checkToken("OUTBOX_MCP_TOKEN", a.MCPToken, p)
+	if a.MCPToken != "" && tokensOK && p.ok("OUTBOX_MCP_TOKEN") {
 		if _, err := a.Policy().Authenticate(a.MCPToken.Reveal()); err != nil {
 			p.addf("OUTBOX_MCP_TOKEN", "OUTBOX_MCP_TOKEN matches none of OUTBOX_API_TOKENS")
 		}

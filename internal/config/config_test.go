@@ -869,3 +869,17 @@ func TestLoadDatabaseOnlyWhiteSpace(t *testing.T) {
 		require.False(t, given)
 	}
 }
+
+// TestMCPTokenWithNewline: a token read from a file or a Kubernetes secret often ends
+// with a newline. OUTBOX_MCP_TOKEN was then said to match none of OUTBOX_API_TOKENS,
+// sending the operator to compare hashes that are right; the problem now says what is
+// wrong, as for the connectors' keys, and never quotes the token.
+func TestMCPTokenWithNewline(t *testing.T) {
+	t.Parallel()
+
+	_, err := LoadAPI(environ(map[string]string{
+		"OUTBOX_API_TOKENS": `[{"name":"a","sha256":"` + testTokenHash + `","connectors":["*"]}]`,
+		"OUTBOX_MCP_TOKEN":  "obx_test\n",
+	}))
+	require.Equal(t, []string{"OUTBOX_MCP_TOKEN must not contain spaces or newlines"}, problemLines(t, err))
+}
