@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/caarlos0/env/v11"
@@ -182,6 +183,13 @@ func (d *Database) validate(p *problems) {
 // why and quotes the DSN redacted. pgx's own message masks only a password's first word
 // when the DSN does not parse, so only its reason is kept.
 func ParseDSN(name, dsn string) (*pgxpool.Config, error) {
+	if (strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")) &&
+		strings.ContainsFunc(dsn, unicode.IsControl) {
+		// A newline from a file or a Kubernetes secret: pgx drops it around a
+		// keyword/value pair but keeps it in a URL, and serve would fail to connect to
+		// a database "app\n" (or with a password that is not the one set).
+		return nil, fmt.Errorf("%s (%q) must not contain newlines or other control characters, which pgx would keep in the URL's database name, user or password", name, RedactDSN(dsn))
+	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err == nil {
 		return cfg, nil

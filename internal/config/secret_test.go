@@ -128,3 +128,23 @@ func TestLoadDatabaseRejectsWhatPgxCannotParse(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "postgres://u:xxxxx@db/app?pool_max_conns=4", db.String())
 }
+
+// TestDSNURLWithNewline: a DSN read from a file or a Kubernetes secret often ends with a
+// newline. pgx drops it from a keyword/value DSN but keeps it in a URL's database name
+// (or password), so serve started and then failed to connect to database "app\n"; the
+// URL form now refuses it, in one line that never quotes the password.
+func TestDSNURLWithNewline(t *testing.T) {
+	t.Parallel()
+
+	for _, dsn := range []string{"postgres://u:S3CRET@db/app\n", "postgresql://u:S3CRET\n@db/app", "postgres://u:S3CRET@db/app\r"} {
+		_, err := LoadDatabase(environ(map[string]string{"OUTBOX_DATABASE_URL": dsn}))
+		require.Equal(t, []string{
+			fmt.Sprintf("OUTBOX_DATABASE_URL (%q) must not contain newlines or other control characters, which pgx would keep in the URL's database name, user or password", RedactDSN(dsn)),
+		}, problemLines(t, err), "%q", dsn)
+		require.NotContains(t, err.Error(), "S3CRET")
+	}
+
+	// pgx drops the white space around a keyword/value pair.
+	_, err := LoadDatabase(environ(map[string]string{"OUTBOX_DATABASE_URL": "host=db user=u password=S3CRET dbname=app\n"}))
+	require.NoError(t, err)
+}
