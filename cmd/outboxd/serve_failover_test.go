@@ -1,9 +1,7 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -64,22 +62,8 @@ func TestServeListensOnTheNewPrimaryAfterTheAPIMetAFailover(t *testing.T) {
 		// No poll finds the row: only a NOTIFY, or a claim round the relay had anyway.
 		"OUTBOX_POLL_INTERVAL=1h",
 	}
-	serveCtx, stopServe := context.WithCancel(context.WithoutCancel(ctx))
-	var stderr lockedBuffer
-	code := make(chan int, 1)
-	go func() { code <- run(serveCtx, []string{"serve"}, environ, strings.NewReader(""), io.Discard, &stderr) }()
-	t.Cleanup(func() {
-		stopServe()
-		require.Equal(t, exitOK, <-code, stderr.String())
-	})
-	var addr string
-	require.Eventually(t, func() bool {
-		rec, ok := findLog(stderr.String(), "http server listening")
-		if ok {
-			addr, _ = rec["addr"].(string)
-		}
-		return addr != ""
-	}, processWait, 10*time.Millisecond, "serve never said where it listens\n%s", &stderr)
+	srv := startServe(t, environ)
+	addr, stderr := srv.addr, srv.stderr
 	get := func(path string) int {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
 		require.NoError(t, err)

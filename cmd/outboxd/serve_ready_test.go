@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,22 +30,8 @@ func TestReadyzKeepsDatabaseDetailsOut(t *testing.T) {
 		"OUTBOX_LOG_FORMAT=json",
 		"OUTBOX_LOG_LEVEL=debug",
 	}
-	serveCtx, stopServe := context.WithCancel(context.WithoutCancel(ctx))
-	var stderr lockedBuffer
-	code := make(chan int, 1)
-	go func() { code <- run(serveCtx, []string{"serve"}, environ, strings.NewReader(""), io.Discard, &stderr) }()
-	t.Cleanup(func() {
-		stopServe()
-		require.Equal(t, exitOK, <-code, stderr.String())
-	})
-	var addr string
-	require.Eventually(t, func() bool {
-		rec, ok := findLog(stderr.String(), "http server listening")
-		if ok {
-			addr, _ = rec["addr"].(string)
-		}
-		return addr != ""
-	}, processWait, 10*time.Millisecond, "serve never said where it listens\n%s", &stderr)
+	srv := startServe(t, environ)
+	addr, stderr := srv.addr, srv.stderr
 
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz", nil)
 	require.NoError(t, err)
@@ -59,5 +46,58 @@ func TestReadyzKeepsDatabaseDetailsOut(t *testing.T) {
 		require.NotContains(t, string(body), detail)
 	}
 	// The log, which the operator reads, still has them.
-	require.Eventually(t, func() bool { return strings.Contains(stderr.String(), dbAddr) }, processWait, 10*time.Millisecond, &stderr)
+	require.Eventually(t, func() bool { return strings.Contains(stderr.String(), dbAddr) }, processWait, 10*time.Millisecond, stderr)
+}
+
+// inProcessServe is `outboxd serve` run in the test's process: where it listens (it
+// logs the port it got), its log, and how to stop it (a SIGTERM).
+type inProcessServe struct {
+	addr   string
+	stderr *lockedBuffer
+	stop   context.CancelFunc
+
+	code     chan int
+	once     sync.Once
+	exit     int
+	timedOut bool
+}
+
+// startServe runs serve with environ (which sets OUTBOX_HTTP_ADDR to a port of its own
+// and OUTBOX_LOG_FORMAT=json) and waits until it listens. A cleanup stops it, and
+// requires that it exit 0.
+func startServe(t *testing.T, environ []string) *inProcessServe {
+	t.Helper()
+	serveCtx, stop := context.WithCancel(context.WithoutCancel(t.Context()))
+	s := &inProcessServe{stderr: &lockedBuffer{}, stop: stop, code: make(chan int, 1)}
+	go func() {
+		s.code <- run(serveCtx, []string{"serve"}, environ, strings.NewReader(""), io.Discard, s.stderr)
+	}()
+	t.Cleanup(func() {
+		s.stop()
+		require.Equal(t, exitOK, s.exitCode(t), s.stderr.String())
+	})
+	require.Eventually(t, func() bool {
+		rec, ok := findLog(s.stderr.String(), "http server listening")
+		if ok {
+			s.addr, _ = rec["addr"].(string)
+		}
+		return s.addr != ""
+	}, processWait, 10*time.Millisecond, "serve never said where it listens\n%s", s.stderr)
+	return s
+}
+
+// exitCode waits for serve to return, up to processWait, and returns its exit code.
+func (s *inProcessServe) exitCode(t *testing.T) int {
+	t.Helper()
+	s.once.Do(func() {
+		select {
+		case s.exit = <-s.code:
+		case <-time.After(processWait):
+			s.timedOut = true
+		}
+	})
+	if s.timedOut {
+		t.Fatalf("serve did not stop\n%s", s.stderr)
+	}
+	return s.exit
 }

@@ -49,19 +49,8 @@ func TestServeAnswersWhileTheRelayStops(t *testing.T) {
 		"OUTBOX_LEASE=1h20s",
 		"OUTBOX_SHUTDOWN_TIMEOUT=1h",
 	}
-	serveCtx, stopServe := context.WithCancel(context.WithoutCancel(t.Context()))
-	defer stopServe()
-	var stderr lockedBuffer
-	code := make(chan int, 1)
-	go func() { code <- run(serveCtx, []string{"serve"}, environ, strings.NewReader(""), io.Discard, &stderr) }()
-	var addr string
-	require.Eventually(t, func() bool {
-		rec, ok := findLog(stderr.String(), "http server listening")
-		if ok {
-			addr, _ = rec["addr"].(string)
-		}
-		return addr != ""
-	}, processWait, 10*time.Millisecond, "serve never said where it listens\n%s", &stderr)
+	srv := startServe(t, environ)
+	addr, stderr, stopServe := srv.addr, srv.stderr, srv.stop
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
 	get := func(path string) (int, string) {
 		res, err := client.Get("http://" + addr + path)
@@ -72,7 +61,7 @@ func TestServeAnswersWhileTheRelayStops(t *testing.T) {
 		body, _ := io.ReadAll(res.Body)
 		return res.StatusCode, string(body)
 	}
-	require.Eventually(t, func() bool { code, _ := get("/readyz"); return code == http.StatusOK }, processWait, 10*time.Millisecond, "%s", &stderr)
+	require.Eventually(t, func() bool { code, _ := get("/readyz"); return code == http.StatusOK }, processWait, 10*time.Millisecond, "%s", stderr)
 
 	direct, err := pgxpool.New(t.Context(), dsn)
 	require.NoError(t, err)
@@ -82,14 +71,14 @@ func TestServeAnswersWhileTheRelayStops(t *testing.T) {
 	select {
 	case <-arrived:
 	case <-time.After(processWait):
-		t.Fatalf("the row never reached the receiver\n%s", &stderr)
+		t.Fatalf("the row never reached the receiver\n%s", stderr)
 	}
 
 	stopServe() // SIGTERM
 	require.Eventually(t, func() bool {
 		_, ok := findLog(stderr.String(), "stopping")
 		return ok
-	}, processWait, 10*time.Millisecond, "%s", &stderr)
+	}, processWait, 10*time.Millisecond, "%s", stderr)
 	// The delivery is still held: the relay is stopping.
 	status, body := get("/readyz")
 	require.Equal(t, http.StatusServiceUnavailable, status, "/readyz while the relay stops: %s", body)
@@ -101,12 +90,7 @@ func TestServeAnswersWhileTheRelayStops(t *testing.T) {
 	require.Contains(t, body, "outboxd_deliveries_in_flight 1")
 
 	releaseHeld()
-	select {
-	case c := <-code:
-		require.Equal(t, exitOK, c, "%s", &stderr)
-	case <-time.After(processWait):
-		t.Fatalf("serve did not stop\n%s", &stderr)
-	}
+	require.Equal(t, exitOK, srv.exitCode(t), "%s", stderr)
 	in, err := outbox.Get(t.Context(), direct, "in-flight")
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatusDelivered, in.Status, "the delivery in flight finished during the stop")
