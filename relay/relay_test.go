@@ -147,13 +147,24 @@ func start(t *testing.T, pool *pgxpool.Pool, cfg *Config, instances map[string]I
 // run runs r until the test ends, as start does.
 func run(t *testing.T, r *Relay) (stop func()) {
 	t.Helper()
+	signal, stopped := runSignalled(t, r)
+	return func() {
+		signal()
+		stopped()
+	}
+}
+
+// runSignalled runs r until the test ends, or signal (a SIGTERM) stops it: stopped
+// waits for Run to return, nil, within waitTimeout. A test signals, looks at the relay
+// stopping, and then waits.
+func runSignalled(t *testing.T, r *Relay) (signal, stopped func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	var once sync.Once
-	stop = func() {
+	stopped = func() {
 		once.Do(func() {
-			cancel()
 			select {
 			case err := <-done:
 				require.NoError(t, err)
@@ -162,8 +173,11 @@ func run(t *testing.T, r *Relay) (stop func()) {
 			}
 		})
 	}
-	t.Cleanup(stop)
-	return stop
+	t.Cleanup(func() {
+		cancel()
+		stopped()
+	})
+	return cancel, stopped
 }
 
 // startNotifyOnly runs a relay that polls only hourly, so that only NOTIFY wakes it in

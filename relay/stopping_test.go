@@ -32,10 +32,7 @@ func TestFailedReleaseAtStopIsRetriedWhileStopping(t *testing.T) {
 	conn := newGatedConnector()
 	r, err := New(proxy.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	defer cancel()
-	ran := make(chan error, 1)
-	go func() { ran <- r.Run(ctx) }()
+	cancel, stopped := runSignalled(t, r)
 
 	first, second := deliverOneOfTwo(t, direct, r, conn)
 
@@ -44,12 +41,7 @@ func TestFailedReleaseAtStopIsRetriedWhileStopping(t *testing.T) {
 	waitFor(t, released, "the release of the row not started never failed")
 	proxy.restore() // PostgreSQL is back; the relay is still stopping
 	close(conn.gate)
-	select {
-	case err := <-ran:
-		require.NoError(t, err)
-	case <-time.After(waitTimeout):
-		t.Fatal("relay did not stop")
-	}
+	stopped()
 
 	in, err := outbox.Get(t.Context(), direct, first)
 	require.NoError(t, err)
@@ -141,10 +133,7 @@ func TestShutdownTimeoutRunsFromTheStopWhileARoundIsStuck(t *testing.T) {
 	conn := &cancelledConnector{key: "slow", started: make(chan struct{}), cancelled: make(chan struct{}), gateKey: "a", gate: make(chan struct{})}
 	r, err := New(relayPool, cfg, map[string]Instance{"webhook": {Connector: conn}})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	defer cancel()
-	ran := make(chan error, 1)
-	go func() { ran <- r.Run(ctx) }()
+	cancel, stopped := runSignalled(t, r)
 
 	enqueue(t, pool, "slow", "webhook", []int{1})
 	waitFor(t, conn.started, "the slow row never started")
@@ -183,12 +172,7 @@ func TestShutdownTimeoutRunsFromTheStopWhileARoundIsStuck(t *testing.T) {
 	require.True(t, loopRunning() && waiting(), "the attempt in flight was cancelled only once the stuck round gave up (roundTimeout after the stop), "+
 		"not at the shutdown timeout while the round was still stuck")
 	require.NoError(t, lockTx.Rollback(t.Context()))
-	select {
-	case err := <-ran:
-		require.NoError(t, err)
-	case <-time.After(waitTimeout):
-		t.Fatal("relay did not stop")
-	}
+	stopped()
 }
 
 // A round's claim commits, its reply is lost, and the database then stays away for

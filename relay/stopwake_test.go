@@ -26,10 +26,7 @@ func TestRowsHandedBackAtStopWakeOtherRelays(t *testing.T) {
 	conn := newGatedConnector()
 	stopping, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	defer cancel()
-	ran := make(chan error, 1)
-	go func() { ran <- stopping.Run(ctx) }()
+	cancel, stopped := runSignalled(t, stopping)
 	first, second := deliverOneOfTwo(t, b.pool, stopping, conn)
 
 	b.startNotifyOnly(t) // the relay left running, idle
@@ -37,12 +34,7 @@ func TestRowsHandedBackAtStopWakeOtherRelays(t *testing.T) {
 	waitStatus(t, b.pool, second, outbox.StatusDelivered)
 
 	close(conn.gate)
-	select {
-	case err := <-ran:
-		require.NoError(t, err)
-	case <-time.After(waitTimeout):
-		t.Fatal("relay did not stop")
-	}
+	stopped()
 	waitStatus(t, b.pool, first, outbox.StatusDelivered)
 }
 
@@ -116,10 +108,7 @@ func TestStoppingRelayWakesOtherRelaysForRowsItsMarkSilenced(t *testing.T) {
 	conn.timeout = 0 // no rows claimed ahead: the one in flight leaves no room
 	stopping, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: conn}})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	defer cancel()
-	ran := make(chan error, 1)
-	go func() { ran <- stopping.Run(ctx) }()
+	cancel, stopped := runSignalled(t, stopping)
 	enqueue(t, b.pool, "first", "webhook", []int{1})
 	require.Equal(t, "first", conn.waitFirst(t))
 
@@ -138,11 +127,6 @@ func TestStoppingRelayWakesOtherRelaysForRowsItsMarkSilenced(t *testing.T) {
 	waitStatus(t, b.pool, "second", outbox.StatusDelivered)
 
 	close(conn.gate)
-	select {
-	case err := <-ran:
-		require.NoError(t, err)
-	case <-time.After(waitTimeout):
-		t.Fatal("relay did not stop")
-	}
+	stopped()
 	waitStatus(t, b.pool, "first", outbox.StatusDelivered)
 }
