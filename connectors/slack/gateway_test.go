@@ -35,11 +35,7 @@ func TestDeliver_GatewayAnswerToAPostIsAmbiguous(t *testing.T) {
 			require.Equal(t, 1, b.f.Effects("k"))
 
 			d := delivery("k")
-			d.Attempt, d.PreviousAmbiguous = 2, true
-			raw, err = b.c.Deliver(t.Context(), d)
-			require.NoError(t, err)
-			require.True(t, decodeResult(t, raw).Reconciled, "%s", raw)
-			require.Equal(t, 1, b.f.Effects("k"))
+			retryReconciles(t, b, d)
 		})
 	}
 }

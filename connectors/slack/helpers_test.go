@@ -2,7 +2,12 @@ package slack_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
 )
 
 func contextCancelled(t *testing.T) (context.Context, context.CancelFunc) {
@@ -10,4 +15,17 @@ func contextCancelled(t *testing.T) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	return ctx, cancel
+}
+
+// retryReconciles sends d again as the retry after an ambiguous attempt (attempt 2) and
+// checks that it found the message the first attempt posted: reconciled, and still one
+// message with d's key.
+func retryReconciles(t *testing.T, b *testBundle, d connectors.Delivery) json.RawMessage {
+	t.Helper()
+	d.Attempt, d.PreviousAmbiguous = 2, true
+	raw, err := b.c.Deliver(t.Context(), d)
+	require.NoError(t, err)
+	require.True(t, decodeResult(t, raw).Reconciled, "%s", raw)
+	require.Equal(t, 1, b.f.Effects(d.Key), "the retry posted a second message")
+	return raw
 }

@@ -25,11 +25,7 @@ func TestDeliver_ReconcilesBeyondFirstHistoryPage(t *testing.T) {
 		b.f.Seed(testChannel, fmt.Sprintf("chatter %d", i))
 	}
 	d := delivery("k")
-	d.Attempt, d.PreviousAmbiguous = 2, true
-	raw, err := b.c.Deliver(t.Context(), d)
-	require.NoError(t, err)
-	require.True(t, decodeResult(t, raw).Reconciled, "%s", raw)
-	require.Equal(t, 1, b.f.Effects("k"), "the retry posted a second message")
+	retryReconciles(t, b, d)
 	require.Equal(t, 1, b.f.Posts("k"))
 }
 

@@ -235,11 +235,7 @@ func TestDeliver_ThreadReply(t *testing.T) {
 	require.True(t, connectors.IsAmbiguous(err), "%v", err)
 
 	d := reply("k")
-	d.Attempt, d.PreviousAmbiguous = 2, true
-	raw, err := b.c.Deliver(t.Context(), d)
-	require.NoError(t, err)
-	require.True(t, decodeResult(t, raw).Reconciled)
-	require.Equal(t, 1, b.f.Effects("k"))
+	retryReconciles(t, b, d)
 	require.Equal(t, 3, b.f.Lookups(testChannel), "6 messages in the thread, 2 per page")
 }
 
@@ -261,11 +257,7 @@ func TestDeliver_HistoryLimit(t *testing.T) {
 	for i := range 5 {
 		b.f.Seed(testChannel, fmt.Sprintf("chatter %d", i))
 	}
-	d.Attempt, d.PreviousAmbiguous = 2, true
-	raw, err := b.c.Deliver(t.Context(), d)
-	require.NoError(t, err)
-	require.True(t, decodeResult(t, raw).Reconciled, "%s", raw)
-	require.Equal(t, 1, b.f.Effects("k"))
+	retryReconciles(t, b, d)
 
 	// An earlier attempt that was refused posted nothing: the lookup reads to the end of
 	// the messages since the first attempt, and the retry posts.
@@ -276,7 +268,7 @@ func TestDeliver_HistoryLimit(t *testing.T) {
 	require.Error(t, err)
 	require.Zero(t, b.f.Effects("n"))
 	d.Attempt = 2
-	raw, err = b.c.Deliver(t.Context(), d)
+	raw, err := b.c.Deliver(t.Context(), d)
 	require.NoError(t, err)
 	require.False(t, decodeResult(t, raw).Reconciled, "%s", raw)
 	require.Equal(t, 1, b.f.Effects("n"))
@@ -295,11 +287,7 @@ func TestDeliver_HangAfterEffect(t *testing.T) {
 	require.ErrorIs(t, err, slack.ErrTimeout)
 
 	d := delivery("k")
-	d.Attempt, d.PreviousAmbiguous = 2, true
-	raw, err := b.c.Deliver(t.Context(), d)
-	require.NoError(t, err)
-	require.True(t, decodeResult(t, raw).Reconciled)
-	require.Equal(t, 1, b.f.Effects("k"))
+	retryReconciles(t, b, d)
 }
 
 func TestDeliver_RateLimited(t *testing.T) {

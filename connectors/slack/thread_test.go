@@ -34,11 +34,7 @@ func TestDeliver_ThreadTSNamingAReply(t *testing.T) {
 	msgs := b.f.Messages(testChannel)
 	require.Equal(t, threadTS, msgs[len(msgs)-1].ThreadTS, "posted in the parent's thread")
 
-	d.Attempt, d.PreviousAmbiguous = 2, true
-	raw, err := b.c.Deliver(t.Context(), d)
-	require.NoError(t, err)
-	require.True(t, decodeResult(t, raw).Reconciled, "%s", raw)
-	require.Equal(t, 1, b.f.Effects("k"), "the retry posted a second reply")
+	retryReconciles(t, b, d)
 	require.Equal(t, 1, b.f.Posts("k"))
 }
 
