@@ -35,11 +35,7 @@ func TestDeliver_AnswerWithoutOK(t *testing.T) {
 				t.Run(fmt.Sprintf("Lookup/Thread=%t", thread), func(t *testing.T) {
 					t.Parallel()
 					b := setup(t, slack.Config{})
-					d := delivery("k")
-					if thread {
-						_, reply := startThread(t, b)
-						d = reply("k")
-					}
+					d := messageOrReply(t, b, "k", thread)
 					b.f.PlanLookup(slacktest.Plan{Body: body})
 					d.Attempt, d.PreviousAmbiguous = 2, true
 					_, err := b.c.Deliver(t.Context(), d)
@@ -78,11 +74,7 @@ func TestDeliver_LookupAnsweredWithoutMessages(t *testing.T) {
 		t.Run(fmt.Sprintf("Thread=%t", thread), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, slack.Config{})
-			d := delivery("k")
-			if thread {
-				_, reply := startThread(t, b)
-				d = reply("k")
-			}
+			d := messageOrReply(t, b, "k", thread)
 			b.f.Plan("k", slacktest.Plan{DropAfterEffect: true})
 			_, err := b.c.Deliver(t.Context(), d)
 			require.True(t, connectors.IsAmbiguous(err), "%v", err)

@@ -29,3 +29,14 @@ func retryReconciles(t *testing.T, b *testBundle, d connectors.Delivery) json.Ra
 	require.Equal(t, 1, b.f.Effects(d.Key), "the retry posted a second message")
 	return raw
 }
+
+// messageOrReply is the delivery of key: a reply in a thread started for it when thread
+// is true, else a message of the channel.
+func messageOrReply(t *testing.T, b *testBundle, key string, thread bool) connectors.Delivery {
+	t.Helper()
+	if !thread {
+		return delivery(key)
+	}
+	_, reply := startThread(t, b)
+	return reply(key)
+}
