@@ -55,23 +55,10 @@ func TestProposeTakesNumbersPastFloat64(t *testing.T) {
 	session := ""
 	post := func(method, body string) string {
 		// Without cancel: the DELETE that ends the session runs at cleanup.
-		req, err := http.NewRequestWithContext(context.WithoutCancel(t.Context()), method, srv.URL+"/mcp", strings.NewReader(body))
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+agentSecret)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		if session != "" {
-			req.Header.Set("Mcp-Session-Id", session)
-			req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
-		}
-		resp, err := srv.Client().Do(req)
-		require.NoError(t, err)
-		raw, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		_ = resp.Body.Close()
+		resp, raw := rawMCP(t, context.WithoutCancel(t.Context()), srv, method, session, "2025-06-18", body)
 		require.Less(t, resp.StatusCode, 300, "%s", raw)
 		session = cmp.Or(session, resp.Header.Get("Mcp-Session-Id"))
-		return string(raw)
+		return raw
 	}
 	post(http.MethodPost, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}`)
 	t.Cleanup(func() { post(http.MethodDelete, "") })
@@ -91,4 +78,26 @@ func TestProposeTakesNumbersPastFloat64(t *testing.T) {
 	require.Contains(t, propose("too-huge", `{"n":1e999999}`), "numeric cannot hold")
 	require.Contains(t, propose("array", `[1e400]`), "validating")
 	require.Zero(t, b.count(t, `idempotency_key IN ('too-huge', 'array')`))
+}
+
+// rawMCP sends body, a JSON-RPC message, with method to srv's /mcp as the agent token,
+// in session (at protocol version) when session is set, and returns the answer and its
+// body: what a client the SDK's cannot stand for sends.
+func rawMCP(t *testing.T, ctx context.Context, srv *httptest.Server, method, session, version, body string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, srv.URL+"/mcp", strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+agentSecret)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if session != "" {
+		req.Header.Set("Mcp-Session-Id", session)
+		req.Header.Set("Mcp-Protocol-Version", version)
+	}
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	return resp, string(raw)
 }

@@ -33,20 +33,7 @@ func TestMCPHTTPBatchDoesNotBypassRateLimit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	post := func(session, body string) (*http.Response, string) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/mcp", strings.NewReader(body))
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+agentSecret)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		if session != "" {
-			req.Header.Set("Mcp-Session-Id", session)
-			req.Header.Set("Mcp-Protocol-Version", "2025-03-26")
-		}
-		resp, err := srv.Client().Do(req)
-		require.NoError(t, err)
-		raw, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		return resp, string(raw)
+		return rawMCP(t, ctx, srv, http.MethodPost, session, "2025-03-26", body)
 	}
 
 	resp, raw := post("", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-03-26","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}`)
