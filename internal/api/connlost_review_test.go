@@ -38,12 +38,7 @@ func testDatabaseConnectionLostIs503(t *testing.T, mode pgx.QueryExecMode, reset
 	})
 	b := serveAPI(t, pool, adminService(pool), nil)
 
-	for _, c := range []struct{ method, path, body string }{
-		{"POST", "/v1/intents", `{"connector":"webhook","payload":{}}`},
-		{"GET", "/v1/intents/k-1", ""},
-		{"GET", "/v1/intents", ""},
-		{"POST", "/v1/intents/k-1/cancel", ""},
-	} {
+	for _, c := range databaseCalls {
 		require.NoError(t, pool.Ping(t.Context())) // the pool holds a session
 		path.Cut(reset)
 

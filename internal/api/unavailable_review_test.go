@@ -61,12 +61,7 @@ func TestDatabaseDownIs503(t *testing.T) {
 	t.Cleanup(pool.Close)
 	b := serveAPI(t, pool, adminService(pool), nil)
 
-	for _, c := range []struct{ method, path, body string }{
-		{"POST", "/v1/intents", `{"connector":"webhook","payload":{}}`},
-		{"GET", "/v1/intents/k-1", ""},
-		{"GET", "/v1/intents", ""},
-		{"POST", "/v1/intents/k-1/cancel", ""},
-	} {
+	for _, c := range databaseCalls {
 		r := b.do(t, c.method, c.path, adminSecret, "k-1", c.body)
 		requireUnavailable(t, r, c.method+" "+c.path)
 		require.NotContains(t, r.raw, "hunter2")
@@ -85,12 +80,7 @@ func TestDatabaseEndedSessionIs503(t *testing.T) {
 	pool := pgtest.OneSessionPool(t, admin)
 	b := serveAPI(t, pool, adminService(pool), nil)
 
-	for _, c := range []struct{ method, path, body string }{
-		{"POST", "/v1/intents", `{"connector":"webhook","payload":{}}`},
-		{"GET", "/v1/intents/k-1", ""},
-		{"GET", "/v1/intents", ""},
-		{"POST", "/v1/intents/k-1/cancel", ""},
-	} {
+	for _, c := range databaseCalls {
 		pgtest.EndSession(t, admin, pool)
 
 		r := b.do(t, c.method, c.path, adminSecret, "k-1", c.body)
@@ -203,4 +193,13 @@ func requireUnavailable(t *testing.T, r response, what string) {
 	require.Equal(t, http.StatusServiceUnavailable, r.status, "%s: %s", what, r.raw)
 	require.Equal(t, "unavailable", r.errCode(t))
 	require.Contains(t, r.raw, "database is unavailable")
+}
+
+// databaseCalls are a request of each kind the API serves from the database (create,
+// get, list, decide), as admin, for key k-1.
+var databaseCalls = []struct{ method, path, body string }{
+	{"POST", "/v1/intents", `{"connector":"webhook","payload":{}}`},
+	{"GET", "/v1/intents/k-1", ""},
+	{"GET", "/v1/intents", ""},
+	{"POST", "/v1/intents/k-1/cancel", ""},
 }
