@@ -358,8 +358,12 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 		auditIDs  []int64
 		details   []string
 		copyOf    map[string]string
+		made      map[int64]int
 	)
 	if copyOf, err = copiesOf(ctx, tx, b); err != nil {
+		return err
+	}
+	if made, err = copiesMade(ctx, tx, b); err != nil {
 		return err
 	}
 	for _, t := range b {
@@ -435,7 +439,7 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 			// (--status dead, run for the rows that died since) selects it too: under its own
 			// key, which the receiver never acted on, it would execute the operation beside
 			// its copy, or after it.
-			reason, err := replayCopied(ctx, tx, r, opts.Redeliver)
+			reason, err := replayCopied(ctx, tx, r, made[r.id], opts.Redeliver)
 			if err != nil {
 				return err
 			}
@@ -466,7 +470,7 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 			replayIDs = append(replayIDs, r.id)
 		}
 		br.Replayed = append(br.Replayed, t.key)
-		if r.status != outbox.StatusDelivered {
+		if _, isCopy := copyOf[t.key]; r.status != outbox.StatusDelivered && (isCopy || made[r.id] > 0) {
 			// A copy that replay --new-key made of the row is the same operation, as is
 			// the row a copy copies, and its other copies: an attempt of one may have
 			// reached the receiver, and executing the row again may have the receiver act
@@ -598,10 +602,37 @@ func lastCopy(ctx context.Context, tx pgx.Tx, key string, n int, redeliver bool)
 	return prev, st, "", nil
 }
 
-// copiesMadeSQL counts the new-key replays row $1 has had, as copySQL does.
+// copiesMadeSQL counts the new-key replays each of the rows $1 has had, as copySQL
+// does, for those that had any.
 const copiesMadeSQL = `
-SELECT count(*) FROM outbox_audit a
-WHERE a.outbox_id = $1 AND a.action = 'replay' AND a.details->>'new_key' IS NOT NULL`
+SELECT a.outbox_id, count(*) FROM outbox_audit a
+WHERE a.outbox_id = ANY($1::bigint[]) AND a.action = 'replay' AND a.details->>'new_key' IS NOT NULL
+GROUP BY a.outbox_id`
+
+// copiesMade maps the rows of b that replay --new-key copied to how many copies it made,
+// once a batch: the rows of most replays have none, and neither their copies nor the
+// attempts of copies need looking up, row by row.
+func copiesMade(ctx context.Context, tx pgx.Tx, b []target) (map[int64]int, error) {
+	ids := make([]int64, len(b))
+	for i, t := range b {
+		ids[i] = t.id
+	}
+	rows, err := tx.Query(ctx, copiesMadeSQL, ids)
+	if err != nil {
+		return nil, fmt.Errorf("look up copies: %w", err)
+	}
+	defer rows.Close()
+	out := map[int64]int{}
+	for rows.Next() {
+		var id int64
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			return nil, fmt.Errorf("look up copies: %w", err)
+		}
+		out[id] = n
+	}
+	return out, rows.Err()
+}
 
 // otherReachedSQL says whether an attempt of another row of the operation than the row
 // with key $2 may have reached the receiver, as lockSQL's last column says of a row's
@@ -673,18 +704,14 @@ func laterCopy(ctx context.Context, tx pgx.Tx, key, of string) (string, error) {
 		"replay that one instead, so that the operation runs once more, not twice", latest, of), nil
 }
 
-// replayCopied says why row r, which replay --new-key may have re-executed, cannot be
+// replayCopied says why row r, of which replay --new-key made n copies, cannot be
 // put back under its own key: its latest copy is still on its way (the operation would
 // run twice at once), or was delivered or is gone and redeliver is false (see
 // lastCopy), or is dead. A dead copy is the operation's current row, which a replay
 // puts back under its own key (replay --status dead selects the row and its copy
 // together, and would put both back: the operation would run twice). It is empty when
 // the row has no copy, or its latest copy was canceled.
-func replayCopied(ctx context.Context, tx pgx.Tx, r lockedRow, redeliver bool) (string, error) {
-	var n int
-	if err := tx.QueryRow(ctx, copiesMadeSQL, r.id).Scan(&n); err != nil {
-		return "", fmt.Errorf("look up copies of row %d: %w", r.id, err)
-	}
+func replayCopied(ctx context.Context, tx pgx.Tx, r lockedRow, n int, redeliver bool) (string, error) {
 	prev, st, reason, err := lastCopy(ctx, tx, r.key, n, redeliver)
 	switch st {
 	case outbox.StatusDelivering:
