@@ -94,7 +94,11 @@ func (s *Service) Create(ctx context.Context, tok *Token, key string, req Create
 		// while it was allowed everything, with the key as given: the same request
 		// retried is that intent, not an invalid one for the client to change.
 		m.OrderingKey = orderingKeyPrefix(tok) + req.OrderingKey
-		if again, ok := s.replayOtherScope(ctx, tok, m, req.OrderingKey); ok {
+		again, ok, lookErr := s.replayOtherScope(ctx, tok, m, req.OrderingKey)
+		if lookErr != nil {
+			return outbox.Intent{}, s.leaveReadOnly(lookErr)
+		}
+		if ok {
 			return again, nil
 		}
 		return outbox.Intent{}, err
@@ -102,7 +106,11 @@ func (s *Service) Create(ctx context.Context, tok *Token, key string, req Create
 	m.OrderingKey = orderingKey
 	in, err := outbox.Enqueue(ctx, s.Pool, m)
 	if errors.Is(err, outbox.ErrKeyConflict) && req.OrderingKey != "" {
-		if again, ok := s.replayOtherScope(ctx, tok, m, req.OrderingKey); ok {
+		again, ok, lookErr := s.replayOtherScope(ctx, tok, m, req.OrderingKey)
+		if lookErr != nil {
+			return outbox.Intent{}, s.leaveReadOnly(lookErr)
+		}
+		if ok {
 			return again, nil
 		}
 	}
@@ -116,17 +124,28 @@ func (s *Service) Create(ctx context.Context, tok *Token, key string, req Create
 // request but the ordering key's other form (key given as key): tok's connectors changed
 // between "*" and a scope since, or the row predates scoped ordering keys. The same
 // decision retried is then the same intent, not a conflict. Nothing is written.
-func (s *Service) replayOtherScope(ctx context.Context, tok *Token, m outbox.Message, key string) (outbox.Intent, bool) {
+//
+// An error is one that says nothing about the row (the database lost, a timeout): the
+// caller must answer it rather than the conflict or the invalid ordering key it had,
+// which tell the client to change a request that may well be this intent's, and a
+// client that takes a new key for it has the operation performed twice.
+func (s *Service) replayOtherScope(ctx context.Context, tok *Token, m outbox.Message, key string) (outbox.Intent, bool, error) {
 	prev, err := outbox.Get(ctx, s.Pool, m.Key)
-	if err != nil || prev.CreatedBy != tok.Name {
-		return outbox.Intent{}, false
+	if errors.Is(err, outbox.ErrNotFound) {
+		return outbox.Intent{}, false, nil // deleted meanwhile (retention)
+	}
+	if err != nil {
+		return outbox.Intent{}, false, err
+	}
+	if prev.CreatedBy != tok.Name {
+		return outbox.Intent{}, false, nil
 	}
 	alt := key
 	if m.OrderingKey == key {
 		alt = orderingKeyPrefix(tok) + key
 	}
 	if prev.OrderingKey != alt {
-		return outbox.Intent{}, false
+		return outbox.Intent{}, false, nil
 	}
 	m.OrderingKey = alt
 	var in outbox.Intent
@@ -138,7 +157,13 @@ func (s *Service) replayOtherScope(ctx context.Context, tok *Token, m outbox.Mes
 		}
 		return err
 	})
-	return in, err == nil
+	switch {
+	case err == nil:
+		return in, true, nil
+	case errors.Is(err, errInserted), errors.Is(err, outbox.ErrKeyConflict), errors.Is(err, outbox.ErrInvalidMessage):
+		return outbox.Intent{}, false, nil // not this request's row after all
+	}
+	return outbox.Intent{}, false, err
 }
 
 // scopedOrderingKey is the ordering key an intent of tok is stored with. Ordering keys are
