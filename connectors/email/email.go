@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/mail"
+	"net/netip"
 	"net/textproto"
 	"os"
 	"strconv"
@@ -208,11 +209,38 @@ func parseAddr(addr string) (string, int, error) {
 	if host == "" {
 		return "", 0, fmt.Errorf("Addr: %q has no host", addr)
 	}
+	if !dialableHost(host) {
+		// A space from an env file, say: every attempt would fail to look it up. What
+		// comes before an "@" may be a password, and is not quoted.
+		if at := strings.LastIndexByte(host, '@'); at >= 0 {
+			host = "xxxxx" + host[at:]
+		}
+		return "", 0, fmt.Errorf("Addr: %q is not a host name or IP address", host)
+	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil || port < 1 || port > 65535 {
 		return "", 0, fmt.Errorf("Addr: %q has no valid port (1-65535)", addr)
 	}
 	return host, port, nil
+}
+
+// dialableHost reports whether host is an IP address or a DNS name (labels of letters,
+// digits, '-' and '_', and an optional final dot): anything else no resolver looks up.
+func dialableHost(host string) bool {
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	for label := range strings.SplitSeq(strings.TrimSuffix(host, "."), ".") {
+		if label == "" {
+			return false
+		}
+		for i := 0; i < len(label); i++ {
+			if ch := label[i]; !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '_') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // idDomain returns the domain of addr when it is a plain domain name, which is what the

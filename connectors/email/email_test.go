@@ -513,6 +513,9 @@ func TestNew(t *testing.T) {
 		{"NoPort", email.Config{Addr: "smtp.example.com", From: testFrom}, []string{"Addr:", "host:port"}},
 		{"BadPort", email.Config{Addr: "smtp.example.com:99999", From: testFrom}, []string{"Addr:", "port"}},
 		{"NoHost", email.Config{Addr: ":25", From: testFrom}, []string{"Addr:", "no host"}},
+		// No resolver looks these up: every attempt would fail, each row then dead.
+		{"SpaceInHost", email.Config{Addr: " smtp.example.com:587", From: testFrom}, []string{"Addr:", `" smtp.example.com" is not a host name or IP address`}},
+		{"SlashInHost", email.Config{Addr: "smtp.example.com/:587", From: testFrom}, []string{"Addr:", "not a host name or IP address"}},
 		{"BadFrom", email.Config{Addr: "smtp.example.com:587", From: "nobody"}, []string{"From:", "not an email address"}},
 		{"BadTLS", email.Config{Addr: "smtp.example.com:587", From: testFrom, TLS: "always"}, []string{"TLS:", `"always"`}},
 		{"NegativeTimeout", email.Config{Addr: "smtp.example.com:587", From: testFrom, Timeout: -time.Second}, []string{"Timeout:"}},
