@@ -272,6 +272,9 @@ func MessageID(key, domain string) string {
 // String names the connector by its server and sender, and never shows the password.
 func (c *Connector) String() string { return "email smtp://" + c.addr + " from " + c.from.Address }
 
+// GoString is String, for %#v, which would otherwise print the fields, password included.
+func (c *Connector) GoString() string { return c.String() }
+
 // LogValue keeps the password out of logs.
 func (c *Connector) LogValue() slog.Value {
 	return slog.GroupValue(

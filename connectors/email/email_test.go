@@ -560,6 +560,7 @@ func TestRedaction(t *testing.T) {
 	for _, s := range []string{
 		fmt.Sprint(cfg), fmt.Sprintf("%+v", cfg), fmt.Sprintf("%#v", cfg),
 		fmt.Sprint(c), fmt.Sprintf("%+v", c), fmt.Sprintf("%v", &cfg),
+		fmt.Sprintf("%#v", c), // the connector holds the secret too
 	} {
 		require.NotContains(t, s, pass)
 	}

@@ -153,6 +153,9 @@ func NewResend(cfg ResendConfig) (*Resend, error) {
 // String names the connector by its endpoint and sender, and never shows the key.
 func (c *Resend) String() string { return "email resend " + c.target + " from " + c.fromAddr }
 
+// GoString is String, for %#v, which would otherwise print the fields, API key included.
+func (c *Resend) GoString() string { return c.String() }
+
 // LogValue keeps the API key out of logs.
 func (c *Resend) LogValue() slog.Value {
 	return slog.GroupValue(

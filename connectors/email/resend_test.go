@@ -325,6 +325,7 @@ func TestResendRedaction(t *testing.T) {
 	for _, s := range []string{
 		fmt.Sprint(cfg), fmt.Sprintf("%+v", cfg), fmt.Sprintf("%#v", cfg),
 		fmt.Sprint(c), fmt.Sprintf("%+v", c), fmt.Sprintf("%v", &cfg),
+		fmt.Sprintf("%#v", c), // the connector holds the secret too
 	} {
 		require.NotContains(t, s, key)
 	}
