@@ -19,7 +19,9 @@
 //
 // Unknown fields, unparsable addresses, a missing "to" or body, and headers that would
 // replace one the connector sets (Message-ID, Idempotency-Key, From, To, Cc, Bcc,
-// Reply-To, Subject, Date, Content-*, ...) are refused with [connectors.Permanent]. Over
+// Reply-To, Subject, Date, Content-*, ...) are refused with [connectors.Permanent], and
+// so, through Resend, which makes header lines of them as given, are a subject or an
+// address with a control character (over SMTP, go-mail encodes them). Over
 // SMTP, User-Agent and X-Mailer say "outboxd" unless the payload gives its own. The
 // row's own [connectors.Delivery.Headers] (such as traceparent) are not copied into the
 // mail, whose headers every recipient can read.

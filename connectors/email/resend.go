@@ -293,6 +293,12 @@ func (c *Resend) build(d connectors.Delivery) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Resend makes header lines of the subject and the addresses as they are given (over
+	// SMTP, go-mail encodes them, RFC 2047), so a line break in one would end its header
+	// and could start another, a Bcc say: refused, as in the payload's own headers.
+	if !connectors.ValidHeaderValue(p.Subject) {
+		return nil, errors.New(`payload: "subject" has control characters, which a Subject header cannot hold`)
+	}
 	e := resendEmail{From: c.from, Subject: p.Subject, Text: p.Text, HTML: p.HTML}
 	for _, f := range []struct {
 		name  string
@@ -307,6 +313,9 @@ func (c *Resend) build(d connectors.Delivery) ([]byte, error) {
 		for _, s := range f.addrs {
 			if _, err := mail.ParseAddress(s); err != nil {
 				return nil, fmt.Errorf("payload: %q: %q is not an email address: %w", f.name, s, err)
+			}
+			if !connectors.ValidHeaderValue(s) { // net/mail takes them in a comment
+				return nil, fmt.Errorf("payload: %q: %q has control characters, which an address header cannot hold", f.name, s)
 			}
 			*f.dst = append(*f.dst, strings.TrimSpace(s))
 		}
