@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -353,6 +354,26 @@ func ValidHeaderValue(v string) bool {
 	for i := 0; i < len(v); i++ {
 		if ch := v[i]; (ch < ' ' && ch != '\t') || ch == 0x7f {
 			return false
+		}
+	}
+	return true
+}
+
+// DialableHost reports whether host is an IP address or a DNS name (labels of letters,
+// digits, '-' and '_', and an optional final dot): anything else (a space from an env
+// file, a "/") no resolver looks up, and every attempt would fail until its row was dead.
+func DialableHost(host string) bool {
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	for label := range strings.SplitSeq(strings.TrimSuffix(host, "."), ".") {
+		if label == "" {
+			return false
+		}
+		for i := 0; i < len(label); i++ {
+			if ch := label[i]; !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '_') {
+				return false
+			}
 		}
 	}
 	return true

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/mail"
-	"net/netip"
 	"net/textproto"
 	"os"
 	"strconv"
@@ -209,7 +208,7 @@ func parseAddr(addr string) (string, int, error) {
 	if host == "" {
 		return "", 0, fmt.Errorf("Addr: %q has no host", addr)
 	}
-	if !dialableHost(host) {
+	if !connectors.DialableHost(host) {
 		// A space from an env file, say: every attempt would fail to look it up. What
 		// comes before an "@" may be a password, and is not quoted.
 		if at := strings.LastIndexByte(host, '@'); at >= 0 {
@@ -222,25 +221,6 @@ func parseAddr(addr string) (string, int, error) {
 		return "", 0, fmt.Errorf("Addr: %q has no valid port (1-65535)", addr)
 	}
 	return host, port, nil
-}
-
-// dialableHost reports whether host is an IP address or a DNS name (labels of letters,
-// digits, '-' and '_', and an optional final dot): anything else no resolver looks up.
-func dialableHost(host string) bool {
-	if _, err := netip.ParseAddr(host); err == nil {
-		return true
-	}
-	for label := range strings.SplitSeq(strings.TrimSuffix(host, "."), ".") {
-		if label == "" {
-			return false
-		}
-		for i := 0; i < len(label); i++ {
-			if ch := label[i]; !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '_') {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // idDomain returns the domain of addr when it is a plain domain name, which is what the

@@ -4,7 +4,6 @@ import (
 	"log/slog"
 	"net"
 	"net/mail"
-	"net/netip"
 	"reflect"
 	"strconv"
 	"strings"
@@ -214,7 +213,7 @@ func loadEmail(environment map[string]string, k kind, name string, p *problems) 
 				} else {
 					p.addf(addrVar, "%s must be host:port, such as smtp.example.com:587, got %q", addrVar, c.Addr)
 				}
-			} else if !dialableHost(host) {
+			} else if !connectors.DialableHost(host) {
 				// A space from an env file, say: serve would start, and every attempt fail
 				// to look the host up until its row was dead.
 				p.addf(addrVar, "%s must be host:port, such as smtp.example.com:587, and %q is not a host name or IP address", addrVar, host)
@@ -253,26 +252,6 @@ func loadEmail(environment map[string]string, k kind, name string, p *problems) 
 	checkConcurrency(email+"CONCURRENCY", c.Concurrency, p)
 	checkOnAmbiguous(email+"ON_AMBIGUOUS", c.OnAmbiguous, p)
 	return c
-}
-
-// dialableHost reports whether host is an IP address or a DNS name (labels of letters,
-// digits, '-' and '_', and an optional final dot), as connectors/email's New requires:
-// anything else no resolver looks up.
-func dialableHost(host string) bool {
-	if _, err := netip.ParseAddr(host); err == nil {
-		return true
-	}
-	for label := range strings.SplitSeq(strings.TrimSuffix(host, "."), ".") {
-		if label == "" {
-			return false
-		}
-		for i := 0; i < len(label); i++ {
-			if ch := label[i]; !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '_') {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // checkUnused reports the variables of the other transport's struct t (read with
