@@ -27,7 +27,8 @@ import (
 
 // Config configures a [Connector]. A zero field means its default.
 type Config struct {
-	// URL is where rows are POSTed: an absolute http or https URL. Required.
+	// URL is where rows are POSTed: an absolute http or https URL. A space or a character
+	// past ASCII in its query is sent percent-encoded, as a browser sends it. Required.
 	URL string
 	// Secret is a Standard Webhooks signing secret, "whsec_" followed by base64, or
 	// several separated by white space (spaces, tabs, newlines), as OUTBOX_WEBHOOK_SECRET
@@ -180,6 +181,11 @@ func New(cfg Config) (*Connector, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	// url.Parse keeps a query as written, and net/http writes it so into the request
+	// line, where a space ends the request target (RFC 9112 section 3.2) and a byte past
+	// ASCII is refused by some parsers (Node's): the receiver would answer 400 to every
+	// row. Those are percent-encoded, as a browser sends them; the values read the same.
+	u.RawQuery = escapeQuery(u.RawQuery)
 	c.url, c.target = u.String(), connectors.RedactEndpoint(u.String())
 	if u.User != nil {
 		password, _ := u.User.Password()
@@ -210,6 +216,23 @@ func parseURL(raw string) (*url.URL, error) {
 		return nil, errors.New("URL: required")
 	}
 	return connectors.ParseHTTPURL("URL", raw)
+}
+
+// escapeQuery percent-encodes the spaces and the bytes past ASCII of a raw query, and
+// leaves the rest as written, escapes included.
+func escapeQuery(q string) string {
+	if !strings.ContainsFunc(q, func(r rune) bool { return r == ' ' || r >= utf8.RuneSelf }) {
+		return q
+	}
+	var b strings.Builder
+	for i := 0; i < len(q); i++ {
+		if ch := q[i]; ch == ' ' || ch >= utf8.RuneSelf {
+			fmt.Fprintf(&b, "%%%02X", ch)
+			continue
+		}
+		b.WriteByte(q[i])
+	}
+	return b.String()
 }
 
 // parseSecrets returns the keys of the secrets in list (separated by white space) or in
