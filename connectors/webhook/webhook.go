@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -128,7 +129,7 @@ type Connector struct {
 var _ connectors.Connector = (*Connector)(nil)
 
 var sharedTransport = sync.OnceValue(func() *http.Transport {
-	t := http.DefaultTransport.(*http.Transport).Clone()
+	t := baseTransport()
 	// The relay sends many rows to few receivers at once: keep enough idle connections
 	// per receiver that a burst doesn't open (and then close) new ones.
 	t.MaxIdleConns = 4096
@@ -137,10 +138,29 @@ var sharedTransport = sync.OnceValue(func() *http.Transport {
 	return t
 })
 
+// baseTransport returns a clone of http.DefaultTransport or, when an application has
+// put a RoundTripper of its own there (an instrumenting wrapper, a test's mock), which
+// cannot be cloned, a transport with the settings net/http gives its default one.
+func baseTransport() *http.Transport {
+	if t, ok := http.DefaultTransport.(*http.Transport); ok {
+		return t.Clone()
+	}
+	return &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          100,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: 1 * time.Second,
+	}
+}
+
 // DefaultTransport returns the keep-alive transport shared by every [Connector] built
 // without a [Config.Client]. It is a clone of http.DefaultTransport (proxy settings from
-// the environment, HTTP/2 when the receiver offers it) that keeps up to 512 idle
-// connections per host for 90s.
+// the environment, HTTP/2 when the receiver offers it; net/http's default settings when
+// an application has replaced http.DefaultTransport with another RoundTripper) that
+// keeps up to 512 idle connections per host for 90s.
 func DefaultTransport() *http.Transport { return sharedTransport() }
 
 // New returns a connector for cfg, or an error naming the field that is wrong.
@@ -194,9 +214,11 @@ func New(cfg Config) (*Connector, error) {
 
 	// The transport, not http.Client: a client's redirect and cookie handling are not
 	// wanted, and its per-request header copy costs more than the rest of an attempt.
-	c.transport = DefaultTransport()
+	// The shared one is built only for a connector that uses it.
 	if cfg.Client != nil {
 		c.transport = cmp.Or[http.RoundTripper](cfg.Client.Transport, http.DefaultTransport)
+	} else {
+		c.transport = DefaultTransport()
 	}
 	return c, nil
 }
