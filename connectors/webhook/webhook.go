@@ -28,8 +28,9 @@ import (
 
 // Config configures a [Connector]. A zero field means its default.
 type Config struct {
-	// URL is where rows are POSTed: an absolute http or https URL. A space or a character
-	// past ASCII in its query is sent percent-encoded, as a browser sends it. Required.
+	// URL is where rows are POSTed: an absolute http or https URL, without white space at
+	// either end. A space or a character past ASCII in its query is sent
+	// percent-encoded, as a browser sends it. Required.
 	URL string
 	// Secret is a Standard Webhooks signing secret, "whsec_" followed by base64, or
 	// several separated by white space (spaces, tabs, newlines), as OUTBOX_WEBHOOK_SECRET
@@ -236,6 +237,11 @@ func (cfg Config) withDefaults() Config {
 func parseURL(raw string) (*url.URL, error) {
 	if raw == "" {
 		return nil, errors.New("URL: required")
+	}
+	if strings.TrimSpace(raw) != raw {
+		// url.Parse keeps a space at the end of the path, sent as %20: the receiver would
+		// answer 404 to every row, and errors show only the URL's scheme and host.
+		return nil, errors.New("URL: begins or ends with white space, which would be sent as part of the URL")
 	}
 	return connectors.ParseHTTPURL("URL", raw)
 }

@@ -700,6 +700,9 @@ func TestNew_Validation(t *testing.T) {
 		{"FTP", webhook.Config{URL: "ftp://127.0.0.1/hook"}, `URL: scheme must be http or https, not "ftp"`},
 		{"NoHost", webhook.Config{URL: "http:///hook"}, "URL: has no host"},
 		{"PortOnly", webhook.Config{URL: "http://:80/hook"}, "URL: has no host"},
+		// A space at the end would be sent as part of the path (%20).
+		{"TrailingSpace", webhook.Config{URL: "http://127.0.0.1/hook "}, "URL: begins or ends with white space"},
+		{"LeadingSpace", webhook.Config{URL: " http://127.0.0.1/hook"}, "URL: begins or ends with white space"},
 		{"SecretPrefix", webhook.Config{URL: "http://127.0.0.1/", Secret: "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}, `Secret: must start with "whsec_"`},
 		{"SecretBase64", webhook.Config{URL: "http://127.0.0.1/", Secret: "whsec_not*base64"}, "Secret: the part after \"whsec_\" is not valid base64"},
 		{"SecretEmpty", webhook.Config{URL: "http://127.0.0.1/", Secret: "whsec_"}, "Secret: nothing after"},

@@ -428,6 +428,23 @@ func TestLoadProblems(t *testing.T) {
 				`OUTBOX_EMAIL_OPS_FROM is required for email:ops: it is the sender of every message`,
 			},
 		},
+		{
+			// url.Parse keeps a space at the end of the path, and it is sent as %20: the
+			// receiver would answer 404 to every row, and errors show only the URL's scheme
+			// and host. A stray newline from a file is refused as well.
+			name: "WebhookURLWhiteSpace",
+			env: with(minimal, map[string]string{
+				"OUTBOX_CONNECTORS":      "webhook:crm,webhook:ops",
+				"OUTBOX_WEBHOOK_URL":     "https://example.com/hook ",
+				"OUTBOX_WEBHOOK_CRM_URL": " https://crm.example.com/in",
+				"OUTBOX_WEBHOOK_OPS_URL": "https://ops.example.com/in?t=x\n",
+			}),
+			want: []string{
+				`OUTBOX_WEBHOOK_URL must not begin or end with white space: it would be sent as part of the URL`,
+				`OUTBOX_WEBHOOK_CRM_URL must not begin or end with white space: it would be sent as part of the URL`,
+				`OUTBOX_WEBHOOK_OPS_URL must not begin or end with white space: it would be sent as part of the URL`,
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
