@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -357,6 +358,26 @@ func ValidHeaderValue(v string) bool {
 		}
 	}
 	return true
+}
+
+// CloneDefaultTransport returns a clone of http.DefaultTransport (proxy settings from the
+// environment, HTTP/2 when offered) for a connector's shared transport or, when an
+// application has put a RoundTripper of its own there (an instrumenting wrapper, a test's
+// mock), which cannot be cloned, a transport with the settings net/http gives its
+// default one. A type assertion would panic there.
+func CloneDefaultTransport() *http.Transport {
+	if t, ok := http.DefaultTransport.(*http.Transport); ok {
+		return t.Clone()
+	}
+	return &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          100,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: 1 * time.Second,
+	}
 }
 
 // DialableHost reports whether host is an IP address or a DNS name (labels of letters,

@@ -82,3 +82,21 @@ func TestRetryableStatus(t *testing.T) {
 		require.False(t, connectors.RetryableStatus(code), "%d", code)
 	}
 }
+
+type wrappedTransport struct{ http.RoundTripper }
+
+// An application may put a RoundTripper of its own in http.DefaultTransport (an
+// instrumenting wrapper): every connector's shared transport is built from it, and a type
+// assertion there panicked in New, for the payment, Slack and Resend connectors too.
+// Not parallel: it changes a global.
+func TestCloneDefaultTransportOfAReplacedOne(t *testing.T) {
+	def := http.DefaultTransport
+	t.Cleanup(func() { http.DefaultTransport = def })
+
+	require.NotSame(t, def, connectors.CloneDefaultTransport())
+	http.DefaultTransport = wrappedTransport{def}
+	var tr *http.Transport
+	require.NotPanics(t, func() { tr = connectors.CloneDefaultTransport() })
+	require.NotNil(t, tr.Proxy, "proxy settings from the environment, as net/http's default")
+	require.True(t, tr.ForceAttemptHTTP2)
+}

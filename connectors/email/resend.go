@@ -98,7 +98,7 @@ var (
 )
 
 var resendTransport = sync.OnceValue(func() *http.Transport {
-	return http.DefaultTransport.(*http.Transport).Clone()
+	return connectors.CloneDefaultTransport()
 })
 
 // NewResend returns a Resend connector for cfg, or an error naming each field that is

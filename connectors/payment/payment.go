@@ -81,7 +81,7 @@ type Connector struct {
 var _ connectors.Connector = (*Connector)(nil)
 
 var sharedTransport = sync.OnceValue(func() *http.Transport {
-	t := http.DefaultTransport.(*http.Transport).Clone()
+	t := connectors.CloneDefaultTransport()
 	t.MaxIdleConnsPerHost = 64
 	t.IdleConnTimeout = 90 * time.Second
 	return t

@@ -102,7 +102,7 @@ type Connector struct {
 var _ connectors.Connector = (*Connector)(nil)
 
 var sharedTransport = sync.OnceValue(func() *http.Transport {
-	t := http.DefaultTransport.(*http.Transport).Clone()
+	t := connectors.CloneDefaultTransport()
 	// Many rows go to one host: keep enough idle connections that a burst reuses them.
 	t.MaxIdleConns = 1024
 	t.MaxIdleConnsPerHost = 256

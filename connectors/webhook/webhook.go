@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -130,7 +129,7 @@ type Connector struct {
 var _ connectors.Connector = (*Connector)(nil)
 
 var sharedTransport = sync.OnceValue(func() *http.Transport {
-	t := baseTransport()
+	t := connectors.CloneDefaultTransport()
 	// The relay sends many rows to few receivers at once: keep enough idle connections
 	// per receiver that a burst doesn't open (and then close) new ones.
 	t.MaxIdleConns = 4096
@@ -138,24 +137,6 @@ var sharedTransport = sync.OnceValue(func() *http.Transport {
 	t.IdleConnTimeout = 90 * time.Second
 	return t
 })
-
-// baseTransport returns a clone of http.DefaultTransport or, when an application has
-// put a RoundTripper of its own there (an instrumenting wrapper, a test's mock), which
-// cannot be cloned, a transport with the settings net/http gives its default one.
-func baseTransport() *http.Transport {
-	if t, ok := http.DefaultTransport.(*http.Transport); ok {
-		return t.Clone()
-	}
-	return &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          100,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ExpectContinueTimeout: 1 * time.Second,
-	}
-}
 
 // DefaultTransport returns the keep-alive transport shared by every [Connector] built
 // without a [Config.Client]. It is a clone of http.DefaultTransport (proxy settings from
