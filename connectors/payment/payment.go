@@ -184,6 +184,9 @@ func redactKey(key string) string {
 // String names the connector by its API base, and never shows the API key.
 func (c *Connector) String() string { return "payment " + c.base }
 
+// GoString is String: %#v would print the fields, the secrets among them.
+func (c *Connector) GoString() string { return c.String() }
+
 // LogValue keeps the API key out of logs.
 func (c *Connector) LogValue() slog.Value {
 	return slog.GroupValue(

@@ -543,7 +543,7 @@ func TestRedaction(t *testing.T) {
 
 	for _, s := range []string{
 		fmt.Sprint(cfg), fmt.Sprintf("%+v", cfg), fmt.Sprintf("%#v", cfg),
-		fmt.Sprint(c), fmt.Sprintf("%+v", c), logs.String(),
+		fmt.Sprint(c), fmt.Sprintf("%+v", c), fmt.Sprintf("%#v", c), logs.String(),
 	} {
 		require.NotContains(t, s, "SuperSecret")
 		require.NotContains(t, s, "pw@")

@@ -263,6 +263,9 @@ func redactToken(tok string) string {
 // String names the connector by its API root; it never shows the token.
 func (c *Connector) String() string { return "slack " + c.base }
 
+// GoString is String: %#v would print the fields, the secrets among them.
+func (c *Connector) GoString() string { return c.String() }
+
 // LogValue keeps the token out of logs.
 func (c *Connector) LogValue() slog.Value {
 	return slog.GroupValue(

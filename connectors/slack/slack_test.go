@@ -551,7 +551,7 @@ func TestSecretsStayOut(t *testing.T) {
 	for _, s := range []string{
 		buf.String(),
 		fmt.Sprintf("%v %+v %#v %s", cfg, cfg, cfg, cfg),
-		fmt.Sprintf("%v %+v %s", c, c, c),
+		fmt.Sprintf("%v %+v %#v %s", c, c, c, c),
 	} {
 		require.NotContains(t, s, "secretpart")
 		require.NotContains(t, s, "1234-5678")

@@ -302,6 +302,9 @@ func parseSecret(name, s string) ([]byte, error) {
 // token), and never shows the secret.
 func (c *Connector) String() string { return "webhook " + c.target }
 
+// GoString is String: %#v would print the fields, the secrets among them.
+func (c *Connector) GoString() string { return c.String() }
+
 // LogValue keeps the secret out of logs.
 func (c *Connector) LogValue() slog.Value {
 	return slog.GroupValue(

@@ -840,7 +840,7 @@ func TestConnector_NeverShowsSecret(t *testing.T) {
 	require.NoError(t, err)
 	_, deliverErr := c.Deliver(t.Context(), delivery("k"))
 	require.Error(t, deliverErr)
-	for _, s := range []string{fmt.Sprint(c), fmt.Sprintf("%+v", c), c.LogValue().String(), deliverErr.Error()} {
+	for _, s := range []string{fmt.Sprint(c), fmt.Sprintf("%+v", c), fmt.Sprintf("%#v", c), c.LogValue().String(), deliverErr.Error()} {
 		for _, secret := range []string{"MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "hunter2", "T0KEN", "s1gnature"} {
 			require.NotContains(t, s, secret)
 		}
