@@ -27,6 +27,11 @@ const SchemaVersion = 6
 // outboxd than this one: applying an older schema could undo its changes.
 var ErrSchemaTooNew = errors.New("database schema is newer than this outboxd")
 
+// ErrInstallationHidden is returned by [Migrate] when the schema it would create the
+// tables in (the first of the search_path) has none, while the search_path finds the
+// outbox table in a later schema: a new installation would hide that one.
+var ErrInstallationHidden = errors.New("a new outbox installation would hide the one the search_path finds")
+
 // Beginner starts a transaction; [pgx.Conn], [pgxpool.Pool] and [pgx.Tx] satisfy it.
 type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
@@ -45,7 +50,9 @@ const migrateLockID = 7_345_120_001
 // Migrate brings the database to [SchemaVersion] by applying [Schema] in one transaction,
 // under an advisory lock so that concurrent callers apply it once. A database already at
 // the current version is left alone; one at a newer version is refused with
-// [ErrSchemaTooNew]. Rows are never dropped: every schema change is additive.
+// [ErrSchemaTooNew]. Rows are never dropped: every schema change is additive. It creates
+// nothing, and the error wraps [ErrInstallationHidden], where the schema it creates the
+// tables in has no outbox but the search_path finds one in a later schema.
 //
 // It returns the version the database had before (0 for an empty database).
 //
@@ -68,6 +75,11 @@ func Migrate(ctx context.Context, db Beginner) (from int, err error) {
 		if from == SchemaVersion {
 			return nil
 		}
+		if from == 0 {
+			if err := refuseToHide(ctx, tx); err != nil {
+				return err
+			}
+		}
 		// Exec without arguments uses the simple protocol, which runs a multi-statement script.
 		if _, err := tx.Exec(ctx, Schema); err != nil {
 			return fmt.Errorf("apply schema version %d: %w", SchemaVersion, err)
@@ -84,6 +96,44 @@ func Migrate(ctx context.Context, db Beginner) (from int, err error) {
 		err = pgx.BeginFunc(ctx, db, migrate)
 	}
 	return from, err
+}
+
+// visibleOutboxSQL names the schema where the session's search_path finds the outbox
+// table, when that is not the schema schema.sql creates its tables in (current_schema()),
+// with both (quoted where SQL needs it) and the search_path for the error; no row
+// otherwise. current_schemas leaves out the schemas the session may not use, as the
+// search_path does.
+const visibleOutboxSQL = `
+SELECT quote_ident(f.s), quote_ident(current_schema()), current_setting('search_path')
+FROM (SELECT p.s FROM unnest(current_schemas(false)) WITH ORDINALITY AS p(s, i)
+      WHERE to_regclass(quote_ident(p.s) || '.outbox') IS NOT NULL
+      ORDER BY p.i LIMIT 1) AS f
+WHERE f.s <> current_schema()`
+
+// refuseToHide returns an error wrapping [ErrInstallationHidden] when the schema that
+// schema.sql creates its tables in has no outbox table but the search_path finds one in
+// a later schema. Creating a second installation there would silently move every
+// session on that search_path to it, empty: the relays and the operator commands would
+// no longer see the rows of the other (pending, held, dead), Enqueue would take a key
+// the other holds for a new intent (a second effect at the receiver), and sessions whose
+// statements were prepared before would go on writing to the other. This is what an
+// upgrade looked like with a search_path such as "app, public" and outboxd installed in
+// public. Whoever wants a second installation there says so with a search_path that
+// names that schema alone.
+func refuseToHide(ctx context.Context, db Queryer) error {
+	var found, target, path string
+	err := db.QueryRow(ctx, visibleOutboxSQL).Scan(&found, &target, &path)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look for the outbox table on the search_path: %w", err)
+	}
+	return fmt.Errorf("%w: the search_path (%s) finds the outbox table in schema %s, but the tables would be created in %s, "+
+		"its first schema, which has none: that new, empty installation would hide %s's rows from every session with this search_path. "+
+		"To upgrade the installation in %s, migrate with search_path=%s (in OUTBOX_DATABASE_URL); to install outboxd in %s beside it, "+
+		"migrate with search_path=%s alone",
+		ErrInstallationHidden, path, found, target, found, found, found, target, target)
 }
 
 // Queryer runs a query returning one row; [pgx.Conn], [pgxpool.Pool] and [pgx.Tx]

@@ -69,20 +69,27 @@ func TestQualifiedInsertWithOtherSearchPath(t *testing.T) {
 // Migrate decided from outbox_schema_migrations found along the search_path, but
 // schema.sql creates its tables in the first schema of the search_path. With an
 // installation in public later on the path, Migrate into a new schema app1 reported the
-// database current and created nothing, where psql -f schema.sql creates app1's.
+// database current and created nothing, where psql -f schema.sql creates app1's. Now
+// that path is refused, loudly (creating app1's would hide public's from every session
+// on it: TestMigrateRefusesToHideAnInstallationLaterOnThePath), and a search_path that
+// names app1 alone creates app1's.
 func TestMigrateIntoNewSchemaBesidesAnotherInstallation(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := pgtest.DB(t)
 	_, err := pool.Exec(ctx, `CREATE SCHEMA app1`)
 	require.NoError(t, err)
-	conn := connWithSearchPath(t, pool, "app1, public")
-	from, err := outboxd.Migrate(ctx, conn)
+	_, err = outboxd.Migrate(ctx, connWithSearchPath(t, pool, "app1, public"))
+	require.ErrorIs(t, err, outboxd.ErrInstallationHidden, "not reported current")
+	from, err := outboxd.Migrate(ctx, connWithSearchPath(t, pool, "app1"))
 	require.NoError(t, err)
 	require.Equal(t, 0, from, "app1 has no schema yet")
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'app1'`).Scan(&n))
 	require.NotZero(t, n, "Migrate created app1's tables")
+	from, err = outboxd.Migrate(ctx, connWithSearchPath(t, pool, "app1, public"))
+	require.NoError(t, err)
+	require.Equal(t, outboxd.SchemaVersion, from, "app1's, first on the path, is current")
 }
 
 // Migrate into a schema whose name holds "$$", which PostgreSQL allows in a quoted
@@ -111,4 +118,38 @@ func TestMigrateIntoSchemaWithDollarsInItsName(t *testing.T) {
 	var n int
 	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM outbox_attempts`).Scan(&n))
 	require.Zero(t, n, "the deleted row's attempts go with it")
+}
+
+// The upgrade README describes (outboxd migrate with the new binary first), run with a
+// search_path that names the application's own schema before public, where an older
+// outboxd installed the outbox: schema.sql creates its tables in the first schema, so
+// Migrate created a second, empty installation in app, which hid public's from every
+// session on that search_path. New sessions enqueued a key public already held as a new
+// intent (a second effect at the receiver), public's pending and held rows were never
+// delivered nor shown, and sessions with statements prepared before the migration went
+// on writing to public. Migrate now refuses, names both schemas and creates nothing;
+// migrated with search_path=public it upgrades public's installation.
+func TestMigrateRefusesToHideAnInstallationLaterOnThePath(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := oldDB(t, 5) // public holds a version 5 installation, with a row
+	_, err := pool.Exec(ctx, `
+		INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('order-1/charge', 'webhook', '{}');
+		CREATE SCHEMA app; CREATE TABLE app.orders (id int)`)
+	require.NoError(t, err)
+
+	from, err := outboxd.Migrate(ctx, connWithSearchPath(t, pool, "app, public"))
+	require.ErrorIs(t, err, outboxd.ErrInstallationHidden)
+	require.ErrorContains(t, err, `the search_path (app, public) finds the outbox table in schema public, but the tables would be created in app`)
+	require.ErrorContains(t, err, `search_path=public`)
+	require.Zero(t, from)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'app' AND tablename LIKE 'outbox%'`).Scan(&n))
+	require.Zero(t, n, "nothing created in app")
+
+	from, err = outboxd.Migrate(ctx, connWithSearchPath(t, pool, "public"))
+	require.NoError(t, err)
+	require.Equal(t, 5, from, "public's installation upgraded")
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM public.outbox WHERE idempotency_key = 'order-1/charge'`).Scan(&n))
+	require.Equal(t, 1, n)
 }
