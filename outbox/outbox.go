@@ -290,18 +290,20 @@ JOIN outbox o ON o.idempotency_key = m.k`
 // canonical form, ordering key), Enqueue returns the existing intent with Inserted false
 // and no error. If it exists with a different request, the error wraps [ErrKeyConflict].
 // An invalid message is refused before anything is written, with an error wrapping
-// [ErrInvalidMessage]; neither case aborts the caller's transaction. In a REPEATABLE
-// READ or SERIALIZABLE transaction, a key that another transaction committed after the
-// caller's snapshot was taken cannot be read, and PostgreSQL fails the statement with a
-// serialization failure (SQLSTATE 40001): retry the whole transaction, as for any
-// serialization failure. When db is no transaction (a pool, or a connection outside
-// one), the statement is its own transaction, and Enqueue retries it itself whatever the
-// session's default isolation (not through a DB type of your own, which may wrap a
-// transaction).
+// [ErrInvalidMessage]; neither case aborts the caller's transaction. But a message that
+// a rule refuses whose key already holds the same request, written before that rule (by
+// an older outboxd, or by plain SQL), is that intent, returned as above: its stored
+// outcome is the answer to the key. In a REPEATABLE READ or SERIALIZABLE transaction, a
+// key that another transaction committed after the caller's snapshot was taken cannot
+// be read, and PostgreSQL fails the statement with a serialization failure (SQLSTATE
+// 40001): retry the whole transaction, as for any serialization failure. When db is no
+// transaction (a pool, or a connection outside one), the statement is its own
+// transaction, and Enqueue retries it itself whatever the session's default isolation
+// (not through a DB type of your own, which may wrap a transaction).
 func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 	p, err := prepare(m)
 	if err != nil {
-		return Intent{}, err
+		return writtenBefore(ctx, db, m, err)
 	}
 	// A row deleted between the conflict and the lookup (retention) makes the lookup
 	// miss; inserting again then succeeds, so a second pass settles it.
@@ -334,6 +336,26 @@ func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 	return Intent{}, fmt.Errorf("enqueue %q: the existing row vanished twice while being compared", p.Key)
 }
 
+// writtenBefore answers m, which prepare refused with err, with the intent that holds
+// its key when that intent holds m's request: a row written before the rule that refuses
+// m (see lookupForm). Its stored outcome is the answer to the key, as for any request
+// asked again; told err, a step retried after an upgrade would take its written, perhaps
+// delivered, request for one never made. Otherwise, err: nothing is written.
+func writtenBefore(ctx context.Context, db DB, m Message, err error) (Intent, error) {
+	p, ok := lookupForm(m)
+	if !ok {
+		return Intent{}, err
+	}
+	found, lookupErr := existing(ctx, db, []prepared{p})
+	switch in, ok := found[p.Key]; {
+	case lookupErr == nil && ok:
+		return in, nil
+	case lookupErr != nil && !errors.Is(lookupErr, ErrKeyConflict):
+		return Intent{}, fmt.Errorf("%w (and looking for the key's intent: %w)", err, lookupErr)
+	}
+	return Intent{}, err
+}
+
 // EnqueueBatch writes many intents in one statement, with [Enqueue]'s rules for each
 // message; the returned intents are in the order of msgs. It is atomic: when any message
 // is invalid or conflicts, nothing of the batch is written, and the caller's transaction
@@ -354,10 +376,18 @@ func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) {
 	ps := make([]prepared, len(msgs))
 	first := make(map[string]prepared, len(msgs)) // each key's first message
+	// refused[i] is why prepare refused message i, which a row written before may answer
+	// (see writtenBefore): it is not written, and the batch fails unless its row is found.
+	refused := make([]error, len(msgs))
 	for i, m := range msgs {
 		p, err := prepare(m)
 		if err != nil {
-			return nil, fmt.Errorf("message %d (key %q): %w", i, m.Key, err)
+			err = fmt.Errorf("message %d (key %q): %w", i, m.Key, err)
+			var ok bool
+			if p, ok = lookupForm(m); !ok {
+				return nil, err
+			}
+			refused[i] = err
 		}
 		if f, ok := first[p.Key]; !ok {
 			first[p.Key] = p
@@ -375,7 +405,7 @@ func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) 
 		return nil, fmt.Errorf("enqueue batch: %w", err)
 	}
 	if st == 'T' || st == 'E' { // in a transaction, or in a failed one
-		return enqueueBatch(ctx, db, ps, first)
+		return enqueueBatch(ctx, db, ps, first, refused)
 	}
 	// Outside a transaction the undo would come too late: others could see the rows.
 	// A transaction that a pool began is EnqueueBatch's own whatever db is (a DB of the
@@ -387,7 +417,7 @@ func EnqueueBatch(ctx context.Context, db DB, msgs []Message) ([]Intent, error) 
 			if _, ok := tx.(*pgxpool.Tx); ok {
 				own = true
 			}
-			out, err = enqueueBatch(ctx, tx, ps, first)
+			out, err = enqueueBatch(ctx, tx, ps, first, refused)
 			return err
 		})
 	})
@@ -466,17 +496,33 @@ func retryOwnTx(own func() bool, f func() error) error {
 	}
 }
 
-func enqueueBatch(ctx context.Context, tx DB, ps []prepared, first map[string]prepared) ([]Intent, error) {
+func enqueueBatch(ctx context.Context, tx DB, ps []prepared, first map[string]prepared, refused []error) ([]Intent, error) {
+	// The messages prepare refused are answered by the rows written before, or the batch
+	// fails before anything is written. One at a time: a conflict ends a lookup.
+	for i, p := range ps {
+		if refused[i] == nil {
+			continue
+		}
+		if found, err := existing(ctx, tx, []prepared{p}); err != nil && !errors.Is(err, ErrKeyConflict) {
+			return nil, fmt.Errorf("%w (and looking for the key's intent: %w)", refused[i], err)
+		} else if _, ok := found[p.Key]; !ok {
+			return nil, refused[i]
+		}
+	}
 	var (
-		keys, connectors, orderingKeys, statuses, createdBy = make([]string, len(ps)), make([]string, len(ps)), make([]string, len(ps)), make([]string, len(ps)), make([]string, len(ps))
-		payloads, headers                                   = make([]string, len(ps)), make([]string, len(ps))
-		fingerprints                                        = make([][]byte, len(ps))
-		notBefores                                          = make([]*time.Time, len(ps))
+		keys, connectors, orderingKeys, statuses, createdBy []string
+		payloads, headers                                   []string
+		fingerprints                                        [][]byte
+		notBefores                                          []*time.Time
 	)
 	for i, p := range ps {
-		keys[i], connectors[i], orderingKeys[i], statuses[i], createdBy[i] = p.Key, p.Connector, p.OrderingKey, initialStatus(p.Message), p.CreatedBy
-		payloads[i], headers[i], fingerprints[i] = string(p.payload), headersJSON(p.Headers), p.fingerprint
-		notBefores[i] = notBefore(p.NotBefore)
+		if refused[i] != nil {
+			continue // never written: its row, found above, is compared below
+		}
+		keys, connectors, orderingKeys = append(keys, p.Key), append(connectors, p.Connector), append(orderingKeys, p.OrderingKey)
+		statuses, createdBy = append(statuses, initialStatus(p.Message)), append(createdBy, p.CreatedBy)
+		payloads, headers, fingerprints = append(payloads, string(p.payload)), append(headers, headersJSON(p.Headers)), append(fingerprints, p.fingerprint)
+		notBefores = append(notBefores, notBefore(p.NotBefore))
 	}
 
 	rows, err := tx.Query(ctx, insertBatchSQL, keys, connectors, payloads, orderingKeys, notBefores,

@@ -142,6 +142,31 @@ func prepare(m Message) (prepared, error) {
 	return p, nil
 }
 
+// lookupForm is m's request as the outbox table holds and compares it (its payload's
+// JSON text and fingerprint), for a message that [prepare] refused: a row written before
+// the rule that refuses it (by an older outboxd, or by plain SQL, which only the table's
+// constraints check) may hold the same request, which is then the message's answer, as
+// for any request asked again. false when no row can hold m's key, connector, ordering
+// key and payload, or when looking them up would fail (and abort the caller's
+// transaction).
+func lookupForm(m Message) (prepared, bool) {
+	p := prepared{Message: m}
+	if checkKey(m.Key) != nil || !ValidConnectorName(m.Connector) || utf8.RuneCountInString(m.OrderingKey) > MaxKeyLength ||
+		!utf8.ValidString(m.OrderingKey) || strings.ContainsRune(m.OrderingKey, 0) {
+		return p, false
+	}
+	raw, err := payloadJSON(m.Payload)
+	if err != nil {
+		return p, false
+	}
+	v, err := decodeJSON(raw)
+	if err != nil || jsonbRefuses(raw) != "" || numericRefuses(v) != "" {
+		return p, false
+	}
+	p.payload, p.fingerprint = raw, fingerprint(m.Connector, m.OrderingKey, canonicalJSON(v))
+	return p, true
+}
+
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidMessage, fmt.Sprintf(format, args...))
 }
