@@ -260,6 +260,8 @@ func TestEnqueueValidation(t *testing.T) {
 		{"email bad cc", ok("email", `{"to":"a@example.com","cc":["x"],"subject":"s","text":"t"}`), `"cc"`},
 		{"email no subject", ok("email", `{"to":"a@example.com","text":"t"}`), "subject"},
 		{"email no body", ok("email", `{"to":"a@example.com","subject":"s"}`), `"text" or "html"`},
+		{"email subject newline", ok("email", `{"to":"a@example.com","subject":"Hi\r\nBcc: x@example.com","text":"t"}`), "one line"},
+		{"email address newline", ok("email", `{"to":"a@example.com (Ann\nBcc: x@example.com)","subject":"s","text":"t"}`), "control characters"},
 		{"email header newline", ok("email", `{"to":"a@example.com","subject":"s","text":"t","headers":{"X":"a\r\nBcc: x"}}`), "one-line"},
 		{"slack no channel", ok("slack", `{"text":"t"}`), "channel"},
 		{"slack no text", ok("slack", `{"channel":"C01"}`), `"text"`},

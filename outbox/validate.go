@@ -275,6 +275,10 @@ func checkEmail(v any) error {
 	}
 	if s, _ := obj["subject"].(string); strings.TrimSpace(s) == "" {
 		return invalid(`email payload needs a non-empty "subject" string`)
+	} else if !connectors.ValidHeaderValue(s) {
+		// The Resend transport refuses it (Resend makes a header line of it as given),
+		// so every email instance does here: one kind, one rule.
+		return invalid(`email "subject" must be one line, without control characters`)
 	}
 	if err := stringFields("email", obj, "text", "html"); err != nil {
 		return err
@@ -331,6 +335,9 @@ func addressList(obj map[string]any, field string) ([]string, error) {
 	for _, a := range list {
 		if _, err := mail.ParseAddress(a); err != nil {
 			return nil, invalid("email %q address %q does not parse: %v", field, a, err)
+		}
+		if !connectors.ValidHeaderValue(a) { // net/mail takes a line break in a comment
+			return nil, invalid("email %q address %q has control characters, which an address header cannot hold", field, a)
 		}
 	}
 	return list, nil

@@ -21,8 +21,9 @@
 // replace one the connector sets (Message-ID, Idempotency-Key, From, To, Cc, Bcc,
 // Reply-To, Subject, Date, Content-*, ...) are refused with [connectors.Permanent], and
 // so, through Resend, which makes header lines of them as given, are a subject or an
-// address with a control character (over SMTP, go-mail encodes them). Over
-// SMTP, User-Agent and X-Mailer say "outboxd" unless the payload gives its own. The
+// address with a control character (over SMTP, go-mail encodes them; the outbox package
+// refuses such a row for every email instance, so only a row written by plain SQL gets
+// this far). Over SMTP, User-Agent and X-Mailer say "outboxd" unless the payload gives its own. The
 // row's own [connectors.Delivery.Headers] (such as traceparent) are not copied into the
 // mail, whose headers every recipient can read.
 //
