@@ -28,8 +28,11 @@ func newMigrateCmd(e *env) *cobra.Command {
 			ctx := cmd.Context()
 			// Parsed as the pool parses it, so that pool settings in the DSN
 			// (pool_max_conns=...), which every command reads, are not sent to the
-			// server as run-time parameters.
-			poolCfg, err := config.ParseDSN("OUTBOX_DATABASE_URL", url)
+			// server as run-time parameters. Only the flag's DSN can fail here (resolve
+			// checked the variable's as it read it), so the problem names the flag, as
+			// the operator commands' do: naming the variable sent a user of the flag to
+			// fix a value that may not even be set.
+			poolCfg, err := config.ParseDSN("--database-url", url)
 			if err != nil {
 				return usageError{err}
 			}

@@ -305,3 +305,19 @@ func TestServeWarnsAboutUnknownVariablesWithProblems(t *testing.T) {
 	require.Contains(t, stderr.String(), "\n- OUTBOX_WEBHOOK_CRM_URL is required for webhook:crm, which OUTBOX_CONNECTORS names\n")
 	require.NotContains(t, stderr.String(), "crm.example.com", "a warning names the variable, never its value")
 }
+
+// TestMigrateNamesTheFlagOfABadDSN: a --database-url that pgx cannot parse was reported
+// as OUTBOX_DATABASE_URL, a variable the user may not even have set, sending them to fix
+// the wrong value; the operator commands name the flag, and so must migrate.
+func TestMigrateNamesTheFlagOfABadDSN(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"migrate", "--database-url", "postgres://app:hunter2@localhost:notaport/app"}, nil,
+		strings.NewReader(""), &stdout, &stderr)
+	require.Equal(t, exitUsage, code, stderr.String())
+	require.True(t, strings.HasPrefix(stderr.String(),
+		"outboxd: --database-url (postgres://app:xxxxx@localhost:notaport/app) is not a PostgreSQL URL or keyword/value string that pgx accepts: invalid port\n"),
+		stderr.String())
+	require.NotContains(t, stderr.String(), "hunter2")
+	require.Empty(t, stdout.String())
+}
