@@ -754,6 +754,34 @@ func TestLoadNumberOutOfRange(t *testing.T) {
 	}, problemLines(t, err))
 }
 
+// TestLoadDurationOutOfRange: a duration longer than Go's time.Duration holds (about
+// 2562047h), such as a maximum age meant as "never give up", was reported as not a
+// duration ("OUTBOX_MAX_AGE must be a duration such as 500ms, 30s or 1h30m, got
+// \"100000000h\""), which it is; it is out of range, as a number too large is. A
+// value that is not a duration still says what one looks like.
+func TestLoadDurationOutOfRange(t *testing.T) {
+	t.Parallel()
+
+	_, err := Load(environ(with(minimal, map[string]string{
+		"OUTBOX_MAX_AGE":         "100000000h",
+		"OUTBOX_RETENTION":       "-9999999999999999999ns",
+		"OUTBOX_WEBHOOK_TIMEOUT": "2562047h47m16.854775808s",
+		"OUTBOX_LEASE":           "30 s",
+		"OUTBOX_BACKOFF_MAX":     "1d",
+		"OUTBOX_POLL_INTERVAL":   "10",
+	})))
+	require.Equal(t, []string{
+		`OUTBOX_LEASE must be a duration such as 500ms, 30s or 1h30m, got "30 s"`,
+		`OUTBOX_POLL_INTERVAL must be a duration such as 500ms, 30s or 1h30m, got "10"`,
+		`OUTBOX_MAX_AGE is out of range (at most 2562047h), got "100000000h"`,
+		`OUTBOX_BACKOFF_MAX must be a duration such as 500ms, 30s or 1h30m, got "1d"`,
+		`OUTBOX_RETENTION is out of range (at most 2562047h), got "-9999999999999999999ns"`,
+		`OUTBOX_WEBHOOK_TIMEOUT is out of range (at most 2562047h), got "2562047h47m16.854775808s"`,
+	}, problemLines(t, err))
+	_, err = Load(environ(with(minimal, map[string]string{"OUTBOX_MAX_AGE": "2562047h", "OUTBOX_RETENTION": "+1.5h", "OUTBOX_LEASE": ".5h"})))
+	require.NoError(t, err)
+}
+
 // TestLoadURLPortOutOfRange: url.Parse takes any digits for a port, so a mistyped one
 // (99999) passed the start and every attempt then failed as a network error, retried
 // for days until each row was dead.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -142,6 +143,11 @@ func parseProblem(name, value string, e env.ParseError) string {
 	case errors.Is(e.Err, strconv.ErrRange):
 		// A number, which the words below would deny.
 		return fmt.Sprintf("%s is out of range, got %q", name, value)
+	case e.Type == reflect.TypeFor[time.Duration]() && durationSyntax.MatchString(value):
+		// A duration longer than a time.Duration holds, such as a maximum age meant as
+		// "never": time.ParseDuration says only "invalid duration", and the words below
+		// would deny it is one.
+		return fmt.Sprintf("%s is out of range (at most 2562047h), got %q", name, value)
 	case e.Type == reflect.TypeFor[time.Duration]():
 		want = "a duration such as 500ms, 30s or 1h30m"
 	case e.Type.Kind() >= reflect.Int && e.Type.Kind() <= reflect.Uint64:
@@ -153,6 +159,11 @@ func parseProblem(name, value string, e env.ParseError) string {
 	}
 	return fmt.Sprintf("%s must be %s, got %q", name, want, value)
 }
+
+// durationSyntax matches what time.ParseDuration reads, whatever the size: a sign, then
+// numbers (decimal fractions too), each with a unit. What matches and still does not
+// parse is too long for a time.Duration.
+var durationSyntax = regexp.MustCompile(`^[-+]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:ns|us|µs|μs|ms|s|m|h))+$`)
 
 // variable is one environment variable read from a struct field's tags.
 type variable struct {
