@@ -471,6 +471,13 @@ func resultOf(what string, resp *stripe.APIResponse) (json.RawMessage, error) {
 	if resp == nil {
 		return nil, connectors.Ambiguous(fmt.Errorf("%s: Stripe answered but the answer was not recorded; it may have acted", what))
 	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		// stripe-go reads any answer below 400 as the object it asked for, so a redirect
+		// with a JSON body (an API gateway's {"message": ...}) comes back as a success.
+		// It is not one: the redirect is not followed, and is final (see classifyStatus).
+		return nil, classifyStatus(what, resp.StatusCode, resp.Header,
+			errors.New(connectors.Excerpt(string(resp.RawJSON), maxErrorExcerpt)), false)
+	}
 	var r Result
 	if err := json.Unmarshal(resp.RawJSON, &r); err != nil || r.Object == "" || r.ID == "" {
 		return nil, connectors.Ambiguous(fmt.Errorf("%s: Stripe answered %s without an object and id; it may have acted", what, resp.Status))
