@@ -28,9 +28,10 @@ type Config struct {
 	// APIKey is the Stripe secret (or restricted) key. Required. It is never printed:
 	// [Config.String] and [Config.LogValue] redact it.
 	APIKey string
-	// APIBase is the Stripe API's base URL, an absolute http or https URL; request paths
-	// (/v1/...) are appended to any path of its own (a proxy's prefix), less a final /v1
-	// as stripe-go does. Tests point it at stripe-mock. Defaults to https://api.stripe.com.
+	// APIBase is the Stripe API's base URL, an absolute http or https URL without white
+	// space at either end; request paths (/v1/...) are appended to any path of its own
+	// (a proxy's prefix), less a final /v1 as stripe-go does. Tests point it at
+	// stripe-mock. Defaults to https://api.stripe.com.
 	APIBase string
 	// HTTPClient sends the requests; it is copied, and the copy's transport is wrapped.
 	// Defaults to a client on [DefaultTransport].
@@ -107,7 +108,12 @@ func New(cfg Config) (*Connector, error) {
 		errs = append(errs, errors.New("APIKey: has control characters"))
 	}
 	u, err := connectors.ParseAPIBase("APIBase", cfg.APIBase)
-	if err != nil {
+	if strings.TrimSpace(cfg.APIBase) != cfg.APIBase {
+		// url.Parse keeps a space at the end of the path, and the transport puts the
+		// base's path in front of every request's: each would go to /v1%20/v1/..., which
+		// Stripe answers 404, and every row would go dead.
+		errs = append(errs, errors.New("APIBase: begins or ends with white space, which would be sent as part of the URL"))
+	} else if err != nil {
 		errs = append(errs, err)
 	}
 	if cfg.Timeout < 0 {

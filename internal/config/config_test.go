@@ -445,6 +445,23 @@ func TestLoadProblems(t *testing.T) {
 				`OUTBOX_WEBHOOK_OPS_URL must not begin or end with white space: it would be sent as part of the URL`,
 			},
 		},
+		{
+			// The same for the payment connector's API base: its path goes in front of
+			// every request's, so "https://api.stripe.com/v1 " sent each to
+			// /v1%20/v1/..., which Stripe answers 404, and every row went dead.
+			name: "PaymentAPIBaseWhiteSpace",
+			env: with(minimal, map[string]string{
+				"OUTBOX_CONNECTORS":          "payment:eu",
+				"OUTBOX_PAYMENT_API_KEY":     "sk_test_123",
+				"OUTBOX_PAYMENT_API_BASE":    "https://api.stripe.com/v1 ",
+				"OUTBOX_PAYMENT_EU_API_KEY":  "sk_test_456",
+				"OUTBOX_PAYMENT_EU_API_BASE": " https://stripe-proxy.example.com/eu",
+			}),
+			want: []string{
+				`OUTBOX_PAYMENT_API_BASE must not begin or end with white space: it would be sent as part of the URL`,
+				`OUTBOX_PAYMENT_EU_API_BASE must not begin or end with white space: it would be sent as part of the URL`,
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
