@@ -8,10 +8,16 @@ import (
 	"strings"
 )
 
-// ParseHTTPURL checks a configured target: an absolute http or https URL with a host.
-// Errors start with field ("URL: has no host") and never quote the URL, which may carry
-// a password.
+// ParseHTTPURL checks a configured target: an absolute http or https URL with a host,
+// without white space at either end. Errors start with field ("URL: has no host") and
+// never quote the URL, which may carry a password.
 func ParseHTTPURL(field, raw string) (*url.URL, error) {
+	if strings.TrimSpace(raw) != raw {
+		// A stray one from an env file: url.Parse keeps a space at the end of the path,
+		// sent as %20 (and an API base's path goes in front of every request's), so the
+		// receiver would answer 404 to every row; errors show only scheme and host.
+		return nil, fmt.Errorf("%s: %s", field, WhiteSpaceProblem)
+	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		return nil, fmt.Errorf("%s: does not parse: %s", field, ParseReason(raw, err))
@@ -27,6 +33,9 @@ func ParseHTTPURL(field, raw string) (*url.URL, error) {
 	}
 	return u, nil
 }
+
+// WhiteSpaceProblem is why a configured URL with white space at either end is refused.
+const WhiteSpaceProblem = "begins or ends with white space, which would be sent as part of the URL"
 
 // PortProblem says why u's port cannot be connected to, or returns "" when it can or
 // u has none (the scheme's default). url.Parse takes any digits for a port: one out of

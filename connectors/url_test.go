@@ -51,3 +51,18 @@ func TestParseHTTPURLRefusesPortOutOfRange(t *testing.T) {
 		require.NoError(t, err, raw)
 	}
 }
+
+// White space at either end of a configured URL (a stray one from an env file) is kept by
+// url.Parse in the path, sent as %20, and an API base's path goes in front of every
+// request's: the receiver would answer 404 to every row. Every connector's URL and API
+// base (webhook, payment, Slack, Resend) is checked here, so each refuses it.
+func TestParseHTTPURLRefusesWhiteSpaceAtEitherEnd(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{"https://slack.com/api ", " https://api.resend.com", "https://u:s3cret@example.com/\n", "\thttps://x/"} {
+		_, err := connectors.ParseHTTPURL("URL", raw)
+		require.ErrorContains(t, err, "URL: begins or ends with white space", raw)
+		require.NotContains(t, err.Error(), "s3cret")
+		_, err = connectors.ParseAPIBase("APIBase", raw)
+		require.ErrorContains(t, err, "APIBase: begins or ends with white space", raw)
+	}
+}

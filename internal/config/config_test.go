@@ -462,6 +462,22 @@ func TestLoadProblems(t *testing.T) {
 				`OUTBOX_PAYMENT_EU_API_BASE must not begin or end with white space: it would be sent as part of the URL`,
 			},
 		},
+		{
+			// And for the Slack and Resend API bases, whose paths go in front of every
+			// request's as well.
+			name: "SlackAndResendAPIBaseWhiteSpace",
+			env: with(minimal, map[string]string{
+				"OUTBOX_SLACK_TOKEN":    "xoxb-123",
+				"OUTBOX_SLACK_API_BASE": "https://slack.com/api ",
+				"OUTBOX_EMAIL_API_KEY":  "re_123",
+				"OUTBOX_EMAIL_FROM":     "outboxd@example.com",
+				"OUTBOX_EMAIL_API_BASE": " https://api.resend.com",
+			}),
+			want: []string{
+				`OUTBOX_EMAIL_API_BASE must not begin or end with white space: it would be sent as part of the URL`,
+				`OUTBOX_SLACK_API_BASE must not begin or end with white space: it would be sent as part of the URL`,
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -258,6 +258,9 @@ func checkToken(name string, s Secret, p *problems) {
 func checkHTTPURL(name, raw string, p *problems) *url.URL {
 	u, err := url.Parse(raw)
 	switch {
+	case strings.TrimSpace(raw) != raw:
+		// Before url.Parse's reasons, which would not say it (see connectors.ParseHTTPURL).
+		p.addf(name, "%s must not begin or end with white space: it would be sent as part of the URL", name)
 	case err != nil:
 		p.addf(name, "%s is not a valid URL: %s", name, connectors.ParseReason(raw, err))
 	case (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "":

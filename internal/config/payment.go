@@ -2,7 +2,6 @@ package config
 
 import (
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/outboxd/outboxd/connectors"
@@ -67,14 +66,7 @@ func loadPayment(environment map[string]string, k kind, name string, p *problems
 	if checkRequired(pre+"API_KEY", c.APIKey.Reveal(), c.Instance(), p) {
 		checkToken(pre+"API_KEY", c.APIKey, p)
 	}
-	if baseVar := pre + "API_BASE"; strings.TrimSpace(c.APIBase) != c.APIBase {
-		// Before checkAPIBase, whose reasons would not say it: url.Parse keeps a space at
-		// the end of the path, which the connector puts in front of every request's
-		// (/v1%20/v1/...), so Stripe would answer 404 to every row.
-		p.addf(baseVar, "%s must not begin or end with white space: it would be sent as part of the URL", baseVar)
-	} else {
-		checkAPIBase(baseVar, c.APIBase, p)
-	}
+	checkAPIBase(pre+"API_BASE", c.APIBase, p)
 	checkTimeout(pre+"TIMEOUT", c.Timeout, p)
 	checkRate(pre+"RATE", c.Rate, p)
 	checkConcurrency(pre+"CONCURRENCY", c.Concurrency, p)

@@ -95,12 +95,6 @@ func loadWebhook(environment map[string]string, k kind, name string, p *problems
 func (w *Webhook) validate(p *problems) {
 	pre := w.Prefix()
 	if urlVar := pre + "URL"; checkRequired(urlVar, w.URL, w.Instance(), p) {
-		if strings.TrimSpace(w.URL) != w.URL {
-			// Before checkHTTPURL, whose reasons would not say it: url.Parse keeps a space
-			// at the end of the path, sent as %20, so the receiver would answer 404 to every
-			// row, and errors show only the URL's scheme and host.
-			p.addf(urlVar, "%s must not begin or end with white space: it would be sent as part of the URL", urlVar)
-		}
 		checkHTTPURL(urlVar, w.URL, p)
 	}
 	checkWebhookSecrets(pre+"SECRET", w.Secret, p)
