@@ -70,7 +70,8 @@
 //     have posted behind it, so it is also marked [connectors.Ambiguous].
 //   - Slack's service_unavailable, request_timeout and ratelimited answers are retried,
 //     and so are team_added_to_org and org_login_required (a workspace migrating into an
-//     Enterprise organization, unavailable until the migration completes), and a
+//     Enterprise organization, unavailable until the migration completes),
+//     message_limit_exceeded (a free workspace's limit on messages in a short period), and a
 //     lookup's invalid_cursor (a cursor Slack handed out that it no longer takes);
 //     internal_error and fatal_error, which Slack says may follow a partial effect, are
 //     retried and marked [connectors.Ambiguous] when they answer a post.

@@ -579,6 +579,10 @@ var (
 		// says its API is unavailable (now and then, or until the migration completes).
 		"team_added_to_org":  true,
 		"org_login_required": true,
+		// A free workspace's limit on how many messages its members send in a short
+		// period: it lifts again, and Slack sends it as a 429 without Retry-After too
+		// (slack-go#1383), which is retried with backoff like any 429.
+		"message_limit_exceeded": true,
 		// A lookup's cursor, handed out by the page before, that Slack no longer takes:
 		// the next attempt reads from the first page again.
 		"invalid_cursor": true,

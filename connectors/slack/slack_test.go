@@ -329,6 +329,9 @@ func TestDeliver_SlackErrors(t *testing.T) {
 		// unavailable until the migration completes, not that the request is wrong.
 		{"team_added_to_org", false, false},
 		{"org_login_required", false, false},
+		// A free workspace's usage limit on messages in a short period: Slack refused the
+		// post, and a later attempt is let through (as when it comes as a 429).
+		{"message_limit_exceeded", false, false},
 		{"internal_error", false, true},
 		{"fatal_error", false, true},
 	}
