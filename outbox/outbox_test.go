@@ -213,7 +213,7 @@ func TestEnqueueValidation(t *testing.T) {
 		ok("email", `{"to":["A <a@example.com>","b@example.com"],"cc":"c@example.com","subject":"Hi","html":"<p>Hello</p>","headers":{"X-Tag":"t"}}`),
 		ok("email:support", `{"to":["a@example.com"],"subject":"Hi","text":"x","reply_to":"r@example.com"}`),
 		ok("slack", `{"channel":"C123","text":"hi"}`),
-		ok("slack", `{"channel":"C123","blocks":[{"type":"section"}],"thread_ts":"1.2"}`),
+		ok("slack", `{"channel":"C123","blocks":[{"type":"section"}],"thread_ts":"1700000000.000100"}`),
 		ok("payment", `{"operation":"payment_intent.create","params":{"amount":100,"currency":"usd"}}`),
 		ok("payment:eu", `{"operation":"refund.create","params":{"payment_intent":"pi_1"}}`),
 		{Key: strings.Repeat("é", 255), Connector: "webhook", Payload: map[string]int{"a": 1}},

@@ -12,7 +12,10 @@
 // decode with [github.com/slack-go/slack.Blocks]) is required; with
 // blocks, "text" is the notification fallback. Blocks are sent as the payload writes them,
 // with any field slack-go does not model. "thread_ts" makes the message a reply in
-// that thread (naming a reply, it names the reply's thread, as Slack takes it). Any other field is refused, so a misspelt one does not vanish silently.
+// that thread (naming a reply, it names the reply's thread, as Slack takes it); it must
+// be written as Slack writes a ts ("1700000000.000100"), for Slack answers "ok" to one
+// written otherwise (a float's digits, trailing zeros dropped) and posts a reply seen in
+// no thread and not in the channel. Any other field is refused, so a misspelt one does not vanish silently.
 // [ValidatePayload] runs the same checks.
 //
 // Each message carries the row's key in its message metadata:

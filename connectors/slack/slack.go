@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -294,7 +295,8 @@ type Payload struct {
 	// Blocks is a JSON array of Block Kit blocks. Each must decode with slack-go's
 	// types, and is sent as written here.
 	Blocks json.RawMessage `json:"blocks,omitempty"`
-	// ThreadTS, when set, makes the message a reply in that thread.
+	// ThreadTS, when set, makes the message a reply in that thread. It must be written
+	// as Slack writes a message's ts ("1700000000.000100").
 	ThreadTS string `json:"thread_ts,omitempty"`
 }
 
@@ -347,6 +349,12 @@ func parsePayload(raw json.RawMessage) (message, error) {
 	if !connectors.IsSlackConversationID(m.Channel) {
 		return m, fmt.Errorf(`payload: "channel" %q is not a conversation ID (C…, G… or D…); names cannot be reconciled`, m.Channel)
 	}
+	if m.ThreadTS != "" && !messageTS.MatchString(m.ThreadTS) {
+		// Slack answers "ok" to a thread_ts written otherwise (a float's digits, trailing
+		// zeros dropped), and the reply is seen in no thread and not in the channel: the
+		// row would be delivered with nobody able to see the message.
+		return m, fmt.Errorf(`payload: "thread_ts" %q is not a message ts as Slack writes them (ten digits, a dot, six digits, such as "1700000000.000100"); Slack posts a reply to any other where no one sees it`, m.ThreadTS)
+	}
 	if b := bytes.TrimSpace(m.Blocks); len(b) > 0 && !bytes.Equal(b, []byte("null")) {
 		if b[0] != '[' {
 			return m, errors.New(`payload: "blocks" must be a JSON array of Block Kit blocks`)
@@ -373,6 +381,10 @@ func parsePayload(raw json.RawMessage) (message, error) {
 	}
 	return m, nil
 }
+
+// messageTS is how Slack writes a message's ts ("1700000000.000100"; defs_ts in its
+// OpenAPI description of the Web API).
+var messageTS = regexp.MustCompile(`^[0-9]{10}\.[0-9]{6}$`)
 
 // result is what Deliver returns for the relay to store.
 type result struct {

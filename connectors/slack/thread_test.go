@@ -74,3 +74,30 @@ func TestDeliver_ReplyUnthreadedParentDeleted(t *testing.T) {
 	require.Contains(t, err.Error(), "thread_not_found")
 	require.Zero(t, b.f.Effects("n"))
 }
+
+// Slack answers "ok" to a post whose thread_ts is not written as its ts are (ten digits,
+// a dot, six digits), such as a float's digits with the trailing zeros dropped
+// ("1602251441.0017" for "1602251441.001700"), and the reply is then seen in no thread
+// and not in the channel (slackapi/node-slack-sdk#780, slackapi/python-slack-sdk#840):
+// the row was stored as delivered though nobody could see the message. Such a payload is
+// refused before the row is written, and never posted.
+func TestValidatePayload_ThreadTSMustBeAMessageTS(t *testing.T) {
+	t.Parallel()
+	b := setup(t, slack.Config{})
+	payload := func(ts string) json.RawMessage {
+		return json.RawMessage(fmt.Sprintf(`{"channel":"C0TEST","text":"reply","thread_ts":%q}`, ts))
+	}
+	require.NoError(t, slack.ValidatePayload(payload("1602251441.001700")))
+	for _, ts := range []string{"1602251441.0017", "1602251441", "1602251441.", "1.2", "abc", " 1602251441.001700", "1602251441.001700\n"} {
+		t.Run(ts, func(t *testing.T) {
+			t.Parallel()
+			require.ErrorContains(t, slack.ValidatePayload(payload(ts)), `"thread_ts"`)
+			d := delivery("bad-thread-ts-" + ts)
+			d.Payload = payload(ts)
+			_, err := b.c.Deliver(t.Context(), d)
+			require.True(t, connectors.IsPermanent(err), "%v", err)
+			require.ErrorContains(t, err, `"thread_ts"`)
+			require.Zero(t, b.f.Posts(d.Key))
+		})
+	}
+}
