@@ -447,6 +447,14 @@ func IsSlackConversationID(channel string) bool { return slackConversationID.Mat
 
 var slackConversationID = regexp.MustCompile(`^[CGD][A-Z0-9]{2,}$`)
 
+// IsSlackMessageTS reports whether ts is written as Slack writes a message's ts
+// ("1700000000.000100"; defs_ts in its OpenAPI description of the Web API). Slack answers
+// "ok" to a thread_ts written otherwise (a float's digits, trailing zeros dropped), and
+// the reply is seen in no thread and not in the channel.
+func IsSlackMessageTS(ts string) bool { return slackMessageTS.MatchString(ts) }
+
+var slackMessageTS = regexp.MustCompile(`^[0-9]{10}\.[0-9]{6}$`)
+
 // KeyHeaderProblem says why key cannot travel as an Idempotency-Key header (HTTP's or a
 // mail's), or returns "" when it can. A control character could end the header or start
 // another; white space at either end is dropped by the receiver's parser, which would

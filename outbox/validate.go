@@ -371,6 +371,10 @@ func checkSlack(v any) error {
 	}
 	if ts, ok := obj["thread_ts"]; ok && !nonEmptyString(ts) {
 		return invalid(`slack "thread_ts" must be a non-empty string`)
+	} else if ok && !connectors.IsSlackMessageTS(ts.(string)) {
+		// What the Slack connector refuses (see connectors.IsSlackMessageTS), for programs
+		// that do not load its own check.
+		return invalid(`slack "thread_ts" %q is not a message ts as Slack writes them (ten digits, a dot, six digits, such as "1700000000.000100")`, ts)
 	}
 	return nil
 }

@@ -18,3 +18,25 @@ func TestPrepare_EmailHeadersDifferingOnlyInCase(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// The Slack connector refuses a thread_ts not written as Slack writes a message's ts (it
+// registers that check only in programs that load it): the outbox package's own Slack
+// check refuses it too, so a program that writes intents without loading the connector
+// gets one clear error rather than a row that goes dead.
+func TestCheckSlack_ThreadTSMustBeAMessageTS(t *testing.T) {
+	t.Parallel()
+	for _, ts := range []string{"1602251441.0017", "1.2", "abc", " 1602251441.001700"} {
+		var v any
+		if err := json.Unmarshal([]byte(`{"channel":"C01","text":"t","thread_ts":"`+ts+`"}`), &v); err != nil {
+			t.Fatal(err)
+		}
+		if err := checkSlack(v); !errors.Is(err, ErrInvalidMessage) {
+			t.Fatalf("checkSlack(thread_ts %q) = %v, want ErrInvalidMessage", ts, err)
+		}
+	}
+	var v any
+	_ = json.Unmarshal([]byte(`{"channel":"C01","text":"t","thread_ts":"1602251441.001700"}`), &v)
+	if err := checkSlack(v); err != nil {
+		t.Fatalf("checkSlack(a message ts) = %v", err)
+	}
+}

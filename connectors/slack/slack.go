@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -349,7 +348,7 @@ func parsePayload(raw json.RawMessage) (message, error) {
 	if !connectors.IsSlackConversationID(m.Channel) {
 		return m, fmt.Errorf(`payload: "channel" %q is not a conversation ID (C…, G… or D…); names cannot be reconciled`, m.Channel)
 	}
-	if m.ThreadTS != "" && !messageTS.MatchString(m.ThreadTS) {
+	if m.ThreadTS != "" && !connectors.IsSlackMessageTS(m.ThreadTS) {
 		// Slack answers "ok" to a thread_ts written otherwise (a float's digits, trailing
 		// zeros dropped), and the reply is seen in no thread and not in the channel: the
 		// row would be delivered with nobody able to see the message.
@@ -381,10 +380,6 @@ func parsePayload(raw json.RawMessage) (message, error) {
 	}
 	return m, nil
 }
-
-// messageTS is how Slack writes a message's ts ("1700000000.000100"; defs_ts in its
-// OpenAPI description of the Web API).
-var messageTS = regexp.MustCompile(`^[0-9]{10}\.[0-9]{6}$`)
 
 // result is what Deliver returns for the relay to store.
 type result struct {
