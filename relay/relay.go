@@ -759,14 +759,16 @@ const minRecordDrain = 5 * time.Second
 
 // start pings the database (the pool connects lazily), retrying briefly so that a relay
 // started alongside its database waits for it, measures clock skew, and checks the
-// server's version, the schema's and the role's privileges. The reads are retried
-// together: PostgreSQL
-// restarting just after the first answered breaks the connection the others run on.
+// server's version, that it takes writes, the session's DateStyle (in the query exec
+// modes whose results are text), the schema's version and the role's privileges. The
+// reads are retried together: PostgreSQL restarting just after the first answered breaks
+// the connection the others run on.
 func (r *Relay) start(ctx context.Context) error {
 	var (
 		server, version                 int
 		readOnly                        bool
 		role, missing, missingRetention string
+		dateStyle                       string
 	)
 	b := retry.WithMaxDuration(30*time.Second, retry.WithCappedDuration(2*time.Second, retry.NewExponential(100*time.Millisecond)))
 	err := retry.Do(ctx, b, func(ctx context.Context) error {
@@ -775,7 +777,8 @@ func (r *Relay) start(ctx context.Context) error {
 		}
 		// transaction_read_only is on in every session of a hot standby, as of a primary
 		// set default_transaction_read_only.
-		if err := r.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, current_setting('transaction_read_only')::bool`).Scan(&server, &readOnly); err != nil {
+		if err := r.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, current_setting('transaction_read_only')::bool,
+		       current_setting('DateStyle')`).Scan(&server, &readOnly, &dateStyle); err != nil {
 			return retryUnlessRefused(fmt.Errorf("read the server's version: %w", err))
 		}
 		var err error
@@ -803,6 +806,16 @@ func (r *Relay) start(ctx context.Context) error {
 	if readOnly {
 		return errors.New("relay: the database takes no writes (it is a hot standby, or default_transaction_read_only is on): " +
 			"point the relay at the primary, with target_session_attrs=read-write in the URL if it lists several hosts")
+	}
+	// In these modes pgx reads every result as text, and a timestamp's text follows the
+	// session's DateStyle, which pgx reads only in the ISO style: with another, every round
+	// failed to read what it claimed (the session each write is tied to, the rows' times),
+	// and the relay delivered nothing while Ready said all was well. The other modes read
+	// timestamps in binary, whatever the DateStyle.
+	if mode := r.pool.Config().ConnConfig.DefaultQueryExecMode; (mode == pgx.QueryExecModeSimpleProtocol || mode == pgx.QueryExecModeExec) &&
+		!strings.HasPrefix(dateStyle, "ISO") {
+		return fmt.Errorf("relay: the session's DateStyle is %q, and in pgx's %s query exec mode timestamps are read only in the ISO style: "+
+			"add datestyle=ISO to the database URL, or set DateStyle to ISO for the relay's role", dateStyle, mode)
 	}
 	if version < outboxd.SchemaVersion {
 		return fmt.Errorf("relay: the database's outbox schema is at version %d and this relay needs version %d: "+
