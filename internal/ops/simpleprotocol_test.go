@@ -46,3 +46,28 @@ func TestOperatorWritesInEveryQueryExecMode(t *testing.T) {
 		})
 	}
 }
+
+// The operator's reads work on a pool in every query exec mode too: in the simple
+// protocol each $1 is written into the statement as an untyped literal, and status's
+// "$1 - interval '1 hour'" took the time for an interval, so status failed on every
+// database behind a transaction pooler ("invalid input syntax for type interval").
+func TestOperatorReadsInEveryQueryExecMode(t *testing.T) {
+	t.Parallel()
+	for _, mode := range pgtest.ExecModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			pool := pgtest.InMode(t, pgtest.DB(t), mode)
+			insertRow(t, pool, row{Key: "pending", Status: outbox.StatusPending})
+			insertRow(t, pool, row{Key: "dead", Status: outbox.StatusDead, Attempts: 1})
+
+			rep, err := ops.Status(t.Context(), pool, base)
+			require.NoError(t, err)
+			require.NotEmpty(t, rep.Connectors)
+			page, err := ops.List(t.Context(), pool, ops.Filter{OlderThan: time.Minute, Now: base.Add(time.Hour), Status: []string{outbox.StatusDead}})
+			require.NoError(t, err)
+			require.Len(t, page.Intents, 1)
+			_, err = ops.Inspect(t.Context(), pool, "dead")
+			require.NoError(t, err)
+		})
+	}
+}

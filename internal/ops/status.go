@@ -71,6 +71,9 @@ type Report struct {
 // next_attempt_at, and one such row would fail the whole report; -infinity reads as an
 // age of +Inf (see seconds).
 // Each FILTER reads the same scan, so the cost is one sequential (or index-only) read.
+// Every $1 beside an interval is cast: in the simple protocol (behind a transaction
+// pooler) each is written in as an untyped literal, which "- interval" reads as an
+// interval.
 // The last day is 24 hours, not interval '1 day': subtracted from a timestamptz, a day
 // is a calendar day of the session's time zone, 23 or 25 hours across a daylight saving
 // change, and DEAD 24H (and the dead-letters verdict) left out a row that went dead
@@ -95,8 +98,8 @@ SELECT connector,
                    AND p.status IN ('pending', 'delivering', 'held', 'awaiting_approval'))))), 0)::float8,
        count(*) FILTER (WHERE status = 'delivering' AND lease_expires_at < $1),
        count(*) FILTER (WHERE ambiguous),
-       count(*) FILTER (WHERE status = 'dead' AND updated_at >= $1 - interval '1 hour'),
-       count(*) FILTER (WHERE status = 'dead' AND updated_at >= $1 - interval '24 hours')
+       count(*) FILTER (WHERE status = 'dead' AND updated_at >= $1::timestamptz - interval '1 hour'),
+       count(*) FILTER (WHERE status = 'dead' AND updated_at >= $1::timestamptz - interval '24 hours')
 FROM outbox o
 GROUP BY connector
 ORDER BY connector`
