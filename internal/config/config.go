@@ -192,6 +192,7 @@ func ParseDSN(name, dsn string) (*pgxpool.Config, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err == nil {
+		ISODates(cfg)
 		return cfg, nil
 	}
 	reason := err.Error()
@@ -199,6 +200,21 @@ func ParseDSN(name, dsn string) (*pgxpool.Config, error) {
 		reason = reason[i+len("`: "):]
 	}
 	return nil, fmt.Errorf("%s (%s) is not a PostgreSQL URL or keyword/value string that pgx accepts: %s", name, RedactDSN(dsn), reason)
+}
+
+// ISODates asks for the ISO DateStyle in every session of cfg's pool, unless the DSN
+// names one: in pgx's simple protocol and exec mode (the README's advice behind a
+// transaction pooler) every result is read as text, and pgx reads a timestamp's text
+// only in the ISO style, so on a database set to another (SQL, German, Postgres) every
+// statement that returns a time would fail. A setting of the connection's own outranks
+// the database's and the role's, and transaction poolers pass DateStyle on.
+func ISODates(cfg *pgxpool.Config) {
+	for k := range cfg.ConnConfig.RuntimeParams {
+		if strings.EqualFold(k, "datestyle") {
+			return
+		}
+	}
+	cfg.ConnConfig.RuntimeParams["datestyle"] = "ISO"
 }
 
 // LoadLog reads [Log] from environ (as os.Environ returns it), for commands that log
