@@ -164,7 +164,8 @@ const defaultProbeTimeout = 5 * time.Second
 
 // checkNotify sends a NOTIFY through the pool and checks that the LISTEN connection gets
 // it. Behind a transaction-mode connection pooler it will not, and the relay must say so
-// loudly: it then wakes only every PollInterval.
+// loudly: it then wakes only every PollInterval. A notification that arrives after that
+// says NOTIFY works after all.
 func (r *Relay) checkNotify(ctx context.Context, seen <-chan struct{}) {
 	// Sent again while it fails (the pool's connections break for a while after
 	// PostgreSQL restarts): given up, the gauge would say 0 for as long as this LISTEN
@@ -195,5 +196,16 @@ func (r *Relay) checkNotify(ctx context.Context, seen <-chan struct{}) {
 			". This happens behind a connection pooler in transaction mode (PgBouncer, RDS Proxy), which does not keep LISTEN sessions. "+
 			"Delivery still works, but new rows wait up to OUTBOX_POLL_INTERVAL. Point OUTBOX_DATABASE_URL at PostgreSQL directly or at a session-mode pool to fix it.",
 			"poll_interval", r.cfg.PollInterval)
+		// Late is not never: a busy server (or relay) can hold the notification past the
+		// wait, and then NOTIFY does reach this connection. Given up for good, the gauge
+		// said 0, and the error stood uncorrected, for as long as the connection lasted,
+		// while every insert's NOTIFY woke the relay.
+		select {
+		case <-ctx.Done():
+		case <-seen:
+			r.metrics.notifyWorking.Set(1)
+			r.log.WarnContext(ctx, "NOTIFY does reach this relay after all: its test notification came late, after the error above; "+
+				"the database or the relay was slow to deliver it")
+		}
 	}
 }

@@ -69,3 +69,38 @@ func TestListenConnectsAsThePoolDoes(t *testing.T) {
 		}
 	}
 }
+
+// The NOTIFY self-test's notification can arrive after the self-test stopped waiting for
+// it (a busy server or relay: the tests themselves wait far longer than the default 5s).
+// The relay then logged that NOTIFY does not reach it and set outboxd_notify_working to
+// 0, and neither changed for as long as the LISTEN connection lasted, though the
+// notification came and every insert's NOTIFY woke the relay.
+func TestLateSelfTestNotificationSaysNotifyWorks(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	gaveUp := make(chan struct{})
+	cfg := b.fastConfig()
+	cfg.Logger = slog.New(signalHandler{want: "NOTIFY DOES NOT REACH", once: &sync.Once{}, seen: gaveUp})
+	r := b.newRelay(t, cfg)
+	r.probeTimeout = time.Nanosecond // it stops waiting before its notification can come
+	run(t, r)
+
+	deadline := time.After(waitTimeout)
+	for waiting := true; waiting; {
+		select {
+		case <-gaveUp:
+			waiting = false
+		case <-deadline:
+			t.Fatal("the self-test never gave up on its notification")
+		case <-time.After(100 * time.Millisecond):
+			if testutil.ToFloat64(r.metrics.notifyWorking) == 1 {
+				// Its notification was in already when it began to wait: test again, on
+				// a new LISTEN connection.
+				killListen(t, b.pool)
+				require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.notifyWorking) == 0 }, waitTimeout, 10*time.Millisecond)
+			}
+		}
+	}
+	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.notifyWorking) == 1 }, waitTimeout, 10*time.Millisecond,
+		"the late notification says NOTIFY reaches the relay")
+}

@@ -188,9 +188,10 @@ func (b *testBundle) startNotifyOnly(t *testing.T) *Relay {
 	cfg.PollInterval = time.Hour
 	cfg.Registerer = prometheus.NewRegistry() // a test may run two
 	r := b.newRelay(t, cfg)
-	// The self-test runs once per LISTEN connection and gives up after probeTimeout
-	// (5s), leaving the gauge at 0: on a busy machine the tests below must not depend on
-	// a notification arriving that fast.
+	// The self-test runs once per LISTEN connection and says NOTIFY does not reach the
+	// relay when its notification takes longer than probeTimeout (5s), the gauge at 0
+	// until it comes: on a busy machine the tests below must not depend on a
+	// notification arriving that fast.
 	r.probeTimeout = waitTimeout
 	run(t, r)
 	require.Eventually(t, func() bool { return r.Ready(t.Context()) == nil }, waitTimeout, 10*time.Millisecond)
@@ -1753,8 +1754,16 @@ func TestNotifySelfTestWarnsWhenNotificationsDoNotArrive(t *testing.T) {
 	r.probeTimeout = 50 * time.Millisecond
 
 	// No LISTEN connection is up, exactly as behind a pooler that drops LISTEN sessions.
-	r.checkNotify(t.Context(), make(chan struct{}))
-	require.Contains(t, logs.String(), "NOTIFY DOES NOT REACH THIS RELAY")
+	// The self-test then waits for a late notification until its connection ends.
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.checkNotify(ctx, make(chan struct{}))
+	}()
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "NOTIFY DOES NOT REACH THIS RELAY") }, waitTimeout, 10*time.Millisecond)
+	cancel()
+	<-done
 	require.Contains(t, logs.String(), "transaction mode")
 	require.Zero(t, testutil.ToFloat64(r.metrics.notifyWorking))
 }
