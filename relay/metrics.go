@@ -82,7 +82,7 @@ func newMetrics(reg prometheus.Registerer, h holdings, stopped *atomic.Bool) (*m
 			Name: "outboxd_database_errors_total", Help: "Database operations that failed and were retried, by operation.",
 		}, []string{"operation"}),
 		claimedBytes: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "outboxd_claimed_payload_bytes", Help: "Payload bytes of the rows this relay holds claimed, waiting for a worker or in flight (bounded by OUTBOX_MAX_CLAIMED_BYTES).",
+			Name: "outboxd_claimed_payload_bytes", Help: "Payload and header bytes of the rows this relay holds claimed, waiting for a worker or in flight (bounded by OUTBOX_MAX_CLAIMED_BYTES).",
 		}, h.claimedBytes),
 		claimedRows: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "outboxd_claimed_rows", Help: "Rows this relay holds claimed, waiting for a worker or in flight.",
