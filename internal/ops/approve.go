@@ -60,6 +60,9 @@ func decide(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, 
 	}
 	var out outbox.Intent
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := limitIdle(ctx, tx); err != nil {
+			return err
+		}
 		in, err := outbox.ScanIntent(tx.QueryRow(ctx, lockOneSQL, key))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: no intent has key %q", outbox.ErrNotFound, key)

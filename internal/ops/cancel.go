@@ -46,7 +46,8 @@ WHERE id = ANY($1)`
 // overwrites a relay. Already canceled rows are unchanged, so cancelling twice is harmless;
 // unknown keys are listed in NotFound. Rows the relay parked behind a canceled row of
 // their ordering key (outbox.ParkedBehind) become due at once. Keys are handled in
-// batches of 500, each its own transaction.
+// batches of 500, each its own transaction, whose session the server ends should its
+// client leave it idle for five seconds (see idleLimitSQL).
 func Cancel(ctx context.Context, pool *pgxpool.Pool, keys []string, actor, reason string, now time.Time) (CancelResult, error) {
 	res := CancelResult{Canceled: []string{}, Unchanged: []string{}, Refused: map[string]string{}, NotFound: []string{}}
 	if actor == "" {
@@ -82,6 +83,9 @@ func Cancel(ctx context.Context, pool *pgxpool.Pool, keys []string, actor, reaso
 }
 
 func cancelBatch(ctx context.Context, tx pgx.Tx, b []target, actor, reason string, now time.Time, br *CancelResult) error {
+	if err := limitIdle(ctx, tx); err != nil {
+		return err
+	}
 	locked, err := lockRows(ctx, tx, ids(b))
 	if err != nil {
 		return err

@@ -115,6 +115,24 @@ func lockRows(ctx context.Context, tx pgx.Tx, ids []int64) (map[int64]lockedRow,
 	return out, nil
 }
 
+// idleLimitSQL has the server end the session of a command whose client leaves it idle
+// in its transaction for five seconds (a process suspended, an operator's laptop asleep,
+// a network gone), rather than keep its rows locked until the server notices the
+// session is gone, which with TCP keepalive's defaults takes hours: a relay recording
+// the outcome of the row before a locked one in its ordering key waits for that row (it
+// releases the key's next row, relay/sql.go, lockNextSQL), and every outcome and claim
+// of its rounds with it. A command sends its statements one after the other, and never
+// idles that long otherwise. Replay sets it with its own limits (internal/replaylock).
+const idleLimitSQL = `SELECT set_config('idle_in_transaction_session_timeout', '5s', true)`
+
+// limitIdle runs idleLimitSQL in tx, before it locks any row.
+func limitIdle(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, idleLimitSQL); err != nil {
+		return fmt.Errorf("limit how long the command may hold its rows: %w", err)
+	}
+	return nil
+}
+
 // target is a row a command was asked to change, before it is locked.
 type target struct {
 	id  int64
