@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -19,6 +20,12 @@ import (
 
 // statusWatchInterval is how often status --watch refreshes.
 const statusWatchInterval = 2 * time.Second
+
+// statusReadTimeout bounds each read of status --watch.
+const statusReadTimeout = opsConnectTimeout
+
+// errNoAnswer is the failure of a status --watch read that got no answer in time.
+var errNoAnswer = fmt.Errorf("the database did not answer within %s", statusReadTimeout)
 
 // clearScreen moves the cursor home and clears the terminal (ANSI).
 const clearScreen = "\x1b[H\x1b[2J"
@@ -64,7 +71,18 @@ func newStatusCmd(e *env) *cobra.Command {
 			ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return watchStatus(ctx, e.stdout, func(ctx context.Context) (ops.Report, error) {
-				return ops.Status(ctx, pool, time.Time{})
+				// Bounded, as connecting is: a connection the network dropped without a
+				// word (a failover that moved the database's address, a NAT gateway that
+				// forgot it) waited for the answer until TCP keepalive gave up, most of an
+				// hour, with the screen frozen on the last status. pgx closes the
+				// connection at the deadline, and the next read makes a new one.
+				ctx, cancel := context.WithTimeoutCause(ctx, statusReadTimeout, errNoAnswer)
+				defer cancel()
+				rep, err := ops.Status(ctx, pool, time.Time{})
+				if err != nil && errors.Is(context.Cause(ctx), errNoAnswer) {
+					return rep, errNoAnswer
+				}
+				return rep, err
 			}, g)
 		},
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -234,4 +235,70 @@ func TestStatusWatchGoesOnAfterAFailedRead(t *testing.T) {
 	require.True(t, strings.HasPrefix(s, clearScreen), "%q", s)
 	require.Contains(t, s, "could not read the status: read status: FATAL: terminating connection due to administrator command\n")
 	require.Contains(t, s, "Ctrl-C to stop")
+}
+
+// watchWriter is status --watch's terminal in TestStatusWatchGivesUpOnAReadWithoutAnswer:
+// after the first screen it makes the watch's connection a black hole, and it ends the
+// watch once a screen after the failed read shows the status again.
+type watchWriter struct {
+	mu       sync.Mutex
+	buf      bytes.Buffer
+	screens  int
+	failed   bool
+	onFirst  func()
+	cancel   context.CancelFunc
+	finished bool
+}
+
+func (w *watchWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.screens++
+	switch {
+	case w.screens == 1:
+		w.onFirst()
+	case bytes.Contains(p, []byte("could not read the status")):
+		w.failed = true
+	case w.failed:
+		w.finished = true
+		w.cancel()
+	}
+	return w.buf.Write(p)
+}
+
+// A watch whose connection the network dropped without a word (a failover that moved
+// the database's address, a NAT gateway that forgot the connection) waited for the
+// answer to its read until TCP keepalive gave up, most of an hour, its screen frozen on
+// the last status. A read that gets no answer within the connect timeout now fails, the
+// screen says so, and the next read, on a new connection, shows the status again.
+func TestStatusWatchGivesUpOnAReadWithoutAnswer(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.insert(t, fixture{Key: "a", Status: "dead", UpdatedAgo: time.Minute})
+	path := pgtest.NewPath(t, d.pool)
+	path.Watch("FILTER (WHERE status = 'pending')") // statusSQL
+	u, err := url.Parse(d.dsn)
+	require.NoError(t, err)
+	u.Host = path.Addr()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	out := &watchWriter{onFirst: path.BlackHole, cancel: cancel}
+	var errb bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"status", "--watch"}, []string{"OUTBOX_DATABASE_URL=" + u.String(), "USER=alice"},
+			strings.NewReader(""), out, &errb)
+	}()
+	select {
+	case code := <-done:
+		require.Equal(t, exitOK, code, errb.String())
+	case <-time.After(3 * opsConnectTimeout): // a bound for the test only
+		cancel()
+		<-done
+		t.Fatal("the watch still waited for the answer to its read")
+	}
+	out.mu.Lock()
+	defer out.mu.Unlock()
+	require.True(t, out.finished, out.buf.String())
+	require.Contains(t, out.buf.String(), "could not read the status: the database did not answer within 10s")
 }
