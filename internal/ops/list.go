@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxd/outboxd/outbox"
@@ -36,7 +35,8 @@ type Filter struct {
 	ErrorContains string `json:"error_contains,omitempty"`
 	// OrderingKey keeps rows with this ordering key.
 	OrderingKey string `json:"ordering_key,omitempty"`
-	// Limit is the page size of [List]. Defaults to 50; at most 1000. In a [Selection]
+	// Limit is the page size of [List]. Defaults to 50; at most 1000 (and a page of
+	// large rows holds fewer: see maxPageBytes; follow its Next). In a [Selection]
 	// it caps how many rows are selected, and zero means no cap.
 	Limit int `json:"limit,omitempty"`
 	// After is the cursor of the page to read: the Next of the previous [Page]. Empty
@@ -203,23 +203,47 @@ func List(ctx context.Context, db outbox.DB, f Filter) (Page, error) {
 	if err != nil {
 		return Page{}, fmt.Errorf("list: %w", err)
 	}
-	var createdAt []pgtype.Timestamptz
-	intents, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Intent, error) {
+	defer rows.Close()
+	var (
+		page   Page
+		lastAt pgtype.Timestamptz
+		size   int
+		more   bool
+	)
+	for rows.Next() {
 		var at pgtype.Timestamptz
-		in, err := outbox.ScanIntent(r, &at)
-		createdAt = append(createdAt, at)
-		return in, err
-	})
-	if err != nil {
+		in, err := outbox.ScanIntent(rows, &at)
+		if err != nil {
+			return Page{}, fmt.Errorf("list: %w", err)
+		}
+		// A row past the page, or one that would take the page past maxPageBytes, says
+		// there is a next page, and starts it.
+		rowSize := len(in.Payload) + len(in.Result) + len(in.LastError)
+		if len(page.Intents) == limit || (len(page.Intents) > 0 && size+rowSize > maxPageBytes) {
+			more = true
+			break
+		}
+		page.Intents = append(page.Intents, in)
+		size += rowSize
+		lastAt = at
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
 		return Page{}, fmt.Errorf("list: %w", err)
 	}
-	page := Page{Intents: intents}
-	if len(intents) > limit {
-		page.Intents = intents[:limit]
-		at := createdAt[limit-1]
-		secs, id := at.Time.Unix(), page.Intents[limit-1].ID
-		page.Next = cursor{CreatedAt: &secs, Micros: int64(at.Time.Nanosecond() / 1000), Inf: at.InfinityModifier,
+	if page.Intents == nil {
+		page.Intents = []outbox.Intent{}
+	}
+	if more {
+		secs, id := lastAt.Time.Unix(), page.Intents[len(page.Intents)-1].ID
+		page.Next = cursor{CreatedAt: &secs, Micros: int64(lastAt.Time.Nanosecond() / 1000), Inf: lastAt.InfinityModifier,
 			ID: &id}.encode()
 	}
 	return page, nil
 }
+
+// maxPageBytes bounds the payloads, results and errors one page of [List] holds: rows
+// may be large (plain SQL writes any size), and a page of 1,000 rows of a megabyte each,
+// held and encoded at once for an API token's GET, would take the server's memory. A
+// page then has fewer rows than its limit, and its Next goes on; it always has one row.
+const maxPageBytes = 8 << 20
