@@ -151,15 +151,16 @@ func replay(ctx context.Context, e *env, pool *pgxpool.Pool, sel ops.Selection, 
 			return err
 		}
 	}
-	// The real run takes exactly the rows the plan looked at, so what was confirmed is
-	// what changes; each row is decided again under its lock.
+	// The real run takes only the rows the plan would replay, so what was confirmed is
+	// what changes: a row the plan left alone may have changed while the operator read
+	// the prompt (one pending or in flight then, delivered since, which --redeliver would
+	// send again; one gone dead since), and it is reported as the plan found it. Each row
+	// is decided again under its lock, so one the plan would replay may still be left.
 	orig := sel
-	if sel.Filter != nil {
-		sel = ops.Selection{Keys: planKeys(plan)}
-		if len(sel.Keys) == 0 {
-			plan.DryRun = false
-			return reportReplay(e, plan, notes, nil, orig, run.json)
-		}
+	sel = ops.Selection{Keys: plan.Replayed}
+	if len(sel.Keys) == 0 {
+		plan.DryRun = false
+		return reportReplay(e, plan, notes, nil, orig, run.json)
 	}
 	if !run.json && stderrTerminal(e.stderr) {
 		bar := newProgressBar(e.stderr, "replaying")
@@ -167,6 +168,7 @@ func replay(ctx context.Context, e *env, pool *pgxpool.Pool, sel ops.Selection, 
 		defer bar.done()
 	}
 	res, err := ops.Replay(ctx, pool, sel, o)
+	res = leftAloneByPlan(res, plan)
 	anotes := ambiguousNotes(res, g, o.NewKey)
 	if err != nil {
 		// Earlier batches are committed; show them with the error.
@@ -174,6 +176,25 @@ func replay(ctx context.Context, e *env, pool *pgxpool.Pool, sel ops.Selection, 
 		return opsError(err)
 	}
 	return reportReplay(e, res, notes, anotes, orig, run.json)
+}
+
+// leftAloneByPlan adds to res, the run of the rows plan would replay, the rows plan left
+// alone (unchanged, refused, not found), as plan found them, with the copies that name
+// why a --new-key row was unchanged.
+func leftAloneByPlan(res, plan ops.ReplayResult) ops.ReplayResult {
+	res.Unchanged = append(append([]string{}, plan.Unchanged...), res.Unchanged...)
+	res.NotFound = append(append([]string{}, plan.NotFound...), res.NotFound...)
+	for k, why := range plan.Refused {
+		res.Refused[k] = why
+	}
+	if res.NewKeys != nil {
+		for _, k := range plan.Unchanged {
+			if nk, ok := plan.NewKeys[k]; ok {
+				res.NewKeys[k] = nk
+			}
+		}
+	}
+	return res
 }
 
 // planKeys returns every key a dry run looked at, in a stable order.
