@@ -168,8 +168,9 @@ func copiesOf(ctx context.Context, tx pgx.Tx, b []target) (map[string]string, er
 // statusByKeySQL reads the status of the row with key $1.
 const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 
-// Replay puts the selected rows back to pending now, in batches of opts.BatchSize rows,
-// each batch its own short transaction. It is safe while relays run: each batch locks its
+// Replay puts the selected rows back to pending now, oldest first (so that rows of an
+// ordering key are put back in their order), in batches of opts.BatchSize rows, each
+// batch its own short transaction. It is safe while relays run: each batch locks its
 // rows with FOR UPDATE SKIP LOCKED, so a row a relay is recording an outcome for is
 // reported as refused and left to the relay, never overwritten; and a row in flight
 // (delivering with a live lease) is refused too. A batch that puts back rows of
@@ -215,8 +216,8 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 // receiver never saw the row's own key and would act again; and refused while that copy
 // is dead, the operation's current row, which is replayed instead. Of a row's copies,
 // only the latest is put back under its own key, and not together with the row (which
-// Redeliver puts back once that copy was delivered): the first of the two is, the other
-// refused, and the copy is refused while the row is on its way again.
+// Redeliver puts back once that copy was delivered): the first of the two, the row, is,
+// the other refused, and the copy is refused while the row is on its way again.
 // A stuck delivering row is refused with NewKey (the relay would retry it as well), as
 // is a held row with an ordering key (it would hold its copy back forever: cancel it and
 // enqueue a new intent).
@@ -247,12 +248,14 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayO
 		return res, err
 	}
 	res.NotFound = append(res.NotFound, notFound...)
-	if opts.NewKey {
-		// Copies are new rows, their ids drawn as they are enqueued: in the order of the
-		// rows they copy, so that copies sharing an ordering key go out in their rows'
-		// order, not newest first (a filter's order) or as the keys were typed.
-		slices.SortFunc(targets, func(a, b target) int { return cmp.Compare(a.id, b.id) })
-	}
+	// Oldest first, not newest first (a filter's order) or as the keys were typed. Each
+	// batch commits on its own, and a relay may send what one put back before the next
+	// runs (a paced replay waits between them): a later row of an ordering key put back
+	// first would go out while an earlier row of its key, put back by a later batch, was
+	// still dead. Copies (NewKey) are new rows, their ids drawn as they are enqueued: in
+	// the order of the rows they copy, so that copies sharing an ordering key go out in
+	// their rows' order.
+	slices.SortFunc(targets, func(a, b target) int { return cmp.Compare(a.id, b.id) })
 
 	size := batchSize(opts.BatchSize)
 	if opts.Rate > 0 {
