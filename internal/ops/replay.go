@@ -168,6 +168,43 @@ func copiesOf(ctx context.Context, tx pgx.Tx, b []target) (map[string]string, er
 // statusByKeySQL reads the status of the row with key $1.
 const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 
+// lockStatusSQL reads the status of the row with key $1 and locks it FOR KEY SHARE,
+// unless another transaction holds it FOR UPDATE (see operationStatus).
+const lockStatusSQL = `SELECT status FROM outbox WHERE idempotency_key = $1 FOR KEY SHARE SKIP LOCKED`
+
+// keyExistsSQL says whether a row has key $1; it takes no lock.
+const keyExistsSQL = `SELECT EXISTS (SELECT 1 FROM outbox WHERE idempotency_key = $1)`
+
+// operationStatus returns the status of the row with key ("" when there is none),
+// another row of the operation of a row this replay decides on (a copy that replay
+// --new-key made of it, or the row it copies), and locks it until the replay commits.
+// Read as last committed, it could be changing under another replay at the same time:
+// a replay of a row and one of its copy, each reading the other's row as it was, both
+// put theirs back, and the operation ran twice more. A replay (or cancel, approve,
+// reject) holds its rows FOR UPDATE, which conflicts with FOR KEY SHARE: skipped rather
+// than waited for, locked is then true, and the row is refused for a moment, as
+// lockSQL's skipped rows are; and the other replay, or a later one, skips the row this
+// one locked. A relay recording an outcome (FOR NO KEY UPDATE) is neither held off nor
+// waited for.
+func operationStatus(ctx context.Context, tx pgx.Tx, key string) (status string, locked bool, err error) {
+	err = tx.QueryRow(ctx, lockStatusSQL, key).Scan(&status)
+	if err == nil || !errors.Is(err, pgx.ErrNoRows) {
+		return status, false, err
+	}
+	var exists bool // skipped, or there is none
+	if err := tx.QueryRow(ctx, keyExistsSQL, key).Scan(&exists); err != nil {
+		return "", false, err
+	}
+	return "", exists, nil
+}
+
+// lockedOperationReason says why a row is refused while another transaction holds key,
+// another row of its operation.
+func lockedOperationReason(key string) string {
+	return fmt.Sprintf("another transaction holds %q, a row of the same operation (a copy that replay --new-key made, "+
+		"or the row it copies): a replay or cancel of it may be in progress; look again in a moment", key)
+}
+
 // Replay puts the selected rows back to pending now, oldest first (so that rows of an
 // ordering key are put back in their order), in batches of opts.BatchSize rows, each
 // batch its own short transaction. It is safe while relays run: each batch locks its
@@ -217,7 +254,9 @@ const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 // is dead, the operation's current row, which is replayed instead. Of a row's copies,
 // only the latest is put back under its own key, and not together with the row (which
 // Redeliver puts back once that copy was delivered): the first of the two, the row, is,
-// the other refused, and the copy is refused while the row is on its way again.
+// the other refused, and the copy is refused while the row is on its way again. Each
+// such decision locks the other row it reads (operationStatus), so that two replays at
+// once, of a row and of its copy, do not both go ahead: one is refused for a moment.
 // A stuck delivering row is refused with NewKey (the relay would retry it as well), as
 // is a held row with an ordering key (it would hold its copy back forever: cancel it and
 // enqueue a new intent).
@@ -581,10 +620,12 @@ func lastCopy(ctx context.Context, tx pgx.Tx, key string, n int, redeliver bool)
 		return "", "", "", nil
 	}
 	prev = outbox.Key(key, "replay", strconv.Itoa(n))
-	var st string
-	err = tx.QueryRow(ctx, statusByKeySQL, prev).Scan(&st)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	st, locked, err := operationStatus(ctx, tx, prev)
+	if err != nil {
 		return "", "", "", fmt.Errorf("look up %q: %w", prev, err)
+	}
+	if locked {
+		return prev, "", lockedOperationReason(prev), nil
 	}
 	switch st {
 	case outbox.StatusDelivered, "":
@@ -679,14 +720,17 @@ func laterCopy(ctx context.Context, tx pgx.Tx, key, of string) (string, error) {
 		return "", fmt.Errorf("look up copies of %q: %w", of, err)
 	}
 	latest := outbox.Key(of, "replay", strconv.Itoa(n))
-	var st string
 	if latest == key {
 		// The row of is pending or delivering only once it was put back under its own
 		// key after its copies were made (a new-key replay leaves a pending row unchanged,
 		// and refuses one delivering): with Redeliver, after this copy was delivered. It
 		// is then on its way, as replayCopied refuses the row while its copy is.
-		if err := tx.QueryRow(ctx, statusByKeySQL, of).Scan(&st); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		st, locked, err := operationStatus(ctx, tx, of)
+		if err != nil {
 			return "", fmt.Errorf("look up %q: %w", of, err)
+		}
+		if locked {
+			return lockedOperationReason(of), nil
 		}
 		if st == outbox.StatusPending || st == outbox.StatusDelivering {
 			return fmt.Sprintf("%q, the row this copy that replay --new-key made copies, was put back under its own key "+
@@ -694,8 +738,12 @@ func laterCopy(ctx context.Context, tx pgx.Tx, key, of string) (string, error) {
 		}
 		return "", nil
 	}
-	if err := tx.QueryRow(ctx, statusByKeySQL, latest).Scan(&st); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	st, locked, err := operationStatus(ctx, tx, latest)
+	if err != nil {
 		return "", fmt.Errorf("look up %q: %w", latest, err)
+	}
+	if locked {
+		return lockedOperationReason(latest), nil
 	}
 	if st == outbox.StatusCanceled {
 		// Replaying a canceled copy is refused; the row it copies, which a canceled copy
