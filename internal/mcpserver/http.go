@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -67,12 +68,19 @@ func Handler(svc *intent.Service, cfg *Config) http.Handler {
 			// A JSON-RPC batch (protocol 2025-03-26 and earlier) would run many tool
 			// calls in one request, past the token's per-request rate limit: refused.
 			body, err := io.ReadAll(r.Body)
+			if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
+				// Answered here, not by the SDK, whose plain-text 413 answers no request:
+				// its client took the connection for broken and closed the agent's
+				// session, failing every later call, over one payload too large.
+				writeTooLarge(w, body, tooLarge.Limit)
+				return
+			}
 			if err == nil && bytes.HasPrefix(bytes.TrimLeft(body, " \t\r\n"), []byte("[")) {
 				writeError(w, http.StatusBadRequest, "batch_not_supported",
 					"JSON-RPC batches are not accepted: send one message per request")
 				return
 			}
-			// The SDK reads what was read, then the read's error (a body over the limit).
+			// The SDK reads what was read, then the read's error (a client gone mid-body).
 			r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), errReader{err}))
 		}
 		protected.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxTokenKey{}, tok)))
@@ -96,6 +104,51 @@ func writeError(w http.ResponseWriter, status int, code, message string) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": message}})
+}
+
+// writeTooLarge answers a request whose body is over limit: 413 with a JSON-RPC error
+// response, as the transport allows, for the request whose start is read. A client
+// matches it to its call by the id (the SDK's client needs one), which fails that call
+// alone and leaves the session open.
+func writeTooLarge(w http.ResponseWriter, read []byte, limit int64) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusRequestEntityTooLarge)
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"jsonrpc": "2.0",
+		"id":      requestID(read),
+		"error": map[string]any{
+			"code": -32600, // invalid request
+			"message": fmt.Sprintf("the request is over the limit of %d bytes (OUTBOX_API_MAX_BODY), so it was not read and nothing was written: "+
+				"send less, such as a smaller payload, or ask an operator to raise the limit", limit),
+		},
+	})
+}
+
+// requestID returns the id of the JSON-RPC request that read begins, when it comes
+// before the body was cut (the SDK's client writes it before the params), or null.
+func requestID(read []byte) json.RawMessage {
+	dec := json.NewDecoder(bytes.NewReader(read))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return json.RawMessage("null")
+	}
+	for dec.More() {
+		name, err := dec.Token()
+		if err != nil {
+			break
+		}
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			break // the value the body was cut in
+		}
+		if name == "id" { // matched exactly, as the SDK matches message fields
+			if len(value) > 0 && (value[0] == '"' || value[0] == '-' || ('0' <= value[0] && value[0] <= '9')) {
+				return value
+			}
+			break
+		}
+	}
+	return json.RawMessage("null")
 }
 
 // errReader returns err, or io.EOF when err is nil.

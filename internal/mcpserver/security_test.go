@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/api"
@@ -126,4 +127,40 @@ func TestMCPHTTPBehindLocalReverseProxy(t *testing.T) {
 
 	// Without a token, the same request is refused.
 	require.Equal(t, http.StatusUnauthorized, initialize("").StatusCode)
+}
+
+// A tool call over OUTBOX_API_MAX_BODY (a large payload) fails that call, not the
+// agent's session: the 413 carries a JSON-RPC error for the call, saying what the limit
+// is. As plain text it was not the answer to any request, so the SDK's client took the
+// connection for broken and closed it, failing every later call ("client is closing")
+// and telling the agent only "Request Entity Too Large".
+func TestMCPHTTPBodyOverTheLimitFailsOnlyThatCall(t *testing.T) {
+	t.Parallel()
+	b := setupService(t)
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", api.New(b.svc, &api.Config{MaxBody: 4096}).Limit(mcpserver.Handler(b.svc, nil)))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(t.Context(),
+		&mcp.StreamableClientTransport{
+			Endpoint:   srv.URL + "/mcp",
+			HTTPClient: &http.Client{Transport: bearerTransport{token: agentSecret}},
+			MaxRetries: -1,
+		}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cs.Close() })
+
+	_, err = cs.CallTool(t.Context(), &mcp.CallToolParams{Name: mcpserver.ToolPropose, Arguments: map[string]any{
+		"connector": "webhook", "key": "too-big", "payload": map[string]any{"pad": strings.Repeat("x", 5000)},
+	}})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "4096 bytes")
+	require.Contains(t, err.Error(), "OUTBOX_API_MAX_BODY")
+	require.Zero(t, b.count(t, `true`))
+
+	// The session goes on.
+	out := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, map[string]any{
+		"connector": "webhook", "key": "small", "payload": map[string]any{"pad": "x"},
+	}))
+	require.True(t, out.Inserted)
 }
