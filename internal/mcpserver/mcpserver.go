@@ -238,7 +238,7 @@ func addTool[In, Out any](s *mcp.Server, log *slog.Logger, t *mcp.Tool, h mcp.To
 		panic(fmt.Sprintf("addTool %s: output schema: %v", t.Name, err))
 	}
 	tt := *t
-	tt.InputSchema, tt.OutputSchema = in, out
+	tt.InputSchema, tt.OutputSchema = oneTyped(in), out
 	s.AddTool(&tt, func(ctx context.Context, req *mcp.CallToolRequest) (res *mcp.CallToolResult, err error) {
 		defer func() {
 			if p := recover(); p != nil {
@@ -276,6 +276,22 @@ func addTool[In, Out any](s *mcp.Server, log *slog.Logger, t *mcp.Tool, h mcp.To
 		}
 		return res, nil
 	})
+}
+
+// oneTyped returns a copy of an input schema whose properties of a type or null (a
+// slice, such as key_parts: "type": ["null", "array"]) have the type alone, for
+// tools/list. Gemini's function declarations take one type per property, so clients that
+// hand it the tools (gemini-cli, opencode, Copilot CLI) had every request refused, whatever
+// the agent asked, once outboxd's tools were listed. Arguments are still checked against
+// the schema as derived, so a null is taken as the argument not given.
+func oneTyped(s *jsonschema.Schema) *jsonschema.Schema {
+	c := s.CloneSchemas()
+	for _, p := range c.Properties {
+		if i := slices.Index(p.Types, "null"); i >= 0 && len(p.Types) == 2 {
+			p.Type, p.Types = p.Types[1-i], nil
+		}
+	}
+	return c
 }
 
 // decodeArguments checks a tool call's arguments against the tool's input schema, with
