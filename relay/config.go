@@ -113,10 +113,12 @@ const (
 // MaxIDLength is the most bytes of [Config.ID].
 const MaxIDLength = 255
 
-// MaxConcurrency is the most [Config.Concurrency]: New allocates queues for up to twenty
-// rounds of deliveries ahead of each worker, about 8 kB per worker and connector instance
-// (80 MB per instance at this bound); far more made the process die out of memory before
-// it said a word, or New panic.
+// MaxConcurrency is the most [Config.Concurrency]: New allocates each connector instance a
+// queue with a place (0.25 kB) for each of its workers and each row it may claim ahead, up
+// to twenty rounds of deliveries and at most twenty claims of Config.BatchSize rows (7 MB
+// per instance at this bound with the default BatchSize), and the relay a place (0.17 kB)
+// for the outcome of each row it may hold; far more made the process die out of memory
+// before it said a word, or New panic.
 const MaxConcurrency = 10000
 
 // DefaultMaxClaimedBytes is [Config.MaxClaimedBytes]'s default: 128 MiB.

@@ -36,13 +36,14 @@
 // Config.Concurrency slots to itself, so one slow receiver, whose attempts take every
 // slot they may, never starves the others. A rate-limited instance is claimed no faster
 // than its rate. So that workers do not idle while a claim
-// is on its way, a relay claims up to twenty rounds of an instance's deliveries ahead,
-// fewer when its recent attempts are slow: a row waits only while the instance's workers
-// are busy. Only connectors that declare their time limit (connectors.Timeouter) are
-// claimed ahead, and not those whose ambiguous attempts are held or whose rate is
-// limited. Any row that waited too long to still finish well inside its lease, for a
-// worker or for one of the Config.Concurrency slots that other instances' attempts hold,
-// is handed back unsent (outboxd_claims_handed_back_total), the slot's wait included.
+// is on its way, a relay claims up to twenty rounds of an instance's deliveries ahead
+// (at most twenty claims of Config.BatchSize rows), fewer when its recent attempts are
+// slow: a row waits only while the instance's workers are busy. Only connectors that
+// declare their time limit (connectors.Timeouter) are claimed ahead, and not those
+// whose ambiguous attempts are held or whose rate is limited. Any row that waited too
+// long to still finish well inside its lease, for a worker or for one of the
+// Config.Concurrency slots that other instances' attempts hold, is handed back unsent
+// (outboxd_claims_handed_back_total), the slot's wait included.
 //
 // Config.MaxClaimedBytes bounds the payload and header bytes of the rows a relay holds
 // claimed (outboxd_claimed_payload_bytes), so that large payloads cannot exhaust its
