@@ -63,6 +63,12 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 	// hold (a password that expires, such as an IAM token, or the current primary).
 	poolCfg := r.pool.Config()
 	connCfg := poolCfg.ConnConfig
+	// But not with the pool's notification callback (OnNotification, an application's
+	// own for the LISTENs of its sessions): pgx keeps notifications for
+	// WaitForNotification only on a connection without one, so this one would get none
+	// of its own (WaitForNotification returned none when one came), and the
+	// application's callback would get them. The config is the pool's copy.
+	connCfg.OnNotification = nil
 	if poolCfg.BeforeConnect != nil {
 		if err := poolCfg.BeforeConnect(ctx, connCfg); err != nil {
 			return fmt.Errorf("connect: %w", err)
