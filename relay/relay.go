@@ -776,6 +776,7 @@ func (r *Relay) start(ctx context.Context) error {
 	var (
 		server, version                 int
 		readOnly                        bool
+		isolation                       string
 		role, missing, missingRetention string
 		dateStyle                       string
 	)
@@ -785,9 +786,10 @@ func (r *Relay) start(ctx context.Context) error {
 			return retry.RetryableError(fmt.Errorf("reach database: %w", err))
 		}
 		// transaction_read_only is on in every session of a hot standby, as of a primary
-		// set default_transaction_read_only.
+		// set default_transaction_read_only; transaction_isolation is, outside a
+		// transaction block, the session's default_transaction_isolation.
 		if err := r.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, current_setting('transaction_read_only')::bool,
-		       current_setting('DateStyle')`).Scan(&server, &readOnly, &dateStyle); err != nil {
+		       current_setting('DateStyle'), current_setting('transaction_isolation')`).Scan(&server, &readOnly, &dateStyle, &isolation); err != nil {
 			return retryUnlessRefused(fmt.Errorf("read the server's version: %w", err))
 		}
 		var err error
@@ -825,6 +827,20 @@ func (r *Relay) start(ctx context.Context) error {
 		!strings.HasPrefix(dateStyle, "ISO") {
 		return fmt.Errorf("relay: the session's DateStyle is %q, and in pgx's %s query exec mode timestamps are read only in the ISO style: "+
 			"add datestyle=ISO to the database URL, or set DateStyle to ISO for the relay's role", dateStyle, mode)
+	}
+	// The relay's transactions count on each statement taking a snapshot of its own: a
+	// claim round's claims one taken once it holds the replay lock (internal/replaylock),
+	// and their row locks the newest version of a row another relay changed meanwhile.
+	// REPEATABLE READ and SERIALIZABLE take one snapshot at a transaction's first
+	// statement: a round that waited for a replay of a dead head of an ordering key read
+	// it as still dead and claimed the key's next row, which then went out beside the
+	// head, and claims fail (SQLSTATE 40001) on rows other relays changed. PostgreSQL
+	// runs READ UNCOMMITTED as READ COMMITTED.
+	if isolation != "read committed" && isolation != "read uncommitted" {
+		return fmt.Errorf("relay: the database's sessions run at isolation level %s by default (default_transaction_isolation), "+
+			"and the relay needs read committed: add default_transaction_isolation=read%%20committed to the relay's database URL "+
+			"(a setting sent at connect, which outranks ALTER DATABASE and ALTER ROLE); a relay inside an application whose own work "+
+			"needs %s takes a pool of its own", isolation, isolation)
 	}
 	if version < outboxd.SchemaVersion {
 		return fmt.Errorf("relay: the database's outbox schema is at version %d and this relay needs version %d: "+
