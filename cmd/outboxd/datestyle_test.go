@@ -1,12 +1,15 @@
 package main
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -43,4 +46,40 @@ func TestCommandsReadTimesOnADatabaseOfAnotherDateStyle(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "German", cfg.ConnConfig.RuntimeParams["DateStyle"], "the URL's own is kept")
 	require.NotContains(t, cfg.ConnConfig.RuntimeParams, "datestyle")
+}
+
+// serve's relay refuses sessions whose DateStyle (in the text modes) or default
+// isolation it cannot work with, naming the setting; serve's own sessions ask for what it
+// needs, so on a database set up otherwise (DateStyle SQL, REPEATABLE READ by default)
+// serve starts and delivers, in the simple protocol too.
+func TestServeDeliversOnADatabaseOfOtherSessionDefaults(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	var db string
+	require.NoError(t, d.pool.QueryRow(t.Context(), `SELECT current_database()`).Scan(&db))
+	for _, set := range []string{`datestyle = 'SQL, DMY'`, `default_transaction_isolation = 'repeatable read'`} {
+		_, err := d.pool.Exec(t.Context(), `ALTER DATABASE `+pgx.Identifier{db}.Sanitize()+` SET `+set)
+		require.NoError(t, err)
+	}
+	rcv, err := receiver.Start(receiver.Options{})
+	require.NoError(t, err)
+	t.Cleanup(rcv.Close)
+
+	sep := "?"
+	if strings.Contains(d.dsn, "?") {
+		sep = "&"
+	}
+	startServe(t, []string{
+		"OUTBOX_DATABASE_URL=" + d.dsn + sep + "default_query_exec_mode=simple_protocol",
+		"OUTBOX_WEBHOOK_URL=" + rcv.URL(),
+		"OUTBOX_HTTP_ADDR=127.0.0.1:0",
+		"OUTBOX_LOG_FORMAT=json",
+	})
+	_, err = outbox.Enqueue(t.Context(), d.pool, outbox.Message{Key: "k-1", Connector: "webhook", Payload: json.RawMessage(`{"n":1}`)})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		in, err := outbox.Get(t.Context(), d.pool, "k-1")
+		return err == nil && in.Status == outbox.StatusDelivered
+	}, processWait, 10*time.Millisecond, "serve's relay delivered nothing")
+	require.Equal(t, 1, rcv.Effects("k-1"))
 }

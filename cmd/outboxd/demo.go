@@ -132,7 +132,7 @@ func demo(ctx context.Context, e *env) (err error) {
 	if err != nil {
 		return usageError{fmt.Errorf("OUTBOX_DATABASE_URL: %w", err)}
 	}
-	config.ISODates(poolCfg)
+	config.SessionDefaults(poolCfg)
 	// A database that never answers fails the demo as it fails the other commands, with
 	// a connect timeout that says so, not once demoTimeout is over with "context
 	// deadline exceeded".

@@ -329,7 +329,7 @@ func poolConfig(dsn string, concurrency int) (*pgxpool.Config, error) {
 	if _, set := connCfg.RuntimeParams["pool_max_conns"]; !set {
 		cfg.MaxConns = defaultMaxConns(concurrency)
 	}
-	config.ISODates(cfg)
+	config.SessionDefaults(cfg)
 	return cfg, nil
 }
 

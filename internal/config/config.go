@@ -192,7 +192,7 @@ func ParseDSN(name, dsn string) (*pgxpool.Config, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err == nil {
-		ISODates(cfg)
+		SessionDefaults(cfg)
 		return cfg, nil
 	}
 	reason := err.Error()
@@ -202,19 +202,27 @@ func ParseDSN(name, dsn string) (*pgxpool.Config, error) {
 	return nil, fmt.Errorf("%s (%s) is not a PostgreSQL URL or keyword/value string that pgx accepts: %s", name, RedactDSN(dsn), reason)
 }
 
-// ISODates asks for the ISO DateStyle in every session of cfg's pool, unless the DSN
-// names one: in pgx's simple protocol and exec mode (the README's advice behind a
-// transaction pooler) every result is read as text, and pgx reads a timestamp's text
-// only in the ISO style, so on a database set to another (SQL, German, Postgres) every
-// statement that returns a time would fail. A setting of the connection's own outranks
-// the database's and the role's, and transaction poolers pass DateStyle on.
-func ISODates(cfg *pgxpool.Config) {
+// SessionDefaults asks for the session settings outboxd's statements count on in every
+// session of cfg's pool, each unless the DSN names it. A setting of the connection's own
+// outranks the database's and the role's, and transaction poolers pass both on.
+//
+//   - DateStyle ISO: in pgx's simple protocol and exec mode (the README's advice behind a
+//     transaction pooler) every result is read as text, and pgx reads a timestamp's text
+//     only in the ISO style, so on a database set to another (SQL, German, Postgres)
+//     every statement that returns a time would fail.
+//   - default_transaction_isolation read committed: the relay's claims and the
+//     operator's replays take a snapshot per statement; on a database whose sessions
+//     default to REPEATABLE READ or SERIALIZABLE the relay refuses to start.
+func SessionDefaults(cfg *pgxpool.Config) {
+	set := make(map[string]bool, len(cfg.ConnConfig.RuntimeParams))
 	for k := range cfg.ConnConfig.RuntimeParams {
-		if strings.EqualFold(k, "datestyle") {
-			return
+		set[strings.ToLower(k)] = true
+	}
+	for name, value := range map[string]string{"datestyle": "ISO", "default_transaction_isolation": "read committed"} {
+		if !set[name] {
+			cfg.ConnConfig.RuntimeParams[name] = value
 		}
 	}
-	cfg.ConnConfig.RuntimeParams["datestyle"] = "ISO"
 }
 
 // LoadLog reads [Log] from environ (as os.Environ returns it), for commands that log
