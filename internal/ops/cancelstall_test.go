@@ -2,6 +2,7 @@ package ops_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -125,6 +126,37 @@ func TestStalledOperatorWriteDoesNotStopTheRelay(t *testing.T) {
 			require.Error(t, <-done, "the %s's session was ended", tc.name)
 			require.Zero(t, count(t, pool, `SELECT count(*) FROM outbox_audit`), "nothing of it committed")
 			require.Equal(t, 1, rcv.Effects("k-1"))
+		})
+	}
+}
+
+// A replay --dry-run or --new-key locks its rows as a replay does, without the replay's
+// limits (the wait for claims is not theirs to take): a client that stood still inside
+// one held the rows until the server noticed the session was gone, hours later. Its
+// session is now ended once it idles in its transaction for a few seconds.
+func TestStalledDryRunOrNewKeyReplayIsEnded(t *testing.T) {
+	t.Parallel()
+	for _, opts := range []ops.ReplayOptions{{Actor: "alice", DryRun: true}, {Actor: "alice", NewKey: true}} {
+		t.Run(fmt.Sprintf("dry_run=%v,new_key=%v", opts.DryRun, opts.NewKey), func(t *testing.T) {
+			t.Parallel()
+			pool := pgtest.DB(t)
+			insertRow(t, pool, row{Key: "dead", Status: outbox.StatusDead, Attempts: 1})
+			stalled, stall, resume := stalledPool(t, pool, "a.action = 'replay' AND a.details->>'new_key'")
+			done := make(chan error, 1)
+			go func() {
+				_, err := ops.Replay(t.Context(), stalled, ops.Selection{Keys: []string{"dead"}}, opts)
+				done <- err
+			}()
+			<-stall.stalled // the replay holds the row, and its client stands still
+			defer resume()  // before the pools' cleanups, which wait for the stalled client
+
+			// The server ends the idle session, and its lock with it.
+			require.Eventually(t, func() bool {
+				return count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' AND datname = current_database()`) == 0
+			}, 20*time.Second, 20*time.Millisecond, "the stalled replay's session stays idle in its transaction")
+			resume()
+			require.Error(t, <-done, "the replay's session was ended")
+			require.Zero(t, count(t, pool, `SELECT count(*) FROM outbox WHERE status <> 'dead'`), "nothing of it committed")
 		})
 	}
 }

@@ -390,6 +390,11 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 			}
 			return fmt.Errorf("wait for claims under way: %w", err)
 		}
+	} else if err := limitIdle(ctx, tx); err != nil {
+		// ReplayLimitsSQL's idle limit, without its wait for claims: the rows are locked
+		// all the same, and a client that stood still here would hold off a relay
+		// recording the outcome of a row before one of them in its ordering key.
+		return err
 	}
 	locked, err := lockRows(ctx, tx, ids(b))
 	if err != nil {
