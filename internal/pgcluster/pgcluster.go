@@ -246,10 +246,18 @@ func (c *Cluster) start(ctx context.Context) error {
 	c.proc = p
 
 	if err := c.waitReady(ctx, p); err != nil {
+		if ctx.Err() != nil {
+			// Stopped from outside (Ctrl-C, a deadline) while the server was starting:
+			// its log and the last failed ping say what it was doing, not why it
+			// stopped, and would read as a server that failed to start.
+			err = context.Cause(ctx)
+		} else {
+			err = fmt.Errorf("%w%s", err, c.logTail())
+		}
 		if stopErr := c.stop(context.WithoutCancel(ctx)); stopErr != nil {
 			err = errors.Join(err, stopErr)
 		}
-		return fmt.Errorf("start postgres: %w%s", err, c.logTail())
+		return fmt.Errorf("start postgres: %w", err)
 	}
 	c.logf("pgcluster: postgres accepts connections on 127.0.0.1:%d", c.port)
 	return nil
@@ -275,11 +283,20 @@ func (c *Cluster) stop(ctx context.Context) error {
 	if _, fastErr := c.run(ctx, "pg_ctl", "stop", "-D", c.dataDir, "-m", "fast", "-w", "-t", wait); fastErr != nil {
 		c.logf("pgcluster: fast shutdown failed (%v); trying immediate", fastErr)
 		if _, err := c.run(ctx, "pg_ctl", "stop", "-D", c.dataDir, "-m", "immediate", "-w", "-t", wait); err != nil {
-			errs = append(errs, fastErr, err)
+			// pg_ctl finds the server through postmaster.pid, which a server that has
+			// just been started (a start cut short by Ctrl-C) may not have written yet.
+			// It is our child: ask it for a fast shutdown directly (SIGINT, which also
+			// ends it before it has set up its handlers), rather than wait and kill it,
+			// which leaves its backends and shared memory to clean up after it.
+			if sigErr := p.cmd.Process.Signal(os.Interrupt); sigErr == nil {
+				c.logf("pgcluster: pg_ctl could not stop postgres (%v); sent it SIGINT", err)
+			} else {
+				errs = append(errs, fastErr, err)
+			}
 		}
 	}
 	// pg_ctl returns once postmaster.pid is gone, just before the process exits. When
-	// it could not stop it (say postgres had not written postmaster.pid yet), kill it.
+	// nothing stopped it, kill it.
 	select {
 	case <-p.exited:
 	case <-time.After(exitTimeout):

@@ -238,3 +238,28 @@ func TestStartCanceled(t *testing.T) {
 	require.NotEmpty(t, dir)
 	require.NoDirExists(t, dir)
 }
+
+// TestStartCanceledWhileTheServerStarts: a start stopped from outside once postgres runs
+// and is not ready yet (Ctrl-C in `outboxd demo` a moment after initdb) says why, as one
+// stopped during initdb does, rather than with the server log of a start that did not
+// fail, and leaves nothing behind.
+func TestStartCanceledWhileTheServerStarts(t *testing.T) {
+	t.Parallel()
+	interrupted := errors.New("interrupt signal received")
+	ctx, cancel := context.WithCancelCause(t.Context())
+	defer cancel(nil)
+	var dir string
+	c, err := Start(ctx, Options{Logf: func(format string, args ...any) {
+		if strings.HasPrefix(format, "pgcluster: initdb in ") {
+			dir = filepath.Dir(args[0].(string))
+		}
+		if strings.HasPrefix(format, "pgcluster: starting postgres on ") {
+			cancel(interrupted)
+		}
+	}})
+	require.ErrorIs(t, err, interrupted)
+	require.Equal(t, "start postgres: interrupt signal received", err.Error())
+	require.Nil(t, c)
+	require.NotEmpty(t, dir)
+	require.NoDirExists(t, dir)
+}
