@@ -144,6 +144,12 @@ func demo(ctx context.Context, e *env) (err error) {
 	defer pool.Close()
 	from, err := outboxd.Migrate(ctx, pool)
 	if err != nil {
+		if ctx.Err() != nil {
+			// Stopped (Ctrl-C, the time limit) while it migrated: say why, as at every
+			// later step, not "context canceled". The migration is one transaction, so
+			// nothing of it stays.
+			err = context.Cause(ctx)
+		}
 		return fmt.Errorf("migrate: %w", err)
 	}
 	if from == outboxd.SchemaVersion {

@@ -331,3 +331,40 @@ func TestDemoStoppedWhileEnqueueingSaysWhy(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
 	require.Equal(t, "outboxd: enqueue: interrupt signal received", lines[len(lines)-1], stderr.String())
 }
+
+// TestDemoStoppedWhileMigratingSaysWhy: a demo stopped (Ctrl-C, its time limit) while it
+// migrates the database must say why it stopped, as it does at every later step, not
+// "migrate: ...: context canceled". Here the migration waits for a lock on the schema's
+// version table when the demo is stopped.
+func TestDemoStoppedWhileMigratingSaysWhy(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	lock, err := pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(context.WithoutCancel(t.Context())) }()
+	_, err = lock.Exec(t.Context(), `LOCK TABLE outbox_schema_migrations IN ACCESS EXCLUSIVE MODE`) // reads wait
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancelCause(t.Context())
+	defer cancel(nil)
+	var stdout, stderr lockedBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, []string{"demo"}, []string{"OUTBOX_DATABASE_URL=" + pool.Config().ConnString()},
+			strings.NewReader(""), &stdout, &stderr)
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%FROM %outbox_schema_migrations%'`).Scan(&n)
+		return err == nil && n > 0
+	}, time.Minute, 10*time.Millisecond, "the demo's migration never waited for the lock\nstdout:\n%s\nstderr:\n%s", &stdout, &stderr)
+	cancel(errors.New("interrupt signal received"))
+	select {
+	case c := <-code:
+		require.Equal(t, exitFailure, c, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	case <-time.After(time.Minute):
+		t.Fatal("the demo did not stop")
+	}
+	require.Equal(t, "outboxd: migrate: interrupt signal received", strings.TrimSpace(stderr.String()))
+}
