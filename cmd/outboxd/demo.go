@@ -84,7 +84,12 @@ func demo(ctx context.Context, e *env) (err error) {
 	// The demo's own lines tell the story; the relay's logs only show problems.
 	logger := newLogger(e.stderr, config.Log{Format: logCfg.Format, Level: "warn"})
 
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	// SIGPIPE too: output read by a program that stops reading (`outboxd demo | head`, a
+	// pager quit early) breaks the pipe, and Go's default for a write to a broken
+	// standard output is to end the process there, which would leave the demo's rows
+	// to no relay on a user's database and a throwaway cluster's directory behind. Asked
+	// for, the signal stops the demo as Ctrl-C does, and the write fails instead.
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM, syscall.SIGPIPE)
 	defer stop()
 	ctx, cancel := context.WithTimeoutCause(ctx, demoTimeout,
 		fmt.Errorf("the demo did not finish within %s", demoTimeout))
