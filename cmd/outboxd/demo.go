@@ -88,8 +88,15 @@ func demo(ctx context.Context, e *env) (err error) {
 	// pager quit early) breaks the pipe, and Go's default for a write to a broken
 	// standard output is to end the process there, which would leave the demo's rows
 	// to no relay on a user's database and a throwaway cluster's directory behind. Asked
-	// for, the signal stops the demo as Ctrl-C does, and the write fails instead.
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM, syscall.SIGPIPE)
+	// for, the signal stops the demo as Ctrl-C does, and the write fails instead. And
+	// SIGHUP, whose default ends the process as well, for a terminal that went away (its
+	// window closed, an SSH session dropped); unless it is ignored (nohup), which asking
+	// for it would undo.
+	stopSignals := []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGPIPE}
+	if !signal.Ignored(syscall.SIGHUP) {
+		stopSignals = append(stopSignals, syscall.SIGHUP)
+	}
+	ctx, stop := signal.NotifyContext(ctx, stopSignals...)
 	defer stop()
 	ctx, cancel := context.WithTimeoutCause(ctx, demoTimeout,
 		fmt.Errorf("the demo did not finish within %s", demoTimeout))

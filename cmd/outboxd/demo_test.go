@@ -435,3 +435,39 @@ func TestDemoWhoseOutputIsClosedStopsInOrder(t *testing.T) {
 	require.Equal(t, exitFailure, status.ExitStatus(), "stderr:\n%s", &stderr)
 	require.Contains(t, stderr.String(), "broken pipe signal received")
 }
+
+// TestDemoHungUpStopsInOrder: a demo whose terminal goes away (its window closed, an
+// SSH session dropped) gets SIGHUP, which by Go's default ends the process on the spot:
+// on a user's database its rows were left delivering or pending for a relay instance
+// that no relay has. It must stop as a Ctrl-C stops it. Here the outcomes of the first
+// attempts wait for a lock until the signal is sent, so the demo cannot finish first.
+func TestDemoHungUpStopsInOrder(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	lock, err := pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(context.WithoutCancel(t.Context())) }()
+	_, err = lock.Exec(t.Context(), `LOCK TABLE outbox_attempts IN EXCLUSIVE MODE`) // outcomes wait
+	require.NoError(t, err)
+
+	c := startChild(t, "demo", "OUTBOX_DATABASE_URL="+pool.Config().ConnString())
+	require.Eventually(t, func() bool {
+		var n int
+		err := pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&n)
+		return err == nil && n == len(demoIntents("x"))
+	}, processWait, 10*time.Millisecond, "the demo never enqueued its intents\nstderr:\n%s", c.stderr)
+	require.NoError(t, syscall.Kill(-c.cmd.Process.Pid, syscall.SIGHUP))
+	require.NoError(t, lock.Rollback(t.Context()))
+	select {
+	case <-c.exited:
+	case <-time.After(processWait):
+		t.Fatalf("the demo did not stop within %s", processWait)
+	}
+
+	var unfinished int
+	require.NoError(t, pool.QueryRow(t.Context(),
+		`SELECT count(*) FROM outbox WHERE status NOT IN ('delivered', 'dead', 'canceled')`).Scan(&unfinished))
+	require.Zero(t, unfinished, "rows left waiting for a relay instance that no relay has (the demo: %v)", c.cmd.ProcessState)
+	require.Equal(t, exitFailure, c.cmd.ProcessState.ExitCode())
+	require.Contains(t, c.stderr.String(), "hangup signal received")
+}
