@@ -93,7 +93,10 @@ type Relay struct {
 	// maintainTimeout bounds each piece of the periodic work (see maintainTimeout);
 	// tests shorten it.
 	maintainTimeout time.Duration
-	running         atomic.Bool
+	// salvageTimeout bounds each write of salvage, roundTimeout when zero (New leaves
+	// it so); tests shorten it.
+	salvageTimeout time.Duration
+	running        atomic.Bool
 	// runCalled is set while Run is running or once it has run: a Relay runs once.
 	runCalled atomic.Bool
 	// stopped is set once Run has returned (cleared when it is called again, after a
@@ -2236,10 +2239,17 @@ func takesNoWrites(err error) bool {
 // from recording outcomes and claiming rows, and the others are written in a few
 // statements. An outcome refused even without its answer is given up: its row stays
 // leased and is retried, as ambiguous, when the lease expires. salvage returns the
-// outcomes it could not write for another reason (the database went away), to be
-// retried with the others.
+// outcomes it could not write for another reason (the database went away, or a write
+// took longer than roundTimeout), to be retried with the others.
 func (r *Relay) salvage(ctx context.Context, outs []outcome, refusal error) []outcome {
 	write := func(batch []outcome) error {
+		// Bounded, as a round is: the claim loop, whose context has no time limit, writes
+		// no other outcome and claims no row until salvage returns, and a connection that
+		// hangs (a network that drops packets without a reset) held it for as long as the
+		// kernel retransmitted, while the leases of the rows it sent ran out and other
+		// relays sent them again. A write cut short is unsure, and written again.
+		ctx, cancel := context.WithTimeout(ctx, cmp.Or(r.salvageTimeout, roundTimeout))
+		defer cancel()
 		err := r.execRecord(ctx, batch, r.recordArgs(batch))
 		if unsure(err) {
 			markMaybeWritten(batch)
