@@ -59,6 +59,14 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 	case <-r.relisten:
 	default:
 	}
+	// Made, and its LISTEN sent, within listenCheck, as its ping is answered: ctx has no
+	// time limit until the relay stops, and a connection that hung at that moment (no
+	// answer and no reset: a partition, a firewall that forgot it, a server that accepts
+	// and never answers) held this loop for as long as the kernel retransmitted, or for
+	// good (pgx sets no time limit on a connect unless the DSN's connect_timeout does),
+	// with no NOTIFY waking the relay and /readyz saying LISTEN was down.
+	setupCtx, cancel := context.WithTimeout(ctx, r.listenCheck)
+	defer cancel()
 	// Connected as the pool connects: its BeforeConnect may set what the DSN does not
 	// hold (a password that expires, such as an IAM token, or the current primary).
 	poolCfg := r.pool.Config()
@@ -70,18 +78,19 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 	// application's callback would get them. The config is the pool's copy.
 	connCfg.OnNotification = nil
 	if poolCfg.BeforeConnect != nil {
-		if err := poolCfg.BeforeConnect(ctx, connCfg); err != nil {
+		if err := poolCfg.BeforeConnect(setupCtx, connCfg); err != nil {
 			return fmt.Errorf("connect: %w", err)
 		}
 	}
-	conn, err := pgx.ConnectConfig(ctx, connCfg)
+	conn, err := pgx.ConnectConfig(setupCtx, connCfg)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
+	if _, err := conn.Exec(setupCtx, "LISTEN "+notifyChannel); err != nil {
 		return fmt.Errorf("LISTEN: %w", err)
 	}
+	cancel()
 	r.listening.Store(true)
 	r.recovered(ctx, listenLost)
 	// The notifications sent while no connection listened are lost, and one may have been
@@ -161,8 +170,8 @@ func (r *Relay) waitForNotification(ctx context.Context, conn *pgx.Conn) (*pgcon
 }
 
 // listenCheck is how long the LISTEN connection may stay silent before it is pinged,
-// and how long the ping may take: a connection that died without a reset is found
-// within twice as long.
+// and how long the ping may take, as may making it: a connection that died without a
+// reset is found within twice as long.
 const listenCheck = 30 * time.Second
 
 // defaultProbeTimeout is how long the NOTIFY self-test waits for its own notification.
