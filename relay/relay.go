@@ -785,6 +785,12 @@ func (r *Relay) start(ctx context.Context) error {
 	)
 	b := retry.WithMaxDuration(30*time.Second, retry.WithCappedDuration(2*time.Second, retry.NewExponential(100*time.Millisecond)))
 	err := retry.Do(ctx, b, func(ctx context.Context) error {
+		// Each try bounded: ctx has no time limit, and a connection that hung (no answer
+		// and no reset: a partition, a firewall that forgot it) held the start, the relay
+		// neither running nor failing, for as long as the kernel retransmitted, or for
+		// good. Cut short, the try is retried on another connection.
+		ctx, cancel := context.WithTimeout(ctx, startTryTimeout)
+		defer cancel()
 		if err := r.readClock(ctx); err != nil {
 			return retry.RetryableError(fmt.Errorf("reach database: %w", err))
 		}
@@ -862,6 +868,9 @@ func (r *Relay) start(ctx context.Context) error {
 	}
 	return nil
 }
+
+// startTryTimeout bounds each try of start's reads.
+const startTryTimeout = 10 * time.Second
 
 // retryUnlessRefused marks err to be retried at start unless the database answered it
 // with a refusal waiting will not change (permission denied, say): those fail Run at
