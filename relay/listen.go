@@ -187,7 +187,12 @@ func (r *Relay) checkNotify(ctx context.Context, seen <-chan struct{}) {
 	// connection lasts, though NOTIFY may work.
 	b := retry.WithCappedDuration(5*time.Second, retry.NewExponential(100*time.Millisecond))
 	err := retry.Do(ctx, b, func(ctx context.Context) error {
-		if _, err := r.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, notifyChannel, r.probe); err != nil {
+		// Each send bounded as the LISTEN connection's ping is: ctx lasts as long as that
+		// connection, and a pool connection that hung (no answer, no reset) held the test,
+		// the gauge saying 0 though NOTIFY worked, for as long as the kernel retransmitted.
+		sendCtx, cancel := context.WithTimeout(ctx, r.listenCheck)
+		defer cancel()
+		if _, err := r.pool.Exec(sendCtx, `SELECT pg_notify($1, $2)`, notifyChannel, r.probe); err != nil {
 			if ctx.Err() == nil {
 				r.failed(ctx, "listen", probeFailed, err)
 			}
