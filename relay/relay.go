@@ -2357,6 +2357,14 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 	args := r.recordArgs(batch)
 	b := retry.WithCappedDuration(5*time.Second, retry.NewExponential(50*time.Millisecond))
 	err := retry.Do(ctx, b, func(ctx context.Context) error {
+		// Each try bounded, well within the drain time a stopping relay gives it (at least
+		// OUTBOX_SHUTDOWN_TIMEOUT, 30 s by default): a connection that hung (no answer and
+		// no reset, or an idle one a firewall forgot, which the pool pings before handing
+		// it out) held the first try until the drain ended, and the outcomes were dropped
+		// though the database answered on any other connection. A try cut short is
+		// unsure, and the next writes again after ending its session (see sendWrite).
+		ctx, cancel := context.WithTimeout(ctx, recordTryTimeout)
+		defer cancel()
 		if err := r.execRecord(ctx, batch, args); err != nil {
 			if unsure(err) {
 				markMaybeWritten(batch)
@@ -2380,6 +2388,9 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 		r.log.ErrorContext(ctx, "outcomes not recorded; the rows are retried when their lease expires", "err", err, "rows", len(batch))
 	}
 }
+
+// recordTryTimeout bounds each try of writeOutcomes.
+const recordTryTimeout = 10 * time.Second
 
 // queueRecord queues on b what writes batch, whose recordSQL arguments are args, and
 // returns how many statements that is: recordSQL; or, when an earlier write of some of it
