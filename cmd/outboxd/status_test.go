@@ -292,7 +292,11 @@ func TestStatusWatchGivesUpOnAReadWithoutAnswer(t *testing.T) {
 	select {
 	case code := <-done:
 		require.Equal(t, exitOK, code, errb.String())
-	case <-time.After(3 * opsConnectTimeout): // a bound for the test only
+	// A bound for the test only, far past what the fix takes: the refresh's 2 s, the
+	// read's 10 s, and up to pgx's 15 s to close the black-holed connection as the
+	// command ends, with room for a loaded machine. Without the fix the read waits for
+	// TCP keepalive, most of an hour.
+	case <-time.After(9 * opsConnectTimeout):
 		cancel()
 		<-done
 		t.Fatal("the watch still waited for the answer to its read")
