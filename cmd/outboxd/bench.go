@@ -19,7 +19,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -314,7 +313,8 @@ func bench(ctx context.Context, e *env, o benchOptions) (err error) {
 	logger := newLogger(e.stderr, config.Log{Format: logCfg.Format, Level: "warn"})
 	progress := func(format string, args ...any) { fmt.Fprintf(e.stderr, "bench: "+format+"\n", args...) }
 
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	// Its throwaway cluster's directory is removed on the way out (see cleanStopSignals).
+	ctx, stop := signal.NotifyContext(ctx, cleanStopSignals()...)
 	defer stop()
 
 	rep := &benchReport{}

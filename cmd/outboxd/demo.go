@@ -75,6 +75,22 @@ type demoIntent struct {
 	wantDead bool
 }
 
+// cleanStopSignals are the signals that stop a command that must clean up after itself
+// (the demo's rows on a user's database, a throwaway cluster's directory) as Ctrl-C does.
+// SIGPIPE too: output read by a program that stops reading (`outboxd demo | head`, a
+// pager quit early) breaks the pipe, and Go's default for a write to a broken standard
+// output is to end the process there, leaving all that behind. Asked for, the signal
+// stops the command, and the write fails instead. And SIGHUP, whose default ends the
+// process as well, for a terminal that went away (its window closed, an SSH session
+// dropped); unless it is ignored (nohup), which asking for it would undo.
+func cleanStopSignals() []os.Signal {
+	stopSignals := []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGPIPE}
+	if !signal.Ignored(syscall.SIGHUP) {
+		stopSignals = append(stopSignals, syscall.SIGHUP)
+	}
+	return stopSignals
+}
+
 // demo runs the demonstration; see newDemoCmd.
 func demo(ctx context.Context, e *env) (err error) {
 	logCfg, err := config.LoadLog(e.environ)
@@ -84,19 +100,7 @@ func demo(ctx context.Context, e *env) (err error) {
 	// The demo's own lines tell the story; the relay's logs only show problems.
 	logger := newLogger(e.stderr, config.Log{Format: logCfg.Format, Level: "warn"})
 
-	// SIGPIPE too: output read by a program that stops reading (`outboxd demo | head`, a
-	// pager quit early) breaks the pipe, and Go's default for a write to a broken
-	// standard output is to end the process there, which would leave the demo's rows
-	// to no relay on a user's database and a throwaway cluster's directory behind. Asked
-	// for, the signal stops the demo as Ctrl-C does, and the write fails instead. And
-	// SIGHUP, whose default ends the process as well, for a terminal that went away (its
-	// window closed, an SSH session dropped); unless it is ignored (nohup), which asking
-	// for it would undo.
-	stopSignals := []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGPIPE}
-	if !signal.Ignored(syscall.SIGHUP) {
-		stopSignals = append(stopSignals, syscall.SIGHUP)
-	}
-	ctx, stop := signal.NotifyContext(ctx, stopSignals...)
+	ctx, stop := signal.NotifyContext(ctx, cleanStopSignals()...)
 	defer stop()
 	ctx, cancel := context.WithTimeoutCause(ctx, demoTimeout,
 		fmt.Errorf("the demo did not finish within %s", demoTimeout))
