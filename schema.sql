@@ -118,6 +118,26 @@ BEGIN
 END;
 $$;
 
+-- Version 1 was written in several shapes, each recorded as version 1, and the first ones
+-- had no first_attempt_at, which CREATE TABLE IF NOT EXISTS above does not add: migrate
+-- called such a database current, and every claim of a relay failed on the missing
+-- column. Added only when missing: ALTER TABLE ... ADD COLUMN IF NOT EXISTS takes an
+-- ACCESS EXCLUSIVE lock on outbox even when there is nothing to add. A row attempted
+-- before gets the start of its earliest logged attempt (its creation when none is
+-- logged), so that a receiver's key window counts from there, not from the next attempt.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = 'outbox'::regclass AND attname = 'first_attempt_at' AND NOT attisdropped) THEN
+        ALTER TABLE outbox ADD COLUMN first_attempt_at timestamptz;
+        UPDATE outbox o
+        SET first_attempt_at = coalesce((SELECT min(a.started_at) FROM outbox_attempts a WHERE a.outbox_id = o.id),
+                                        o.created_at)
+        WHERE o.attempts > 0;
+    END IF;
+END;
+$$;
+
 -- outbox_delete_attempts deletes the attempts of deleted rows (retention, purge, or a
 -- plain DELETE), once per statement.
 -- Its tables are named with the schema of outbox (version 6): a function resolves

@@ -20,8 +20,14 @@ import (
 // in place of the current one the template has.
 func oldDB(t testing.TB, version int) *pgxpool.Pool {
 	t.Helper()
+	return oldDBFrom(t, fmt.Sprintf("testdata/schema_v%d.sql", version), version)
+}
+
+// oldDBFrom is oldDB with the older schema read from file, which records version.
+func oldDBFrom(t testing.TB, file string, version int) *pgxpool.Pool {
+	t.Helper()
 	pool := pgtest.DB(t)
-	old, err := os.ReadFile(fmt.Sprintf("testdata/schema_v%d.sql", version))
+	old, err := os.ReadFile(file)
 	require.NoError(t, err)
 	_, err = pool.Exec(t.Context(), `
 		DROP TABLE outbox_audit, outbox_attempts, outbox_wake_connectors, outbox_wake, outbox, outbox_schema_migrations CASCADE;
@@ -414,4 +420,60 @@ func TestUpgradeFromVersion4LetsWritersGoOn(t *testing.T) {
 	_, err = conn.Exec(ctx, `INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, outcome)
 		VALUES (1, 1, 'r', now(), 'retry')`)
 	require.NoError(t, err, "a recorded attempt waited for the migration")
+}
+
+// columns describes the outbox tables' columns (name, type, NOT NULL, default), sorted:
+// a column added to an existing table comes last, where a fresh table has it in place.
+func columns(t *testing.T, db *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := db.Query(t.Context(), `
+		SELECT c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+		       || CASE WHEN a.attnotnull THEN ' NOT NULL' ELSE '' END
+		       || coalesce(' DEFAULT ' || pg_get_expr(d.adbin, d.adrelid), '')
+		FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+		LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+		WHERE c.relname LIKE 'outbox%' AND c.relkind = 'r' AND c.relnamespace = 'public'::regnamespace
+		  AND a.attnum > 0 AND NOT a.attisdropped`)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	sort.Strings(got)
+	return got
+}
+
+// Version 1 was written in several shapes, each recorded as version 1, and the first
+// ones (schema.sql of commit c8fa33c and before, with the relay and outboxd migrate) had
+// no first_attempt_at, which CREATE TABLE IF NOT EXISTS does not add: migrate said the
+// database was at the current version, and every claim and reclaim of the relay failed
+// on the missing column, its rows pending for good. The column is added, and a row
+// attempted before gets the start of its earliest logged attempt, so that a receiver's
+// key window counts from there and not from the next attempt.
+func TestUpgradeFromTheFirstShapeOfVersion1AddsFirstAttemptAt(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	fresh := pgtest.DB(t)
+	db := oldDBFrom(t, "testdata/schema_v1_before_first_attempt_at.sql", 1)
+	_, err := db.Exec(ctx, `
+		INSERT INTO outbox (idempotency_key, connector, payload, status, attempts, created_at)
+		VALUES ('new', 'webhook', '{}', 'pending', 0, '2026-11-29 11:00Z'),
+		       ('retried', 'payment', '{}', 'pending', 2, '2026-11-29 11:00Z'),
+		       ('unlogged', 'webhook', '{}', 'dead', 1, '2026-11-29 11:30Z');
+		INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome)
+		SELECT id, g, 'old-relay', timestamptz '2026-11-29 12:00Z' + g * interval '1 hour', now(), 'retry'
+		FROM outbox, generate_series(1, 2) g WHERE idempotency_key = 'retried'`)
+	require.NoError(t, err)
+
+	from, err := outboxd.Migrate(ctx, db)
+	require.NoError(t, err)
+	require.Equal(t, 1, from)
+	require.Equal(t, columns(t, fresh), columns(t, db), "the columns of a fresh database")
+	require.Equal(t, catalog(t, fresh), catalog(t, db), "the same schema as a fresh database")
+
+	rows, err := db.Query(ctx, `SELECT idempotency_key || ' ' || coalesce(to_char(first_attempt_at AT TIME ZONE 'UTC', 'HH24:MI'), '-')
+		FROM outbox ORDER BY id`)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"new -", "retried 13:00", "unlogged 11:30"}, got,
+		"the earliest logged attempt, else the row's creation; none for a row never attempted")
 }
