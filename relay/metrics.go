@@ -3,6 +3,7 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,6 +48,11 @@ type ownedCollector struct {
 // left registered, so that their last values can still be gathered.
 func newMetrics(reg prometheus.Registerer, h holdings, stopped *atomic.Bool) (*metrics, error) {
 	latency := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+	// A row's lag runs far past a minute: delivered after an outage or a backlog, or on a
+	// retry (backoff up to an hour, for up to the 72 hours of OUTBOX_MAX_AGE). Ended at
+	// 60 s, every such row fell in +Inf, and histogram_quantile said 60 s of a p99 of an
+	// hour, so no alert on a lag of minutes could fire.
+	lag := append(slices.Clone(latency), 120, 300, 600, 1800, 3600, 2*3600, 6*3600, 24*3600, 72*3600)
 	m := &metrics{
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_deliveries_total", Help: "Delivery attempts by connector and outcome (delivered, retry, dead, held).",
@@ -55,7 +61,7 @@ func newMetrics(reg prometheus.Registerer, h holdings, stopped *atomic.Bool) (*m
 			Name: "outboxd_delivery_duration_seconds", Help: "Time a connector took for one attempt.", Buckets: latency,
 		}, []string{"connector"}),
 		commitToDelivery: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "outboxd_commit_to_delivery_seconds", Help: "Time from a row's creation (its NotBefore time, when later, unless the row was parked behind an earlier row of its ordering key) to its successful delivery.", Buckets: latency,
+			Name: "outboxd_commit_to_delivery_seconds", Help: "Time from a row's creation (its NotBefore time, when later, unless the row was parked behind an earlier row of its ordering key) to its successful delivery.", Buckets: lag,
 		}, []string{"connector"}),
 		claimBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "outboxd_claim_batch_rows", Help: "Rows taken by one claim.", Buckets: prometheus.ExponentialBuckets(1, 2, 11),
