@@ -27,6 +27,10 @@ type metrics struct {
 	inFlight         prometheus.GaugeFunc
 }
 
+// dbOperations are the operations outboxd_database_errors_total counts failures of (see
+// Relay.failed).
+var dbOperations = []string{"claim", "record", "release", "reclaim", "listen", "seen", "park", "stats", "retention"}
+
 // holdings read what a relay holds at the moment, for its gauges.
 type holdings struct {
 	claimedBytes func() float64 // payload bytes of the rows it holds claimed
@@ -96,6 +100,13 @@ func newMetrics(reg prometheus.Registerer, h holdings, stopped *atomic.Bool) (*m
 		inFlight: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "outboxd_deliveries_in_flight", Help: "Deliveries in flight, at most OUTBOX_CONCURRENCY (one busy instance among several: less a slot kept for each other instance). Below it while rows are pending and outboxd_claimed_rows is low, the workers wait for claims: the database, not the receivers, limits the rate.",
 		}, h.inFlight),
+	}
+	// A series for each operation from the start, at 0: one that appeared with its first
+	// failure, at 1, showed rate() and increase() no increase (they need a sample before
+	// it), so an alert on them missed that failure, the only one of a failure that does
+	// not last.
+	for _, op := range dbOperations {
+		m.dbErrors.WithLabelValues(op)
 	}
 	var registered, replaced []prometheus.Collector
 	for _, c := range []prometheus.Collector{m.deliveries, m.deliveryDuration, m.commitToDelivery, m.claimBatch,

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/connectors"
@@ -419,7 +418,7 @@ func decisionDuringAParkingPass(t *testing.T, parkedBefore bool) {
 		return err
 	})
 	require.NoError(t, cancelErr)
-	require.Zero(t, testutil.CollectAndCount(r.metrics.dbErrors), "database errors")
+	require.Zero(t, dbErrorsTotal(t, r), "database errors")
 
 	at, why := rowState(t, b, "f-1")
 	require.Empty(t, why, "head is canceled")
@@ -599,7 +598,7 @@ func TestOutcomeDuringAParkingPassReleasesTheNextRow(t *testing.T) {
 	})
 	require.NoError(t, err)
 	r.done(inst, head)
-	require.Zero(t, testutil.CollectAndCount(r.metrics.dbErrors), "database errors")
+	require.Zero(t, dbErrorsTotal(t, r), "database errors")
 
 	require.Equal(t, 1, took+claimOnce(t, r), "f-1 is due")
 	require.Equal(t, "f-1", (<-inst.jobs).key)
@@ -779,7 +778,7 @@ func TestCancelDuringAnOutcomeReleasesTheNextRow(t *testing.T) {
 	require.NoError(t, <-canceled)
 	<-wrote
 	r.done(inst, c)
-	require.Zero(t, testutil.CollectAndCount(r.metrics.dbErrors), "database errors")
+	require.Zero(t, dbErrorsTotal(t, r), "database errors")
 	require.Equal(t, outbox.StatusDelivered, mustGet(t, b, "head").Status)
 	require.Equal(t, outbox.StatusCanceled, mustGet(t, b, "first").Status)
 
@@ -844,7 +843,7 @@ func TestReplayDuringOutcomesOfTwoKeysDoesNotDeadlock(t *testing.T) {
 	<-wrote
 	r.done(inst, first)
 	r.done(inst, second)
-	require.Zero(t, testutil.CollectAndCount(r.metrics.dbErrors), "database errors")
+	require.Zero(t, dbErrorsTotal(t, r), "database errors")
 	require.Equal(t, outbox.StatusDelivered, mustGet(t, b, "a-1").Status)
 	require.Equal(t, outbox.StatusDelivered, mustGet(t, b, "b-1").Status)
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/pgtest"
@@ -162,7 +161,7 @@ FROM generate_series(1, $1) AS i`, parkBehindMin)
 		}, waitTimeout, 10*time.Millisecond, "%s is parked", key)
 	}
 	r.claimedOrdered.Add(-1)
-	require.Zero(t, testutil.CollectAndCount(r.metrics.dbErrors), "database errors")
+	require.Zero(t, dbErrorsTotal(t, r), "database errors")
 	waitStatus(t, b.pool, "expired", outbox.StatusDelivered)
 	_, err = outbox.Get(ctx, b.pool, "old")
 	require.ErrorIs(t, err, outbox.ErrNotFound)
