@@ -380,6 +380,33 @@ func CloneDefaultTransport() *http.Transport {
 	}
 }
 
+// NoProtocolSwitch returns next wrapped so that a 101 Switching Protocols answer comes
+// back with its connection closed and an empty body. net/http hands such an answer's
+// connection over as its body, and the attempt's timeout no longer bounds it: an SDK or
+// a connector that reads the body (stripe-go reads every answer's; Resend's reads its
+// error) would wait for the receiver to hang up, past the attempt's time limit and its
+// row's lease. A 101 is no answer to an API's POST, so it is classified by its status
+// alone, as the webhook connector does with its own.
+func NoProtocolSwitch(next http.RoundTripper) http.RoundTripper { return noProtocolSwitch{next} }
+
+type noProtocolSwitch struct{ next http.RoundTripper }
+
+func (t noProtocolSwitch) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.next.RoundTrip(req)
+	if err == nil && resp.StatusCode == http.StatusSwitchingProtocols {
+		_ = resp.Body.Close()
+		resp.Body = http.NoBody
+	}
+	return resp, err
+}
+
+// CloseIdleConnections closes the idle connections of the transport underneath.
+func (t noProtocolSwitch) CloseIdleConnections() {
+	if c, ok := t.next.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
 // DialableHost reports whether host is an IP address or a DNS name (labels of letters,
 // digits, '-' and '_', and an optional final dot): anything else (a space from an env
 // file, a "/") no resolver looks up, and every attempt would fail until its row was dead.

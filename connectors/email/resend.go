@@ -146,6 +146,9 @@ func NewResend(cfg ResendConfig) (*Resend, error) {
 		client = &copied
 	}
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	// Deliver reads every answer's body, which for a 101 is the connection itself: see
+	// connectors.NoProtocolSwitch.
+	client.Transport = connectors.NoProtocolSwitch(cmp.Or[http.RoundTripper](client.Transport, http.DefaultTransport))
 	c.client = client
 	return c, nil
 }
@@ -212,8 +215,9 @@ type ResendResult struct {
 // built from it the same way on every attempt, as Resend refuses a repeated key with a
 // different body.
 //
-// Failures are classified for the relay: a payload that is not valid, a 3xx, and a 4xx
-// other than 408, 409, 425 and 429 are permanent (Resend's error name and message are in
+// Failures are classified for the relay: a payload that is not valid, a 101 Switching
+// Protocols (its connection closed unread), a 3xx, and a 4xx other than 408, 409, 425
+// and 429 are permanent (Resend's error name and message are in
 // the error); 409 invalid_idempotent_request (the key was used with another body) is
 // permanent and ambiguous (Resend sent an email under the key); 409
 // concurrent_idempotent_requests, 408, 425, 429 and 5xx are retried, after
@@ -389,7 +393,7 @@ func (c *Resend) classify(resp *http.Response, res ResendResult) error {
 		return connectors.Ambiguous(fmt.Errorf("%w (a gateway's answer: Resend may have sent the email)", retry()))
 	case connectors.RetryableStatus(code):
 		return retry()
-	default: // 3xx (not followed), other 4xx, codes outside the classes HTTP defines
+	default: // 101, 3xx (not followed), other 4xx, codes outside the classes HTTP defines
 		return connectors.Permanent(errors.New(answered))
 	}
 }

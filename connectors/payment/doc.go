@@ -79,7 +79,8 @@
 //   - An answer carrying Stripe-Should-Retry: false is final, as for Stripe's own
 //     libraries (a retry would replay it): permanent (a 409 too), and also ambiguous
 //     for a 5xx or api_error.
-//   - 3xx is permanent: redirects are not followed.
+//   - 3xx is permanent: redirects are not followed. So is 101 Switching Protocols, whose
+//     connection is closed unread: it is no answer to an API call.
 //   - idempotency_error otherwise (the key was used with other parameters),
 //     invalid_request_error and other 4xx are permanent ([connectors.Permanent]), with
 //     Stripe's message.

@@ -139,7 +139,9 @@ func New(cfg Config) (*Connector, error) {
 	rawPath := strings.TrimSuffix(strings.TrimRight(u.EscapedPath(), "/"), "/v1")
 	path, _ := url.PathUnescape(rawPath) // it parsed: no error
 	hc.Transport = &observingTransport{
-		base:    cmp.Or[http.RoundTripper](hc.Transport, http.DefaultTransport),
+		// stripe-go reads every answer's body, which for a 101 is the connection itself:
+		// see connectors.NoProtocolSwitch.
+		base:    connectors.NoProtocolSwitch(cmp.Or[http.RoundTripper](hc.Transport, http.DefaultTransport)),
 		path:    path,
 		rawPath: rawPath,
 	}
