@@ -68,7 +68,8 @@
 // # Outcomes
 //
 //   - Rate limits (HTTP 429 with Retry-After, seconds or an HTTP date) are retried no sooner than Slack asks
-//     ([connectors.RetryAfter]); 429 without it, 408, 409, 425 and 5xx are retried with
+//     ([connectors.RetryAfter]), and so are 408, 409, 425 and 5xx that carry one (a 503
+//     of Slack's or of a proxy in front of it); without it they are retried with
 //     backoff. A 502 or 504 answering a post is a gateway's answer for Slack, which may
 //     have posted behind it, so it is also marked [connectors.Ambiguous].
 //   - Slack's service_unavailable, request_timeout and ratelimited answers are retried,

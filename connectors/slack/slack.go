@@ -165,8 +165,14 @@ type retryAfterSeconds struct{ next http.RoundTripper }
 
 func (t retryAfterSeconds) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := t.next.RoundTrip(req)
-	if err != nil || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+	if err != nil {
 		return resp, err
+	}
+	if a, ok := req.Context().Value(lastAnswerKey{}).(*lastAnswer); ok {
+		a.keep(resp)
+	}
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		return resp, nil
 	}
 	if d, ok := connectors.RetryAfterOf(resp.Header, time.Now()); ok {
 		resp.Header.Set("Retry-After", strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10))
@@ -181,6 +187,45 @@ func (t retryAfterSeconds) CloseIdleConnections() {
 	if c, ok := t.next.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
+}
+
+// lastAnswerKey is the context key of an attempt's *lastAnswer.
+type lastAnswerKey struct{}
+
+// lastAnswer is the status and headers of an attempt's latest answer. slack-go's
+// StatusCodeError keeps the status alone, and it reads Retry-After only on a 429: a
+// Retry-After with another status to retry (a 503 of Slack's, or of a proxy in front
+// of it) wins over the relay's backoff too (DESIGN.md), as the other connectors read
+// it, and is found here.
+type lastAnswer struct {
+	mu     sync.Mutex
+	status int
+	header http.Header
+}
+
+func (a *lastAnswer) keep(resp *http.Response) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.status, a.header = resp.StatusCode, resp.Header
+}
+
+// retryAfter returns err marked with the delay the Retry-After of the attempt's latest
+// answer asks for (see [connectors.RetryAfterOf]), when that answer had status code.
+func retryAfter(ctx context.Context, code int, err error) error {
+	a, ok := ctx.Value(lastAnswerKey{}).(*lastAnswer)
+	if !ok {
+		return err
+	}
+	a.mu.Lock()
+	status, header := a.status, a.header
+	a.mu.Unlock()
+	if status != code {
+		return err
+	}
+	if d, ok := connectors.RetryAfterOf(header, time.Now()); ok {
+		return connectors.RetryAfter(err, d)
+	}
+	return err
 }
 
 // slackAnswers refuses an HTTP 200 whose body is not an answer of Slack's Web API, which
@@ -402,6 +447,7 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 
 	ctx, cancel := context.WithTimeoutCause(ctx, c.timeout, ErrTimeout)
 	defer cancel()
+	ctx = context.WithValue(ctx, lastAnswerKey{}, new(lastAnswer))
 
 	if d.Attempt > 1 || d.PreviousAmbiguous {
 		ts, found, err := c.find(ctx, m, d.Key, d.FirstAttemptAt)
@@ -625,16 +671,17 @@ func (c *Connector) classify(ctx context.Context, op string, err error, wrote bo
 	}
 	if sc, ok := errors.AsType[slackgo.StatusCodeError](err); ok {
 		err = fmt.Errorf("%s: %w", op, err)
+		if !connectors.RetryableStatus(sc.Code) {
+			return connectors.Permanent(err)
+		}
+		err = retryAfter(ctx, sc.Code, err)
 		if wrote && (sc.Code == http.StatusBadGateway || sc.Code == http.StatusGatewayTimeout) {
 			// A gateway answered for Slack: it passed the post on and then lost Slack's
 			// connection (502) or stopped waiting for its answer (504). Slack may have
 			// posted, as after a connection reset of its own.
 			return connectors.Ambiguous(fmt.Errorf("%w (a gateway's answer: Slack may have posted the message)", err))
 		}
-		if connectors.RetryableStatus(sc.Code) {
-			return err
-		}
-		return connectors.Permanent(err)
+		return err
 	}
 	if errors.Is(err, errNotSlackAnswer) {
 		if wrote {
