@@ -497,6 +497,21 @@ func KeyHeaderProblem(key string) string {
 	return ""
 }
 
+// GatewayLostAnswer reports whether code is a gateway's answer for a receiver that took
+// the request and gave no answer of its own: 502 Bad Gateway and 504 Gateway Timeout, and
+// Cloudflare's own codes for the same (it fronts many receivers, Resend's API among
+// them): 520, the origin reset the connection or answered nothing, and 524, the origin
+// did not answer in time. Its 521, 522 and 523 say it never reached the origin, so they
+// are not among them. The receiver may have acted behind such an answer, as after a
+// connection reset of its own, so a connector marks it [Ambiguous].
+func GatewayLostAnswer(code int) bool {
+	switch code {
+	case http.StatusBadGateway, http.StatusGatewayTimeout, 520, 524:
+		return true
+	}
+	return false
+}
+
 // RetryableStatus reports whether an HTTP answer with status code is worth retrying, as
 // DESIGN.md classes them: 408, 409, 425, 429 and 5xx. Other 4xx are the request's fault,
 // and retrying cannot change them.

@@ -224,7 +224,8 @@ type ResendResult struct {
 // Retry-After when given; a request that got no answer after it was written is
 // [connectors.Ambiguous], and so are a 2xx whose answer cannot be read, a 409
 // concurrent_idempotent_requests (an earlier request with the key, still in progress,
-// may send the email) and a gateway's 502 or 504.
+// may send the email) and a gateway's 502 or 504 (or Cloudflare's 520 or 524, which
+// fronts Resend's API).
 func (c *Resend) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
 	body, err := c.build(d)
 	if err != nil {
@@ -386,10 +387,12 @@ func (c *Resend) classify(resp *http.Response, res ResendResult) error {
 		// mark tells of its latest attempt only, and a row whose attempts ran out on
 		// these would otherwise end dead as if Resend had sent nothing.
 		return connectors.Ambiguous(fmt.Errorf("%w (an earlier request with this key is still in progress at Resend and may send the email; a retry with the same key gets its answer)", retry()))
-	case code == http.StatusBadGateway || code == http.StatusGatewayTimeout:
+	case connectors.GatewayLostAnswer(code):
 		// A gateway answered for Resend: it passed the request on and then lost Resend's
-		// connection (502) or stopped waiting for its answer (504). Resend may have sent
-		// the email, as after a connection reset of its own.
+		// connection (502, or Cloudflare's 520) or stopped waiting for its answer (504,
+		// Cloudflare's 524). Resend may have sent the email, as after a connection reset
+		// of its own. All of Resend's API traffic comes through Cloudflare (Resend's
+		// incident report of November 18, 2025), so its codes are Resend's gateway's.
 		return connectors.Ambiguous(fmt.Errorf("%w (a gateway's answer: Resend may have sent the email)", retry()))
 	case connectors.RetryableStatus(code):
 		return retry()

@@ -495,29 +495,16 @@ func (c *Connector) classify(resp *http.Response, excerpt string) error {
 		if d, ok := connectors.RetryAfterOf(resp.Header, c.now()); ok {
 			err = connectors.RetryAfter(err, d)
 		}
-		if gatewayLostAnswer(code) {
+		if connectors.GatewayLostAnswer(code) {
 			// A gateway answered for the receiver: it passed the request on and then lost
-			// the receiver's connection (502) or stopped waiting for its answer (504). The
-			// receiver may have acted, as after a connection reset of its own.
+			// the receiver's connection (502, 520) or stopped waiting for its answer (504,
+			// 524). The receiver may have acted, as after a connection reset of its own.
 			return connectors.Ambiguous(fmt.Errorf("%w (a gateway's answer: the receiver may have acted)", err))
 		}
 		return err
 	default: // other 4xx, and codes outside the classes HTTP defines
 		return connectors.Permanent(errors.New(answered))
 	}
-}
-
-// gatewayLostAnswer reports whether code is a gateway's answer for a receiver that took
-// the request and gave no answer of its own: 502 Bad Gateway and 504 Gateway Timeout, and
-// Cloudflare's own codes for the same (it fronts many receivers): 520, the origin reset
-// the connection or answered nothing, and 524, the origin did not answer in time. Its
-// 521, 522 and 523 say it never reached the origin, so they are not among them.
-func gatewayLostAnswer(code int) bool {
-	switch code {
-	case http.StatusBadGateway, http.StatusGatewayTimeout, 520, 524:
-		return true
-	}
-	return false
 }
 
 // excerptBufs keep readExcerpt's buffers between attempts.
