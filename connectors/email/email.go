@@ -201,16 +201,22 @@ func parseAddr(addr string) (string, int, error) {
 	if addr == "" {
 		return "", 0, errors.New("Addr: required")
 	}
+	// What comes before an "@" may be a password (an address written as a URL with
+	// credentials, "smtp://user:pass@host:587", as other tools take it), and is never
+	// quoted, as outboxd's configuration does not quote it.
+	shown := addr
+	if at := strings.LastIndexByte(addr, '@'); at >= 0 {
+		shown = "xxxxx" + addr[at:]
+	}
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "", 0, fmt.Errorf("Addr: %q is not host:port", addr)
+		return "", 0, fmt.Errorf("Addr: %q is not host:port", shown)
 	}
 	if host == "" {
-		return "", 0, fmt.Errorf("Addr: %q has no host", addr)
+		return "", 0, fmt.Errorf("Addr: %q has no host", shown)
 	}
 	if !connectors.DialableHost(host) {
-		// A space from an env file, say: every attempt would fail to look it up. What
-		// comes before an "@" may be a password, and is not quoted.
+		// A space from an env file, say: every attempt would fail to look it up.
 		if at := strings.LastIndexByte(host, '@'); at >= 0 {
 			host = "xxxxx" + host[at:]
 		}
@@ -218,7 +224,7 @@ func parseAddr(addr string) (string, int, error) {
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil || port < 1 || port > 65535 {
-		return "", 0, fmt.Errorf("Addr: %q has no valid port (1-65535)", addr)
+		return "", 0, fmt.Errorf("Addr: %q has no valid port (1-65535)", shown)
 	}
 	return host, port, nil
 }
