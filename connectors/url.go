@@ -66,7 +66,11 @@ func ParseReason(raw string, err error) string {
 }
 
 // ParseAPIBase is [ParseHTTPURL] for the root of an API, which takes no query or
-// fragment: request paths are appended to it.
+// fragment (request paths are appended to it), and no user name or password: the
+// connector's API key or token authenticates (the payment and Resend connectors send it
+// in the Authorization header, which net/http then leaves as it is, and Slack's goes in
+// the form), so credentials there would be taken and never sent, and a proxy that
+// wanted them would refuse every row.
 func ParseAPIBase(field, raw string) (*url.URL, error) {
 	u, err := ParseHTTPURL(field, raw)
 	if err != nil {
@@ -75,8 +79,14 @@ func ParseAPIBase(field, raw string) (*url.URL, error) {
 	if u.RawQuery != "" || u.Fragment != "" {
 		return nil, fmt.Errorf("%s: must not have a query or fragment", field)
 	}
+	if u.User != nil {
+		return nil, fmt.Errorf("%s: %s", field, APIBaseCredentialsProblem)
+	}
 	return u, nil
 }
+
+// APIBaseCredentialsProblem is why an API base with a user name or password is refused.
+const APIBaseCredentialsProblem = "must not carry a user name or password: the API key or token authenticates, and they would not be sent"
 
 // RedactURL shows raw without its password, for logs and errors, or "(invalid URL)"
 // when it does not parse.

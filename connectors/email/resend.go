@@ -41,7 +41,8 @@ type ResendConfig struct {
 	// errors.
 	APIKey string
 	// APIBase is the API's base URL; emails are POSTed to APIBase + "/emails". Another
-	// value points at a proxy or a fake. Defaults to [DefaultResendAPIBase].
+	// value points at a proxy or a fake. It takes no user name or password: the API key
+	// authenticates. Defaults to [DefaultResendAPIBase].
 	APIBase string
 	// From is the sender, such as "Shop <orders@shop.example>", on a domain verified
 	// with Resend. Required.

@@ -29,7 +29,8 @@ type Config struct {
 	// [Config.String] and [Config.LogValue] redact it.
 	APIKey string
 	// APIBase is the Stripe API's base URL, an absolute http or https URL without white
-	// space at either end; request paths (/v1/...) are appended to any path of its own
+	// space at either end, nor a user name or password (the API key authenticates);
+	// request paths (/v1/...) are appended to any path of its own
 	// (a proxy's prefix), less a final /v1 as stripe-go does. Tests point it at
 	// stripe-mock. Defaults to https://api.stripe.com.
 	APIBase string

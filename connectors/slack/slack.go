@@ -282,12 +282,9 @@ func (cfg Config) withDefaults() Config {
 // parseBase checks the API root and returns it with exactly one trailing slash, which
 // slack-go expects (it appends method names such as "chat.postMessage").
 func parseBase(raw string) (string, error) {
-	u, err := connectors.ParseAPIBase("APIBase", raw)
+	u, err := connectors.ParseAPIBase("APIBase", raw) // which refuses credentials: the token authenticates
 	if err != nil {
 		return "", err
-	}
-	if u.User != nil {
-		return "", errors.New("APIBase: must not carry credentials; the token authenticates")
 	}
 	u.Path = strings.TrimRight(u.Path, "/") + "/"
 	u.RawPath = ""

@@ -274,12 +274,18 @@ func checkHTTPURL(name, raw string, p *problems) *url.URL {
 }
 
 // checkAPIBase reports an API's base URL that its connector refuses: what checkHTTPURL
-// does, and a query or fragment, as [connectors.ParseAPIBase] does (request paths are
-// appended to it).
+// does, a query or fragment (request paths are appended to it), and a user name or
+// password (the API key or token authenticates, and they would not be sent), as
+// [connectors.ParseAPIBase] does.
 func checkAPIBase(name, raw string, p *problems) *url.URL {
 	u := checkHTTPURL(name, raw, p)
-	if u != nil && (u.RawQuery != "" || u.Fragment != "") {
+	switch {
+	case u == nil:
+	case u.RawQuery != "" || u.Fragment != "":
 		p.addf(name, "%s must not have a query or fragment, got %q", name, connectors.RedactEndpoint(raw))
+		return nil
+	case u.User != nil:
+		p.addf(name, "%s %s", name, connectors.APIBaseCredentialsProblem)
 		return nil
 	}
 	return u

@@ -534,7 +534,7 @@ func TestLoadRefusesWhatConnectorsRefuse(t *testing.T) {
 		`OUTBOX_WEBHOOK_URL must be an absolute http or https URL, got "http://:8080/xxxxx"`,
 		`OUTBOX_PAYMENT_API_BASE must not have a query or fragment, got "http://127.0.0.1:12111/xxxxx"`,
 		`OUTBOX_EMAIL_API_BASE must not have a query or fragment, got "https://api.resend.com"`,
-		`OUTBOX_SLACK_API_BASE must not carry a user name or password: the token authenticates`,
+		`OUTBOX_SLACK_API_BASE must not carry a user name or password: the API key or token authenticates, and they would not be sent`,
 	}, problemLines(t, err))
 }
 

@@ -73,10 +73,7 @@ func loadSlack(environment map[string]string, k kind, name string, p *problems) 
 	if checkRequired(pre+"TOKEN", c.Token.Reveal(), c.Instance(), p) {
 		checkToken(pre+"TOKEN", c.Token, p)
 	}
-	// The connector refuses credentials here: the token authenticates.
-	if u := checkAPIBase(pre+"API_BASE", c.APIBase, p); u != nil && u.User != nil {
-		p.addf(pre+"API_BASE", "%s must not carry a user name or password: the token authenticates", pre+"API_BASE")
-	}
+	checkAPIBase(pre+"API_BASE", c.APIBase, p)
 	checkTimeout(pre+"TIMEOUT", c.Timeout, p)
 	if name := pre + "HISTORY_LIMIT"; c.HistoryLimit < 1 || c.HistoryLimit > maxSlackHistory {
 		p.addf(name, "%s must be from 1 to %d, got %d", name, maxSlackHistory, c.HistoryLimit)

@@ -1,0 +1,25 @@
+package email_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors/email"
+)
+
+// An API base with a user name and password (a proxy's, say) was taken, but the
+// credentials were never sent: the API key goes in the Authorization header, which
+// net/http then leaves as it is. A proxy that wanted them refused every row, each then
+// dead. It is refused, as the Slack connector refuses one, and never quoted.
+func TestNewResend_RefusesCredentialsInAPIBase(t *testing.T) {
+	t.Parallel()
+	for _, base := range []string{"https://proxyuser:S3CRET@resend.example", "https://proxyuser@resend.example/resend"} {
+		c, err := email.NewResend(email.ResendConfig{APIKey: "re_x", APIBase: base, From: testFrom})
+		require.Error(t, err, base)
+		require.Nil(t, c)
+		require.Contains(t, err.Error(), "email resend config: APIBase: must not carry a user name or password", base)
+		require.NotContains(t, err.Error(), "S3CRET")
+		require.NotContains(t, err.Error(), "proxyuser")
+	}
+}
