@@ -73,7 +73,7 @@ type Config struct {
 // cannot leak it.
 func (cfg Config) String() string {
 	return fmt.Sprintf("email.Config{Addr:%q Username:%q Password:%s From:%q Timeout:%s TLS:%q}",
-		cfg.Addr, cfg.Username, redacted(cfg.Password), cfg.From, cfg.Timeout, cfg.TLS)
+		shownAddr(cfg.Addr), cfg.Username, redacted(cfg.Password), cfg.From, cfg.Timeout, cfg.TLS)
 }
 
 // GoString is String, for %#v.
@@ -82,13 +82,24 @@ func (cfg Config) GoString() string { return cfg.String() }
 // LogValue keeps the password out of logs.
 func (cfg Config) LogValue() slog.Value {
 	return slog.GroupValue(
-		slog.String("addr", cfg.Addr),
+		slog.String("addr", shownAddr(cfg.Addr)),
 		slog.String("username", cfg.Username),
 		slog.String("password", redacted(cfg.Password)),
 		slog.String("from", cfg.From),
 		slog.Duration("timeout", cfg.Timeout),
 		slog.String("tls", cfg.TLS),
 	)
+}
+
+// shownAddr is addr as messages and logs show it: what comes before an "@" may be a
+// password (an address written as a URL with credentials, "smtp://user:pass@host:587",
+// as other tools take it), which New refuses, and is never shown, as outboxd's
+// configuration does not show it.
+func shownAddr(addr string) string {
+	if at := strings.LastIndexByte(addr, '@'); at >= 0 {
+		return "xxxxx" + addr[at:]
+	}
+	return addr
 }
 
 func redacted(secret string) string {
@@ -201,13 +212,7 @@ func parseAddr(addr string) (string, int, error) {
 	if addr == "" {
 		return "", 0, errors.New("Addr: required")
 	}
-	// What comes before an "@" may be a password (an address written as a URL with
-	// credentials, "smtp://user:pass@host:587", as other tools take it), and is never
-	// quoted, as outboxd's configuration does not quote it.
-	shown := addr
-	if at := strings.LastIndexByte(addr, '@'); at >= 0 {
-		shown = "xxxxx" + addr[at:]
-	}
+	shown := shownAddr(addr)
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
 		return "", 0, fmt.Errorf("Addr: %q is not host:port", shown)
