@@ -9,7 +9,8 @@
 //     same request again 200 with Idempotent-Replayed: true, a different request under a
 //     used key 422.
 //   - GET /v1/intents/{key} reads one intent (404 when unknown or outside the token's
-//     connectors).
+//     connectors), with copy_of and replayed_as when an operator re-executed its
+//     operation under a new key (outboxd replay --new-key).
 //   - GET /v1/intents?status=&connector=&limit=&after= lists the token's intents, newest
 //     first; status may repeat or be comma-separated, after is the previous page's next.
 //     Another parameter, or one that does not parse, answers 400.
@@ -335,13 +336,27 @@ func (e keyConflict) Error() string {
 
 func (e keyConflict) Unwrap() error { return e.err }
 
+// getAnswer is GET /v1/intents/{key}'s answer: the intent, and the copies that replay
+// --new-key made of its operation (intent.Copies). Without replayed_as, a row whose
+// operation an operator re-executed under a new key reads dead for good, and a client
+// takes the operation for failed.
+type getAnswer struct {
+	outbox.Intent
+	CopyOf     string       `json:"copy_of,omitempty"`
+	ReplayedAs *intent.Copy `json:"replayed_as,omitempty"`
+}
+
 func (h *Handler) get(w http.ResponseWriter, r *http.Request, tok *intent.Token) error {
 	ctx, done := h.bound(r.Context())
 	in, err := h.svc.Get(ctx, tok, r.PathValue("key"))
+	var c intent.Copies
+	if err == nil {
+		c, err = h.svc.Copies(ctx, tok, in)
+	}
 	if err = done(err); err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, ops.WithoutCredentials(in))
+	return writeJSON(w, http.StatusOK, getAnswer{Intent: ops.WithoutCredentials(in), CopyOf: c.CopyOf, ReplayedAs: c.ReplayedAs})
 }
 
 // listParams are the query parameters of GET /v1/intents.

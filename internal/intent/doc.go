@@ -15,6 +15,14 @@
 // create, read or list intents of other connectors: reading one answers as if it did not
 // exist. Only admin tokens approve, reject and cancel.
 //
+// # Copies
+//
+// An operator who re-executes an intent's operation under a new key (outboxd replay
+// --new-key) makes a copy of its row and leaves the row itself dead or held.
+// [Service.Copies] names that copy for a read of the row (and, for a read of the copy,
+// the row it copies), so that a client follows the operation rather than taking it for
+// failed.
+//
 // # Approval
 //
 // Intents for the connectors in [Policy.ApprovalRequired] start awaiting_approval; an

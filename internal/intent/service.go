@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/internal/ops"
@@ -212,6 +213,87 @@ func (s *Service) Get(ctx context.Context, tok *Token, key string) (outbox.Inten
 		return outbox.Intent{}, fmt.Errorf("%w: no intent has key %q", outbox.ErrNotFound, key)
 	}
 	return in, nil
+}
+
+// Copies says where the operation of an intent went once an operator re-executed it
+// under a new key (outboxd replay --new-key): that makes a copy of the row, and leaves
+// the row itself as it was, dead or held, so that its status alone reads as a failed
+// operation. See [Service.Copies].
+type Copies struct {
+	// CopyOf is the key of the intent this one is a copy of, when it is one.
+	CopyOf string
+	// ReplayedAs is the latest copy of the operation (of this intent, or of the one it
+	// copies), when that is not this intent: where the operation went. Nil when there is
+	// none.
+	ReplayedAs *Copy
+	// Unknown says the copies could not be looked up: the database role may not read
+	// outbox_audit, which outboxd mcp's role need not (README).
+	Unknown bool
+}
+
+// Copy is a copy that replay --new-key made, as [Copies] names it.
+type Copy struct {
+	Key string `json:"key"`
+	// Status is the copy's status now; empty when Gone.
+	Status string `json:"status,omitempty"`
+	// Gone says the copy is no longer kept: it was delivered or canceled, then deleted
+	// after OUTBOX_RETENTION (or by purge), which delete no other rows.
+	Gone bool `json:"gone,omitempty"`
+}
+
+// Copies returns the copies of in's operation that tok may know of: only those of its
+// connectors, as [Service.Get] reads intents. A copy keeps its row's connector, so a
+// token that reads one reads the other; a row whose connector plain SQL changed since is
+// left out, so its existence does not leak. A copy that is gone is named all the same:
+// its key is in the audit trail of in's operation, whose connector tok may use.
+//
+// A role that may not read outbox_audit gets Copies{Unknown: true}, not an error: the
+// intent itself is what was asked for.
+func (s *Service) Copies(ctx context.Context, tok *Token, in outbox.Intent) (Copies, error) {
+	var c Copies
+	op := in.Key
+	of, err := ops.CopyOf(ctx, s.Pool, in.Key)
+	if insufficientPrivilege(err) {
+		return Copies{Unknown: true}, nil
+	}
+	if err != nil {
+		return Copies{}, err
+	}
+	if of != "" {
+		orig, err := outbox.Get(ctx, s.Pool, of)
+		switch {
+		case errors.Is(err, outbox.ErrNotFound):
+			// Deleted meanwhile: its audit trail, which names the copy, went with it.
+		case err != nil:
+			return Copies{}, err
+		case tok.Allows(orig.Connector):
+			c.CopyOf, op = of, of
+		}
+	}
+	latest, err := ops.LatestCopy(ctx, s.Pool, op)
+	if insufficientPrivilege(err) {
+		return Copies{Unknown: true}, nil
+	}
+	if err != nil || latest == "" || latest == in.Key {
+		return c, err
+	}
+	cp, err := outbox.Get(ctx, s.Pool, latest)
+	switch {
+	case errors.Is(err, outbox.ErrNotFound):
+		c.ReplayedAs = &Copy{Key: latest, Gone: true}
+	case err != nil:
+		return Copies{}, err
+	case tok.Allows(cp.Connector):
+		c.ReplayedAs = &Copy{Key: latest, Status: cp.Status}
+	}
+	return c, nil
+}
+
+// insufficientPrivilege says err is PostgreSQL's refusal of a table the role has no
+// grant on.
+func insufficientPrivilege(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501" // insufficient_privilege
 }
 
 // List returns one page of intents as [ops.List] does, narrowed to the connectors the

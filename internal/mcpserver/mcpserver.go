@@ -47,7 +47,8 @@ Rules:
 Give a short human-readable reason: it goes to this server's log with the key and comes back in the result, but it is not stored with the intent, so the person who approves it sees the connector and payload, not the reason.`
 
 const getDescription = `Read one intent by its key: status (pending, delivering, delivered, dead, canceled, awaiting_approval, held), attempts, the last error and the receiver's stored result.
-Call this instead of proposing again when you need to know whether a side effect happened; delivered means done, and the result is the receiver's answer.`
+Call this instead of proposing again when you need to know whether a side effect happened; delivered means done, and the result is the receiver's answer.
+An intent that names replayed_as had its operation re-executed by an operator under that new key: while it is dead, held or canceled, that is where the operation went, so follow that key instead. copy_of names the intent whose operation a copy re-executes.`
 
 const listDescription = `List intents newest first, only of the connectors this token may use. Filter by status (one, or several separated by commas) and connector; page with limit and the next cursor from the previous page (after).`
 
@@ -166,8 +167,12 @@ type ProposeOutput struct {
 
 // GetOutput is the output of get_intent.
 type GetOutput struct {
-	Intent  Intent `json:"intent"`
-	Message string `json:"message"`
+	Intent Intent `json:"intent"`
+	// CopyOf and ReplayedAs name the copies an operator made to re-execute the
+	// intent's operation under a new key (intent.Copies).
+	CopyOf     string       `json:"copy_of,omitempty" jsonschema:"the key of the intent this one re-executes under a new key, when an operator made it so (outboxd replay --new-key)"`
+	ReplayedAs *intent.Copy `json:"replayed_as,omitempty" jsonschema:"where the operation went when an operator re-executed it under a new key: that intent's key and status now (gone: no longer kept, deleted after the retention period once delivered or canceled)"`
+	Message    string       `json:"message"`
 }
 
 // ListOutput is the output of list_intents.
@@ -402,13 +407,30 @@ func (t *tools) get(ctx context.Context, req *mcp.CallToolRequest, in GetInput) 
 		return nil, GetOutput{}, err
 	}
 	got, err := t.svc.Get(ctx, tok, in.Key)
+	var c intent.Copies
+	if err == nil {
+		c, err = t.svc.Copies(ctx, tok, got)
+	}
 	if err != nil {
 		return nil, GetOutput{}, t.toolError(ctx, ToolGet, in.Key, err)
 	}
-	return nil, GetOutput{
-		Intent:  fromIntent(got),
-		Message: fmt.Sprintf("Intent %s is %s after %d attempt(s). %s", got.Key, got.Status, got.Attempts, nextStep(got)),
-	}, nil
+	msg := fmt.Sprintf("Intent %s is %s after %d attempt(s). ", got.Key, got.Status, got.Attempts)
+	if c.CopyOf != "" {
+		msg += fmt.Sprintf("An operator made this intent to re-execute the operation of intent %s under a new key. ", c.CopyOf)
+	}
+	over := slices.Contains([]string{outbox.StatusDead, outbox.StatusHeld, outbox.StatusCanceled}, got.Status)
+	switch {
+	case c.ReplayedAs != nil && over:
+		// The operation went on under the copy's key, which is what the agent needs to
+		// follow; this row's own next step (an operator may replay it) is past.
+		msg += copyStep(c.ReplayedAs)
+	case c.Unknown && over:
+		msg += nextStep(got) + " But this server's database role may not read the audit trail (SELECT on outbox_audit), " +
+			"so it cannot tell whether an operator re-executed this intent under a new key: ask an operator before taking it as failed."
+	default:
+		msg += nextStep(got)
+	}
+	return nil, GetOutput{Intent: fromIntent(got), CopyOf: c.CopyOf, ReplayedAs: c.ReplayedAs, Message: msg}, nil
 }
 
 func (t *tools) list(ctx context.Context, req *mcp.CallToolRequest, in ListInput) (*mcp.CallToolResult, ListOutput, error) {
@@ -516,7 +538,8 @@ func nextStep(in outbox.Intent) string {
 	case outbox.StatusDelivered:
 		return "It is done; result holds the receiver's answer."
 	case outbox.StatusDead:
-		return "The relay gave up (see last_error); an operator may replay it. Do not propose it again under a new key."
+		return "The relay gave up (see last_error); an operator may replay it, under this key or a new one, which get_intent on this key then names (replayed_as). " +
+			"Do not propose it again under a new key."
 	case outbox.StatusHeld:
 		return "An operator must decide whether it happened; do not propose it again."
 	case outbox.StatusCanceled:
@@ -524,6 +547,18 @@ func nextStep(in outbox.Intent) string {
 	default:
 		return ""
 	}
+}
+
+// copyStep tells the agent where the operation of an intent went that an operator
+// re-executed under a new key, the copy cp, and what to do next.
+func copyStep(cp *intent.Copy) string {
+	if cp.Gone {
+		return fmt.Sprintf("An operator re-executed its operation under the new key %s, which the outbox no longer keeps "+
+			"(delivered and canceled intents are deleted after its retention period), so it may have happened; "+
+			"do not propose it again.", cp.Key)
+	}
+	return fmt.Sprintf("An operator re-executed its operation under the new key %s, which is %s: that intent is where the operation went; "+
+		"read it with get_intent (key %s) instead of this one, and do not propose it again.", cp.Key, cp.Status, cp.Key)
 }
 
 // toolError turns a service error into the text of a tool error: what went wrong and

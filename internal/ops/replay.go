@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -163,6 +164,46 @@ func copiesOf(ctx context.Context, tx pgx.Tx, b []target) (map[string]string, er
 		return nil, fmt.Errorf("look up copies: %w", err)
 	}
 	return out, nil
+}
+
+// copyKey matches the keys replay --new-key gives copies, outbox.Key(key, "replay", n):
+// a readable part that ends "/replay/<n>", or was cut at 80 characters (a long key),
+// then '~' and the hash. Only such keys are looked up by [CopyOf], since copiesOfSQL
+// reads every replay's audit entry, and the intent API asks for every key it is given
+// (agents' keys from key parts are outbox.Key's too).
+var copyKey = regexp.MustCompile(`^(?:[A-Za-z0-9._/-]{80}|[A-Za-z0-9._/-]*/replay/[0-9]+)~[a-z2-7]{26}$`)
+
+// CopyOf returns the key of the row that replay --new-key made the row with key a copy
+// of, or "" when key is no such copy (copiesOfSQL).
+func CopyOf(ctx context.Context, db outbox.DB, key string) (string, error) {
+	if !copyKey.MatchString(key) {
+		return "", nil
+	}
+	var cp, of string
+	err := db.QueryRow(ctx, copiesOfSQL, []string{key}).Scan(&cp, &of)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("look up the row %q copies: %w", key, err)
+	}
+	return of, nil
+}
+
+// LatestCopy returns the key of the latest copy that replay --new-key made of the row
+// with key (copiesMadeOfSQL), or "" when it made none. Its copies are one line, each
+// made once the one before was finished (see [Replay]), so the latest is where the
+// row's operation went; it may be gone since (delivered or canceled, then deleted by
+// retention or purge).
+func LatestCopy(ctx context.Context, db outbox.DB, key string) (string, error) {
+	var n int
+	if err := db.QueryRow(ctx, copiesMadeOfSQL, key).Scan(&n); err != nil {
+		return "", fmt.Errorf("look up copies of %q: %w", key, err)
+	}
+	if n == 0 {
+		return "", nil
+	}
+	return outbox.Key(key, "replay", strconv.Itoa(n)), nil
 }
 
 // statusByKeySQL reads the status of the row with key $1.

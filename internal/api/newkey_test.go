@@ -1,0 +1,99 @@
+package api_test
+
+import (
+	"net/http"
+	"net/url"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// After outboxd replay --new-key, the operation of a dead intent continues under a new
+// key, and the intent itself stays dead. GET of its key must say where the operation
+// went, the copy's key and status, or a client takes the dead intent for a failed
+// operation and acts again (or reports a failure for an effect that happened); and the
+// copy's answer names the key it copies. Tokens see only what their connectors allow.
+func TestGetNamesTheCopyAReplayWithANewKeyMade(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	ctx := t.Context()
+	r := b.do(t, "POST", "/v1/intents", agentSecret, "order-9/notify", `{"connector":"webhook:crm","payload":{"order":9}}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	_, err := b.pool.Exec(ctx, `UPDATE outbox SET status = 'dead', attempts = 5, last_error = 'receiver answered 500'
+		WHERE idempotency_key = 'order-9/notify'`)
+	require.NoError(t, err)
+	newKey := func() string {
+		t.Helper()
+		res, err := ops.Replay(ctx, b.pool, ops.Selection{Keys: []string{"order-9/notify"}},
+			ops.ReplayOptions{Actor: "op", NewKey: true})
+		require.NoError(t, err)
+		require.Equal(t, []string{"order-9/notify"}, res.Replayed, "%+v", res)
+		return res.NewKeys["order-9/notify"]
+	}
+	get := func(secret, key string) response {
+		t.Helper()
+		return b.do(t, "GET", "/v1/intents/"+url.PathEscape(key), secret, "", "")
+	}
+	first := newKey()
+
+	r = get(agentSecret, "order-9/notify")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.Equal(t, "dead", r.body["status"])
+	require.Equal(t, map[string]any{"key": first, "status": "pending"}, r.body["replayed_as"], r.raw)
+	require.NotContains(t, r.body, "copy_of")
+
+	r = get(crmSecret, first) // a copy keeps its row's connector: crm sees both
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.Equal(t, "order-9/notify", r.body["copy_of"], r.raw)
+	require.NotContains(t, r.body, "replayed_as")
+
+	// The copy died too, and an operator made a second one: the first copy and the row
+	// both name the second, where the operation is now.
+	_, err = b.pool.Exec(ctx, `UPDATE outbox SET status = 'dead' WHERE idempotency_key = $1`, first)
+	require.NoError(t, err)
+	second := newKey()
+	_, err = b.pool.Exec(ctx, `UPDATE outbox SET status = 'delivered', delivered_at = now() WHERE idempotency_key = $1`, second)
+	require.NoError(t, err)
+	for _, key := range []string{"order-9/notify", first} {
+		r = get(crmSecret, key)
+		require.Equal(t, http.StatusOK, r.status, r.raw)
+		require.Equal(t, "dead", r.body["status"])
+		require.Equal(t, map[string]any{"key": second, "status": "delivered"}, r.body["replayed_as"], r.raw)
+	}
+
+	// Deleted after OUTBOX_RETENTION, the copy is gone, and the row still names it.
+	_, err = b.pool.Exec(ctx, `DELETE FROM outbox WHERE idempotency_key = $1`, second)
+	require.NoError(t, err)
+	r = get(crmSecret, "order-9/notify")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.Equal(t, map[string]any{"key": second, "gone": true}, r.body["replayed_as"], r.raw)
+
+	// A token that may not read a copy (its connector changed by plain SQL) is not told
+	// it exists; nor the key of the row a copy copies.
+	_, err = outbox.Enqueue(ctx, b.pool, outbox.Message{Key: "other", Connector: "webhook", Payload: map[string]any{}})
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE outbox SET status = 'dead' WHERE idempotency_key = 'other'`)
+	require.NoError(t, err)
+	res, err := ops.Replay(ctx, b.pool, ops.Selection{Keys: []string{"other"}}, ops.ReplayOptions{Actor: "op", NewKey: true})
+	require.NoError(t, err)
+	otherCopy := res.NewKeys["other"]
+	require.NotEmpty(t, otherCopy, "%+v", res)
+	_, err = b.pool.Exec(ctx, `UPDATE outbox SET connector = 'email' WHERE idempotency_key = $1`, otherCopy)
+	require.NoError(t, err)
+	r = get(agentSecret, "other")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.NotContains(t, r.body, "replayed_as", r.raw)
+	require.NotContains(t, r.raw, otherCopy)
+	_, err = b.pool.Exec(ctx, `UPDATE outbox SET connector = 'webhook:crm' WHERE idempotency_key = $1`, otherCopy)
+	require.NoError(t, err)
+	r = get(crmSecret, otherCopy)
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.NotContains(t, r.body, "copy_of", r.raw)
+	require.NotContains(t, r.raw, `"other"`)
+	r = get(agentSecret, otherCopy)
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.Equal(t, "other", r.body["copy_of"], r.raw)
+}

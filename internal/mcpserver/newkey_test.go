@@ -1,0 +1,86 @@
+package mcpserver_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/intent"
+	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/internal/pgtest"
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// After outboxd replay --new-key, the operation of a dead intent continues under a new
+// key, and the intent itself stays dead. get_intent told the agent it was dead and that
+// "an operator may replay it", for good: an agent takes that for a failed operation, and
+// acts again or reports a failure for an effect that happened. It must name the copy
+// and its status, and the copy must name the key it copies.
+func TestGetIntentNamesTheCopyAReplayWithANewKeyMade(t *testing.T) {
+	t.Parallel()
+	b := setupService(t)
+	ctx := t.Context()
+	cs := b.connect(t, "agent")
+	key := outbox.Key("run-3", "charge", "cust-7")
+	ok[map[string]any](t, call(t, cs, "propose_intent", map[string]any{
+		"connector": "webhook", "key": key, "payload": map[string]any{"amount": 5},
+	}))
+	_, err := b.pool.Exec(ctx, `UPDATE outbox SET status = 'dead', attempts = 5, last_error = 'receiver answered 500'
+		WHERE idempotency_key = $1`, key)
+	require.NoError(t, err)
+	res, err := ops.Replay(ctx, b.pool, ops.Selection{Keys: []string{key}}, ops.ReplayOptions{Actor: "op", NewKey: true})
+	require.NoError(t, err)
+	cp := res.NewKeys[key]
+	require.NotEmpty(t, cp, "%+v", res)
+	_, err = b.pool.Exec(ctx, `UPDATE outbox SET status = 'delivered', delivered_at = now() WHERE idempotency_key = $1`, cp)
+	require.NoError(t, err)
+
+	got := call(t, cs, "get_intent", map[string]any{"key": key})
+	out := ok[map[string]any](t, got)
+	require.Equal(t, map[string]any{"key": cp, "status": "delivered"}, out["replayed_as"], text(got))
+	msg := out["message"].(string)
+	require.Contains(t, msg, cp)
+	require.Contains(t, msg, "delivered")
+	require.NotContains(t, msg, "an operator may replay it", "the operator did")
+	require.Contains(t, text(got), cp)
+
+	got = call(t, cs, "get_intent", map[string]any{"key": cp})
+	out = ok[map[string]any](t, got)
+	require.Equal(t, key, out["copy_of"], text(got))
+	require.Contains(t, out["message"].(string), key)
+
+	// A token that may not use the connector learns nothing of either.
+	mailer := b.connect(t, "mailer")
+	require.Contains(t, toolErr(t, call(t, mailer, "get_intent", map[string]any{"key": key})), "not found")
+	require.Contains(t, toolErr(t, call(t, mailer, "get_intent", map[string]any{"key": cp})), "not found")
+}
+
+// outboxd mcp needs only SELECT, INSERT on outbox (README). Naming the copies reads
+// outbox_audit, which such a role may not: get_intent must still answer, and say that
+// it cannot tell whether an operator re-executed the intent under a new key.
+func TestGetIntentWithoutTheAuditTrailStillAnswers(t *testing.T) {
+	t.Parallel()
+	b := setupService(t)
+	ctx := t.Context()
+	rolePool := pgtest.PoolAs(t, b.pool, pgtest.Role(t, b.pool, "outboxd_mcp_", `GRANT SELECT, INSERT ON outbox TO ROLE_`))
+	svc := &intent.Service{Pool: rolePool, Policy: testPolicy()}
+	cs := connectAs(t, svc, &svc.Policy.Tokens[0], nil)
+	key := outbox.Key("run-4", "notify")
+	ok[map[string]any](t, call(t, cs, "propose_intent", map[string]any{
+		"connector": "webhook", "key": key, "payload": map[string]any{"n": 1},
+	}))
+	_, err := b.pool.Exec(ctx, `UPDATE outbox SET status = 'dead' WHERE idempotency_key = $1`, key)
+	require.NoError(t, err)
+	res, err := ops.Replay(ctx, b.pool, ops.Selection{Keys: []string{key}}, ops.ReplayOptions{Actor: "op", NewKey: true})
+	require.NoError(t, err)
+	cp := res.NewKeys[key]
+	require.NotEmpty(t, cp, "%+v", res)
+
+	got := call(t, cs, "get_intent", map[string]any{"key": key})
+	out := ok[map[string]any](t, got)
+	require.Contains(t, out["message"].(string), "outbox_audit", text(got))
+	require.NotContains(t, out, "replayed_as")
+	got = call(t, cs, "get_intent", map[string]any{"key": cp})
+	out = ok[map[string]any](t, got)
+	require.Equal(t, "pending", out["intent"].(map[string]any)["status"], text(got))
+}
