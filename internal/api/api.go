@@ -8,8 +8,8 @@
 //     {"connector", "payload", "ordering_key", "not_before"}. A new key answers 201, the
 //     same request again 200 with Idempotent-Replayed: true, a different request under a
 //     used key 422.
-//   - GET /v1/intents/{key} reads one intent (404 when unknown or outside the token's
-//     connectors), with copy_of and replayed_as when an operator re-executed its
+//   - GET /v1/intents/{key} reads one intent (404 when unknown, outside the token's
+//     connectors, or deleted after OUTBOX_RETENTION), with copy_of and replayed_as when an operator re-executed its
 //     operation under a new key (outboxd replay --new-key).
 //   - GET /v1/intents?status=&connector=&limit=&after= lists the token's intents, newest
 //     first; status may repeat or be comma-separated, after is the previous page's next.
@@ -463,7 +463,12 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, intent.ErrForbidden):
 		writeError(w, http.StatusForbidden, "forbidden", err.Error())
 	case errors.Is(err, outbox.ErrNotFound):
-		writeError(w, http.StatusNotFound, "not_found", "no intent has key "+strconv.Quote(r.PathValue("key")))
+		// Not "never proposed": retention deletes finished rows, and a client that takes
+		// a bare "no intent has key" so proposes it again has the receiver act again.
+		writeError(w, http.StatusNotFound, "not_found", "no intent has key "+strconv.Quote(r.PathValue("key"))+
+			" (or it belongs to a connector this token may not use); not found does not mean never proposed: "+
+			"delivered and canceled intents are deleted after OUTBOX_RETENTION (168h by default), so one proposed before "+
+			"may have been performed, and proposing it again under this key would be a new intent, which acts again")
 	case errors.Is(err, outbox.ErrKeyConflict):
 		writeError(w, http.StatusUnprocessableEntity, "key_conflict", err.Error())
 	case errors.Is(err, outbox.ErrInvalidMessage):

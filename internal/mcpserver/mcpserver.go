@@ -41,13 +41,14 @@ const instructions = `outboxd delivers side effects (webhooks, emails, Slack mes
 const proposeDescription = `Propose a side effect (a webhook, email, Slack message or payment) for the outbox relay to perform exactly once.
 Rules:
 - Derive the key from the decision, not from the moment: pass key_parts such as [run id, step, target] and the server derives the key (or pass key). The same decision must give the same key; never include a time, an attempt number or a random value.
-- Reuse the same key on every retry. Proposing the same decision again is harmless and returns the existing intent (replayed: true) as long as the outbox keeps it (finished intents are deleted after its retention period, 7 days by default; after that the same key is a new intent, which acts again); a different decision under a used key is an error.
+- Reuse the same key on every retry. Proposing the same decision again is harmless and returns the existing intent (replayed: true) as long as the outbox keeps it (delivered and canceled intents are deleted after its retention period, OUTBOX_RETENTION, 7 days by default; after that get_intent answers not found, and the same key is a new intent, which acts again); a different decision under a used key is an error.
 - To learn what happened, call get_intent with the key instead of proposing again.
 - Risky connectors (such as payment) may wait for a person's approval: status awaiting_approval. Do not work around it.
 Give a short human-readable reason: it goes to this server's log with the key and comes back in the result, but it is not stored with the intent, so the person who approves it sees the connector and payload, not the reason.`
 
 const getDescription = `Read one intent by its key: status (pending, delivering, delivered, dead, canceled, awaiting_approval, held), attempts, the last error and the receiver's stored result.
 Call this instead of proposing again when you need to know whether a side effect happened; delivered means done, and the result is the receiver's answer.
+Not found does not mean never proposed: delivered and canceled intents are deleted after the outbox's retention period (OUTBOX_RETENTION, 7 days by default), so a key you proposed before may name an effect that happened; do not propose it again to find out.
 An intent that names replayed_as had its operation re-executed by an operator under that new key: while it is dead, held or canceled, that is where the operation went, so follow that key instead. copy_of names the intent whose operation a copy re-executes.`
 
 const listDescription = `List intents newest first, only of the connectors this token may use. Filter by status (one, or several separated by commas) and connector; page with limit and the next cursor from the previous page (after).`
@@ -577,7 +578,11 @@ func (t *tools) toolError(ctx context.Context, tool, key string, err error) erro
 	case errors.Is(err, outbox.ErrInvalidMessage):
 		return fmt.Errorf("%w; nothing was written, fix it and propose again with the same key", err)
 	case errors.Is(err, outbox.ErrNotFound):
-		return fmt.Errorf("%w (or it belongs to a connector this token may not use)", err)
+		// Not "never proposed": retention deletes finished intents, and an agent that
+		// takes the bare error so proposes it again has the receiver act again.
+		return fmt.Errorf("%w (or it belongs to a connector this token may not use). Not found does not mean never proposed: "+
+			"delivered and canceled intents are deleted after the outbox's retention period (OUTBOX_RETENTION, 7 days by default), "+
+			"so one proposed before may have been performed, and proposing it again under this key would act again", err)
 	case errors.Is(err, ops.ErrInvalidFilter):
 		return err
 	case errors.Is(context.Cause(ctx), errCallTimeout):
