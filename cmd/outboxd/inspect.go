@@ -2,12 +2,10 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 	"strconv"
 	"strings"
 
@@ -52,7 +50,7 @@ func newInspectCmd(e *env) *cobra.Command {
 					if d.Detail, err = ops.Inspect(ctx, tx, args[0]); err != nil {
 						return err
 					}
-					d.CopyOf, err = copyOf(ctx, tx, args[0])
+					d.CopyOf, err = ops.CopyOf(ctx, tx, args[0])
 					return err
 				})
 			if errors.Is(err, outbox.ErrNotFound) {
@@ -87,33 +85,6 @@ type inspectJSON struct {
 	// copy's own key holds the row's only as a readable prefix, cut at 80 characters
 	// and with '/' or a space as '_', which more than one key can give.
 	CopyOf string `json:"copy_of,omitempty"`
-}
-
-// copyOfSQL finds the row whose replay --new-key made the row with key $1, as ops.Replay
-// does: there is no index on new_key, so it reads every replay's audit entry.
-const copyOfSQL = `
-SELECT o.idempotency_key FROM outbox_audit a JOIN outbox o ON o.id = a.outbox_id
-WHERE a.action = 'replay' AND a.details->>'new_key' = $1
-LIMIT 1`
-
-// derivedKey matches what outbox.Key returns, as every copy's key is: only such keys
-// are looked up, so inspecting any other key reads no audit trail but the row's own.
-var derivedKey = regexp.MustCompile(`~[a-z2-7]{26}$`)
-
-// copyOf returns the key of the row that key is a copy of (copyOfSQL), or "".
-func copyOf(ctx context.Context, tx pgx.Tx, key string) (string, error) {
-	if !derivedKey.MatchString(key) {
-		return "", nil
-	}
-	var of string
-	err := tx.QueryRow(ctx, copyOfSQL, key).Scan(&of)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("inspect %q: look up the row it copies: %w", key, err)
-	}
-	return of, nil
 }
 
 func writeDetail(w io.Writer, d inspectJSON) error {
