@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/internal/ops"
 )
 
@@ -17,11 +18,14 @@ func newCancelCmd(e *env) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "cancel KEY...",
-		Short: "Cancel intents so they are never sent",
+		Short: "Cancel intents so that no relay sends them (again)",
 		Long: "cancel makes the intents with the given idempotency keys canceled: pending, held and " +
-			"awaiting-approval rows are never sent. Rows in flight, delivered or dead are refused and left as " +
-			"they are; already canceled rows are unchanged. Each canceled row gets an audit entry naming $USER " +
-			"and --reason.\n\n" +
+			"awaiting-approval rows are not sent (again). A row an earlier attempt of which may have reached the " +
+			"receiver (held, or pending after an ambiguous attempt) may have had its effect already, which " +
+			"canceling cannot undo: cancel prints a warning for each such key, with what its connector's " +
+			"guarantee says about finding out (--json: may_have_acted). Rows in flight, delivered or dead are " +
+			"refused and left as they are; already canceled rows are unchanged. Each canceled row gets an audit " +
+			"entry naming $USER and --reason.\n\n" +
 			"Every key is handled, then cancel exits 1 if any key had no row or was refused.",
 		Example: `  outboxd cancel order-42-confirmation --reason "order was refunded"
   outboxd cancel key-1 key-2 key-3 --json`,
@@ -38,17 +42,19 @@ func newCancelCmd(e *env) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
+			dsn, _ := db.resolve(e)
+			g := guarantees(e.environ, dsn)
 			res, err := ops.Cancel(ctx, pool, keys, actor(e), reason, time.Time{})
 			if err != nil && len(res.Canceled)+len(res.Unchanged)+len(res.Refused) > 0 {
 				// Earlier batches were committed: say which rows they canceled. When
 				// none was, an empty result would pass for the answer (as purge, which
 				// reports only rows it purged).
-				_ = reportCancel(e, res, asJSON)
+				_ = reportCancel(e, res, g, asJSON)
 			}
 			if err != nil {
 				return opsError(err)
 			}
-			if err := reportCancel(e, res, asJSON); err != nil {
+			if err := reportCancel(e, res, g, asJSON); err != nil {
 				return err
 			}
 			return keysLeftError("canceled", res.NotFound, res.Refused)
@@ -60,10 +66,19 @@ func newCancelCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-// reportCancel prints what a cancel did.
-func reportCancel(e *env, res ops.CancelResult, asJSON bool) error {
+type cancelJSON struct {
+	ops.CancelResult
+	// MayHaveActedNotes say, for the connectors of the rows in MayHaveActed, how their
+	// guarantee helps to find out whether the receiver acted.
+	MayHaveActedNotes []string `json:"may_have_acted_notes,omitempty"`
+}
+
+// reportCancel prints what a cancel did: a warning for each canceled row whose receiver
+// may have acted already, and what the guarantees g of their connectors say about it.
+func reportCancel(e *env, res ops.CancelResult, g map[string]connectors.Guarantee, asJSON bool) error {
+	notes := canceledNotes(res, g)
 	if asJSON {
-		if err := writeJSON(e.stdout, res); err != nil {
+		if err := writeJSON(e.stdout, cancelJSON{CancelResult: res, MayHaveActedNotes: notes}); err != nil {
 			return err
 		}
 	} else {
@@ -73,6 +88,35 @@ func reportCancel(e *env, res ops.CancelResult, asJSON bool) error {
 			fmt.Fprintf(w, "  %s\n", keyText(k))
 		}
 		writeLeftAlone(w, res.Unchanged, func(string) string { return "already canceled" }, res.Refused, res.NotFound)
+		for _, k := range sortedKeys(res.MayHaveActed) {
+			m := res.MayHaveActed[k]
+			fmt.Fprintf(w, "warning: %s (%s): %s\n", keyText(k), printable(m.Connector), printable(m.Reason))
+		}
+		if len(notes) > 0 {
+			fmt.Fprintln(w, "whether the receiver acted, by its guarantee:")
+			for _, n := range notes {
+				fmt.Fprintf(w, "  %s\n", printable(n))
+			}
+		}
 	}
 	return nil
+}
+
+// canceledNotes returns an ops.CanceledNote per connector of the canceled rows whose
+// receiver may have acted (ops.CancelResult.MayHaveActed).
+func canceledNotes(res ops.CancelResult, g map[string]connectors.Guarantee) []string {
+	seen := map[string]bool{}
+	for _, m := range res.MayHaveActed {
+		seen[m.Connector] = true
+	}
+	var notes []string
+	for _, c := range sortedKeys(seen) {
+		gu, ok := g[c]
+		if !ok {
+			notes = append(notes, fmt.Sprintf("%s: guarantee unknown here (its OUTBOX_* variables are not set): check the receiver itself", c))
+			continue
+		}
+		notes = append(notes, fmt.Sprintf("%s: %s", c, ops.CanceledNote(gu)))
+	}
+	return notes
 }

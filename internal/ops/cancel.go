@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -22,6 +23,22 @@ type CancelResult struct {
 	Refused map[string]string `json:"refused"`
 	// NotFound are keys no row has; the CLI exits 1 when there are any.
 	NotFound []string `json:"not_found"`
+	// MayHaveActed maps the Canceled keys an attempt of which may have reached the
+	// receiver (held or pending after an ambiguous attempt, or delivered once and
+	// replayed since: the facts replay warns of too, see lockedRow.reached) to why:
+	// canceling stops further attempts, but cannot undo what the receiver may have done.
+	// Unchanged keys are in it on the same terms, so that a cancel sent again (a client
+	// that lost the first answer) says so too.
+	MayHaveActed map[string]Reached `json:"may_have_acted"`
+}
+
+// Reached says why the receiver of an intent [Cancel] canceled may have acted already.
+type Reached struct {
+	// Connector is the intent's connector instance, whose guarantee says how to find out
+	// ([CanceledNote]).
+	Connector string `json:"connector"`
+	// Reason is a sentence for a person.
+	Reason string `json:"reason"`
 }
 
 // cancelSQL cancels rows $1 at $2. The lease columns are already NULL for the statuses
@@ -38,8 +55,8 @@ SET status = 'canceled', lease_owner = NULL, lease_expires_at = NULL, updated_at
                       ELSE last_error END
 WHERE id = ANY($1)`
 
-// Cancel cancels the intents with keys, so they are never sent: pending, held and
-// awaiting_approval rows become canceled, each with an outbox_audit row (action cancel,
+// Cancel cancels the intents with keys, so that no relay sends them (again): pending,
+// held and awaiting_approval rows become canceled, each with an outbox_audit row (action cancel,
 // details {"from_status": ...}). A row that is in flight (delivering), delivered or dead is
 // refused, as is one another transaction holds at that moment (a relay claiming it or
 // recording its outcome, or an approval in progress): Cancel locks with FOR UPDATE SKIP LOCKED and never waits for or
@@ -48,8 +65,16 @@ WHERE id = ANY($1)`
 // their ordering key (outbox.ParkedBehind) become due at once. Keys are handled in
 // batches of 500, each its own transaction, whose session the server ends should its
 // client leave it idle for five seconds (see idleLimitSQL).
+//
+// A canceled row an attempt of which may have reached the receiver (a held row, or a
+// pending one, after an ambiguous attempt: no answer, a connection lost mid-request, a
+// relay whose lease expired mid-attempt) may have had its effect already, which
+// canceling cannot undo: such keys are listed in CancelResult.MayHaveActed, with why.
 func Cancel(ctx context.Context, pool *pgxpool.Pool, keys []string, actor, reason string, now time.Time) (CancelResult, error) {
-	res := CancelResult{Canceled: []string{}, Unchanged: []string{}, Refused: map[string]string{}, NotFound: []string{}}
+	res := CancelResult{
+		Canceled: []string{}, Unchanged: []string{}, Refused: map[string]string{}, NotFound: []string{},
+		MayHaveActed: map[string]Reached{},
+	}
 	if actor == "" {
 		return res, fmt.Errorf("%w: actor: say who cancels, for the audit trail", ErrInvalidOptions)
 	}
@@ -66,7 +91,7 @@ func Cancel(ctx context.Context, pool *pgxpool.Pool, keys []string, actor, reaso
 	for _, b := range batches(targets, defaultBatchSize) {
 		var br CancelResult
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			br = CancelResult{Refused: map[string]string{}}
+			br = CancelResult{Refused: map[string]string{}, MayHaveActed: map[string]Reached{}}
 			return cancelBatch(ctx, tx, b, actor, reason, now, &br)
 		})
 		if err != nil {
@@ -77,6 +102,9 @@ func Cancel(ctx context.Context, pool *pgxpool.Pool, keys []string, actor, reaso
 		res.NotFound = append(res.NotFound, br.NotFound...)
 		for k, v := range br.Refused {
 			res.Refused[k] = v
+		}
+		for k, v := range br.MayHaveActed {
+			res.MayHaveActed[k] = v
 		}
 	}
 	return res, nil
@@ -105,10 +133,18 @@ func cancelBatch(ctx context.Context, tx pgx.Tx, b []target, actor, reason strin
 		switch r.status {
 		case outbox.StatusPending, outbox.StatusHeld, outbox.StatusAwaitingApproval:
 			br.Canceled = append(br.Canceled, t.key)
+			if r.reached {
+				// Canceled all the same: the operator decides, and a further attempt is what
+				// they stop. But "canceled" alone reads as "it never happened".
+				br.MayHaveActed[t.key] = Reached{Connector: r.connector, Reason: reachedReason(r.status)}
+			}
 			d, _ := json.Marshal(map[string]string{"from_status": r.status}) // always encodes
 			cancelIDs, details = append(cancelIDs, r.id), append(details, string(d))
 		case outbox.StatusCanceled:
 			br.Unchanged = append(br.Unchanged, t.key)
+			if r.reached {
+				br.MayHaveActed[t.key] = Reached{Connector: r.connector, Reason: reachedReason(r.status)}
+			}
 		case outbox.StatusDelivering:
 			if r.leaseExpiresAt != nil && r.leaseExpiresAt.Before(now) {
 				br.Refused[t.key] = fmt.Sprintf("stuck: relay %s's lease expired at %s (it stopped or lost the database mid-attempt, "+
@@ -141,4 +177,30 @@ func cancelBatch(ctx context.Context, tx pgx.Tx, b []target, actor, reason strin
 		}
 	}
 	return audit(ctx, tx, ActionCancel, actor, reason, now, cancelIDs, details)
+}
+
+// reachedReason says why the receiver of a row canceled from status (held or pending,
+// or canceled before) may have acted already (lockedRow.reached).
+func reachedReason(status string) string {
+	return fmt.Sprintf("%s after an attempt that may have reached the receiver (one that got no answer, lost its connection "+
+		"mid-request or whose relay's lease expired mid-attempt, or one delivered before a replay), so the receiver may have "+
+		"acted already: canceling stops further attempts but cannot undo what it did; outboxd inspect shows the attempts", status)
+}
+
+// CanceledNote says in plain words how a connector's guarantee helps to find out
+// whether the receiver acted on an attempt of a canceled intent that may have reached
+// it ([CancelResult].MayHaveActed).
+func CanceledNote(g connectors.Guarantee) string {
+	switch g {
+	case connectors.Enforced:
+		return "enforced: the receiver keeps what it did under the key (for its key window), so it can tell whether it acted; " +
+			"an intent enqueued again under a new key would act again"
+	case connectors.Reconciled:
+		return "reconciled: the effect carries the key (a Slack message's metadata), so look for it at the receiver"
+	case connectors.Forwarded:
+		return "forwarded: the key travelled with the request (a header, an email's Message-ID) but nothing is known to keep it, " +
+			"so check the receiver itself"
+	default:
+		return fmt.Sprintf("unknown guarantee %q: check the receiver itself", string(g))
+	}
 }
