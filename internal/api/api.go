@@ -15,7 +15,9 @@
 //     first; status may repeat or be comma-separated, after is the previous page's next.
 //     Another parameter, or one that does not parse, answers 400.
 //   - POST /v1/intents/{key}/approve, /reject and /cancel decide (admin tokens only),
-//     with an optional body {"reason": "..."}.
+//     with an optional body {"reason": "..."}, and answer the intent. A cancel's answer
+//     also has "may_have_acted": {"connector", "reason"} when an attempt of the intent
+//     may have reached the receiver, which may have acted already.
 //
 // Another method on one of these paths answers 405 with Allow; any other path, 404.
 //
@@ -120,8 +122,8 @@ func New(svc *intent.Service, cfg *Config) *Handler {
 	h.mux.Handle("POST /v1/intents", h.auth(h.create))
 	h.mux.Handle("GET /v1/intents", h.auth(h.list))
 	h.mux.Handle("GET /v1/intents/{key}", h.auth(h.get))
-	h.mux.Handle("POST /v1/intents/{key}/approve", h.auth(h.decide(svc.Approve)))
-	h.mux.Handle("POST /v1/intents/{key}/reject", h.auth(h.decide(svc.Reject)))
+	h.mux.Handle("POST /v1/intents/{key}/approve", h.auth(h.decide(neverSent(svc.Approve))))
+	h.mux.Handle("POST /v1/intents/{key}/reject", h.auth(h.decide(neverSent(svc.Reject))))
 	h.mux.Handle("POST /v1/intents/{key}/cancel", h.auth(h.decide(svc.Cancel)))
 	h.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		// This catch-all matches every method, so the mux never answers 405 itself.
@@ -424,7 +426,26 @@ type decideBody struct {
 	Reason string `json:"reason"`
 }
 
-func (h *Handler) decide(do func(ctx context.Context, tok *intent.Token, key, reason string) (outbox.Intent, error)) handlerFunc {
+// decided is the answer of approve, reject and cancel: the intent, and for a cancel of
+// one an attempt of which may have reached the receiver, why it may have acted already
+// (canceling cannot undo that).
+type decided struct {
+	outbox.Intent
+	MayHaveActed *ops.Reached `json:"may_have_acted,omitempty"`
+}
+
+type decideFunc func(ctx context.Context, tok *intent.Token, key, reason string) (outbox.Intent, *ops.Reached, error)
+
+// neverSent adapts approve and reject, which decide only about an intent awaiting
+// approval, never attempted, so no receiver can have acted on it.
+func neverSent(do func(ctx context.Context, tok *intent.Token, key, reason string) (outbox.Intent, error)) decideFunc {
+	return func(ctx context.Context, tok *intent.Token, key, reason string) (outbox.Intent, *ops.Reached, error) {
+		in, err := do(ctx, tok, key, reason)
+		return in, nil, err
+	}
+}
+
+func (h *Handler) decide(do decideFunc) handlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, tok *intent.Token) error {
 		body, err := h.readBody(w, r)
 		if err != nil {
@@ -441,11 +462,11 @@ func (h *Handler) decide(do func(ctx context.Context, tok *intent.Token, key, re
 			return fmt.Errorf("%w: the reason must not contain a NUL character", errBadRequest)
 		}
 		ctx, done := h.bound(r.Context())
-		in, err := do(ctx, tok, r.PathValue("key"), b.Reason)
+		in, acted, err := do(ctx, tok, r.PathValue("key"), b.Reason)
 		if err = done(err); err != nil {
 			return err
 		}
-		return writeJSON(w, http.StatusOK, ops.WithoutCredentials(in))
+		return writeJSON(w, http.StatusOK, decided{Intent: ops.WithoutCredentials(in), MayHaveActed: acted})
 	}
 }
 

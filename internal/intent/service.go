@@ -347,22 +347,28 @@ func (s *Service) Reject(ctx context.Context, tok *Token, key, reason string) (o
 
 // Cancel cancels an intent with [ops.Cancel]'s rules; admin tokens only. Canceling
 // twice returns the intent unchanged; an intent Cancel refuses (in flight, delivered,
-// dead) fails with [ErrConflictState] and the reason.
-func (s *Service) Cancel(ctx context.Context, tok *Token, key, reason string) (outbox.Intent, error) {
+// dead) fails with [ErrConflictState] and the reason. acted is set when an attempt of
+// the intent may have reached the receiver ([ops.CancelResult].MayHaveActed), which may
+// have acted already: canceled all the same, it is not one that never happened.
+func (s *Service) Cancel(ctx context.Context, tok *Token, key, reason string) (in outbox.Intent, acted *ops.Reached, err error) {
 	if err := s.admin(ctx, tok, key); err != nil {
-		return outbox.Intent{}, err
+		return outbox.Intent{}, nil, err
 	}
 	res, err := ops.Cancel(ctx, s.Pool, []string{key}, actor(tok), reason, s.now())
 	if err != nil {
-		return outbox.Intent{}, s.leaveReadOnly(err)
+		return outbox.Intent{}, nil, s.leaveReadOnly(err)
 	}
 	if len(res.NotFound) > 0 {
-		return outbox.Intent{}, fmt.Errorf("%w: no intent has key %q", outbox.ErrNotFound, key)
+		return outbox.Intent{}, nil, fmt.Errorf("%w: no intent has key %q", outbox.ErrNotFound, key)
 	}
 	if why, ok := res.Refused[key]; ok {
-		return outbox.Intent{}, fmt.Errorf("%w: intent %q cannot be canceled: %s", ErrConflictState, key, why)
+		return outbox.Intent{}, nil, fmt.Errorf("%w: intent %q cannot be canceled: %s", ErrConflictState, key, why)
 	}
-	return outbox.Get(ctx, s.Pool, key)
+	if r, ok := res.MayHaveActed[key]; ok {
+		acted = &r
+	}
+	in, err = outbox.Get(ctx, s.Pool, key)
+	return in, acted, err
 }
 
 // admin checks that tok may decide about the intent with key: an admin token whose

@@ -129,7 +129,7 @@ WHERE abs(extract(epoch FROM o.updated_at - clock_timestamp())) > 60 OR abs(extr
 
 	admin := intent.Token{Name: "ops", Admin: true, Connectors: []string{"webhook"}}
 	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{Tokens: []intent.Token{admin}}}
-	_, err = svc.Cancel(t.Context(), &admin, "in-flight", "")
+	_, _, err = svc.Cancel(t.Context(), &admin, "in-flight", "")
 	require.ErrorIs(t, err, intent.ErrConflictState)
 	require.ErrorContains(t, err, "in flight: relay relay-1 is delivering it")
 }

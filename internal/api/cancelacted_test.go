@@ -1,0 +1,47 @@
+package api_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// POST /v1/intents/{key}/cancel answered a held intent, or a pending one, after an
+// attempt that may have reached the receiver exactly as one never sent: "canceled",
+// though the receiver may have acted already. The answer now says so, and why; the
+// intent is canceled all the same, and one never attempted gets no such field.
+func TestCancelAnswerSaysTheReceiverMayHaveActed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	for _, key := range []string{"held", "reclaimed", "fresh"} {
+		r := b.do(t, "POST", "/v1/intents", adminSecret, key, `{"connector":"webhook","payload":{}}`)
+		require.Equal(t, http.StatusCreated, r.status, r.raw)
+	}
+	_, err := b.pool.Exec(t.Context(), `UPDATE outbox SET status = 'held', ambiguous = true, attempts = 1 WHERE idempotency_key = 'held'`)
+	require.NoError(t, err)
+	// Reclaimed after its relay's lease expired mid-attempt: pending, marked ambiguous.
+	_, err = b.pool.Exec(t.Context(), `UPDATE outbox SET ambiguous = true, attempts = 1 WHERE idempotency_key = 'reclaimed'`)
+	require.NoError(t, err)
+
+	for _, key := range []string{"held", "reclaimed"} {
+		r := b.do(t, "POST", "/v1/intents/"+key+"/cancel", adminSecret, "", `{"reason":"order refunded"}`)
+		require.Equal(t, http.StatusOK, r.status, r.raw)
+		require.Equal(t, "canceled", r.body["status"], r.raw)
+		acted, ok := r.body["may_have_acted"].(map[string]any)
+		require.True(t, ok, "%s: %s", key, r.raw)
+		require.Equal(t, "webhook", acted["connector"], r.raw)
+		require.Contains(t, acted["reason"], "may have reached the receiver", r.raw)
+
+		// Sent again (the first answer lost), it says so again.
+		r = b.do(t, "POST", "/v1/intents/"+key+"/cancel", adminSecret, "", "")
+		require.Equal(t, http.StatusOK, r.status, r.raw)
+		require.Contains(t, r.body, "may_have_acted", r.raw)
+	}
+
+	r := b.do(t, "POST", "/v1/intents/fresh/cancel", adminSecret, "", "")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.Equal(t, "canceled", r.body["status"], r.raw)
+	require.NotContains(t, r.body, "may_have_acted", r.raw)
+	require.Equal(t, "fresh", r.body["key"], "the intent's fields as before")
+}
