@@ -2,10 +2,8 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -16,7 +14,6 @@ import (
 	"net/mail"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,6 +30,7 @@ import (
 	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/internal/slacktest"
+	"github.com/outboxd/outboxd/internal/stripemocktest"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -94,7 +92,7 @@ func TestServeSurvivesRepeatedKills(t *testing.T) {
 	t.Cleanup(crm.Close)
 	slackFake := slacktest.Start(t, slacktest.Options{OnPostFunc: effects.observe})
 	smtpAddr, mails := startCrashSMTP(t, effects.observe)
-	stripeBase, payments := startStripeProxy(t, startStripeMock(t), effects.observe)
+	stripeBase, payments := startStripeProxy(t, stripemocktest.Start(t), effects.observe)
 
 	dsn := pgtest.URL(t)
 	pool, err := pgxpool.New(t.Context(), dsn)
@@ -835,104 +833,4 @@ func startStripeProxy(t *testing.T, upstream string, observe func(key string)) (
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL, p
-}
-
-// startStripeMock runs stripe-mock on loopback for the test and returns its HTTP base
-// URL, as the payment connector's tests do (connectors/payment/stripemock_test.go); it
-// is stopped at cleanup. A stripe-mock that exits before it answers (a port taken
-// between finding it free and stripe-mock binding it) is started again, up to three
-// times.
-func startStripeMock(t *testing.T) string {
-	t.Helper()
-	bin, err := findStripeMock()
-	if err != nil {
-		t.Fatal("stripe-mock not found on PATH or in $(go env GOPATH)/bin; install it with: make stripe-mock")
-	}
-	var lost error
-	for range 3 {
-		base, err := runStripeMock(t, bin)
-		if err == nil {
-			return base
-		}
-		lost = err
-	}
-	t.Fatal(lost)
-	return ""
-}
-
-func runStripeMock(t *testing.T, bin string) (string, error) {
-	t.Helper()
-	httpPort, httpsPort := freePort(t), freePort(t)
-	var out lockedBuffer
-	cmd := exec.Command(bin, "-http-addr", "127.0.0.1:"+httpPort, "-https-addr", "127.0.0.1:"+httpsPort)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	require.NoError(t, cmd.Start(), "start %s", bin)
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
-	base := "http://127.0.0.1:" + httpPort
-	// Loading its OpenAPI spec takes a moment. The deadline bounds a hang; it is not a
-	// timing assertion.
-	deadline := time.Now().Add(processWait)
-	for {
-		select {
-		case err := <-exited:
-			exited <- err // for the cleanup
-			return "", fmt.Errorf("stripe-mock exited before answering: %v\n%s", err, out.String())
-		default:
-		}
-		if stripeMockAnswers(t.Context(), base) {
-			return base, nil
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stripe-mock did not answer on %s\n%s", base, out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func findStripeMock() (string, error) {
-	if p, err := exec.LookPath("stripe-mock"); err == nil {
-		return p, nil
-	}
-	gopath := os.Getenv("GOPATH")
-	if gopath == "" {
-		if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
-			gopath = strings.TrimSpace(string(out))
-		}
-	}
-	for _, dir := range filepath.SplitList(gopath) {
-		p := filepath.Join(dir, "bin", "stripe-mock")
-		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
-			return p, nil
-		}
-	}
-	return "", errors.New("stripe-mock not found")
-}
-
-func stripeMockAnswers(ctx context.Context, base string) bool {
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/customers", nil)
-	if err != nil {
-		return false
-	}
-	req.SetBasicAuth("sk_test_123", "")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return false
-	}
-	_ = resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
 }

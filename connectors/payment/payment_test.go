@@ -20,6 +20,7 @@ import (
 	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/connectors/connectortest"
 	"github.com/outboxd/outboxd/connectors/payment"
+	"github.com/outboxd/outboxd/internal/stripemocktest"
 )
 
 const testKey = "sk_test_123"
@@ -65,7 +66,7 @@ func decode(t *testing.T, raw json.RawMessage) map[string]any {
 
 func TestStripeMock(t *testing.T) {
 	t.Parallel()
-	c := newConnector(t, startStripeMock(t))
+	c := newConnector(t, stripemocktest.Start(t))
 
 	for _, tc := range []struct {
 		name, payload, object string
