@@ -222,10 +222,7 @@ func parseAddr(addr string) (string, int, error) {
 	}
 	if !connectors.DialableHost(host) {
 		// A space from an env file, say: every attempt would fail to look it up.
-		if at := strings.LastIndexByte(host, '@'); at >= 0 {
-			host = "xxxxx" + host[at:]
-		}
-		return "", 0, fmt.Errorf("Addr: %q is not a host name or IP address", host)
+		return "", 0, fmt.Errorf("Addr: %q is not a host name or IP address", shownAddr(host))
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil || port < 1 || port > 65535 {
