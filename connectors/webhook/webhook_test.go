@@ -362,45 +362,18 @@ func TestDeliver_URLCredentials(t *testing.T) {
 
 func TestDeliver_SwitchingProtocols(t *testing.T) {
 	t.Parallel()
-	hangUp := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		conn, rw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		_, _ = rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: other\r\n\r\n")
-		_ = rw.Flush()
-		<-hangUp // the connection stays open, as a receiver that switched would keep it
-	}))
-	t.Cleanup(srv.Close)
 	// The 101 must reach Deliver within the attempt's timeout (or Deliver rightly fails
 	// with a timeout), so the timeout is generous for a busy machine; it is still well
-	// short of the watchdog below, which a Deliver that reads the handed-over connection
-	// reaches whatever the timeout, since the timeout does not bound that read.
-	c, err := webhook.New(webhook.Config{URL: srv.URL + "/hook", Client: testClient(t), Timeout: 10 * time.Second})
-	require.NoError(t, err)
-
-	type answer struct {
-		raw json.RawMessage
-		err error
-	}
-	done := make(chan answer, 1)
-	go func() {
-		raw, err := c.Deliver(t.Context(), delivery("k"))
-		done <- answer{raw, err}
-	}()
-	var got answer
-	select {
-	case got = <-done:
-		close(hangUp)
-	case <-time.After(time.Minute): // a watchdog, not a timing check: without the fix it never returns
-		close(hangUp)
-		t.Fatal("Deliver still reads the connection a 101 answer handed over")
-	}
-	require.True(t, connectors.IsPermanent(got.err), "%v", got.err)
-	require.Contains(t, got.err.Error(), "receiver answered 101 Switching Protocols")
-	require.Equal(t, http.StatusSwitchingProtocols, decodeResult(t, got.raw).Status)
+	// short of the helper's watchdog, which a Deliver that reads the handed-over
+	// connection reaches whatever the timeout, since the timeout does not bound that read.
+	raw, err := connectortest.DeliverAfterProtocolSwitch(t, func(url string) connectors.Connector {
+		c, err := webhook.New(webhook.Config{URL: url + "/hook", Client: testClient(t), Timeout: 10 * time.Second})
+		require.NoError(t, err)
+		return c
+	}, delivery("k"))
+	require.True(t, connectors.IsPermanent(err), "%v", err)
+	require.Contains(t, err.Error(), "receiver answered 101 Switching Protocols")
+	require.Equal(t, http.StatusSwitchingProtocols, decodeResult(t, raw).Status)
 }
 
 func TestDeliver_Signature(t *testing.T) {
