@@ -45,7 +45,6 @@ type Server struct {
 	opts Options
 
 	mu       sync.Mutex
-	seq      int
 	lastTS   time.Time             // the latest message's time: ts are the wall clock, unique
 	channels map[string][]*Message // oldest first
 	plans    map[string][]Plan     // by idempotency key, consumed in order
@@ -228,7 +227,6 @@ func (f *Server) SeedAt(channel, text string, at time.Time) {
 }
 
 func (f *Server) storeAt(channel string, m *Message, at time.Time) {
-	f.seq++
 	now := at.Truncate(time.Microsecond)
 	if !now.After(f.lastTS) {
 		now = f.lastTS.Add(time.Microsecond)
