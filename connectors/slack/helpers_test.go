@@ -1,7 +1,6 @@
 package slack_test
 
 import (
-	"context"
 	"encoding/json"
 	"testing"
 
@@ -9,13 +8,6 @@ import (
 
 	"github.com/outboxd/outboxd/connectors"
 )
-
-func contextCancelled(t *testing.T) (context.Context, context.CancelFunc) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(t.Context())
-	cancel()
-	return ctx, cancel
-}
 
 // retryReconciles sends d again as the retry after an ambiguous attempt (attempt 2) and
 // checks that it found the message the first attempt posted: reconciled, and still one

@@ -2,6 +2,7 @@ package slack_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -499,8 +500,8 @@ func TestDeliver_InvalidPayload(t *testing.T) {
 func TestDeliver_CancelledBeforeLookup(t *testing.T) {
 	t.Parallel()
 	b := setup(t, slack.Config{})
-	ctx, cancel := contextCancelled(t)
-	defer cancel()
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
 	d := delivery("k")
 	d.Attempt = 3
 	_, err := b.c.Deliver(ctx, d)
