@@ -16,7 +16,7 @@ func ParseHTTPURL(field, raw string) (*url.URL, error) {
 		// A stray one from an env file: url.Parse keeps a space at the end of the path,
 		// sent as %20 (and an API base's path goes in front of every request's), so the
 		// receiver would answer 404 to every row; errors show only scheme and host.
-		return nil, fmt.Errorf("%s: %s", field, WhiteSpaceProblem)
+		return nil, fmt.Errorf("%s: begins or ends with white space, which would be sent as part of the URL", field)
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -33,9 +33,6 @@ func ParseHTTPURL(field, raw string) (*url.URL, error) {
 	}
 	return u, nil
 }
-
-// WhiteSpaceProblem is why a configured URL with white space at either end is refused.
-const WhiteSpaceProblem = "begins or ends with white space, which would be sent as part of the URL"
 
 // PortProblem says why u's port cannot be connected to, or returns "" when it can or
 // u has none (the scheme's default). url.Parse takes any digits for a port: one out of
