@@ -487,25 +487,31 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 			continue
 		}
 		d := map[string]string{"from_status": r.status}
+		// op is the key of the row whose operation this row executes: the row a copy that
+		// NewKey made copies, or the row itself.
+		op, isCopy := copyOf[t.key]
+		if !isCopy {
+			op = t.key
+		}
 		if opts.NewKey {
-			if of, ok := copyOf[t.key]; ok {
+			if isCopy {
 				// The copy is the operation of the row it copies, whose next new-key replay
 				// looks only at its own copies: a copy of the copy would go unseen, and
 				// both would execute the operation (a filter such as --status dead selects
 				// the row and its dead copy together).
 				var st string
-				if err := tx.QueryRow(ctx, statusByKeySQL, of).Scan(&st); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-					return fmt.Errorf("look up %q: %w", of, err)
+				if err := tx.QueryRow(ctx, statusByKeySQL, op).Scan(&st); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+					return fmt.Errorf("look up %q: %w", op, err)
 				}
 				if st == outbox.StatusCanceled {
 					// Which its replay refuses: an operator clears a held row that way once
 					// its copy re-executes it.
 					br.Refused[t.key] = fmt.Sprintf("a copy that replay --new-key made of %q, which was canceled, so it cannot "+
-						"be re-executed with a new key: replay this copy without --new-key, or enqueue a new intent", of)
+						"be re-executed with a new key: replay this copy without --new-key, or enqueue a new intent", op)
 					continue
 				}
 				br.Refused[t.key] = fmt.Sprintf("a copy that replay --new-key made of %q: re-execute that row instead, "+
-					"once this copy is finished or canceled, so that the operation runs once more, not twice", of)
+					"once this copy is finished or canceled, so that the operation runs once more, not twice", op)
 				continue
 			}
 			newKey, changed, reason, err := replayNewKey(ctx, tx, r, opts.Redeliver)
@@ -531,17 +537,13 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 			if err != nil {
 				return err
 			}
-			if of, ok := copyOf[t.key]; ok && reason == "" {
+			if isCopy && reason == "" {
 				// Of the copies of one row, only the latest is the operation's current row:
 				// replay --status dead, after two rounds of --new-key against a receiver
 				// still broken, selects both dead copies, and would put both back.
-				if reason, err = laterCopy(ctx, tx, t.key, of); err != nil {
+				if reason, err = laterCopy(ctx, tx, t.key, op); err != nil {
 					return err
 				}
-			}
-			op := t.key
-			if of, ok := copyOf[t.key]; ok {
-				op = of
 			}
 			if other, ok := ran[op]; ok && reason == "" {
 				// With Redeliver, a row whose copy was delivered is put back, and so is that
@@ -558,18 +560,14 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 			replayIDs = append(replayIDs, r.id)
 		}
 		br.Replayed = append(br.Replayed, t.key)
-		if _, isCopy := copyOf[t.key]; r.status != outbox.StatusDelivered && (isCopy || made[r.id] > 0) {
+		if r.status != outbox.StatusDelivered && (isCopy || made[r.id] > 0) {
 			// A copy that replay --new-key made of the row is the same operation, as is
 			// the row a copy copies, and its other copies: an attempt of one may have
 			// reached the receiver, and executing the row again may have the receiver act
 			// twice, as after one of the row's own. Looked up for a row whose own attempt
 			// may have too: under the row's own key, the receiver's record of that key
 			// does not cover what the others did.
-			of := t.key
-			if c, ok := copyOf[t.key]; ok {
-				of = c
-			}
-			byCopy, err := otherReached(ctx, tx, of, t.key)
+			byCopy, err := otherReached(ctx, tx, op, t.key)
 			if err != nil {
 				return err
 			}
@@ -703,11 +701,7 @@ GROUP BY a.outbox_id`
 // once a batch: the rows of most replays have none, and neither their copies nor the
 // attempts of copies need looking up, row by row.
 func copiesMade(ctx context.Context, tx pgx.Tx, b []target) (map[int64]int, error) {
-	ids := make([]int64, len(b))
-	for i, t := range b {
-		ids[i] = t.id
-	}
-	rows, err := tx.Query(ctx, copiesMadeSQL, ids)
+	rows, err := tx.Query(ctx, copiesMadeSQL, ids(b))
 	if err != nil {
 		return nil, fmt.Errorf("look up copies: %w", err)
 	}
@@ -761,11 +755,10 @@ WHERE o.idempotency_key = $1 AND a.action = 'replay' AND a.details->>'new_key' I
 // operation, or that row itself is on its way. It is empty when key is the latest copy
 // and the row is not.
 func laterCopy(ctx context.Context, tx pgx.Tx, key, of string) (string, error) {
-	var n int
-	if err := tx.QueryRow(ctx, copiesMadeOfSQL, of).Scan(&n); err != nil {
-		return "", fmt.Errorf("look up copies of %q: %w", of, err)
+	latest, err := LatestCopy(ctx, tx, of)
+	if err != nil {
+		return "", err
 	}
-	latest := outbox.Key(of, "replay", strconv.Itoa(n))
 	if latest == key {
 		// The row of is pending or delivering only once it was put back under its own
 		// key after its copies were made (a new-key replay leaves a pending row unchanged,
