@@ -124,12 +124,9 @@ SELECT 1 FROM outbox l JOIN outbox r ON l.ordering_key = r.ordering_key AND l.id
 WHERE r.id = ANY($1) AND l.status = 'pending'
 FOR KEY SHARE OF l`
 
-// copySQL reads what a new-key replay copies from row $1, and how many new-key
-// replays the row has had.
+// copySQL reads what a new-key replay copies from row $1.
 const copySQL = `
-SELECT o.connector, o.payload, coalesce(o.ordering_key, ''), o.headers, coalesce(o.created_by, ''),
-       (SELECT count(*) FROM outbox_audit a
-        WHERE a.outbox_id = o.id AND a.action = 'replay' AND a.details->>'new_key' IS NOT NULL)
+SELECT o.connector, o.payload, coalesce(o.ordering_key, ''), o.headers, coalesce(o.created_by, '')
 FROM outbox o WHERE o.id = $1`
 
 // copiesOfSQL finds which of the keys $1 are copies that a new-key replay made, and of
@@ -514,7 +511,7 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 					"once this copy is finished or canceled, so that the operation runs once more, not twice", op)
 				continue
 			}
-			newKey, changed, reason, err := replayNewKey(ctx, tx, r, opts.Redeliver)
+			newKey, changed, reason, err := replayNewKey(ctx, tx, r, made[r.id], opts.Redeliver)
 			if err != nil {
 				return err
 			}
@@ -601,20 +598,20 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 	return audit(ctx, tx, ActionReplay, opts.Actor, opts.Reason, now, auditIDs, details)
 }
 
-// replayNewKey enqueues the copy of r that re-executes it. changed is false when the
-// previous copy is still on its way; reason is set when r cannot be re-executed,
-// including when the previous copy was delivered (or is gone) and redeliver is false.
-func replayNewKey(ctx context.Context, tx pgx.Tx, r lockedRow, redeliver bool) (newKey string, changed bool, reason string, err error) {
+// replayNewKey enqueues the copy of r that re-executes it, r having had n copies so far
+// (copiesMade). changed is false when the previous copy is still on its way; reason is
+// set when r cannot be re-executed, including when the previous copy was delivered (or
+// is gone) and redeliver is false.
+func replayNewKey(ctx context.Context, tx pgx.Tx, r lockedRow, n int, redeliver bool) (newKey string, changed bool, reason string, err error) {
 	if r.status == outbox.StatusDelivering {
 		return "", false, "stuck in delivering: a relay will retry it under its own key; replay it without NewKey, or cancel it once it is back", nil
 	}
 	var (
 		m                outbox.Message
 		payload, headers []byte
-		n                int
 	)
 	if err := tx.QueryRow(ctx, copySQL, r.id).Scan(&m.Connector, &payload, &m.OrderingKey, &headers,
-		&m.CreatedBy, &n); err != nil {
+		&m.CreatedBy); err != nil {
 		return "", false, "", fmt.Errorf("read row %d: %w", r.id, err)
 	}
 	// Read as the relay reads them, so a value plain SQL wrote as a number is copied as
@@ -690,8 +687,8 @@ func lastCopy(ctx context.Context, tx pgx.Tx, key string, n int, redeliver bool)
 	return prev, st, "", nil
 }
 
-// copiesMadeSQL counts the new-key replays each of the rows $1 has had, as copySQL
-// does, for those that had any.
+// copiesMadeSQL counts the new-key replays each of the rows $1 has had, for those that
+// had any.
 const copiesMadeSQL = `
 SELECT a.outbox_id, count(*) FROM outbox_audit a
 WHERE a.outbox_id = ANY($1::bigint[]) AND a.action = 'replay' AND a.details->>'new_key' IS NOT NULL
