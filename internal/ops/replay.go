@@ -220,27 +220,27 @@ const keyExistsSQL = `SELECT EXISTS (SELECT 1 FROM outbox WHERE idempotency_key 
 // a replay of a row and one of its copy, each reading the other's row as it was, both
 // put theirs back, and the operation ran twice more. A replay (or cancel, approve,
 // reject) holds its rows FOR UPDATE, which conflicts with FOR KEY SHARE: skipped rather
-// than waited for, locked is then true, and the row is refused for a moment, as
-// lockSQL's skipped rows are; and the other replay, or a later one, skips the row this
-// one locked. A relay recording an outcome (FOR NO KEY UPDATE) is neither held off nor
-// waited for.
-func operationStatus(ctx context.Context, tx pgx.Tx, key string) (status string, locked bool, err error) {
+// than waited for, the row is then refused for a moment (refused says why, and status
+// is empty), as lockSQL's skipped rows are; and the other replay, or a later one, skips
+// the row this one locked. A relay recording an outcome (FOR NO KEY UPDATE) is neither
+// held off nor waited for.
+func operationStatus(ctx context.Context, tx pgx.Tx, key string) (status, refused string, err error) {
 	err = tx.QueryRow(ctx, lockStatusSQL, key).Scan(&status)
-	if err == nil || !errors.Is(err, pgx.ErrNoRows) {
-		return status, false, err
+	if err == nil {
+		return status, "", nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return "", "", fmt.Errorf("look up %q: %w", key, err)
 	}
 	var exists bool // skipped, or there is none
 	if err := tx.QueryRow(ctx, keyExistsSQL, key).Scan(&exists); err != nil {
-		return "", false, err
+		return "", "", fmt.Errorf("look up %q: %w", key, err)
 	}
-	return "", exists, nil
-}
-
-// lockedOperationReason says why a row is refused while another transaction holds key,
-// another row of its operation.
-func lockedOperationReason(key string) string {
-	return fmt.Sprintf("another transaction holds %q, a row of the same operation (a copy that replay --new-key made, "+
-		"or the row it copies): a replay or cancel of it may be in progress; look again in a moment", key)
+	if exists {
+		return "", fmt.Sprintf("another transaction holds %q, a row of the same operation (a copy that replay --new-key made, "+
+			"or the row it copies): a replay or cancel of it may be in progress; look again in a moment", key), nil
+	}
+	return "", "", nil
 }
 
 // Replay puts the selected rows back to pending now, oldest first (so that rows of an
@@ -661,12 +661,12 @@ func lastCopy(ctx context.Context, tx pgx.Tx, key string, n int, redeliver bool)
 		return "", "", "", nil
 	}
 	prev = outbox.Key(key, "replay", strconv.Itoa(n))
-	st, locked, err := operationStatus(ctx, tx, prev)
+	st, refused, err := operationStatus(ctx, tx, prev)
 	if err != nil {
-		return "", "", "", fmt.Errorf("look up %q: %w", prev, err)
+		return "", "", "", err
 	}
-	if locked {
-		return prev, "", lockedOperationReason(prev), nil
+	if refused != "" {
+		return prev, "", refused, nil
 	}
 	switch st {
 	case outbox.StatusDelivered, "":
@@ -761,12 +761,9 @@ func laterCopy(ctx context.Context, tx pgx.Tx, key, of string) (string, error) {
 		// key after its copies were made (a new-key replay leaves a pending row unchanged,
 		// and refuses one delivering): with Redeliver, after this copy was delivered. It
 		// is then on its way, as replayCopied refuses the row while its copy is.
-		st, locked, err := operationStatus(ctx, tx, of)
-		if err != nil {
-			return "", fmt.Errorf("look up %q: %w", of, err)
-		}
-		if locked {
-			return lockedOperationReason(of), nil
+		st, refused, err := operationStatus(ctx, tx, of)
+		if err != nil || refused != "" {
+			return refused, err
 		}
 		if st == outbox.StatusPending || st == outbox.StatusDelivering {
 			return fmt.Sprintf("%q, the row this copy that replay --new-key made copies, was put back under its own key "+
@@ -774,12 +771,9 @@ func laterCopy(ctx context.Context, tx pgx.Tx, key, of string) (string, error) {
 		}
 		return "", nil
 	}
-	st, locked, err := operationStatus(ctx, tx, latest)
-	if err != nil {
-		return "", fmt.Errorf("look up %q: %w", latest, err)
-	}
-	if locked {
-		return lockedOperationReason(latest), nil
+	st, refused, err := operationStatus(ctx, tx, latest)
+	if err != nil || refused != "" {
+		return refused, err
 	}
 	if st == outbox.StatusCanceled {
 		// Replaying a canceled copy is refused; the row it copies, which a canceled copy
