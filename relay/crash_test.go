@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
 	"sync"
@@ -171,47 +168,15 @@ func TestRelayKilledAfterEffectBeforeRecord(t *testing.T) {
 	// The receiver behind a front that tells when the held request has been answered
 	// (its answer stored): the restarted relay's request, sent before, would find the key
 	// still in flight and get a 409.
-	answered := make(chan struct{})
-	var answeredOnce sync.Once
-	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		rcv.ServeHTTP(w, req)
-		if req.Header.Get("Idempotency-Key") == "charge-once" {
-			answeredOnce.Do(func() { close(answered) })
-		}
-	}))
-	t.Cleanup(func() {
-		closeOnce(release)
-		front.Close()
-	})
+	target, answered := answeredFront(t, rcv, "charge-once")
+	t.Cleanup(func() { closeOnce(release) }) // before the front's Close, which waits for the held request
 	dsn, pool := childDB(t)
-
-	startChild := func(environ ...string) (*exec.Cmd, chan error) {
-		child := exec.Command(os.Args[0], "-test.run=^$")
-		child.Env = append(os.Environ(), childEnv+"=1", "OUTBOX_TEST_CHILD_DSN="+dsn, "OUTBOX_TEST_CHILD_URL="+front.URL+"/hook")
-		child.Env = append(child.Env, environ...)
-		child.Stderr = os.Stderr
-		require.NoError(t, child.Start())
-		exited := make(chan error, 1)
-		go func() { exited <- child.Wait() }()
-		t.Cleanup(func() {
-			_ = child.Process.Kill()
-			<-exited
-		})
-		return child, exited
-	}
-	child, exited := startChild()
+	child := startRelayChild(t, dsn, target)
 
 	enqueue(t, pool, "charge-once", "webhook", map[string]int{"amount": 500})
-	select {
-	case <-arrived:
-	case <-time.After(waitTimeout):
-		t.Fatal("the child relay never delivered")
-	}
+	waitFor(t, arrived, "the child relay never delivered")
 	// The receiver has performed the effect; the relay has not seen the answer.
-	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
-	err = <-exited
-	exited <- err // for the cleanup
-	require.Equal(t, syscall.SIGKILL, child.ProcessState.Sys().(syscall.WaitStatus).Signal(), "the child died of the SIGKILL: %v", err)
+	child.kill(t)
 	closeOnce(release)
 	waitFor(t, answered, "the receiver never answered the dead relay's request")
 
@@ -221,7 +186,7 @@ func TestRelayKilledAfterEffectBeforeRecord(t *testing.T) {
 	// The relay comes back after the lease has expired (on its clock, ahead by more than
 	// the lease); it takes the row, and the receiver answers from its store: still one
 	// effect.
-	child, exited = startChild(childAheadEnv + "=" + (childLease + time.Hour).String())
+	child = startRelayChild(t, dsn, target, childAheadEnv+"="+(childLease+time.Hour).String())
 	in := waitStatus(t, pool, "charge-once", outbox.StatusDelivered)
 	require.Equal(t, 1, rcv.Effects("charge-once"))
 	require.Equal(t, 2, rcv.Requests("charge-once"), "the retry reached the receiver, which answered from its store")
@@ -232,14 +197,7 @@ func TestRelayKilledAfterEffectBeforeRecord(t *testing.T) {
 	require.Equal(t, attemptRow{Attempt: 2, Outcome: "delivered", RelayID: "child"}, att[1])
 
 	// And it stops cleanly.
-	require.NoError(t, child.Process.Signal(syscall.SIGTERM))
-	select {
-	case err := <-exited:
-		exited <- err
-		require.NoError(t, err, "the child exits 0 on SIGTERM")
-	case <-time.After(waitTimeout):
-		t.Fatal("the child did not stop on SIGTERM")
-	}
+	child.stop(t)
 }
 
 // PostgreSQL restarts under a running relay, mid-delivery: requests are out at the

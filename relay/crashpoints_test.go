@@ -83,6 +83,19 @@ func (c *relayChild) kill(t *testing.T) {
 	}
 }
 
+// stop asks the child to stop (SIGTERM) and checks that it exits 0.
+func (c *relayChild) stop(t *testing.T) {
+	t.Helper()
+	require.NoError(t, c.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-c.exited:
+		c.exited <- err
+		require.NoError(t, err, "the child exits 0 on SIGTERM")
+	case <-time.After(waitTimeout):
+		t.Fatal("the child did not stop on SIGTERM")
+	}
+}
+
 // leasedTo reports how many of keys are delivering under relay owner's lease, and how
 // many are pending and never attempted.
 func leasedTo(t *testing.T, pool *pgxpool.Pool, owner string, keys []string) (leased, unattempted int) {
@@ -212,14 +225,7 @@ func TestRelayKilledWithARequestUnansweredAndRowsWaiting(t *testing.T) {
 		}
 	}
 	require.Empty(t, rcv.DuplicateKeys())
-	require.NoError(t, child.cmd.Process.Signal(syscall.SIGTERM))
-	select {
-	case err := <-child.exited:
-		child.exited <- err
-		require.NoError(t, err, "the child exits 0 on SIGTERM")
-	case <-time.After(waitTimeout):
-		t.Fatal("the child did not stop on SIGTERM")
-	}
+	child.stop(t)
 }
 
 // A relay process asked to stop (SIGTERM) hands back the rows it had claimed and not
