@@ -303,7 +303,10 @@ JOIN outbox o ON o.idempotency_key = m.k`
 func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 	p, err := prepare(m)
 	if err != nil {
-		return writtenBefore(ctx, db, m, err)
+		if p, ok := lookupForm(m); ok {
+			return writtenBefore(ctx, db, p, err)
+		}
+		return Intent{}, err
 	}
 	// A row deleted between the conflict and the lookup (retention) makes the lookup
 	// miss; inserting again then succeeds, so a second pass settles it.
@@ -336,22 +339,19 @@ func Enqueue(ctx context.Context, db DB, m Message) (Intent, error) {
 	return Intent{}, fmt.Errorf("enqueue %q: the existing row vanished twice while being compared", p.Key)
 }
 
-// writtenBefore answers m, which prepare refused with err, with the intent that holds
-// its key when that intent holds m's request: a row written before the rule that refuses
-// m (see lookupForm). Its stored outcome is the answer to the key, as for any request
-// asked again; told err, a step retried after an upgrade would take its written, perhaps
-// delivered, request for one never made. Otherwise, err: nothing is written.
-func writtenBefore(ctx context.Context, db DB, m Message, err error) (Intent, error) {
-	p, ok := lookupForm(m)
-	if !ok {
-		return Intent{}, err
-	}
+// writtenBefore answers a message that prepare refused with err, whose lookupForm is p,
+// with the intent that holds its key when that intent holds the message's request: a row
+// written before the rule that refuses it (see lookupForm). Its stored outcome is the
+// answer to the key, as for any request asked again; told err, a step retried after an
+// upgrade would take its written, perhaps delivered, request for one never made.
+// Otherwise, err: nothing is written.
+func writtenBefore(ctx context.Context, db DB, p prepared, err error) (Intent, error) {
 	found, lookupErr := existing(ctx, db, []prepared{p})
-	switch in, ok := found[p.Key]; {
-	case lookupErr == nil && ok:
-		return in, nil
-	case lookupErr != nil && !errors.Is(lookupErr, ErrKeyConflict):
+	if lookupErr != nil && !errors.Is(lookupErr, ErrKeyConflict) {
 		return Intent{}, fmt.Errorf("%w (and looking for the key's intent: %w)", err, lookupErr)
+	}
+	if in, ok := found[p.Key]; ok {
+		return in, nil
 	}
 	return Intent{}, err
 }
@@ -503,10 +503,8 @@ func enqueueBatch(ctx context.Context, tx DB, ps []prepared, first map[string]pr
 		if refused[i] == nil {
 			continue
 		}
-		if found, err := existing(ctx, tx, []prepared{p}); err != nil && !errors.Is(err, ErrKeyConflict) {
-			return nil, fmt.Errorf("%w (and looking for the key's intent: %w)", refused[i], err)
-		} else if _, ok := found[p.Key]; !ok {
-			return nil, refused[i]
+		if _, err := writtenBefore(ctx, tx, p, refused[i]); err != nil {
+			return nil, err
 		}
 	}
 	var (
