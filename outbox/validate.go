@@ -93,11 +93,8 @@ func prepare(m Message) (prepared, error) {
 	}
 	// No byte limit for email here: only the Resend transport has one (256 bytes), and
 	// enqueue cannot tell which transport delivers; the SMTP transport takes any key.
-	if m.OrderingKey != "" && utf8.RuneCountInString(m.OrderingKey) > MaxKeyLength {
-		return p, invalid("ordering key is %d characters; the limit is %d", utf8.RuneCountInString(m.OrderingKey), MaxKeyLength)
-	}
-	if !utf8.ValidString(m.OrderingKey) || strings.ContainsRune(m.OrderingKey, 0) {
-		return p, invalid("ordering key is not valid UTF-8 or contains a NUL character")
+	if err := checkOrderingKey(m.OrderingKey); err != nil {
+		return p, err
 	}
 	for name, value := range m.Headers {
 		if !headerPattern.MatchString(name) {
@@ -115,19 +112,9 @@ func prepare(m Message) (prepared, error) {
 		return p, invalid("not_before %s is outside PostgreSQL's timestamptz range", m.NotBefore.UTC().Format(time.RFC3339))
 	}
 
-	raw, err := payloadJSON(m.Payload)
+	raw, v, err := storedPayload(m.Payload)
 	if err != nil {
 		return p, err
-	}
-	v, err := decodeJSON(raw)
-	if err != nil {
-		return p, invalid("payload is not valid JSON: %v", err)
-	}
-	if what := jsonbRefuses(raw); what != "" {
-		return p, invalid("payload holds %s, which PostgreSQL's jsonb cannot store", what)
-	}
-	if what := numericRefuses(v); what != "" {
-		return p, invalid("payload holds the number %s, which PostgreSQL's numeric cannot hold (at most 131072 digits before the point and 16383 after it)", what)
 	}
 	if err := checkPayload(ConnectorKind(m.Connector), v); err != nil {
 		return p, err
@@ -151,20 +138,44 @@ func prepare(m Message) (prepared, error) {
 // transaction).
 func lookupForm(m Message) (prepared, bool) {
 	p := prepared{Message: m}
-	if checkKey(m.Key) != nil || !ValidConnectorName(m.Connector) || utf8.RuneCountInString(m.OrderingKey) > MaxKeyLength ||
-		!utf8.ValidString(m.OrderingKey) || strings.ContainsRune(m.OrderingKey, 0) {
+	if checkKey(m.Key) != nil || !ValidConnectorName(m.Connector) || checkOrderingKey(m.OrderingKey) != nil {
 		return p, false
 	}
-	raw, err := payloadJSON(m.Payload)
+	raw, v, err := storedPayload(m.Payload)
 	if err != nil {
-		return p, false
-	}
-	v, err := decodeJSON(raw)
-	if err != nil || jsonbRefuses(raw) != "" || numericRefuses(v) != "" {
 		return p, false
 	}
 	p.payload, p.fingerprint = raw, fingerprint(m.Connector, m.OrderingKey, canonicalJSON(v))
 	return p, true
+}
+
+// checkOrderingKey refuses an ordering key that no row can hold.
+func checkOrderingKey(k string) error {
+	if n := utf8.RuneCountInString(k); n > MaxKeyLength {
+		return invalid("ordering key is %d characters; the limit is %d", n, MaxKeyLength)
+	}
+	if !utf8.ValidString(k) || strings.ContainsRune(k, 0) {
+		return invalid("ordering key is not valid UTF-8 or contains a NUL character")
+	}
+	return nil
+}
+
+// storedPayload returns payload's JSON text, which the table stores, and its decoded
+// value, or why the table cannot hold it (an error wrapping ErrInvalidMessage).
+func storedPayload(payload any) (raw []byte, v any, err error) {
+	if raw, err = payloadJSON(payload); err != nil {
+		return nil, nil, err
+	}
+	if v, err = decodeJSON(raw); err != nil {
+		return nil, nil, invalid("payload is not valid JSON: %v", err)
+	}
+	if what := jsonbRefuses(raw); what != "" {
+		return nil, nil, invalid("payload holds %s, which PostgreSQL's jsonb cannot store", what)
+	}
+	if what := numericRefuses(v); what != "" {
+		return nil, nil, invalid("payload holds the number %s, which PostgreSQL's numeric cannot hold (at most 131072 digits before the point and 16383 after it)", what)
+	}
+	return raw, v, nil
 }
 
 func invalid(format string, args ...any) error {
