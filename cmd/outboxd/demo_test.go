@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -375,74 +374,41 @@ func TestDemoStoppedWhileMigratingSaysWhy(t *testing.T) {
 // stops reading (`outboxd demo | head`, a pager quit early) gets SIGPIPE at its next
 // line, which by Go's default ends the process on the spot: on a user's database its
 // rows were left delivering or pending for a relay instance that no relay has (and a
-// throwaway cluster's directory left behind). It must stop as a Ctrl-C stops it. Here
-// the outcomes of the first attempts wait for a lock until the reader is gone, once the
-// intents are enqueued, so that the retries' lines at least come after it.
+// throwaway cluster's directory left behind). It must stop as a Ctrl-C stops it. The
+// reader goes once the intents are enqueued, so that the retries' lines at least come
+// after it.
 func TestDemoWhoseOutputIsClosedStopsInOrder(t *testing.T) {
 	t.Parallel()
-	pool := pgtest.DB(t)
-	dsn := pool.Config().ConnString()
-	lock, err := pool.Begin(t.Context())
-	require.NoError(t, err)
-	defer func() { _ = lock.Rollback(context.WithoutCancel(t.Context())) }()
-	_, err = lock.Exec(t.Context(), `LOCK TABLE outbox_attempts IN EXCLUSIVE MODE`) // outcomes wait
-	require.NoError(t, err)
-
 	r, w, err := os.Pipe()
 	require.NoError(t, err)
 	defer r.Close()
-	environ := []string{childArgsEnv + "=demo", "OUTBOX_DATABASE_URL=" + dsn}
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "OUTBOX_") {
-			environ = append(environ, kv)
-		}
-	}
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = environ
-	child.Stdout = w
-	var stderr lockedBuffer
-	child.Stderr = &stderr
-	require.NoError(t, child.Start())
-	require.NoError(t, w.Close()) // the child holds the only write end
-	exited := make(chan error, 1)
-	go func() { exited <- child.Wait() }()
-	t.Cleanup(func() {
-		_ = child.Process.Kill()
-		exited <- <-exited
-	})
-
-	require.Eventually(t, func() bool {
-		var n int
-		err := pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&n)
-		return err == nil && n == len(demoIntents("x"))
-	}, processWait, 10*time.Millisecond, "the demo never enqueued its intents\nstderr:\n%s", &stderr)
-	require.NoError(t, r.Close()) // the reader is gone
-	require.NoError(t, lock.Rollback(t.Context()))
-
-	select {
-	case err := <-exited:
-		exited <- err // for the cleanup
-	case <-time.After(processWait):
-		t.Fatalf("the demo did not stop within %s", processWait)
-	}
-	status := child.ProcessState.Sys().(syscall.WaitStatus)
-	var unfinished int
-	require.NoError(t, pool.QueryRow(t.Context(),
-		`SELECT count(*) FROM outbox WHERE status NOT IN ('delivered', 'dead', 'canceled')`).Scan(&unfinished))
-	require.Zero(t, unfinished, "rows left waiting for a relay instance that no relay has (the demo: %v)\nstderr:\n%s",
-		child.ProcessState, &stderr)
-	require.False(t, status.Signaled(), "the demo died of %v\nstderr:\n%s", status.Signal(), &stderr)
-	require.Equal(t, exitFailure, status.ExitStatus(), "stderr:\n%s", &stderr)
-	require.Contains(t, stderr.String(), "broken pipe signal received")
+	requireDemoStopsInOrder(t, func(c *childProcess) {
+		c.cmd.Stdout = w
+		c.start(t)
+		require.NoError(t, w.Close()) // the child holds the only write end
+	}, func(*childProcess) {
+		require.NoError(t, r.Close()) // the reader is gone
+	}, "broken pipe signal received")
 }
 
 // TestDemoHungUpStopsInOrder: a demo whose terminal goes away (its window closed, an
 // SSH session dropped) gets SIGHUP, which by Go's default ends the process on the spot:
 // on a user's database its rows were left delivering or pending for a relay instance
-// that no relay has. It must stop as a Ctrl-C stops it. Here the outcomes of the first
-// attempts wait for a lock until the signal is sent, so the demo cannot finish first.
+// that no relay has. It must stop as a Ctrl-C stops it.
 func TestDemoHungUpStopsInOrder(t *testing.T) {
 	t.Parallel()
+	requireDemoStopsInOrder(t, func(c *childProcess) { c.start(t) }, func(c *childProcess) {
+		require.NoError(t, syscall.Kill(-c.cmd.Process.Pid, syscall.SIGHUP))
+	}, "hangup signal received")
+}
+
+// requireDemoStopsInOrder runs a demo (started by start from newChild) on a test
+// database, stops it (stop) once it has enqueued its intents, and checks that it stopped
+// as a Ctrl-C stops it: no row left unfinished, not killed by a signal, exitFailure, and
+// stderr saying why (want). The outcomes of the first attempts wait for a lock until it
+// is stopped, so the demo cannot finish first.
+func requireDemoStopsInOrder(t *testing.T, start, stop func(c *childProcess), want string) {
+	t.Helper()
 	pool := pgtest.DB(t)
 	lock, err := pool.Begin(t.Context())
 	require.NoError(t, err)
@@ -450,13 +416,14 @@ func TestDemoHungUpStopsInOrder(t *testing.T) {
 	_, err = lock.Exec(t.Context(), `LOCK TABLE outbox_attempts IN EXCLUSIVE MODE`) // outcomes wait
 	require.NoError(t, err)
 
-	c := startChild(t, "demo", "OUTBOX_DATABASE_URL="+pool.Config().ConnString())
+	c := newChild(t, "demo", "OUTBOX_DATABASE_URL="+pool.Config().ConnString())
+	start(c)
 	require.Eventually(t, func() bool {
 		var n int
 		err := pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&n)
 		return err == nil && n == len(demoIntents("x"))
 	}, processWait, 10*time.Millisecond, "the demo never enqueued its intents\nstderr:\n%s", c.stderr)
-	require.NoError(t, syscall.Kill(-c.cmd.Process.Pid, syscall.SIGHUP))
+	stop(c)
 	require.NoError(t, lock.Rollback(t.Context()))
 	select {
 	case <-c.exited:
@@ -468,6 +435,8 @@ func TestDemoHungUpStopsInOrder(t *testing.T) {
 	require.NoError(t, pool.QueryRow(t.Context(),
 		`SELECT count(*) FROM outbox WHERE status NOT IN ('delivered', 'dead', 'canceled')`).Scan(&unfinished))
 	require.Zero(t, unfinished, "rows left waiting for a relay instance that no relay has (the demo: %v)", c.cmd.ProcessState)
-	require.Equal(t, exitFailure, c.cmd.ProcessState.ExitCode())
-	require.Contains(t, c.stderr.String(), "hangup signal received")
+	status := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	require.False(t, status.Signaled(), "the demo died of %v", status.Signal())
+	require.Equal(t, exitFailure, status.ExitStatus())
+	require.Contains(t, c.stderr.String(), want)
 }

@@ -80,6 +80,15 @@ type childProcess struct {
 // of whose OUTBOX_ variables it inherits), and a TMPDIR of its own.
 func startChild(t *testing.T, args string, environ ...string) *childProcess {
 	t.Helper()
+	c := newChild(t, args, environ...)
+	c.start(t)
+	return c
+}
+
+// newChild is startChild's process before it starts, for a test to change how (its
+// stdout, say).
+func newChild(t *testing.T, args string, environ ...string) *childProcess {
+	t.Helper()
 	// The throwaway cluster runs as the postgres user when we are root: it must reach
 	// the directory, which t.TempDir creates for us alone.
 	tmpDir := t.TempDir()
@@ -97,6 +106,12 @@ func startChild(t *testing.T, args string, environ ...string) *childProcess {
 	c.cmd.Env = env
 	c.cmd.Stdout, c.cmd.Stderr = c.stdout, c.stderr
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return c
+}
+
+// start starts a child from newChild.
+func (c *childProcess) start(t *testing.T) {
+	t.Helper()
 	require.NoError(t, c.cmd.Start())
 	go func() { c.waitErr = c.cmd.Wait(); close(c.exited) }()
 	t.Cleanup(func() {
@@ -112,7 +127,6 @@ func startChild(t *testing.T, args string, environ ...string) *childProcess {
 			t.Logf("child stdout:\n%s\nchild stderr:\n%s", c.stdout.String(), c.stderr.String())
 		}
 	})
-	return c
 }
 
 // waitOutput waits until the child's stdout or stderr shows marker.
