@@ -29,7 +29,10 @@
 // One statement claims a batch: SELECT ... FOR UPDATE SKIP LOCKED picks due rows of a
 // connector and the UPDATE leases them, so relays sharing a database never take the same
 // row. The relay works in rounds: each round writes the outcomes gathered since the last
-// one and claims for every instance with room, in one transaction and one round trip.
+// one and claims for every instance with room, in one transaction and one round trip. A
+// write of outcomes waits at most a second for a lock: an outcome whose row (or its
+// ordering key's next row) another session keeps locked is set aside until the lock is
+// let go, and the other outcomes are written apart from the claims (see writeAround).
 //
 // Deliveries in flight never exceed Config.Concurrency, nor an instance's Concurrency;
 // with two or more instances (and at least two slots for each), each keeps one of the

@@ -13,6 +13,7 @@ import (
 	"math"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -265,6 +266,9 @@ type outcome struct {
 	// maybeWritten: a write of this outcome failed in a way that leaves unknown whether
 	// it committed (the connection broke), so it is written again with recordAgainSQL.
 	maybeWritten bool
+	// lockedSince is when a write of this outcome was first found waiting for a lock
+	// another session holds (zero: never), so that it is said once (see lockWait).
+	lockedSince time.Time
 }
 
 // New returns a relay over pool for the given connector instances, keyed by instance
@@ -975,6 +979,7 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 		fastUntil   time.Time // this relay polls fast until then (monotonic clock)
 		lastRefresh time.Time
 		outs        []outcome // outcomes not written yet
+		locked      lockWaits // outcomes set aside, whose writes wait for other sessions' locks
 		urgent      bool      // one of outs is of a row with an ordering key
 		lingering   bool      // linger runs for the oldest of outs
 		lingered    bool      // and has fired
@@ -985,6 +990,10 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 			r.releaseAgain(ctx)
 		}
 		outs, urgent = r.gather(outs, urgent)
+		if free := r.retryLocked(ctx, &locked); len(free) > 0 {
+			outs = append(outs, free...)
+			urgent = urgent || anyOrdered(free)
+		}
 		if len(outs) > 0 && !lingering {
 			linger.Reset(recordLinger)
 			lingering = true
@@ -1003,6 +1012,24 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 			urgent = urgent && len(outs) > 0
 			continue
 		}
+		if oe := (*outcomesError)(nil); errors.As(err, &oe) && lockTimedOut(err) {
+			// Another session holds a lock one of the outcomes waits for: write the others
+			// apart from the claims, and set aside those that wait, to be tried again
+			// later; the claims go on in the next rounds.
+			var blocked []outcome
+			outs, blocked, err = r.writeAround(ctx, outs)
+			locked.add(blocked)
+			urgent = anyOrdered(outs)
+			if err == nil {
+				continue
+			}
+			if refused(err) {
+				// A part of them the database refused for its data, as above.
+				outs = r.salvage(ctx, outs, err)
+				urgent = anyOrdered(outs)
+				continue
+			}
+		}
 		if err != nil {
 			// The round may have committed without its reply reaching us: its outcomes are
 			// written again, but logged once, and the rows it claimed, which no worker
@@ -1012,7 +1039,7 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 				r.roundLost()
 			}
 			if ctx.Err() != nil {
-				return outs
+				return append(outs, locked.outs...)
 			}
 			if takesNoWrites(err) {
 				// A failover may have left the pool's sessions on a server that takes no
@@ -1066,6 +1093,9 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 		if time.Now().Before(fastUntil) && (retryIn == 0 || retryIn > fastPollInterval) {
 			retryIn = fastPollInterval
 		}
+		if wait := locked.wait(time.Now()); wait > 0 && (retryIn == 0 || wait < retryIn) {
+			retryIn = wait
+		}
 		var (
 			timer   *time.Timer
 			timerCh <-chan time.Time
@@ -1095,7 +1125,7 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 			timer.Stop()
 		}
 	}
-	return outs
+	return append(outs, locked.outs...)
 }
 
 // gather adds the outcomes waiting in r.results to outs, up to recordBatch, without
@@ -1415,6 +1445,10 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 		// this round, and the round for a replay under way, before its claims take their
 		// snapshots (see internal/replaylock). A round that waited here holding the row
 		// locks of its outcomes could deadlock with the replay, which then writes rows.
+		// It comes before the outcomes' short lock wait (recordLockWaitSQL), on purpose:
+		// waiting for a replay is by design (the replay itself gives up after five seconds,
+		// see replaylock.ReplayLimitsSQL), and cut short after recordLockWait it failed
+		// every round for as long as the replay ran, a warning each, and wrote nothing.
 		b.Queue(replaylock.ClaimSQL)
 	}
 	records := 0
@@ -2037,6 +2071,10 @@ func (r *Relay) written(outs []outcome) {
 	defer r.unwrittenMu.Unlock()
 	for _, o := range outs {
 		delete(r.unwritten, rowAttempt{o.id, o.attempt})
+		if !o.lockedSince.IsZero() {
+			r.log.Info("the outcome that waited for another session's lock is written", "id", o.id, "key", o.key,
+				"attempt", o.attempt, "waited", r.cfg.NowFunc().Sub(o.lockedSince).Round(time.Millisecond))
+		}
 	}
 }
 
@@ -2251,26 +2289,7 @@ func takesNoWrites(err error) bool {
 // outcomes it could not write for another reason (the database went away, or a write
 // took longer than roundTimeout), to be retried with the others.
 func (r *Relay) salvage(ctx context.Context, outs []outcome, refusal error) []outcome {
-	write := func(batch []outcome) error {
-		// Bounded, as a round is: the claim loop, whose context has no time limit, writes
-		// no other outcome and claims no row until salvage returns, and a connection that
-		// hangs (a network that drops packets without a reset) held it for as long as the
-		// kernel retransmitted, while the leases of the rows it sent ran out and other
-		// relays sent them again. A write cut short is unsure, and written again.
-		ctx, cancel := context.WithTimeout(ctx, cmp.Or(r.salvageTimeout, roundTimeout))
-		defer cancel()
-		err := r.execRecord(ctx, batch, r.recordArgs(batch))
-		if unsure(err) {
-			markMaybeWritten(batch)
-		}
-		if err == nil {
-			r.written(batch)
-		}
-		if err == nil && anyOrdered(batch) {
-			r.rescan.Store(true) // as in claimRound: written without a claim, the key's next row may lie behind
-		}
-		return err
-	}
+	write := func(batch []outcome) error { return r.writeApart(ctx, batch) }
 	if len(outs) == 1 {
 		o := outs[0]
 		r.log.ErrorContext(ctx, "the database refused an outcome; recording it without the receiver's answer",
@@ -2305,6 +2324,239 @@ func (r *Relay) salvage(ctx context.Context, outs []outcome, refusal error) []ou
 		}
 	}
 	return nil
+}
+
+// writeApart writes batch in a transaction of its own, without claims, for salvage and
+// writeAround, and marks it written (or perhaps written, when the reply was lost).
+func (r *Relay) writeApart(ctx context.Context, batch []outcome) error {
+	// Bounded, as a round is: the claim loop, whose context has no time limit, writes no
+	// other outcome and claims no row until salvage or writeAround returns, and a
+	// connection that hangs (a network that drops packets without a reset) held it for as
+	// long as the kernel retransmitted, while the leases of the rows it sent ran out and
+	// other relays sent them again. A write cut short is unsure, and written again.
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(r.salvageTimeout, roundTimeout))
+	defer cancel()
+	err := r.execRecord(ctx, batch, r.recordArgs(batch))
+	if unsure(err) {
+		markMaybeWritten(batch)
+	}
+	if err == nil {
+		r.written(batch)
+	}
+	if err == nil && anyOrdered(batch) {
+		r.rescan.Store(true) // as in claimRound: written without a claim, the key's next row may lie behind
+	}
+	return err
+}
+
+// Row locks of other sessions. A row in flight, or the next row of its ordering key, may
+// be locked by a session that keeps it (an operator's BEGIN; SELECT ... FOR UPDATE left
+// open in psql, an application's transaction that locked it). The write of its outcome
+// then waits, and so did the whole round it rode in: no other outcome was written and no
+// row claimed, the round was cut at roundTimeout and sent again, the same, for as long
+// as the lock was kept, while the leases of every row the relay held ran out and other
+// relays sent them again. So each write of outcomes waits at most recordLockWait for a
+// lock (recordLockWaitSQL) and fails then (SQLSTATE 55P03); the outcomes are written
+// apart from the claims, but those waiting for a lock, which are set aside and tried
+// again with backoff (lockWaits) until the lock is let go, never given up while the
+// relay runs. A row's lock holds up its own outcome only (and, for an ordering key, only
+// that key: its next row waits for the outcome), never the relay's other outcomes and
+// claims.
+//
+// An outcome set aside stays noted as unwritten (noteUnwritten): this relay's reclaim
+// leaves its row alone, and other relays' reclaims skip a locked row. Once the lock is
+// let go, the row's lease may have expired and another relay put it back, or taken it
+// again: the outcome is then a late one, which recordSQL takes or only logs, as for any
+// late outcome.
+
+// recordLockWait is how long a write of outcomes waits for a lock before it fails: far
+// longer than the locks rounds, parking passes and operators' decisions hold for
+// milliseconds, so that they are waited for as before; a lock kept longer costs every
+// round that meets it that long.
+const recordLockWait = time.Second
+
+// recordLockWaitMillis is recordLockWait as recordLockWaitSQL takes it.
+var recordLockWaitMillis = strconv.FormatInt(recordLockWait.Milliseconds(), 10)
+
+// lockTimedOut reports whether err is PostgreSQL cutting short a wait for a lock
+// (SQLSTATE 55P03, lock_not_available), as recordLockWaitSQL asks.
+func lockTimedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
+}
+
+// endsOrdered reports whether o ends a row of an ordering key (delivered or dead), so
+// that its write lets the key's next row go (queueRelease).
+func (o outcome) endsOrdered() bool {
+	return o.ordered && (o.status == outbox.StatusDelivered || o.status == outbox.StatusDead)
+}
+
+// lockWaits is the claim loop's outcomes set aside because their writes wait for a lock
+// another session holds (see writeAround), and when they are next looked at.
+type lockWaits struct {
+	outs    []outcome
+	tries   int       // looks since the last outcome was set aside, for the backoff
+	retryAt time.Time // on the monotonic clock
+}
+
+// lockRetryBase and lockRetryMax bound the backoff between two looks at whether the
+// outcomes set aside are still waiting for a lock: a look takes no lock wait, but every
+// round need not make it.
+const (
+	lockRetryBase = 100 * time.Millisecond
+	lockRetryMax  = 2 * time.Second
+)
+
+// add sets outs aside, to be looked at again after lockRetryBase.
+func (w *lockWaits) add(outs []outcome) {
+	if len(outs) == 0 {
+		return
+	}
+	w.outs = append(w.outs, outs...)
+	w.tries = 1
+	w.retryAt = time.Now().Add(backoff(w.tries, lockRetryBase, lockRetryMax))
+}
+
+// wait is how long from now until the outcomes set aside are looked at again (0: none
+// is set aside), at least a millisecond.
+func (w *lockWaits) wait(now time.Time) time.Duration {
+	if len(w.outs) == 0 {
+		return 0
+	}
+	return max(w.retryAt.Sub(now), time.Millisecond)
+}
+
+// retryLocked returns, once it is time to look (see lockWaits), the outcomes set aside
+// whose locks were let go, to be written in the next round, and keeps the others aside
+// for another look, later.
+func (r *Relay) retryLocked(ctx context.Context, w *lockWaits) []outcome {
+	if len(w.outs) == 0 || time.Now().Before(w.retryAt) {
+		return nil
+	}
+	locked, err := r.lockedOutcomes(ctx, w.outs)
+	if err != nil {
+		r.failed(ctx, "record", lockLookFailed, err, "rows", len(w.outs))
+		locked = nil
+	} else {
+		r.recovered(ctx, lockLookFailed)
+	}
+	var free []outcome
+	if err == nil {
+		free = slices.DeleteFunc(slices.Clone(w.outs), func(o outcome) bool { _, ok := locked[o.id]; return ok })
+		w.outs = slices.DeleteFunc(w.outs, func(o outcome) bool { _, ok := locked[o.id]; return !ok })
+	}
+	w.tries++
+	w.retryAt = time.Now().Add(backoff(w.tries, lockRetryBase, lockRetryMax))
+	return free
+}
+
+// lockLookFailed is the warning of a look at the outcomes set aside that failed (see
+// failed).
+const lockLookFailed = "could not look whether outcomes waiting for another session's lock can be written; trying again"
+
+// writeAround writes outs, a batch whose write waited longer than recordLockWait for a
+// lock another session holds, apart from any claims: it looks which of them wait for a
+// lock (lockedOutcomes), writes the others, and returns those that wait as blocked, to be
+// tried again later. A part whose write still waits (a lock taken or let go meanwhile, or
+// one the look does not see) is split further, in halves as salvage splits, down to the
+// outcome that waits alone. It returns the outcomes it could not write for another
+// reason as left, with the error.
+func (r *Relay) writeAround(ctx context.Context, outs []outcome) (left, blocked []outcome, err error) {
+	locked, err := r.lockedOutcomes(ctx, outs)
+	if err != nil {
+		return outs, nil, err
+	}
+	var free []outcome
+	for _, o := range outs {
+		if row, ok := locked[o.id]; ok {
+			blocked = append(blocked, r.lockWait(ctx, o, row))
+		} else {
+			free = append(free, o)
+		}
+	}
+	parts := [][]outcome{free}
+	if len(blocked) == 0 && len(free) > 1 {
+		parts = [][]outcome{free[:len(free)/2], free[len(free)/2:]}
+	}
+	for i, part := range parts {
+		if len(part) == 0 {
+			continue
+		}
+		switch err := r.writeApart(ctx, part); {
+		case err == nil:
+		case lockTimedOut(err) && len(part) == 1:
+			blocked = append(blocked, r.lockWait(ctx, part[0], 0))
+		case lockTimedOut(err):
+			l, bl, err := r.writeAround(ctx, part)
+			left, blocked = append(left, l...), append(blocked, bl...)
+			if err != nil {
+				return slices.Concat(left, slices.Concat(parts[i+1:]...)), blocked, err
+			}
+		default:
+			return slices.Concat(left, slices.Concat(parts[i:]...)), blocked, err
+		}
+	}
+	return left, blocked, nil
+}
+
+// lockWait notes that the write of o waits for a lock another session holds, on row
+// (0: not known), and says so, once for each outcome: the operator can let the lock go.
+// outboxd_database_errors_total counts it under record.
+func (r *Relay) lockWait(ctx context.Context, o outcome, row int64) outcome {
+	if !o.lockedSince.IsZero() {
+		return o
+	}
+	o.lockedSince = r.cfg.NowFunc()
+	r.metrics.dbErrors.WithLabelValues("record").Inc()
+	args := []any{"id", o.id, "key", o.key, "attempt", o.attempt, "outcome", o.record, "waited", recordLockWait}
+	if row != 0 {
+		// Its own row, or the next row of its ordering key, which its write makes due.
+		args = append(args, "locked_row", row)
+	}
+	r.log.WarnContext(ctx, "another database session holds a lock on this row (or on the next row of its ordering key) "+
+		"and keeps it: the relay writes its other outcomes and claims without this outcome, and writes it once the lock is let go; "+
+		"pg_stat_activity shows the session holding it (often idle in transaction)", args...)
+	return o
+}
+
+// lockedOutcomes returns the outcomes of outs whose writes would wait for a lock another
+// session holds, by the ids of their rows, each with the row locked (see
+// lockedOutcomesSQL). It waits for no row lock, and for other locks (a table's) at most
+// recordLockWait. A write of outs whose reply was lost may still run in the database,
+// holding their rows: its session is ended first, as a write of them does (sendWrite).
+func (r *Relay) lockedOutcomes(ctx context.Context, outs []outcome) (map[int64]int64, error) {
+	if anyMaybeWritten(outs) {
+		if err := r.fencePending(ctx); err != nil {
+			return nil, err
+		}
+	}
+	ids, ending := make([]int64, len(outs)), []int64{}
+	for i, o := range outs {
+		ids[i] = o.id
+		if o.endsOrdered() {
+			ending = append(ending, o.id)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(r.salvageTimeout, roundTimeout))
+	defer cancel()
+	b := &pgx.Batch{}
+	b.Queue(recordLockWaitSQL, recordLockWaitMillis)
+	b.Queue(lockedOutcomesSQL, ids, ending)
+	br := r.pool.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("look for locked rows: %w", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("look for locked rows: %w", err)
+	}
+	locked := map[int64]int64{}
+	var id, row int64
+	if _, err := pgx.ForEachRow(rows, []any{&id, &row}, func() error { locked[id] = row; return nil }); err != nil {
+		return nil, fmt.Errorf("look for locked rows: %w", err)
+	}
+	return locked, br.Close()
 }
 
 // withoutAnswer is o without the receiver's answer, which the database refused with
@@ -2376,6 +2628,15 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 				}
 				args = r.recordArgs(batch)
 			}
+			if lockTimedOut(err) {
+				// As the claim loop does (see writeAround): the outcomes whose rows are free
+				// are written now, and the next tries are of those that wait.
+				left, blocked, aroundErr := r.writeAround(ctx, batch)
+				if batch = slices.Concat(left, blocked); len(batch) == 0 {
+					return nil
+				}
+				args, err = r.recordArgs(batch), cmp.Or(aroundErr, err)
+			}
 			r.failed(ctx, "record", recordFailed, err, "rows", len(batch))
 			return retry.RetryableError(err)
 		}
@@ -2393,22 +2654,24 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 const recordTryTimeout = 10 * time.Second
 
 // queueRecord queues on b what writes batch, whose recordSQL arguments are args, and
-// returns how many statements that is: recordSQL; or, when an earlier write of some of it
-// may have committed, lockAgainSQL and then recordAgainSQL. The earlier write may also
-// still be running in the database (its connection broke and the cancel was lost):
-// recordAgainSQL, a statement of its own that starts once the earlier write has ended,
-// then sees the attempts it logged. Then parkSQL, when batch retries rows of ordering
-// keys later (queuePark), and lockNextSQL and releaseNextSQL, when it ends some
-// (queueRelease); own is the instances whose rows the relay claims itself (see
-// ownInstances).
+// returns how many statements that is: first recordLockWaitSQL, which bounds how long
+// each statement after it waits for a lock (see writeAround); then recordSQL, or, when
+// an earlier write of some of it may have committed, lockAgainSQL and recordAgainSQL.
+// The earlier write may also still be running in the database (its connection broke
+// and the cancel was lost): recordAgainSQL, a statement of its own that starts once the
+// earlier write has ended, then sees the attempts it logged. Then parkSQL, when batch
+// retries rows of ordering keys later (queuePark), and lockNextSQL and releaseNextSQL,
+// when it ends some (queueRelease); own is the instances whose rows the relay claims
+// itself (see ownInstances).
 func queueRecord(b *pgx.Batch, batch []outcome, args []any, own []string) int {
-	n := 1
+	b.Queue(recordLockWaitSQL, recordLockWaitMillis)
+	n := 2
 	if !anyMaybeWritten(batch) {
 		b.Queue(recordSQL, args...)
 	} else {
 		b.Queue(lockAgainSQL, args[1])
 		b.Queue(recordAgainSQL, args...)
-		n = 2
+		n = 3
 	}
 	return n + queuePark(b, batch) + queueRelease(b, batch, own)
 }
@@ -2448,7 +2711,7 @@ func queueRelease(b *pgx.Batch, batch []outcome, own []string) int {
 		at    time.Time
 	)
 	for _, o := range batch {
-		if o.ordered && (o.status == outbox.StatusDelivered || o.status == outbox.StatusDead) {
+		if o.endsOrdered() {
 			ended = append(ended, o.id)
 			if o.finished.After(at) {
 				at = o.finished

@@ -156,6 +156,41 @@ WITH r AS (
 // logged twice.
 const lockAgainSQL = `SELECT 1 FROM outbox WHERE id = ANY($1::bigint[]) ORDER BY id FOR NO KEY UPDATE`
 
+// recordLockWaitSQL bounds, for the rest of its transaction, how long each statement
+// waits for a lock (lock_timeout, $1 milliseconds), and fails it then (SQLSTATE 55P03):
+// the first statement of a write of outcomes (see queueRecord). A row whose lock another
+// session keeps (a psql BEGIN; SELECT ... FOR UPDATE left open, an application's
+// transaction) stalled the write of every outcome beside it and the claims that ride
+// with them, round after round; failed, the relay writes the others without it (see
+// Relay.writeAround). Local to the transaction (set_config's true), so that it never
+// outlives the write in a session of a pool an application shares; it holds for every
+// statement after it in the batch, which runs as one transaction in each query exec
+// mode (one Sync in the extended protocol, one query string in the simple one).
+const recordLockWaitSQL = `SELECT set_config('lock_timeout', $1::text, true)`
+
+// lockedOutcomesSQL finds, without waiting, which of the outcomes $1 (their rows' ids)
+// would wait for a lock another session holds: on its row, or for those of them that end
+// a row of an ordering key ($2, the outcomes lockNextSQL runs for), on the key's next
+// row not finished. It returns each such outcome's row and the row locked. The lock
+// taken to look is the one the write takes (FOR NO KEY UPDATE: recordSQL's update,
+// lockAgainSQL, lockNextSQL), so a replay's FOR KEY SHARE, which does not hold up the
+// write, is not taken for a lock that does; it is let go as the statement ends. The next
+// row is looked up as nextUnfinished does (nextOfKey), but before the outcome is
+// written, so its row is still in flight. A row that is gone is no lock.
+const lockedOutcomesSQL = `
+WITH t AS (
+    SELECT o.id, o.id AS locked FROM unnest($1::bigint[]) AS o(id)
+    UNION ALL
+    SELECT h.id, ` + nextOfKey + `
+    FROM outbox h
+    WHERE h.id = ANY($2::bigint[])
+), free AS (
+    SELECT id FROM outbox WHERE id IN (SELECT locked FROM t) FOR NO KEY UPDATE SKIP LOCKED
+)
+SELECT t.id, t.locked FROM t
+WHERE t.locked NOT IN (SELECT id FROM free)
+  AND EXISTS (SELECT 1 FROM outbox x WHERE x.id = t.locked)`
+
 // recordUnnest is the outcomes of recordSQL's arguments, one row each, as t.
 const recordUnnest = `unnest($2::bigint[], $3::int[], $4::text[], $5::timestamptz[], $6::text[], $7::jsonb[],
                 $8::bool[], $9::timestamptz[], $10::timestamptz[], $11::text[])
@@ -343,14 +378,18 @@ WHERE f.id = ANY (ARRAY(` + nextUnfinished + `))
 // (BenchmarkManyKeysBacklog). A row not finished before the row (replayed since) is not
 // looked for: a row made due behind it is held back by the claim's own check.
 const nextUnfinished = `
-    SELECT (SELECT u.id FROM outbox u
-            WHERE u.ordering_key = h.ordering_key AND u.id > h.id
-              AND u.status IN ('pending', 'delivering', 'held', 'awaiting_approval')
-            ORDER BY u.id
-            LIMIT 1)
+    SELECT ` + nextOfKey + `
     FROM outbox h
     WHERE h.id = ANY($1::bigint[])
       AND h.status NOT IN ('pending', 'delivering', 'held', 'awaiting_approval')`
+
+// nextOfKey is the id of the row not finished that comes next, after row h, in h's
+// ordering key (NULL when none does).
+const nextOfKey = `(SELECT u.id FROM outbox u
+            WHERE u.ordering_key = h.ordering_key AND u.id > h.id
+              AND u.status IN ('pending', 'delivering', 'held', 'awaiting_approval')
+            ORDER BY u.id
+            LIMIT 1)`
 
 // lockNextSQL locks, for releaseNextSQL in the same transaction, the next row not
 // finished of the ordering key of each row $1, waiting for a transaction that holds it.
