@@ -60,7 +60,7 @@ func newListCmd(e *env) *cobra.Command {
 		},
 	}
 	db.register(cmd)
-	f.register(cmd, true, 50, "most rows to show (at most 1000)")
+	f.register(cmd, true, 50, "rows a page, 1 to 1000")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON: {\"intents\": [...], \"next\": \"<cursor or empty>\"}")
 	return cmd
 }

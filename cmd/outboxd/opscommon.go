@@ -294,13 +294,17 @@ type filterFlags struct {
 	errorContains string
 	orderingKey   string
 	limit         int
+	limitMax      int // list's page size; 0: replay's cap, which has no maximum
 	after         string
 }
 
-// register adds the filter flags; paging adds --after, and limitDefault is --limit's
-// default (0: no cap).
+// register adds the filter flags; paging (list) adds --after and makes --limit the page
+// size, at most ops.MaxListLimit; limitDefault is --limit's default (0: no cap).
 func (f *filterFlags) register(cmd *cobra.Command, paging bool, limitDefault int, limitHelp string) {
 	fs := cmd.Flags()
+	if paging {
+		f.limitMax = ops.MaxListLimit
+	}
 	fs.StringSliceVar(&f.status, "status", nil,
 		"keep rows in these statuses, repeated or comma-separated: "+strings.Join(ops.Statuses, ", "))
 	fs.StringVar(&f.connector, "connector", "", "keep rows of this connector instance (webhook, webhook:crm)")
@@ -363,8 +367,8 @@ func (f *filterFlags) filter(cmd *cobra.Command) (ops.Filter, error) {
 			"are --older-than %[3]s --newer-than %[4]s", f.olderThan, f.newerThan,
 			min(f.olderThan, f.newerThan), max(f.olderThan, f.newerThan))
 	}
-	if f.limit < 0 {
-		return ops.Filter{}, usagef("--limit: %d is negative", f.limit)
+	if err := f.checkLimit(cmd); err != nil {
+		return ops.Filter{}, err
 	}
 	var statuses []string
 	for _, s := range f.status {
@@ -377,6 +381,23 @@ func (f *filterFlags) filter(cmd *cobra.Command) (ops.Filter, error) {
 		OlderThan: f.olderThan, NewerThan: f.newerThan, ErrorContains: f.errorContains,
 		OrderingKey: f.orderingKey, Limit: f.limit, After: f.after,
 	}, nil
+}
+
+// checkLimit refuses a --limit outside what the command takes, naming the range. The
+// library reads a zero limit as its default (a page of 50 for list, no cap for replay),
+// so --limit 0 listed 50 rows and would have replayed every row the filters match, where
+// an operator who types it means none: a typo or an empty variable, as --newer-than 0 is.
+// And list caps its pages at ops.MaxListLimit: --limit 5000 showed 1000 rows, the next
+// page's cursor easy to miss in a script.
+func (f *filterFlags) checkLimit(cmd *cobra.Command) error {
+	switch {
+	case f.limitMax > 0 && (f.limit < 1 || f.limit > f.limitMax):
+		return usagef("--limit: %d is not between 1 and %d rows a page; follow \"next page\" for more", f.limit, f.limitMax)
+	case f.limitMax == 0 && f.limit < 1 && cmd.Flags().Changed("limit"):
+		return usagef("--limit: %d is not a number of rows (1 or more); leave it out to select every row the filters match",
+			f.limit)
+	}
+	return nil
 }
 
 // guarantees maps connector instances ("webhook", "webhook:crm") to their receiver's

@@ -278,3 +278,26 @@ func TestEmptyDatabaseURLFlagIsAUsageError(t *testing.T) {
 	}
 	require.Equal(t, outbox.StatusDelivered, d.status(t, "k-old"))
 }
+
+// A --limit the command cannot take is a usage error that names the range, whatever its
+// sign: list --limit 0 showed a page of 50 (the library's default for zero) where -1 was
+// refused, and replay --limit 0 would have selected every row the filters match.
+func TestLimitOutsideItsRangeIsAUsageError(t *testing.T) {
+	t.Parallel()
+	env := []string{"OUTBOX_DATABASE_URL=postgres://nobody@127.0.0.1:1/none"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"list", "--limit", "0"}, "--limit: 0 is not between 1 and 1000 rows a page"},
+		{[]string{"list", "--limit", "-1"}, "--limit: -1 is not between 1 and 1000 rows a page"},
+		{[]string{"list", "--limit", "1001"}, "--limit: 1001 is not between 1 and 1000 rows a page"},
+		{[]string{"replay", "--status", "dead", "--limit", "0"}, "--limit: 0 is not a number of rows (1 or more)"},
+		{[]string{"replay", "--status", "dead", "--limit", "-2"}, "--limit: -2 is not a number of rows (1 or more)"},
+	} {
+		code, out, errOut := runCLI(t, env, strings.NewReader(""), tc.args...)
+		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errOut)
+		require.Contains(t, errOut, tc.want, tc.args)
+		require.Empty(t, out, tc.args)
+	}
+}

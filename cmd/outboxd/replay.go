@@ -81,7 +81,7 @@ func newReplayCmd(e *env) *cobra.Command {
 	db.register(cmd)
 	fs := cmd.Flags()
 	fs.StringArrayVar(&keys, "key", nil, "idempotency key of a row to replay (repeatable)")
-	f.register(cmd, false, 0, "most rows to select with the filters (default: no cap)")
+	f.register(cmd, false, 0, "most rows to select with the filters, 1 or more (default: no cap)")
 	fs.StringVar(&o.Reason, "reason", "", "why, for the audit trail")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "show what would happen and change nothing")
 	fs.BoolVarP(&yes, "yes", "y", false, "replay more than 10 rows without asking")

@@ -197,7 +197,7 @@ func List(ctx context.Context, db outbox.DB, f Filter) (Page, error) {
 	if err != nil {
 		return Page{}, err
 	}
-	limit := min(cmp.Or(f.Limit, defaultListLimit), maxListLimit)
+	limit := min(cmp.Or(f.Limit, defaultListLimit), MaxListLimit)
 	// One row more than the page says whether there is a next page.
 	rows, err := db.Query(ctx, listSQL, append(args, limit+1)...)
 	if err != nil {

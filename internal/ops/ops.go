@@ -47,10 +47,13 @@ func knownStatus(s string) bool {
 	return false
 }
 
+// MaxListLimit is the most rows one page of [List] holds: a larger [Filter].Limit is
+// taken as it.
+const MaxListLimit = 1000
+
 // Default and maximum sizes.
 const (
 	defaultListLimit = 50
-	maxListLimit     = 1000
 	defaultBatchSize = 500
 	maxBatchSize     = 10_000
 )

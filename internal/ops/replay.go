@@ -827,9 +827,9 @@ func resolve(ctx context.Context, db outbox.DB, sel Selection, now time.Time) ([
 	capped := f.Limit
 	var out []target
 	for {
-		f.Limit = maxListLimit
+		f.Limit = MaxListLimit
 		if capped > 0 {
-			f.Limit = min(maxListLimit, capped-len(out))
+			f.Limit = min(MaxListLimit, capped-len(out))
 		}
 		page, err := List(ctx, db, f)
 		if err != nil {
