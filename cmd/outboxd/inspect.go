@@ -164,7 +164,10 @@ func writeDetail(w io.Writer, d inspectJSON) error {
 		tw = newTable(w)
 		fmt.Fprintln(tw, "  AT\tACTION\tACTOR\tREASON\tDETAILS")
 		for _, a := range d.Audit {
-			details := strings.TrimSpace(string(a.Details))
+			// JSON text, as jsonb writes it: escaped as the payload and the result are,
+			// since jsonb leaves C1 controls, DEL and format characters as they are, and
+			// plain SQL or an older outboxd may have written any details.
+			details := strings.TrimSpace(string(jsonEscaped(a.Details)))
 			if details == "" || details == "null" || details == "{}" {
 				details = "-"
 			}

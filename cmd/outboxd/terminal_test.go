@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -91,4 +92,62 @@ VALUES ('k', 'webhook', '{"note": "a\u202eb"}', 'delivered', '{"body": "\u009b2J
 	require.NoError(t, json.Unmarshal([]byte(out), &got))
 	require.JSONEq(t, `{"note": "a\u202eb"}`, string(got.Intent.Payload))
 	require.JSONEq(t, `{"body": "\u009b2J\u007f\u001b"}`, string(got.Intent.Result))
+}
+
+// Every text the operator commands print from the database, whoever wrote it (an
+// application, plain SQL, an agent through the intent API, a relay from a receiver's
+// answer), reaches the terminal with its control characters shown as escapes: the
+// commands' own line breaks are the only ones. Each column an operator command prints
+// holds here ESC, a carriage return, BEL, a C1 CSI, DEL and a right-to-left override
+// (JSON columns as \u escapes, which jsonb keeps only below U+0020).
+func TestOperatorCommandsEscapeEveryStoredText(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	const (
+		raw  = "\x1b[2K\r\x07\u009b1A\u007f\u202e"
+		json = `"\u001b[2K\r\u0007\u009b1A\u007f\u202e"`
+	)
+	for _, key := range []string{"n-dead", "n-held", "n-awaiting", "n-awaiting-2", "n-stuck"} {
+		status := map[string]string{"n-dead": outbox.StatusDead, "n-held": outbox.StatusHeld,
+			"n-awaiting": outbox.StatusAwaitingApproval, "n-awaiting-2": outbox.StatusAwaitingApproval,
+			"n-stuck": outbox.StatusDelivering}[key]
+		id := d.insert(t, fixture{Key: key, Status: status, LeaseIn: -time.Minute, Ambiguous: status == outbox.StatusHeld,
+			Attempts: 1, LastError: "receiver answered " + raw, OrderingKey: "ok-" + key + raw,
+			Payload: `{"note": ` + json + `}`})
+		_, err := d.pool.Exec(t.Context(), `
+UPDATE outbox SET created_by = $2, headers = jsonb_build_object('x-note', $2::text), result = $3::jsonb,
+       lease_owner = CASE WHEN status = 'delivering' THEN $2 END
+WHERE id = $1`, id, "agent"+raw, `{"body": `+json+`}`)
+		require.NoError(t, err)
+		_, err = d.pool.Exec(t.Context(), `
+INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
+VALUES ($1, 1, $2, now() - interval '1 minute', now(), 'retry', true, $2)`, id, "relay"+raw)
+		require.NoError(t, err)
+		_, err = d.pool.Exec(t.Context(), `
+INSERT INTO outbox_audit (outbox_id, action, actor, reason, details)
+VALUES ($1, 'replay', $2, $2, $3::jsonb)`, id, "bob"+raw, `{"from_status": "dead", "note": `+json+`}`)
+		require.NoError(t, err)
+	}
+	for _, args := range [][]string{
+		{"list"}, {"list", "--json"}, {"list", "--status", "dead", "--error-contains", "receiver"},
+		{"inspect", "n-dead"}, {"inspect", "n-stuck"}, {"inspect", "n-held", "--json"},
+		{"status"}, {"status", "--json"},
+		{"replay", "--key", "n-dead", "--key", "n-stuck", "--key", "n-awaiting", "--dry-run"},
+		{"replay", "--status", "dead,held", "--dry-run"}, {"replay", "--status", "dead,held", "--dry-run", "--json"},
+		{"approve", "n-awaiting"}, {"reject", "n-awaiting-2", "--json"},
+		{"cancel", "n-held", "n-stuck"}, {"cancel", "n-held", "--json"},
+		{"replay", "--key", "n-dead", "--reason", "fixed"},
+		{"inspect", "n-dead"}, {"inspect", "n-held"},
+	} {
+		_, out, errOut := d.cli(t, "", args...)
+		for _, text := range []string{out, errOut} {
+			if i := strings.IndexFunc(text, func(r rune) bool { return notGraphic(r) && r != '\n' }); i >= 0 {
+				line := text[strings.LastIndex(text[:i], "\n")+1:]
+				if j := strings.IndexByte(line, '\n'); j >= 0 {
+					line = line[:j]
+				}
+				t.Errorf("%v passes a control character to the terminal: %q", args, line)
+			}
+		}
+	}
 }
