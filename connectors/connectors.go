@@ -100,6 +100,15 @@ func KeyWindow(c Connector) time.Duration {
 	return 0
 }
 
+// KeyForgotten reports whether an attempt started at t, which may last up to attemptMax,
+// could reach a receiver that remembers idempotency keys for window (see [KeyWindower]; 0:
+// for ever) after it has forgotten the key of a row whose first attempt started at first
+// (zero: none yet). The relay does not send such an attempt of an enforced row, and holds
+// the row; a replay under the row's own key would only have it held again.
+func KeyForgotten(window, attemptMax time.Duration, first, t time.Time) bool {
+	return window > 0 && !first.IsZero() && t.Add(attemptMax).After(first.Add(window))
+}
+
 // Timeouter is implemented by connectors whose attempts have a time limit. The relay
 // claims rows ahead of its free workers only for those: knowing the limit, it can tell
 // whether a row that waited for a worker can still finish its attempt within its lease.

@@ -362,7 +362,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 			conn:             in.Connector,
 			guarantee:        in.Connector.Guarantee(),
 			keyWindow:        connectors.KeyWindow(in.Connector),
-			attemptMax:       min(cmp.Or(connectors.Timeout(in.Connector), cfg.Lease), cfg.Lease),
+			attemptMax:       AttemptMax(in.Connector, cfg.Lease),
 			maxAge:           cmp.Or(in.MaxAge, cfg.MaxAge),
 			limit:            min(cmp.Or(in.Concurrency, cfg.Concurrency), mostSlots),
 			outcomes:         make(map[string]prometheus.Counter, len(outcomeLabels)),
@@ -2092,12 +2092,18 @@ func (r *Relay) unwrittenExpired(now time.Time) []int64 {
 	return ids
 }
 
+// AttemptMax is the longest an attempt of c may last under a relay whose leases last
+// lease: c's time limit ([connectors.Timeouter]), or the lease when it declares none or a
+// longer one (an attempt never outlives its lease).
+func AttemptMax(c connectors.Connector, lease time.Duration) time.Duration {
+	return min(cmp.Or(connectors.Timeout(c), lease), lease)
+}
+
 // forgotten reports whether an attempt of row started at t could reach an enforcing
 // receiver after it has forgotten the row's key (the attempt may take up to attemptMax):
 // the retry would be a blind duplicate.
 func (inst *instance) forgotten(row claimed, t time.Time) bool {
-	return inst.keyWindow > 0 && inst.guarantee == connectors.Enforced && !row.firstAt.IsZero() &&
-		t.Add(inst.attemptMax).After(row.firstAt.Add(inst.keyWindow))
+	return inst.guarantee == connectors.Enforced && connectors.KeyForgotten(inst.keyWindow, inst.attemptMax, row.firstAt, t)
 }
 
 // forgottenReason says why row is held: a retry at when ("now", or the time decide

@@ -23,9 +23,11 @@ import (
 
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/payment"
 	"github.com/outboxd/outboxd/internal/config"
 	"github.com/outboxd/outboxd/internal/ops"
 	"github.com/outboxd/outboxd/outbox"
+	"github.com/outboxd/outboxd/relay"
 )
 
 // This file holds what the operator commands (status, list, inspect, replay, cancel,
@@ -406,8 +408,7 @@ func (f *filterFlags) checkLimit(cmd *cobra.Command) error {
 // then unknown, which no command fails for. dsn fills in OUTBOX_DATABASE_URL, which
 // config.Load requires, when it came from --database-url.
 func guarantees(environ []string, dsn string) map[string]connectors.Guarantee {
-	environ = append(environ[:len(environ):len(environ)], "OUTBOX_DATABASE_URL="+dsn)
-	cfg, err := config.Load(environ)
+	cfg, err := loadConfig(environ, dsn)
 	if err != nil {
 		return map[string]connectors.Guarantee{}
 	}
@@ -430,6 +431,43 @@ func guarantees(environ []string, dsn string) map[string]connectors.Guarantee {
 		}
 	}
 	return out
+}
+
+// loadConfig loads the configuration in environ, with dsn as OUTBOX_DATABASE_URL, which
+// config.Load requires, when it came from --database-url.
+func loadConfig(environ []string, dsn string) (*config.Config, error) {
+	return config.Load(append(environ[:len(environ):len(environ)], "OUTBOX_DATABASE_URL="+dsn))
+}
+
+// keyWindows returns replay's ops.ReplayOptions.KeyWindowFunc: the key window of each
+// connector instance whose receiver enforces keys for a while only, and the longest its
+// attempts last, as a relay built from the configuration in environ has them (the same
+// connectors, the same lease). A payment instance this configuration does not have (or
+// one that does not load) has Stripe's window all the same, which no configuration
+// changes, with attempts taken as instant: the replay then refuses only rows whose window
+// has surely passed. An email instance's window depends on its transport, which only the
+// configuration says.
+func keyWindows(environ []string, dsn string) func(connector string) ops.KeyWindow {
+	known := map[string]ops.KeyWindow{}
+	if cfg, err := loadConfig(environ, dsn); err == nil {
+		if instances, err := buildInstances(cfg); err == nil {
+			for name, in := range instances {
+				if in.Connector.Guarantee() == connectors.Enforced {
+					known[name] = ops.KeyWindow{Window: connectors.KeyWindow(in.Connector),
+						AttemptMax: relay.AttemptMax(in.Connector, cfg.Engine.Lease)}
+				}
+			}
+		}
+	}
+	return func(connector string) ops.KeyWindow {
+		if w, ok := known[connector]; ok {
+			return w
+		}
+		if kind, _, _ := strings.Cut(connector, ":"); kind == "payment" {
+			return ops.KeyWindow{Window: payment.StripeKeyWindow}
+		}
+		return ops.KeyWindow{}
+	}
 }
 
 // guaranteeCell shows a connector's guarantee, "-" when unknown.

@@ -41,7 +41,9 @@ func newReplayCmd(e *env) *cobra.Command {
 			"Pending rows are left unchanged; canceled, awaiting-approval and in-flight rows are refused, and so " +
 			"are delivered rows unless --redeliver, after which replay says what the connector's receiver " +
 			"guarantee means for a second send, as it does for rows an earlier attempt of which may have " +
-			"reached the receiver (stuck, or held or dead after an ambiguous attempt). --new-key re-executes " +
+			"reached the receiver (stuck, or held or dead after an ambiguous attempt). A row past its receiver's " +
+			"key window (payment, email over Resend: 24 hours from its first attempt) is refused too, since a relay " +
+			"would hold it again without sending it under a key the receiver has forgotten. --new-key re-executes " +
 			"each row as a new intent under a derived key instead (never of a copy it made, whose original is " +
 			"copied instead; once a copy was delivered, only with --redeliver). Changing more than 10 rows asks " +
 			"first (refused without a terminal) unless --yes; " +
@@ -75,6 +77,7 @@ func newReplayCmd(e *env) *cobra.Command {
 			}
 			defer pool.Close()
 			dsn, _ := db.resolve(e)
+			o.KeyWindowFunc = keyWindows(e.environ, dsn)
 			return replay(ctx, e, pool, sel, o, replayRun{yes: yes, json: asJSON, dsn: dsn})
 		},
 	}

@@ -398,3 +398,67 @@ func requireActsAgainNote(t *testing.T, d *opsDB, args ...string) {
 			"dry run %v", dry)
 	}
 }
+
+// A row whose receiver has forgotten its key (Stripe: 24 hours after the row's first
+// attempt, less the attempt's time limit) is not sent again under that key: a relay holds
+// it at its claim. A replay under its own key said "replayed", and the row was held again
+// at once, having spent an attempt; it is refused instead, saying why and what to do, and
+// --new-key, whose copy is a new key, still re-executes it. A row inside its window, or of
+// a receiver that does not forget keys, is replayed as before. The window is known from
+// the configuration, as a relay's, and of a payment row without it too.
+func TestReplayPastTheKeyWindowIsRefused(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t, "OUTBOX_PAYMENT_API_KEY=sk_test_x", "OUTBOX_PAYMENT_TIMEOUT=20s",
+		"OUTBOX_WEBHOOK_URL=http://127.0.0.1:1/hook", "OUTBOX_WEBHOOK_GUARANTEE=enforced")
+	payload := `{"operation": "refund.create", "params": {"payment_intent": "pi_1"}}`
+	for _, f := range []struct {
+		key, connector, status string
+		firstAgo               time.Duration
+	}{
+		{"p-held-old", "payment", outbox.StatusHeld, 25 * time.Hour},
+		// Inside the window by the clock, but an attempt of up to 20s started now could
+		// end after it.
+		{"p-dead-edge", "payment", outbox.StatusDead, 24*time.Hour - 10*time.Second},
+		{"p-dead-new", "payment", outbox.StatusDead, time.Hour},
+		{"w-dead-old", "webhook", outbox.StatusDead, 48 * time.Hour},
+	} {
+		p := `{"n": 1}`
+		if f.connector == "payment" {
+			p = payload
+		}
+		id := d.insert(t, fixture{Key: f.key, Connector: f.connector, Status: f.status, Attempts: 2,
+			Ambiguous: f.status == outbox.StatusHeld, LastError: "attempt 2: timeout", Payload: p})
+		_, err := d.pool.Exec(t.Context(), `UPDATE outbox SET first_attempt_at = clock_timestamp() - $2::interval WHERE id = $1`,
+			id, f.firstAgo)
+		require.NoError(t, err)
+	}
+
+	code, out, errOut := d.cli(t, "", "replay", "--key", "p-held-old", "--key", "p-dead-edge", "--key", "p-dead-new",
+		"--key", "w-dead-old", "--reason", "stripe is back")
+	require.Equal(t, exitFailure, code, out)
+	require.Contains(t, out, "replayed: 2\n  p-dead-new\n  w-dead-old\n")
+	require.Regexp(t, `(?m)^  p-held-old: past its key window: payment remembers idempotency keys for 24h0m0s and the row's first attempt `+
+		`was at \S+, so a relay would hold it again without sending it .*; check the receiver for what its attempts did, `+
+		`then replay it with NewKey \(--new-key\) to act, or cancel it$`, out)
+	require.Regexp(t, `(?m)^  p-dead-edge: past its key window: .*then replay it with NewKey \(--new-key\) to act$`, out)
+	require.Contains(t, errOut, "2 of the keys given were not replayed (0 not found, 2 refused)")
+	require.Equal(t, outbox.StatusHeld, d.status(t, "p-held-old"))
+	require.Equal(t, outbox.StatusDead, d.status(t, "p-dead-edge"))
+	require.Equal(t, outbox.StatusPending, d.status(t, "p-dead-new"))
+	require.Equal(t, outbox.StatusPending, d.status(t, "w-dead-old"))
+	require.Zero(t, d.count(t, `SELECT count(*) FROM outbox_audit a JOIN outbox o ON o.id = a.outbox_id
+		WHERE o.idempotency_key IN ('p-held-old', 'p-dead-edge')`))
+
+	// Without the payment instance's variables, a payment row's window is Stripe's all
+	// the same.
+	code, out, _ = runCLI(t, []string{"OUTBOX_DATABASE_URL=" + d.dsn}, strings.NewReader(""),
+		"replay", "--key", "p-held-old", "--dry-run")
+	require.Equal(t, exitFailure, code, out)
+	require.Contains(t, out, "would replay: 0\n")
+	require.Contains(t, out, "p-held-old: past its key window")
+
+	// A new key is a key the receiver has not seen: the copy goes out.
+	code, out, errOut = d.cli(t, "", "replay", "--key", "p-held-old", "--new-key", "--reason", "checked stripe: no refund")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "replayed: 1\n  p-held-old -> p-held-old/replay/1~")
+}

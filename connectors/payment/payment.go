@@ -737,11 +737,11 @@ func (t *observingTransport) CloseIdleConnections() {
 	}
 }
 
-// stripeKeyWindow is how long Stripe remembers an idempotency key: "keys are eligible to
+// StripeKeyWindow is how long Stripe remembers an idempotency key: "keys are eligible to
 // be removed from the system automatically after they're at least 24 hours old".
-const stripeKeyWindow = 24 * time.Hour
+const StripeKeyWindow = 24 * time.Hour
 
 // KeyWindow says that Stripe forgets idempotency keys after 24 hours, so the relay never
 // retries a payment later than that after its first attempt (see
 // [connectors.KeyWindower]).
-func (c *Connector) KeyWindow() time.Duration { return stripeKeyWindow }
+func (c *Connector) KeyWindow() time.Duration { return StripeKeyWindow }

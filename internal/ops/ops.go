@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -73,6 +74,9 @@ type lockedRow struct {
 	leaseExpiresAt *time.Time
 	payloadPurged  bool
 	connector      string
+	// firstAttemptAt is when the row's first attempt started; zero before any (or when
+	// plain SQL wrote an infinity, which no key window is counted from).
+	firstAttemptAt time.Time
 	// reached says an attempt may have reached the receiver: the latest is marked
 	// ambiguous, or the attempt log has an ambiguous or delivered attempt (a later
 	// attempt that failed plainly clears the mark, while the earlier one may have acted).
@@ -88,7 +92,7 @@ type lockedRow struct {
 const lockSQL = `
 SELECT o.id, o.idempotency_key, o.status, coalesce(o.lease_owner, ''), o.lease_expires_at,
        EXISTS (SELECT 1 FROM outbox_audit a WHERE a.outbox_id = o.id AND a.action = 'purge_payload'),
-       o.connector,
+       o.connector, o.first_attempt_at,
        o.ambiguous OR EXISTS (SELECT 1 FROM outbox_attempts t
                               WHERE t.outbox_id = o.id AND (t.ambiguous OR t.outcome = 'delivered'))
 FROM outbox o
@@ -105,10 +109,16 @@ func lockRows(ctx context.Context, tx pgx.Tx, ids []int64) (map[int64]lockedRow,
 	defer rows.Close()
 	out := make(map[int64]lockedRow, len(ids))
 	for rows.Next() {
-		var r lockedRow
+		var (
+			r     lockedRow
+			first pgtype.Timestamptz
+		)
 		if err := rows.Scan(&r.id, &r.key, &r.status, &r.leaseOwner, &r.leaseExpiresAt, &r.payloadPurged,
-			&r.connector, &r.reached); err != nil {
+			&r.connector, &first, &r.reached); err != nil {
 			return nil, fmt.Errorf("lock rows: %w", err)
+		}
+		if first.Valid && first.InfinityModifier == pgtype.Finite {
+			r.firstAttemptAt = first.Time
 		}
 		out[r.id] = r
 	}

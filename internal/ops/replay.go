@@ -51,10 +51,26 @@ type ReplayOptions struct {
 	// ProgressFunc, when set, is called after each batch with the rows handled so far
 	// and the rows selected.
 	ProgressFunc func(done, total int)
+	// KeyWindowFunc, when set, says how long the receiver of a connector instance
+	// ("payment", "payment:eu") remembers idempotency keys and how long an attempt of it
+	// may last, as the relays that deliver the instance have them; a zero Window when it
+	// does not forget them, or is not known. A row whose next attempt under its own key
+	// could reach the receiver after that window has passed since its first attempt is
+	// refused without NewKey: a relay would hold it again at once without sending it
+	// (see [connectors.KeyForgotten]).
+	KeyWindowFunc func(connector string) KeyWindow
 	// Now is the replay's clock: next_attempt_at, lease expiry, audit time, and the ages
 	// of a Filter without a Now of its own. Defaults to the database's current time as
 	// each batch runs (at the start, for the Filter), the clock leases are set by.
 	Now time.Time
+}
+
+// KeyWindow is how long a connector instance's receiver remembers idempotency keys
+// ([connectors.KeyWindower]; zero: for ever, or not known) and the longest one attempt of
+// it may last, as a relay delivering the instance has them ([connectors.KeyForgotten]).
+type KeyWindow struct {
+	Window     time.Duration
+	AttemptMax time.Duration
 }
 
 // ReplayResult says what [Replay] did (or, with DryRun, would do) with each selected key.
@@ -267,6 +283,8 @@ func operationStatus(ctx context.Context, tx pgx.Tx, key string) (status, refuse
 //   - canceled: refused, with NewKey too (it may be one an approver rejected).
 //   - awaiting_approval: refused; approval is decided by approve or reject.
 //   - a row whose payload was purged: refused, since there is nothing left to send.
+//   - a row past its key window (opts.KeyWindowFunc): refused without NewKey, since a
+//     relay would hold it again at once without sending it; the reason says what to do.
 //
 // Every replayed row gets an outbox_audit row (action replay, opts.Actor, opts.Reason,
 // details {"from_status": ...}). Replayed rows an attempt of which may have reached the
@@ -482,6 +500,11 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 		case r.payloadPurged:
 			br.Refused[t.key] = "its payload was purged, so there is nothing left to send"
 			continue
+		case !opts.NewKey && opts.KeyWindowFunc != nil:
+			if why := pastKeyWindow(r, opts.KeyWindowFunc(r.connector), now); why != "" {
+				br.Refused[t.key] = why
+				continue
+			}
 		}
 		d := map[string]string{"from_status": r.status}
 		// op is the key of the row whose operation this row executes: the row a copy that
@@ -596,6 +619,33 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 		return err
 	}
 	return audit(ctx, tx, ActionReplay, opts.Actor, opts.Reason, now, auditIDs, details)
+}
+
+// pastKeyWindow says why row r cannot be put back under its own key at now, when its
+// receiver, which remembers keys for w.Window, would have forgotten the row's key by the
+// end of an attempt started now: a relay would hold it again at once without sending it,
+// and the replay, reported as done, would have done nothing but spend an attempt. It
+// says what to do instead, which depends on what the row is now; it is empty when the
+// window has not passed.
+func pastKeyWindow(r lockedRow, w KeyWindow, now time.Time) string {
+	if !connectors.KeyForgotten(w.Window, w.AttemptMax, r.firstAttemptAt, now) {
+		return ""
+	}
+	why := fmt.Sprintf("past its key window: %s remembers idempotency keys for %s and the row's first attempt was at %s, "+
+		"so a relay would hold it again without sending it (under the same key the receiver could act twice)",
+		r.connector, w.Window, r.firstAttemptAt.UTC().Format(time.RFC3339))
+	switch r.status {
+	case outbox.StatusDelivered:
+		return why + "; to send it again, replay it with NewKey and Redeliver (--new-key --redeliver)"
+	case outbox.StatusDelivering:
+		// Stuck: NewKey and cancel refuse it too, until a relay puts it back (and holds it).
+		return why + "; a relay with its connector will put it back and hold it: then check the receiver for what " +
+			"its attempts did, and replay it with NewKey (--new-key) to act, or cancel it"
+	case outbox.StatusHeld:
+		return why + "; check the receiver for what its attempts did, then replay it with NewKey (--new-key) to act, " +
+			"or cancel it"
+	}
+	return why + "; check the receiver for what its attempts did, then replay it with NewKey (--new-key) to act"
 }
 
 // replayNewKey enqueues the copy of r that re-executes it, r having had n copies so far
