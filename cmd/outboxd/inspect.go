@@ -184,17 +184,24 @@ func writeDetail(w io.Writer, d inspectJSON) error {
 // flag is its latest attempt's, so "no" alone would hide an earlier ambiguous attempt
 // (a row that died of a plain failure after one: replayed, the receiver may act twice)
 // and the attempt of a row whose lease expired, flagged only once a relay puts it back.
+// Nor does it cover a delivery the row has had before a replay (--redeliver) put it
+// back: then the receiver did act, whatever the attempts since say, as cancel's warning
+// and replay's notes count it (ops.CancelResult.MayHaveActed).
 func ambiguity(d ops.Detail) string {
 	const latest = "yes: the receiver may have acted on the latest attempt"
 	if d.Ambiguous {
 		return latest
 	}
-	for i := len(d.Attempts) - 1; i >= 0; i-- {
-		if a := d.Attempts[i]; a.Ambiguous {
-			if i == len(d.Attempts)-1 {
-				return latest
-			}
+	last := len(d.Attempts) - 1
+	for i := last; i >= 0; i-- {
+		a := d.Attempts[i]
+		switch {
+		case a.Ambiguous && i == last:
+			return latest
+		case a.Ambiguous:
 			return fmt.Sprintf("no, but attempt %d was: the receiver may have acted then", a.Attempt)
+		case a.Outcome == outbox.StatusDelivered && (i < last || d.Intent.Status != outbox.StatusDelivered):
+			return fmt.Sprintf("no, but attempt %d was delivered: the receiver acted then, before the row was replayed", a.Attempt)
 		}
 	}
 	return "no"

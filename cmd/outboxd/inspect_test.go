@@ -252,3 +252,38 @@ VALUES ($1, 1, 'relay-a', $2, $2, 'retry', true, 'connection reset'),
 		require.Regexp(t, `(?m)^ambiguous:\s+no$`, out)
 	}
 }
+
+// A delivered row that replay --redeliver put back, and whose attempt since failed
+// plainly (or has not come yet), said "ambiguous: no" at the top of inspect: no attempt of
+// it was ambiguous, but the receiver did act on the delivered one, as cancel's warning
+// says of the same row. The line now says so.
+func TestInspectSaysAnEarlierAttemptWasDelivered(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	now := time.Now()
+	for _, f := range []struct {
+		key, status string
+		attempts    int
+	}{{"redelivered-failed", outbox.StatusPending, 2}, {"redelivered-waiting", outbox.StatusPending, 1},
+		{"delivered", outbox.StatusDelivered, 1}} {
+		id := d.insert(t, fixture{Key: f.key, Status: f.status, Attempts: f.attempts})
+		_, err := d.pool.Exec(t.Context(), `
+INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
+VALUES ($1, 1, 'relay-a', $2, $2, 'delivered', false, NULL)`, id, now.Add(-time.Hour))
+		require.NoError(t, err)
+		if f.attempts == 2 {
+			_, err = d.pool.Exec(t.Context(), `
+INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
+VALUES ($1, 2, 'relay-a', $2, $2, 'retry', false, 'receiver answered 503')`, id, now.Add(-time.Minute))
+			require.NoError(t, err)
+		}
+	}
+	for _, key := range []string{"redelivered-failed", "redelivered-waiting"} {
+		code, out, errOut := d.cli(t, "", "inspect", key)
+		require.Equal(t, exitOK, code, errOut)
+		require.Regexp(t, `(?m)^ambiguous:\s+no, but attempt 1 was delivered: the receiver acted then, before the row was replayed$`, out, key)
+	}
+	code, out, errOut := d.cli(t, "", "inspect", "delivered")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^ambiguous:\s+no$`, out)
+}
