@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/outboxd/outboxd/internal/intent"
 	"github.com/outboxd/outboxd/internal/ops"
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -50,7 +52,17 @@ func newInspectCmd(e *env) *cobra.Command {
 					if d.Detail, err = ops.Inspect(ctx, tx, args[0]); err != nil {
 						return err
 					}
-					d.CopyOf, err = ops.CopyOf(ctx, tx, args[0])
+					if d.CopyOf, err = ops.CopyOf(ctx, tx, args[0]); err != nil {
+						return err
+					}
+					latest, cp, found, err := ops.LatestCopyIntent(ctx, tx, cmp.Or(d.CopyOf, args[0]))
+					switch {
+					case err != nil || latest == "" || latest == args[0]:
+					case !found:
+						d.ReplayedAs = &intent.Copy{Key: latest, Gone: true}
+					default:
+						d.ReplayedAs = &intent.Copy{Key: latest, Status: cp.Status}
+					}
 					return err
 				})
 			if errors.Is(err, outbox.ErrNotFound) {
@@ -85,6 +97,12 @@ type inspectJSON struct {
 	// copy's own key holds the row's only as a readable prefix, cut at 80 characters
 	// and with '/' or a space as '_', which more than one key can give.
 	CopyOf string `json:"copy_of,omitempty"`
+	// ReplayedAs is the latest copy that replay --new-key made of the row's operation
+	// (of this row, or of the row it copies), when that is not this row: where the
+	// operation went, as the intent API names it. The row itself stays dead or held, and
+	// its status and attempts alone read as an operation that failed or waits for a
+	// person, when its copy may have been delivered.
+	ReplayedAs *intent.Copy `json:"replayed_as,omitempty"`
 }
 
 func writeDetail(w io.Writer, d inspectJSON) error {
@@ -94,6 +112,15 @@ func writeDetail(w io.Writer, d inspectJSON) error {
 	field("key", keyText(in.Key))
 	if d.CopyOf != "" {
 		field("copy of", keyText(d.CopyOf)+" (made by replay --new-key)")
+	}
+	if c := d.ReplayedAs; c != nil {
+		where := fmt.Sprintf("%s, %s now (replay --new-key re-executed the operation under that key: follow it)",
+			keyText(c.Key), c.Status)
+		if c.Gone {
+			where = keyText(c.Key) + ", gone: delivered or canceled, then deleted by retention or purge " +
+				"(replay --new-key re-executed the operation under that key)"
+		}
+		field("replayed as", where)
 	}
 	field("id", strconv.FormatInt(in.ID, 10))
 	field("connector", in.Connector)

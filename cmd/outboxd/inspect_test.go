@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"regexp"
 	"testing"
 	"time"
 
@@ -286,4 +287,47 @@ VALUES ($1, 2, 'relay-a', $2, $2, 'retry', false, 'receiver answered 503')`, id,
 	code, out, errOut := d.cli(t, "", "inspect", "delivered")
 	require.Equal(t, exitOK, code, errOut)
 	require.Regexp(t, `(?m)^ambiguous:\s+no$`, out)
+}
+
+// replay --new-key leaves the row it re-executes as it was, held or dead, and the copy
+// goes out under its own key. inspect of the row said "held" and "ambiguous: yes", the
+// copy's key only in the audit details, and not whether it was delivered: read alone, an
+// operation that had happened read as one still waiting for a person. It now names the
+// copy and its status, as the intent API does (replayed_as), and once the copy is
+// deleted, that it is gone.
+func TestInspectNamesWhereTheOperationWent(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.insert(t, fixture{Key: "h-op", Status: outbox.StatusHeld, Ambiguous: true, Attempts: 1, LastError: "timeout"})
+	code, out, errOut := d.cli(t, "", "replay", "--key", "h-op", "--new-key", "--reason", "checked: not sent")
+	require.Equal(t, exitOK, code, errOut)
+	cp := outbox.Key("h-op", "replay", "1")
+	require.Contains(t, out, "h-op -> "+cp)
+	_, err := d.pool.Exec(t.Context(), `UPDATE outbox SET status = 'delivered', delivered_at = now(), attempts = 1
+		WHERE idempotency_key = $1`, cp)
+	require.NoError(t, err)
+
+	code, out, errOut = d.cli(t, "", "inspect", "h-op")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^replayed as:\s+`+regexp.QuoteMeta(cp)+`, delivered now \(replay --new-key re-executed the operation under that key: follow it\)$`, out)
+	require.Regexp(t, `(?m)^status:\s+held$`, out)
+	code, out, errOut = d.cli(t, "", "inspect", "h-op", "--json")
+	require.Equal(t, exitOK, code, errOut)
+	var got struct {
+		ReplayedAs map[string]any `json:"replayed_as"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &got))
+	require.Equal(t, map[string]any{"key": cp, "status": "delivered"}, got.ReplayedAs)
+
+	// The copy names the row it copies, and no copy of its own.
+	code, out, errOut = d.cli(t, "", "inspect", cp)
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^copy of:\s+h-op `, out)
+	require.NotContains(t, out, "replayed as:")
+
+	_, err = d.pool.Exec(t.Context(), `DELETE FROM outbox WHERE idempotency_key = $1`, cp)
+	require.NoError(t, err)
+	code, out, errOut = d.cli(t, "", "inspect", "h-op")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `(?m)^replayed as:\s+`+regexp.QuoteMeta(cp)+`, gone: delivered or canceled, then deleted by retention or purge`, out)
 }

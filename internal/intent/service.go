@@ -270,19 +270,17 @@ func (s *Service) Copies(ctx context.Context, tok *Token, in outbox.Intent) (Cop
 			c.CopyOf, op = of, of
 		}
 	}
-	latest, err := ops.LatestCopy(ctx, s.Pool, op)
+	latest, cp, found, err := ops.LatestCopyIntent(ctx, s.Pool, op)
 	if insufficientPrivilege(err) {
 		return Copies{Unknown: true}, nil
 	}
-	if err != nil || latest == "" || latest == in.Key {
-		return c, err
-	}
-	cp, err := outbox.Get(ctx, s.Pool, latest)
-	switch {
-	case errors.Is(err, outbox.ErrNotFound):
-		c.ReplayedAs = &Copy{Key: latest, Gone: true}
-	case err != nil:
+	if err != nil {
 		return Copies{}, err
+	}
+	switch {
+	case latest == "" || latest == in.Key:
+	case !found:
+		c.ReplayedAs = &Copy{Key: latest, Gone: true}
 	case tok.Allows(cp.Connector):
 		c.ReplayedAs = &Copy{Key: latest, Status: cp.Status}
 	}

@@ -219,6 +219,26 @@ func LatestCopy(ctx context.Context, db outbox.DB, key string) (string, error) {
 	return outbox.Key(key, "replay", strconv.Itoa(n)), nil
 }
 
+// LatestCopyIntent returns the key of the latest copy that replay --new-key made of the
+// row with key ([LatestCopy]; "" when it made none) and that copy as it is now; found is
+// false when the copy is gone (delivered or canceled, then deleted by retention or
+// purge, which delete no other rows). It is where the row's operation went: the row
+// itself stays dead or held, and its status alone reads as an operation that failed or
+// waits.
+func LatestCopyIntent(ctx context.Context, db outbox.DB, key string) (latest string, cp outbox.Intent, found bool, err error) {
+	if latest, err = LatestCopy(ctx, db, key); err != nil || latest == "" {
+		return latest, outbox.Intent{}, false, err
+	}
+	cp, err = outbox.Get(ctx, db, latest)
+	if errors.Is(err, outbox.ErrNotFound) {
+		return latest, outbox.Intent{}, false, nil
+	}
+	if err != nil {
+		return "", outbox.Intent{}, false, err
+	}
+	return latest, cp, true, nil
+}
+
 // statusByKeySQL reads the status of the row with key $1.
 const statusByKeySQL = `SELECT status FROM outbox WHERE idempotency_key = $1`
 
