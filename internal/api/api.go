@@ -403,7 +403,7 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, tok *intent.Token
 		// List caps like any other.
 		n, err := strconv.Atoi(l)
 		if (err != nil && !errors.Is(err, strconv.ErrRange)) || n < 1 {
-			return fmt.Errorf("%w: limit must be a positive integer, got %q", errBadRequest, l)
+			return intent.LimitError(strconv.Quote(l))
 		}
 		f.Limit = n
 	}

@@ -121,6 +121,8 @@ func TestHugeListLimitIsCapped(t *testing.T) {
 	for _, l := range []string{"0", "-1", "-9223372036854775809", "1.5", "x"} {
 		r := b.do(t, "GET", "/v1/intents?limit="+l, adminSecret, "", "")
 		require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", l, r.raw)
+		require.Contains(t, r.raw, "limit must be a positive integer", l)
+		require.Contains(t, r.raw, "at most 1000", l)
 	}
 }
 

@@ -294,6 +294,16 @@ func insufficientPrivilege(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "42501" // insufficient_privilege
 }
 
+// LimitError is the refusal of a list's page size, the limit the client sent as got
+// (the API's query parameter, MCP's argument as JSON wrote it), that is no positive
+// integer. A larger one than a page holds is not refused: it reads a full page, as
+// [ops.List] caps it. Both faces refuse with it, so an agent hears the same rule from
+// either.
+func LimitError(got string) error {
+	return fmt.Errorf("%w: limit must be a positive integer, got %s; a page holds at most %d intents, and a larger limit reads that many",
+		ops.ErrInvalidFilter, got, ops.MaxListLimit)
+}
+
 // List returns one page of intents as [ops.List] does, narrowed to the connectors the
 // token may use. Asking for a connector outside them fails with [ErrForbidden]; for a
 // connector name no row can hold, with [ops.ErrInvalidFilter].

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -111,10 +113,32 @@ type GetInput struct {
 
 // ListInput is the input of list_intents.
 type ListInput struct {
-	Status    string `json:"status,omitempty" jsonschema:"keep intents in this status, or in any of several separated by commas"`
-	Connector string `json:"connector,omitempty" jsonschema:"keep intents of this connector instance"`
-	Limit     int    `json:"limit,omitempty" jsonschema:"page size; default 50, at most 1000"`
-	After     string `json:"after,omitempty" jsonschema:"the next cursor of the previous page"`
+	Status    string    `json:"status,omitempty" jsonschema:"keep intents in this status, or in any of several separated by commas"`
+	Connector string    `json:"connector,omitempty" jsonschema:"keep intents of this connector instance"`
+	Limit     listLimit `json:"limit,omitempty" jsonschema:"page size, a positive integer; default 50; a page holds at most 1000, and a larger limit reads 1000"`
+	After     string    `json:"after,omitempty" jsonschema:"the next cursor of the previous page"`
+}
+
+// listLimit is list_intents' limit. It takes any positive integer, as the intent API's
+// limit does: one past the largest int is a large page, which the list caps at its
+// largest, as it caps 5000. Decoded as an int, such a number (99999999999999999999, or
+// 1e30, which the schema's "integer" takes too) failed the call with the decoder's
+// "cannot unmarshal number 1e+30 into Go struct field ListInput.limit of type int",
+// and a negative one with the list's "Limit: -1 is negative", both refusals that name
+// Go rather than the argument and what it may be. Zero is the argument not given.
+type listLimit int
+
+// UnmarshalJSON reads the number as decodeArguments writes it again, once the schema
+// has checked that it is an integer (a fraction never reaches it).
+func (l *listLimit) UnmarshalJSON(b []byte) error {
+	f, err := strconv.ParseFloat(string(b), 64)
+	if err != nil || f < 0 || f != math.Trunc(f) {
+		return intent.LimitError(string(b))
+	}
+	// Capped before the conversion: past the largest int, a float64's conversion to int
+	// is not defined (amd64 gives the smallest int, a negative page).
+	*l = listLimit(min(f, ops.MaxListLimit))
+	return nil
 }
 
 // Intent is an intent as the tools return it.
@@ -439,7 +463,7 @@ func (t *tools) list(ctx context.Context, req *mcp.CallToolRequest, in ListInput
 	if err != nil {
 		return nil, ListOutput{}, err
 	}
-	f := ops.Filter{Connector: in.Connector, Limit: in.Limit, After: in.After}
+	f := ops.Filter{Connector: in.Connector, Limit: int(in.Limit), After: in.After}
 	for s := range strings.SplitSeq(in.Status, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			f.Status = append(f.Status, s)
