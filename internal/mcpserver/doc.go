@@ -14,8 +14,11 @@
 //
 // Tool input schemas are generated from the Go input types. Failures the agent can act
 // on (a forbidden connector, a key conflict, an invalid payload, an unknown key) are tool
-// errors whose text says what to do next; the rest are logged and reported as an
-// internal error that is safe to retry with the same key. Each call is bounded by
+// errors whose text says what to do next. So are a database that is unavailable and a
+// transaction PostgreSQL ended on a conflict with concurrent work (a serialization
+// failure or a deadlock, [intent.Contended]), which the intent API answers 503: calling
+// again with the same key is safe. The rest are logged and reported as an internal error
+// that is safe to retry with the same key. Each call is bounded by
 // [Config.CallTimeout], so a database that does not answer is a tool error, not a hang.
 //
 // # Identity

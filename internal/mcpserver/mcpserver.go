@@ -636,6 +636,18 @@ func (t *tools) toolError(ctx context.Context, tool, key string, err error) erro
 			return fmt.Errorf("%s: the database is unavailable; calling again later with the same key %q is safe", tool, key)
 		}
 		return fmt.Errorf("%s: the database is unavailable; try again later", tool)
+	case ctx.Err() == nil && intent.Contended(err):
+		// PostgreSQL ended the call's transaction on a conflict with concurrent work, as
+		// the intent API answers 503 for: the same call again may well succeed. Reported
+		// as an internal error, it read as a fault of outboxd's, which an agent may not
+		// retry, or may take as the effect failed and act another way.
+		t.log.WarnContext(ctx, "tool failed: the database ended the call's transaction on a conflict with concurrent work",
+			"tool", tool, "key", key, "err", err)
+		const why = "the database ended the call's transaction on a conflict with concurrent work (a serialization failure or a deadlock)"
+		if key != "" {
+			return fmt.Errorf("%s: %s; calling again with the same key %q is safe", tool, why, key)
+		}
+		return fmt.Errorf("%s: %s; try again", tool, why)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%s: %w", tool, err)
 	default:
