@@ -6,14 +6,16 @@
 //   - POST /v1/intents creates an intent. Authorization: Bearer <token> and
 //     Idempotency-Key: <key> (1 to 255 characters) are required; the body is
 //     {"connector", "payload", "ordering_key", "not_before"}. A new key answers 201, the
-//     same request again 200 with Idempotent-Replayed: true, a different request under a
-//     used key 422.
+//     same request again 200 with Idempotent-Replayed: true and the intent as it is now,
+//     a different request under a used key 422.
 //   - GET /v1/intents/{key} reads one intent (404 when unknown, outside the token's
-//     connectors, or deleted after OUTBOX_RETENTION), with copy_of and replayed_as when an operator re-executed its
-//     operation under a new key (outboxd replay --new-key).
+//     connectors, or deleted after OUTBOX_RETENTION), with copy_of and replayed_as when an
+//     operator re-executed its operation under a new key (outboxd replay --new-key). The
+//     list and a create answered again name them too.
 //   - GET /v1/intents?status=&connector=&limit=&after= lists the token's intents, newest
-//     first; status may repeat or be comma-separated, after is the previous page's next.
-//     Another parameter, or one that does not parse, answers 400.
+//     first; status may repeat or be comma-separated, limit is a positive integer (a page
+//     holds at most 1000), after is the previous page's next. Another parameter, or one
+//     that does not parse, answers 400.
 //   - POST /v1/intents/{key}/approve, /reject and /cancel decide (admin tokens only),
 //     with an optional body {"reason": "..."}, and answer the intent. A cancel's answer
 //     also has "may_have_acted": {"connector", "reason"} when an attempt of the intent
@@ -311,6 +313,12 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, tok *intent.Tok
 	}
 	ctx, done := h.bound(r.Context())
 	in, err := h.svc.Create(ctx, tok, key, req)
+	var c intent.Copies
+	if err == nil && !in.Inserted {
+		// The same request again is answered with the intent as it is now, which an
+		// operator may have re-executed under a new key since: named, as GET names it.
+		c, err = h.svc.Copies(ctx, tok, in)
+	}
 	err = done(err)
 	if errors.Is(err, outbox.ErrKeyConflict) {
 		return keyConflict{key: key, err: err}
@@ -323,7 +331,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, tok *intent.Tok
 		status = http.StatusOK
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
-	return writeJSON(w, status, ops.WithoutCredentials(in))
+	return writeJSON(w, status, answerOf(in, c))
 }
 
 type keyConflict struct {
@@ -338,14 +346,20 @@ func (e keyConflict) Error() string {
 
 func (e keyConflict) Unwrap() error { return e.err }
 
-// getAnswer is GET /v1/intents/{key}'s answer: the intent, and the copies that replay
-// --new-key made of its operation (intent.Copies). Without replayed_as, a row whose
-// operation an operator re-executed under a new key reads dead for good, and a client
-// takes the operation for failed.
-type getAnswer struct {
+// intentAnswer is an intent as the API answers it (GET /v1/intents/{key}, each of a
+// listing's, a create's again): the intent, and the copies that replay --new-key made of
+// its operation (intent.Copies). Without replayed_as, a row whose operation an operator
+// re-executed under a new key reads dead for good, and a client takes the operation for
+// failed, and may act again.
+type intentAnswer struct {
 	outbox.Intent
 	CopyOf     string       `json:"copy_of,omitempty"`
 	ReplayedAs *intent.Copy `json:"replayed_as,omitempty"`
+}
+
+// answerOf is in's answer, with its copies c.
+func answerOf(in outbox.Intent, c intent.Copies) intentAnswer {
+	return intentAnswer{Intent: ops.WithoutCredentials(in), CopyOf: c.CopyOf, ReplayedAs: c.ReplayedAs}
 }
 
 func (h *Handler) get(w http.ResponseWriter, r *http.Request, tok *intent.Token) error {
@@ -358,7 +372,7 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request, tok *intent.Token)
 	if err = done(err); err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, getAnswer{Intent: ops.WithoutCredentials(in), CopyOf: c.CopyOf, ReplayedAs: c.ReplayedAs})
+	return writeJSON(w, http.StatusOK, answerOf(in, c))
 }
 
 // listParams are the query parameters of GET /v1/intents.
@@ -409,16 +423,25 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, tok *intent.Token
 	}
 	ctx, done := h.bound(r.Context())
 	page, err := h.svc.List(ctx, tok, f)
+	var copies map[string]intent.Copies
+	if err == nil {
+		copies, err = h.svc.CopiesOf(ctx, tok, page.Intents)
+	}
 	if err = done(err); err != nil {
 		return err
 	}
-	if page.Intents == nil {
-		page.Intents = []outbox.Intent{}
+	out := listAnswer{Intents: make([]intentAnswer, 0, len(page.Intents)), Next: page.Next}
+	for _, in := range page.Intents {
+		out.Intents = append(out.Intents, answerOf(in, copies[in.Key]))
 	}
-	for i := range page.Intents {
-		page.Intents[i] = ops.WithoutCredentials(page.Intents[i])
-	}
-	return writeJSON(w, http.StatusOK, page)
+	return writeJSON(w, http.StatusOK, out)
+}
+
+// listAnswer is GET /v1/intents's answer: a page of [ops.Page] whose intents name their
+// copies, as GET /v1/intents/{key} does.
+type listAnswer struct {
+	Intents []intentAnswer `json:"intents"`
+	Next    string         `json:"next,omitempty"`
 }
 
 // decideBody is the optional body of approve, reject and cancel.

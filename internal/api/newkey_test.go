@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/url"
 	"testing"
@@ -16,7 +17,10 @@ import (
 // went, the copy's key and status, or a client takes the dead intent for a failed
 // operation and acts again (or reports a failure for an effect that happened); and the
 // copy's answer names the key it copies. Tokens see only what their connectors allow.
-func TestGetNamesTheCopyAReplayWithANewKeyMade(t *testing.T) {
+// The list and the same request POSTed again answer the intent too, and name the same
+// (agree): they named neither, so a client that listed its dead intents, or asked again
+// the way the key is for, read the operation as failed.
+func TestReadsNameTheCopyAReplayWithANewKeyMade(t *testing.T) {
 	t.Parallel()
 	b := setup(t, options{})
 	ctx := t.Context()
@@ -33,9 +37,14 @@ func TestGetNamesTheCopyAReplayWithANewKeyMade(t *testing.T) {
 		require.Equal(t, []string{"order-9/notify"}, res.Replayed, "%+v", res)
 		return res.NewKeys["order-9/notify"]
 	}
+	// again is whether a row's request may be POSTed again: not once plain SQL changed
+	// its connector, which the outbox then takes for another request under the key.
+	again := true
 	get := func(secret, key string) response {
 		t.Helper()
-		return b.do(t, "GET", "/v1/intents/"+url.PathEscape(key), secret, "", "")
+		r := b.do(t, "GET", "/v1/intents/"+url.PathEscape(key), secret, "", "")
+		agree(t, b, secret, r, again)
+		return r
 	}
 	first := newKey()
 
@@ -83,6 +92,7 @@ func TestGetNamesTheCopyAReplayWithANewKeyMade(t *testing.T) {
 	require.NotEmpty(t, otherCopy, "%+v", res)
 	_, err = b.pool.Exec(ctx, `UPDATE outbox SET connector = 'email' WHERE idempotency_key = $1`, otherCopy)
 	require.NoError(t, err)
+	again = false
 	r = get(agentSecret, "other")
 	require.Equal(t, http.StatusOK, r.status, r.raw)
 	require.NotContains(t, r.body, "replayed_as", r.raw)
@@ -96,4 +106,38 @@ func TestGetNamesTheCopyAReplayWithANewKeyMade(t *testing.T) {
 	r = get(agentSecret, otherCopy)
 	require.Equal(t, http.StatusOK, r.status, r.raw)
 	require.Equal(t, "other", r.body["copy_of"], r.raw)
+}
+
+// agree requires the other answers of the intent in got, GET /v1/intents/{key}'s answer
+// as secret, to name its copies as got does: its entry in the list, and, when again is
+// set, the answer to its request POSTed again under its key.
+func agree(t *testing.T, b *testBundle, secret string, got response, again bool) {
+	t.Helper()
+	if got.status != http.StatusOK {
+		return
+	}
+	key := got.body["key"].(string)
+	list := b.do(t, "GET", "/v1/intents?limit=1000", secret, "", "")
+	require.Equal(t, http.StatusOK, list.status, list.raw)
+	var listed map[string]any
+	for _, in := range list.body["intents"].([]any) {
+		if in.(map[string]any)["key"] == key {
+			listed = in.(map[string]any)
+		}
+	}
+	require.NotNil(t, listed, "%s is not listed: %s", key, list.raw)
+	for _, field := range []string{"copy_of", "replayed_as"} {
+		require.Equal(t, got.body[field], listed[field], "%s of %s listed: %s", field, key, list.raw)
+	}
+	if !again {
+		return
+	}
+	body, err := json.Marshal(map[string]any{"connector": got.body["connector"], "payload": got.body["payload"]})
+	require.NoError(t, err)
+	posted := b.do(t, "POST", "/v1/intents", secret, key, string(body))
+	require.Equal(t, http.StatusOK, posted.status, posted.raw)
+	require.Equal(t, "true", posted.header.Get("Idempotent-Replayed"))
+	for _, field := range []string{"copy_of", "replayed_as"} {
+		require.Equal(t, got.body[field], posted.body[field], "%s of %s posted again: %s", field, key, posted.raw)
+	}
 }

@@ -21,7 +21,7 @@
 // --new-key) makes a copy of its row and leaves the row itself dead or held.
 // [Service.Copies] names that copy for a read of the row (and, for a read of the copy,
 // the row it copies), so that a client follows the operation rather than taking it for
-// failed.
+// failed; [Service.CopiesOf] does so for a page of [Service.List] at once.
 //
 // # Approval
 //

@@ -250,41 +250,81 @@ type Copy struct {
 // A role that may not read outbox_audit gets Copies{Unknown: true}, not an error: the
 // intent itself is what was asked for.
 func (s *Service) Copies(ctx context.Context, tok *Token, in outbox.Intent) (Copies, error) {
-	var c Copies
-	op := in.Key
-	of, err := ops.CopyOf(ctx, s.Pool, in.Key)
+	all, err := s.CopiesOf(ctx, tok, []outbox.Intent{in})
+	return all[in.Key], err
+}
+
+// CopiesOf is [Service.Copies] for several intents at once, such as a page of
+// [Service.List], by key; intents with no copy to name are left out. It asks the
+// database three times at most, whatever the number of intents, rather than three times
+// an intent.
+func (s *Service) CopiesOf(ctx context.Context, tok *Token, ins []outbox.Intent) (map[string]Copies, error) {
+	keys := make([]string, len(ins))
+	for i, in := range ins {
+		keys[i] = in.Key
+	}
+	unknown := func() map[string]Copies {
+		out := make(map[string]Copies, len(keys))
+		for _, k := range keys {
+			out[k] = Copies{Unknown: true}
+		}
+		return out
+	}
+	originals, err := ops.CopiesOf(ctx, s.Pool, keys)
 	if insufficientPrivilege(err) {
-		return Copies{Unknown: true}, nil
+		return unknown(), nil
 	}
 	if err != nil {
-		return Copies{}, err
+		return nil, err
 	}
-	if of != "" {
-		orig, err := outbox.Get(ctx, s.Pool, of)
-		switch {
-		case errors.Is(err, outbox.ErrNotFound):
-			// Deleted meanwhile: its audit trail, which names the copy, went with it.
-		case err != nil:
-			return Copies{}, err
-		case tok.Allows(orig.Connector):
-			c.CopyOf, op = of, of
+	// op is the key of the row whose copies are each intent's operation: the row it
+	// copies, when it is a copy tok may know the row of, or itself.
+	op := make(map[string]string, len(keys))
+	opKeys := make([]string, 0, len(keys))
+	for _, k := range keys {
+		op[k] = k
+		if of, ok := originals[k]; ok && tok.Allows(of.Connector) {
+			op[k] = of.Key
+		}
+		opKeys = append(opKeys, op[k])
+	}
+	latest, err := ops.LatestCopies(ctx, s.Pool, opKeys)
+	if insufficientPrivilege(err) {
+		return unknown(), nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var copies []string
+	for _, k := range keys {
+		if l := latest[op[k]]; l != "" && l != k {
+			copies = append(copies, l)
 		}
 	}
-	latest, cp, found, err := ops.LatestCopyIntent(ctx, s.Pool, op)
-	if insufficientPrivilege(err) {
-		return Copies{Unknown: true}, nil
-	}
+	status, err := ops.StatusOf(ctx, s.Pool, copies)
 	if err != nil {
-		return Copies{}, err
+		return nil, err
 	}
-	switch {
-	case latest == "" || latest == in.Key:
-	case !found:
-		c.ReplayedAs = &Copy{Key: latest, Gone: true}
-	case tok.Allows(cp.Connector):
-		c.ReplayedAs = &Copy{Key: latest, Status: cp.Status}
+	out := map[string]Copies{}
+	for _, k := range keys {
+		var c Copies
+		if op[k] != k {
+			c.CopyOf = op[k]
+		}
+		if l := latest[op[k]]; l != "" && l != k {
+			st, ok := status[l]
+			switch {
+			case !ok:
+				c.ReplayedAs = &Copy{Key: l, Gone: true}
+			case tok.Allows(st.Connector):
+				c.ReplayedAs = &Copy{Key: l, Status: st.Status}
+			}
+		}
+		if c.CopyOf != "" || c.ReplayedAs != nil {
+			out[k] = c
+		}
 	}
-	return c, nil
+	return out, nil
 }
 
 // insufficientPrivilege says err is PostgreSQL's refusal of a table the role has no

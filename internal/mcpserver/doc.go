@@ -9,7 +9,10 @@
 //     ordering_key, not_before) with [intent.Service.Create]: the same decision under
 //     the same key returns the existing intent, a different one under an old key is a
 //     tool error naming the key.
-//   - get_intent reads one intent: status, attempts, last error, stored result.
+//   - get_intent reads one intent: status, attempts, last error, stored result, and the
+//     copies an operator made to re-execute its operation under a new key
+//     ([intent.Service.Copies]), which propose_intent (for a decision proposed again)
+//     and list_intents name too.
 //   - list_intents reads a page of intents, only of the connectors the token may use.
 //
 // Tool input schemas are generated from the Go input types. Failures the agent can act

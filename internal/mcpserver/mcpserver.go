@@ -53,7 +53,8 @@ Call this instead of proposing again when you need to know whether a side effect
 Not found does not mean never proposed: delivered and canceled intents are deleted after the outbox's retention period (OUTBOX_RETENTION, 7 days by default), so a key you proposed before may name an effect that happened; do not propose it again to find out.
 An intent that names replayed_as had its operation re-executed by an operator under that new key: while it is dead, held or canceled, that is where the operation went, so follow that key instead. copy_of names the intent whose operation a copy re-executes.`
 
-const listDescription = `List intents newest first, only of the connectors this token may use. Filter by status (one, or several separated by commas) and connector; page with limit and the next cursor from the previous page (after).`
+const listDescription = `List intents newest first, only of the connectors this token may use. Filter by status (one, or several separated by commas) and connector; page with limit and the next cursor from the previous page (after).
+An intent that names replayed_as had its operation re-executed by an operator under that new key, as get_intent says: follow that key rather than taking this intent's status (dead, held) as the operation's.`
 
 // Config configures the MCP server. A nil *Config means all defaults.
 type Config struct {
@@ -184,27 +185,46 @@ type ProposeOutput struct {
 	Inserted bool `json:"inserted"`
 	// Replayed is true when the key already held this same decision: nothing new was
 	// written.
-	Replayed bool   `json:"replayed"`
-	Reason   string `json:"reason,omitempty"`
+	Replayed bool `json:"replayed"`
+	// Copied names, for a decision proposed again, where an operator re-executed its
+	// operation since, as get_intent does: told only that it is dead, the agent takes
+	// the operation for failed and may act again.
+	Copied
+	Reason string `json:"reason,omitempty"`
 	// Message says in a sentence what happened and what to do next.
 	Message string `json:"message"`
 }
 
+// Copied names the copies an operator made to re-execute an intent's operation under a
+// new key (intent.Copies): in get_intent's output, a proposal's made again, and each
+// intent of list_intents'.
+type Copied struct {
+	CopyOf     string       `json:"copy_of,omitempty" jsonschema:"the key of the intent this one re-executes under a new key, when an operator made it so (outboxd replay --new-key)"`
+	ReplayedAs *intent.Copy `json:"replayed_as,omitempty" jsonschema:"where the operation went when an operator re-executed it under a new key: that intent's key and status now (gone: no longer kept, deleted after the retention period once delivered or canceled)"`
+}
+
+func copied(c intent.Copies) Copied { return Copied{CopyOf: c.CopyOf, ReplayedAs: c.ReplayedAs} }
+
 // GetOutput is the output of get_intent.
 type GetOutput struct {
 	Intent Intent `json:"intent"`
-	// CopyOf and ReplayedAs name the copies an operator made to re-execute the
-	// intent's operation under a new key (intent.Copies).
-	CopyOf     string       `json:"copy_of,omitempty" jsonschema:"the key of the intent this one re-executes under a new key, when an operator made it so (outboxd replay --new-key)"`
-	ReplayedAs *intent.Copy `json:"replayed_as,omitempty" jsonschema:"where the operation went when an operator re-executed it under a new key: that intent's key and status now (gone: no longer kept, deleted after the retention period once delivered or canceled)"`
-	Message    string       `json:"message"`
+	Copied
+	Message string `json:"message"`
 }
 
 // ListOutput is the output of list_intents.
 type ListOutput struct {
-	Intents []Intent `json:"intents"`
+	Intents []ListedIntent `json:"intents"`
 	// Next is the cursor to pass as after for the next page; empty at the end.
 	Next string `json:"next,omitempty"`
+}
+
+// ListedIntent is an intent of list_intents, with its copies as get_intent names them:
+// listed dead without them, an intent whose operation an operator re-executed under a
+// new key reads as failed.
+type ListedIntent struct {
+	Intent
+	Copied
 }
 
 // tools holds what the tool handlers share.
@@ -407,6 +427,10 @@ func (t *tools) propose(ctx context.Context, req *mcp.CallToolRequest, in Propos
 	created, err := t.svc.Create(ctx, tok, key, intent.CreateRequest{
 		Connector: in.Connector, Payload: payload, OrderingKey: in.OrderingKey, NotBefore: notBefore,
 	})
+	var c intent.Copies
+	if err == nil && !created.Inserted {
+		c, err = t.svc.Copies(ctx, tok, created)
+	}
 	if err != nil {
 		return nil, ProposeOutput{}, t.toolError(ctx, ToolPropose, key, err)
 	}
@@ -416,13 +440,14 @@ func (t *tools) propose(ctx context.Context, req *mcp.CallToolRequest, in Propos
 		Intent:   fromIntent(created),
 		Inserted: created.Inserted,
 		Replayed: !created.Inserted,
+		Copied:   copied(c),
 		Reason:   in.Reason,
 	}
 	verb := "Created"
 	if out.Replayed {
 		verb = "This decision was already proposed under this key; nothing new was written. Existing"
 	}
-	out.Message = fmt.Sprintf("%s intent %s, status %s. %s", verb, created.Key, created.Status, nextStep(created))
+	out.Message = fmt.Sprintf("%s intent %s, status %s. %s", verb, created.Key, created.Status, statusStep(created, c))
 	return nil, out, nil
 }
 
@@ -439,23 +464,28 @@ func (t *tools) get(ctx context.Context, req *mcp.CallToolRequest, in GetInput) 
 	if err != nil {
 		return nil, GetOutput{}, t.toolError(ctx, ToolGet, in.Key, err)
 	}
-	msg := fmt.Sprintf("Intent %s is %s after %d attempt(s). ", got.Key, got.Status, got.Attempts)
+	msg := fmt.Sprintf("Intent %s is %s after %d attempt(s). ", got.Key, got.Status, got.Attempts) + statusStep(got, c)
+	return nil, GetOutput{Intent: fromIntent(got), Copied: copied(c), Message: msg}, nil
+}
+
+// statusStep tells the agent what to do about in, with its copies c: where its
+// operation went when an operator re-executed it under a new key, or else nextStep.
+func statusStep(in outbox.Intent, c intent.Copies) string {
+	msg := ""
 	if c.CopyOf != "" {
 		msg += fmt.Sprintf("An operator made this intent to re-execute the operation of intent %s under a new key. ", c.CopyOf)
 	}
-	over := slices.Contains([]string{outbox.StatusDead, outbox.StatusHeld, outbox.StatusCanceled}, got.Status)
+	over := slices.Contains([]string{outbox.StatusDead, outbox.StatusHeld, outbox.StatusCanceled}, in.Status)
 	switch {
 	case c.ReplayedAs != nil && over:
 		// The operation went on under the copy's key, which is what the agent needs to
 		// follow; this row's own next step (an operator may replay it) is past.
-		msg += copyStep(c.ReplayedAs)
+		return msg + copyStep(c.ReplayedAs)
 	case c.Unknown && over:
-		msg += nextStep(got) + " But this server's database role may not read the audit trail (SELECT on outbox_audit), " +
+		return msg + nextStep(in) + " But this server's database role may not read the audit trail (SELECT on outbox_audit), " +
 			"so it cannot tell whether an operator re-executed this intent under a new key: ask an operator before taking it as failed."
-	default:
-		msg += nextStep(got)
 	}
-	return nil, GetOutput{Intent: fromIntent(got), CopyOf: c.CopyOf, ReplayedAs: c.ReplayedAs, Message: msg}, nil
+	return msg + nextStep(in)
 }
 
 func (t *tools) list(ctx context.Context, req *mcp.CallToolRequest, in ListInput) (*mcp.CallToolResult, ListOutput, error) {
@@ -470,12 +500,16 @@ func (t *tools) list(ctx context.Context, req *mcp.CallToolRequest, in ListInput
 		}
 	}
 	page, err := t.svc.List(ctx, tok, f)
+	var copies map[string]intent.Copies
+	if err == nil {
+		copies, err = t.svc.CopiesOf(ctx, tok, page.Intents)
+	}
 	if err != nil {
 		return nil, ListOutput{}, t.toolError(ctx, ToolList, "", err)
 	}
-	out := ListOutput{Intents: make([]Intent, 0, len(page.Intents)), Next: page.Next}
+	out := ListOutput{Intents: make([]ListedIntent, 0, len(page.Intents)), Next: page.Next}
 	for _, in := range page.Intents {
-		out.Intents = append(out.Intents, fromIntent(in))
+		out.Intents = append(out.Intents, ListedIntent{Intent: fromIntent(in), Copied: copied(copies[in.Key])})
 	}
 	return nil, out, nil
 }

@@ -3,6 +3,7 @@ package mcpserver_test
 import (
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/intent"
@@ -15,8 +16,11 @@ import (
 // key, and the intent itself stays dead. get_intent told the agent it was dead and that
 // "an operator may replay it", for good: an agent takes that for a failed operation, and
 // acts again or reports a failure for an effect that happened. It must name the copy
-// and its status, and the copy must name the key it copies.
-func TestGetIntentNamesTheCopyAReplayWithANewKeyMade(t *testing.T) {
+// and its status, and the copy must name the key it copies. list_intents and the same
+// decision proposed again answer the intent too, and must name the same (agreeMCP): they
+// named neither, so an agent that listed its intents, or proposed again as the key
+// allows, read the operation as failed and may have acted again.
+func TestReadsNameTheCopyAReplayWithANewKeyMade(t *testing.T) {
 	t.Parallel()
 	b := setupService(t)
 	ctx := t.Context()
@@ -38,6 +42,9 @@ func TestGetIntentNamesTheCopyAReplayWithANewKeyMade(t *testing.T) {
 	got := call(t, cs, "get_intent", map[string]any{"key": key})
 	out := ok[map[string]any](t, got)
 	require.Equal(t, map[string]any{"key": cp, "status": "delivered"}, out["replayed_as"], text(got))
+	again := agreeMCP(t, cs, out)
+	require.Contains(t, again["message"], cp, "the agent proposing again is told where the operation went")
+	require.NotContains(t, again["message"], "an operator may replay it")
 	msg := out["message"].(string)
 	require.Contains(t, msg, cp)
 	require.Contains(t, msg, "delivered")
@@ -47,6 +54,7 @@ func TestGetIntentNamesTheCopyAReplayWithANewKeyMade(t *testing.T) {
 	got = call(t, cs, "get_intent", map[string]any{"key": cp})
 	out = ok[map[string]any](t, got)
 	require.Equal(t, key, out["copy_of"], text(got))
+	agreeMCP(t, cs, out)
 	require.Contains(t, out["message"].(string), key)
 
 	// A token that may not use the connector learns nothing of either.
@@ -83,4 +91,29 @@ func TestGetIntentWithoutTheAuditTrailStillAnswers(t *testing.T) {
 	got = call(t, cs, "get_intent", map[string]any{"key": cp})
 	out = ok[map[string]any](t, got)
 	require.Equal(t, "pending", out["intent"].(map[string]any)["status"], text(got))
+}
+
+// agreeMCP requires the other answers of the intent in got, get_intent's output, to name
+// its copies as got does: its entry in list_intents, and propose_intent's output for
+// the same decision proposed again under its key, which it returns.
+func agreeMCP(t *testing.T, cs *mcp.ClientSession, got map[string]any) map[string]any {
+	t.Helper()
+	in := got["intent"].(map[string]any)
+	list := ok[map[string]any](t, call(t, cs, "list_intents", map[string]any{"limit": 1000}))
+	var listed map[string]any
+	for _, l := range list["intents"].([]any) {
+		if l.(map[string]any)["key"] == in["key"] {
+			listed = l.(map[string]any)
+		}
+	}
+	require.NotNil(t, listed, "%s is not listed: %v", in["key"], list)
+	again := ok[map[string]any](t, call(t, cs, "propose_intent", map[string]any{
+		"connector": in["connector"], "key": in["key"], "payload": in["payload"],
+	}))
+	require.Equal(t, true, again["replayed"])
+	for _, field := range []string{"copy_of", "replayed_as"} {
+		require.Equal(t, got[field], listed[field], "%s of %s listed: %v", field, in["key"], list)
+		require.Equal(t, got[field], again[field], "%s of %s proposed again: %v", field, in["key"], again)
+	}
+	return again
 }

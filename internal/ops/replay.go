@@ -145,45 +145,66 @@ const copySQL = `
 SELECT o.connector, o.payload, coalesce(o.ordering_key, ''), o.headers, coalesce(o.created_by, '')
 FROM outbox o WHERE o.id = $1`
 
-// copiesOfSQL finds which of the keys $1 are copies that a new-key replay made, and of
-// which row's key. It reads every replay's audit entry (there is no index on new_key),
-// once a batch.
+// copiesOfSQL finds which of the keys $1 are copies that a new-key replay made, of
+// which row's key, and that row's connector. It reads every replay's audit entry (there
+// is no index on new_key), once a batch.
 const copiesOfSQL = `
-SELECT a.details->>'new_key', o.idempotency_key
+SELECT a.details->>'new_key', o.idempotency_key, o.connector
 FROM outbox_audit a JOIN outbox o ON o.id = a.outbox_id
 WHERE a.action = 'replay' AND a.details->>'new_key' = ANY($1::text[])`
 
-// copiesOf maps those of keys that are copies a new-key replay made to the key of the
-// row each copies.
+// Original is the row a copy that replay --new-key made copies, as [CopiesOf] finds it.
+type Original struct {
+	Key       string
+	Connector string
+}
+
+// copiesOf maps those of the rows b that are copies a new-key replay made to the key of
+// the row each copies.
 func copiesOf(ctx context.Context, tx pgx.Tx, b []target) (map[string]string, error) {
 	keys := make([]string, len(b))
 	for i, t := range b {
 		keys[i] = t.key
 	}
-	rows, err := tx.Query(ctx, copiesOfSQL, keys)
+	found, err := originals(ctx, tx, keys)
 	if err != nil {
 		return nil, fmt.Errorf("look up copies: %w", err)
 	}
-	defer rows.Close()
-	out := map[string]string{}
-	for rows.Next() {
-		var cp, of string
-		if err := rows.Scan(&cp, &of); err != nil {
-			return nil, fmt.Errorf("look up copies: %w", err)
-		}
-		out[cp] = of
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("look up copies: %w", err)
+	out := make(map[string]string, len(found))
+	for cp, of := range found {
+		out[cp] = of.Key
 	}
 	return out, nil
 }
 
+// originals maps those of keys that are copies a new-key replay made to the row each
+// copies, in one query (copiesOfSQL).
+func originals(ctx context.Context, db outbox.DB, keys []string) (map[string]Original, error) {
+	out := map[string]Original{}
+	if len(keys) == 0 {
+		return out, nil
+	}
+	rows, err := db.Query(ctx, copiesOfSQL, keys)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var cp string
+		var of Original
+		if err := rows.Scan(&cp, &of.Key, &of.Connector); err != nil {
+			return nil, err
+		}
+		out[cp] = of
+	}
+	return out, rows.Err()
+}
+
 // copyKey matches the keys replay --new-key gives copies, outbox.Key(key, "replay", n):
 // a readable part that ends "/replay/<n>", or was cut at 80 characters (a long key),
-// then '~' and the hash. Only such keys are looked up by [CopyOf], since copiesOfSQL
-// reads every replay's audit entry, and the intent API asks for every key it is given
-// (agents' keys from key parts are outbox.Key's too).
+// then '~' and the hash. Only such keys are looked up by [CopyOf] and [CopiesOf], since
+// copiesOfSQL reads every replay's audit entry, and the intent API asks for every key it
+// is given (agents' keys from key parts are outbox.Key's too).
 var copyKey = regexp.MustCompile(`^(?:[A-Za-z0-9._/-]{80}|[A-Za-z0-9._/-]*/replay/[0-9]+)~[a-z2-7]{26}$`)
 
 // CopyOf returns the key of the row that replay --new-key made the row with key a copy
@@ -192,16 +213,36 @@ func CopyOf(ctx context.Context, db outbox.DB, key string) (string, error) {
 	if !copyKey.MatchString(key) {
 		return "", nil
 	}
-	var cp, of string
-	err := db.QueryRow(ctx, copiesOfSQL, []string{key}).Scan(&cp, &of)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", nil
-	}
+	found, err := originals(ctx, db, []string{key})
 	if err != nil {
 		return "", fmt.Errorf("look up the row %q copies: %w", key, err)
 	}
-	return of, nil
+	return found[key].Key, nil
 }
+
+// CopiesOf maps those of keys that are copies replay --new-key made to the row each
+// copies, as [CopyOf] finds it for one key, in one query for all (none when no key has
+// a copy's form): a page of a listing asks it for every row.
+func CopiesOf(ctx context.Context, db outbox.DB, keys []string) (map[string]Original, error) {
+	var copies []string
+	for _, k := range keys {
+		if copyKey.MatchString(k) {
+			copies = append(copies, k)
+		}
+	}
+	found, err := originals(ctx, db, copies)
+	if err != nil {
+		return nil, fmt.Errorf("look up copies: %w", err)
+	}
+	return found, nil
+}
+
+// copiesMadeOfSQL counts the new-key replays each of the rows with keys $1 has had, for
+// those that had any.
+const copiesMadeOfSQL = `
+SELECT o.idempotency_key, count(*) FROM outbox_audit a JOIN outbox o ON o.id = a.outbox_id
+WHERE o.idempotency_key = ANY($1::text[]) AND a.action = 'replay' AND a.details->>'new_key' IS NOT NULL
+GROUP BY o.idempotency_key`
 
 // LatestCopy returns the key of the latest copy that replay --new-key made of the row
 // with key (copiesMadeOfSQL), or "" when it made none. Its copies are one line, each
@@ -209,14 +250,69 @@ func CopyOf(ctx context.Context, db outbox.DB, key string) (string, error) {
 // row's operation went; it may be gone since (delivered or canceled, then deleted by
 // retention or purge).
 func LatestCopy(ctx context.Context, db outbox.DB, key string) (string, error) {
-	var n int
-	if err := db.QueryRow(ctx, copiesMadeOfSQL, key).Scan(&n); err != nil {
-		return "", fmt.Errorf("look up copies of %q: %w", key, err)
+	latest, err := LatestCopies(ctx, db, []string{key})
+	return latest[key], err
+}
+
+// LatestCopies maps those of keys whose rows replay --new-key copied to the key of the
+// latest copy, as [LatestCopy] finds it for one key, in one query for all.
+func LatestCopies(ctx context.Context, db outbox.DB, keys []string) (map[string]string, error) {
+	out := map[string]string{}
+	if len(keys) == 0 {
+		return out, nil
 	}
-	if n == 0 {
-		return "", nil
+	rows, err := db.Query(ctx, copiesMadeOfSQL, keys)
+	if err != nil {
+		return nil, fmt.Errorf("look up copies made: %w", err)
 	}
-	return outbox.Key(key, "replay", strconv.Itoa(n)), nil
+	defer rows.Close()
+	for rows.Next() {
+		var key string
+		var n int
+		if err := rows.Scan(&key, &n); err != nil {
+			return nil, fmt.Errorf("look up copies made: %w", err)
+		}
+		out[key] = outbox.Key(key, "replay", strconv.Itoa(n))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("look up copies made: %w", err)
+	}
+	return out, nil
+}
+
+// statusOfSQL reads the connector and status of the rows with keys $1.
+const statusOfSQL = `SELECT idempotency_key, connector, status FROM outbox WHERE idempotency_key = ANY($1::text[])`
+
+// RowStatus is a row's connector and status, as [StatusOf] reads them.
+type RowStatus struct {
+	Connector string
+	Status    string
+}
+
+// StatusOf maps those of keys that name a row to its connector and status, in one query:
+// the copies [LatestCopies] names, and no row when such a copy is gone.
+func StatusOf(ctx context.Context, db outbox.DB, keys []string) (map[string]RowStatus, error) {
+	out := map[string]RowStatus{}
+	if len(keys) == 0 {
+		return out, nil
+	}
+	rows, err := db.Query(ctx, statusOfSQL, keys)
+	if err != nil {
+		return nil, fmt.Errorf("look up rows: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var key string
+		var st RowStatus
+		if err := rows.Scan(&key, &st.Connector, &st.Status); err != nil {
+			return nil, fmt.Errorf("look up rows: %w", err)
+		}
+		out[key] = st
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("look up rows: %w", err)
+	}
+	return out, nil
 }
 
 // LatestCopyIntent returns the key of the latest copy that replay --new-key made of the
@@ -811,11 +907,6 @@ func otherReached(ctx context.Context, tx pgx.Tx, of, key string) (bool, error) 
 	}
 	return reached, nil
 }
-
-// copiesMadeOfSQL counts the new-key replays the row with key $1 has had.
-const copiesMadeOfSQL = `
-SELECT count(*) FROM outbox_audit a JOIN outbox o ON o.id = a.outbox_id
-WHERE o.idempotency_key = $1 AND a.action = 'replay' AND a.details->>'new_key' IS NOT NULL`
 
 // laterCopy says why key, a copy that replay --new-key made of the row with key of,
 // cannot be put back under its own key: a later copy of that row re-executes the
