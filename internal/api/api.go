@@ -10,8 +10,9 @@
 //     a different request under a used key 422.
 //   - GET /v1/intents/{key} reads one intent (404 when unknown, outside the token's
 //     connectors, or deleted after OUTBOX_RETENTION), with copy_of and replayed_as when an
-//     operator re-executed its operation under a new key (outboxd replay --new-key). The
-//     list and a create answered again name them too.
+//     operator re-executed its operation under a new key (outboxd replay --new-key), and
+//     may_have_acted when it was canceled after an attempt that may have reached the
+//     receiver. The list and a create answered again carry them too.
 //   - GET /v1/intents?status=&connector=&limit=&after= lists the token's intents, newest
 //     first; status may repeat or be comma-separated, limit is a positive integer (a page
 //     holds at most 1000), after is the previous page's next. Another parameter, or one
@@ -313,11 +314,12 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, tok *intent.Tok
 	}
 	ctx, done := h.bound(r.Context())
 	in, err := h.svc.Create(ctx, tok, key, req)
-	var c intent.Copies
+	answer := []intentAnswer{{Intent: ops.WithoutCredentials(in)}}
 	if err == nil && !in.Inserted {
 		// The same request again is answered with the intent as it is now, which an
-		// operator may have re-executed under a new key since: named, as GET names it.
-		c, err = h.svc.Copies(ctx, tok, in)
+		// operator may have re-executed under a new key, or canceled, since: answered as
+		// GET answers it.
+		answer, err = h.answers(ctx, tok, []outbox.Intent{in})
 	}
 	err = done(err)
 	if errors.Is(err, outbox.ErrKeyConflict) {
@@ -331,7 +333,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, tok *intent.Tok
 		status = http.StatusOK
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
-	return writeJSON(w, status, answerOf(in, c))
+	return writeJSON(w, status, answer[0])
 }
 
 type keyConflict struct {
@@ -351,28 +353,53 @@ func (e keyConflict) Unwrap() error { return e.err }
 // its operation (intent.Copies). Without replayed_as, a row whose operation an operator
 // re-executed under a new key reads dead for good, and a client takes the operation for
 // failed, and may act again.
+//
+// A canceled intent an attempt of which may have reached the receiver names why in
+// may_have_acted, as the cancel answered it (intent.Service.MayHaveActed): "canceled"
+// alone reads as an operation that never happened, and the client that lost the cancel's
+// answer, or another one, asks GET.
 type intentAnswer struct {
 	outbox.Intent
-	CopyOf     string       `json:"copy_of,omitempty"`
-	ReplayedAs *intent.Copy `json:"replayed_as,omitempty"`
+	CopyOf       string       `json:"copy_of,omitempty"`
+	ReplayedAs   *intent.Copy `json:"replayed_as,omitempty"`
+	MayHaveActed *ops.Reached `json:"may_have_acted,omitempty"`
 }
 
-// answerOf is in's answer, with its copies c.
-func answerOf(in outbox.Intent, c intent.Copies) intentAnswer {
-	return intentAnswer{Intent: ops.WithoutCredentials(in), CopyOf: c.CopyOf, ReplayedAs: c.ReplayedAs}
+// answers are the answers of ins, in their order, as tok may read them: each with its
+// copies and, canceled, why the receiver may have acted. A page of ins asks the
+// database no more than one of them does.
+func (h *Handler) answers(ctx context.Context, tok *intent.Token, ins []outbox.Intent) ([]intentAnswer, error) {
+	copies, err := h.svc.CopiesOf(ctx, tok, ins)
+	if err != nil {
+		return nil, err
+	}
+	acted, err := h.svc.MayHaveActed(ctx, ins)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]intentAnswer, 0, len(ins))
+	for _, in := range ins {
+		c := copies[in.Key]
+		a := intentAnswer{Intent: ops.WithoutCredentials(in), CopyOf: c.CopyOf, ReplayedAs: c.ReplayedAs}
+		if r, ok := acted[in.Key]; ok {
+			a.MayHaveActed = &r
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 func (h *Handler) get(w http.ResponseWriter, r *http.Request, tok *intent.Token) error {
 	ctx, done := h.bound(r.Context())
 	in, err := h.svc.Get(ctx, tok, r.PathValue("key"))
-	var c intent.Copies
+	var answer []intentAnswer
 	if err == nil {
-		c, err = h.svc.Copies(ctx, tok, in)
+		answer, err = h.answers(ctx, tok, []outbox.Intent{in})
 	}
 	if err = done(err); err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, answerOf(in, c))
+	return writeJSON(w, http.StatusOK, answer[0])
 }
 
 // listParams are the query parameters of GET /v1/intents.
@@ -423,22 +450,18 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, tok *intent.Token
 	}
 	ctx, done := h.bound(r.Context())
 	page, err := h.svc.List(ctx, tok, f)
-	var copies map[string]intent.Copies
+	out := listAnswer{Next: page.Next}
 	if err == nil {
-		copies, err = h.svc.CopiesOf(ctx, tok, page.Intents)
+		out.Intents, err = h.answers(ctx, tok, page.Intents)
 	}
 	if err = done(err); err != nil {
 		return err
 	}
-	out := listAnswer{Intents: make([]intentAnswer, 0, len(page.Intents)), Next: page.Next}
-	for _, in := range page.Intents {
-		out.Intents = append(out.Intents, answerOf(in, copies[in.Key]))
-	}
 	return writeJSON(w, http.StatusOK, out)
 }
 
-// listAnswer is GET /v1/intents's answer: a page of [ops.Page] whose intents name their
-// copies, as GET /v1/intents/{key} does.
+// listAnswer is GET /v1/intents's answer: a page of [ops.Page] whose intents are
+// answered as GET /v1/intents/{key} answers them.
 type listAnswer struct {
 	Intents []intentAnswer `json:"intents"`
 	Next    string         `json:"next,omitempty"`

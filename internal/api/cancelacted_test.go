@@ -37,6 +37,14 @@ func TestCancelAnswerSaysTheReceiverMayHaveActed(t *testing.T) {
 		r = b.do(t, "POST", "/v1/intents/"+key+"/cancel", adminSecret, "", "")
 		require.Equal(t, http.StatusOK, r.status, r.raw)
 		require.Contains(t, r.body, "may_have_acted", r.raw)
+		again := r.body["may_have_acted"]
+
+		// And so does every read of the intent: GET, the list and the same request POSTed
+		// again answered "canceled" alone, which reads as an operation that never happened.
+		r = b.do(t, "GET", "/v1/intents/"+key, adminSecret, "", "")
+		require.Equal(t, http.StatusOK, r.status, r.raw)
+		require.Equal(t, again, r.body["may_have_acted"], r.raw)
+		agree(t, b, adminSecret, r, true)
 	}
 
 	r := b.do(t, "POST", "/v1/intents/fresh/cancel", adminSecret, "", "")
@@ -44,4 +52,7 @@ func TestCancelAnswerSaysTheReceiverMayHaveActed(t *testing.T) {
 	require.Equal(t, "canceled", r.body["status"], r.raw)
 	require.NotContains(t, r.body, "may_have_acted", r.raw)
 	require.Equal(t, "fresh", r.body["key"], "the intent's fields as before")
+	r = b.do(t, "GET", "/v1/intents/fresh", adminSecret, "", "")
+	require.NotContains(t, r.body, "may_have_acted", r.raw)
+	agree(t, b, adminSecret, r, true)
 }

@@ -109,7 +109,8 @@ func TestReadsNameTheCopyAReplayWithANewKeyMade(t *testing.T) {
 }
 
 // agree requires the other answers of the intent in got, GET /v1/intents/{key}'s answer
-// as secret, to name its copies as got does: its entry in the list, and, when again is
+// as secret, to say what became of its operation as got does (its copies, whether a
+// canceled one may have acted: answerFields): its entry in the list, and, when again is
 // set, the answer to its request POSTed again under its key.
 func agree(t *testing.T, b *testBundle, secret string, got response, again bool) {
 	t.Helper()
@@ -126,7 +127,7 @@ func agree(t *testing.T, b *testBundle, secret string, got response, again bool)
 		}
 	}
 	require.NotNil(t, listed, "%s is not listed: %s", key, list.raw)
-	for _, field := range []string{"copy_of", "replayed_as"} {
+	for _, field := range answerFields {
 		require.Equal(t, got.body[field], listed[field], "%s of %s listed: %s", field, key, list.raw)
 	}
 	if !again {
@@ -137,7 +138,10 @@ func agree(t *testing.T, b *testBundle, secret string, got response, again bool)
 	posted := b.do(t, "POST", "/v1/intents", secret, key, string(body))
 	require.Equal(t, http.StatusOK, posted.status, posted.raw)
 	require.Equal(t, "true", posted.header.Get("Idempotent-Replayed"))
-	for _, field := range []string{"copy_of", "replayed_as"} {
+	for _, field := range answerFields {
 		require.Equal(t, got.body[field], posted.body[field], "%s of %s posted again: %s", field, key, posted.raw)
 	}
 }
+
+// answerFields are the fields of an intent's answer beyond the intent's own.
+var answerFields = []string{"copy_of", "replayed_as", "may_have_acted"}

@@ -327,6 +327,35 @@ func (s *Service) CopiesOf(ctx context.Context, tok *Token, ins []outbox.Intent)
 	return out, nil
 }
 
+// MayHaveActed maps those of ins that are canceled after an attempt that may have
+// reached the receiver to why ([ops.CanceledReached]), as the cancel answered them: read
+// later, "canceled" alone tells a client the operation never happened, when the receiver
+// may have performed it. Only intents canceled after an attempt are looked up, in one
+// query. A role that may not read outbox_attempts, which outboxd mcp's role need not
+// (README), gets each of those named all the same, with a reason that says whether one
+// reached the receiver is unknown: not an error, the intent itself is what was asked for.
+func (s *Service) MayHaveActed(ctx context.Context, ins []outbox.Intent) (map[string]ops.Reached, error) {
+	var keys []string
+	attempted := map[string]outbox.Intent{}
+	for _, in := range ins {
+		if in.Status == outbox.StatusCanceled && in.Attempts > 0 {
+			keys = append(keys, in.Key)
+			attempted[in.Key] = in
+		}
+	}
+	acted, err := ops.CanceledReached(ctx, s.Pool, keys)
+	if insufficientPrivilege(err) {
+		acted = make(map[string]ops.Reached, len(keys))
+		for k, in := range attempted {
+			acted[k] = ops.Reached{Connector: in.Connector, Reason: fmt.Sprintf("canceled after %d attempt(s); this server's database role "+
+				"may not read the attempt log (SELECT on outbox_attempts), so whether one reached the receiver is unknown, "+
+				"and it may have acted already: canceling stops further attempts but cannot undo what it did; outboxd inspect shows the attempts", in.Attempts)}
+		}
+		return acted, nil
+	}
+	return acted, err
+}
+
 // insufficientPrivilege says err is PostgreSQL's refusal of a table the role has no
 // grant on.
 func insufficientPrivilege(err error) bool {

@@ -51,7 +51,8 @@ Give a short human-readable reason: it goes to this server's log with the key an
 const getDescription = `Read one intent by its key: status (pending, delivering, delivered, dead, canceled, awaiting_approval, held), attempts, the last error and the receiver's stored result.
 Call this instead of proposing again when you need to know whether a side effect happened; delivered means done, and the result is the receiver's answer.
 Not found does not mean never proposed: delivered and canceled intents are deleted after the outbox's retention period (OUTBOX_RETENTION, 7 days by default), so a key you proposed before may name an effect that happened; do not propose it again to find out.
-An intent that names replayed_as had its operation re-executed by an operator under that new key: while it is dead, held or canceled, that is where the operation went, so follow that key instead. copy_of names the intent whose operation a copy re-executes.`
+An intent that names replayed_as had its operation re-executed by an operator under that new key: while it is dead, held or canceled, that is where the operation went, so follow that key instead. copy_of names the intent whose operation a copy re-executes.
+A canceled intent that names may_have_acted was canceled after an attempt that may have reached the receiver: the effect may have happened; do not propose it again.`
 
 const listDescription = `List intents newest first, only of the connectors this token may use. Filter by status (one, or several separated by commas) and connector; page with limit and the next cursor from the previous page (after).
 An intent that names replayed_as had its operation re-executed by an operator under that new key, as get_intent says: follow that key rather than taking this intent's status (dead, held) as the operation's.`
@@ -186,29 +187,59 @@ type ProposeOutput struct {
 	// Replayed is true when the key already held this same decision: nothing new was
 	// written.
 	Replayed bool `json:"replayed"`
-	// Copied names, for a decision proposed again, where an operator re-executed its
-	// operation since, as get_intent does: told only that it is dead, the agent takes
-	// the operation for failed and may act again.
-	Copied
+	// Operation names, for a decision proposed again, where an operator re-executed its
+	// operation since, or that its cancel came after an attempt that may have reached the
+	// receiver, as get_intent does: told only that it is dead or canceled, the agent
+	// takes the operation for failed and may act again.
+	Operation
 	Reason string `json:"reason,omitempty"`
 	// Message says in a sentence what happened and what to do next.
 	Message string `json:"message"`
 }
 
-// Copied names the copies an operator made to re-execute an intent's operation under a
-// new key (intent.Copies): in get_intent's output, a proposal's made again, and each
-// intent of list_intents'.
-type Copied struct {
-	CopyOf     string       `json:"copy_of,omitempty" jsonschema:"the key of the intent this one re-executes under a new key, when an operator made it so (outboxd replay --new-key)"`
-	ReplayedAs *intent.Copy `json:"replayed_as,omitempty" jsonschema:"where the operation went when an operator re-executed it under a new key: that intent's key and status now (gone: no longer kept, deleted after the retention period once delivered or canceled)"`
+// Operation says what became of an intent's operation that its status alone does not:
+// the copies an operator made to re-execute it under a new key (intent.Copies), and
+// whether a canceled intent's receiver may have acted already
+// (intent.Service.MayHaveActed). It is in get_intent's output, a proposal's made again,
+// and each intent of list_intents'.
+type Operation struct {
+	CopyOf       string       `json:"copy_of,omitempty" jsonschema:"the key of the intent this one re-executes under a new key, when an operator made it so (outboxd replay --new-key)"`
+	ReplayedAs   *intent.Copy `json:"replayed_as,omitempty" jsonschema:"where the operation went when an operator re-executed it under a new key: that intent's key and status now (gone: no longer kept, deleted after the retention period once delivered or canceled)"`
+	MayHaveActed *ops.Reached `json:"may_have_acted,omitempty" jsonschema:"set on a canceled intent an attempt of which may have reached the receiver before the cancel: the effect may have happened, which canceling cannot undo"`
 }
 
-func copied(c intent.Copies) Copied { return Copied{CopyOf: c.CopyOf, ReplayedAs: c.ReplayedAs} }
+// notes are what became of the operations of ins ([Operation]), by key; intents with
+// nothing to add are left out.
+type notes struct {
+	copies map[string]intent.Copies
+	acted  map[string]ops.Reached
+}
+
+// notesOf looks up the notes of ins as tok may read them, with as few queries for a
+// page as for one intent.
+func (t *tools) notesOf(ctx context.Context, tok *intent.Token, ins []outbox.Intent) (notes, error) {
+	copies, err := t.svc.CopiesOf(ctx, tok, ins)
+	if err != nil {
+		return notes{}, err
+	}
+	acted, err := t.svc.MayHaveActed(ctx, ins)
+	return notes{copies: copies, acted: acted}, err
+}
+
+// operation is in's [Operation].
+func (n notes) operation(in outbox.Intent) Operation {
+	c := n.copies[in.Key]
+	op := Operation{CopyOf: c.CopyOf, ReplayedAs: c.ReplayedAs}
+	if r, ok := n.acted[in.Key]; ok {
+		op.MayHaveActed = &r
+	}
+	return op
+}
 
 // GetOutput is the output of get_intent.
 type GetOutput struct {
 	Intent Intent `json:"intent"`
-	Copied
+	Operation
 	Message string `json:"message"`
 }
 
@@ -224,7 +255,7 @@ type ListOutput struct {
 // new key reads as failed.
 type ListedIntent struct {
 	Intent
-	Copied
+	Operation
 }
 
 // tools holds what the tool handlers share.
@@ -427,9 +458,9 @@ func (t *tools) propose(ctx context.Context, req *mcp.CallToolRequest, in Propos
 	created, err := t.svc.Create(ctx, tok, key, intent.CreateRequest{
 		Connector: in.Connector, Payload: payload, OrderingKey: in.OrderingKey, NotBefore: notBefore,
 	})
-	var c intent.Copies
+	var n notes
 	if err == nil && !created.Inserted {
-		c, err = t.svc.Copies(ctx, tok, created)
+		n, err = t.notesOf(ctx, tok, []outbox.Intent{created})
 	}
 	if err != nil {
 		return nil, ProposeOutput{}, t.toolError(ctx, ToolPropose, key, err)
@@ -437,17 +468,17 @@ func (t *tools) propose(ctx context.Context, req *mcp.CallToolRequest, in Propos
 	t.log.InfoContext(ctx, "intent proposed", "key", created.Key, "connector", created.Connector,
 		"status", created.Status, "inserted", created.Inserted, "token", tok.Name, "reason", in.Reason)
 	out := ProposeOutput{
-		Intent:   fromIntent(created),
-		Inserted: created.Inserted,
-		Replayed: !created.Inserted,
-		Copied:   copied(c),
-		Reason:   in.Reason,
+		Intent:    fromIntent(created),
+		Inserted:  created.Inserted,
+		Replayed:  !created.Inserted,
+		Operation: n.operation(created),
+		Reason:    in.Reason,
 	}
 	verb := "Created"
 	if out.Replayed {
 		verb = "This decision was already proposed under this key; nothing new was written. Existing"
 	}
-	out.Message = fmt.Sprintf("%s intent %s, status %s. %s", verb, created.Key, created.Status, statusStep(created, c))
+	out.Message = fmt.Sprintf("%s intent %s, status %s. %s", verb, created.Key, created.Status, n.step(created))
 	return nil, out, nil
 }
 
@@ -457,20 +488,22 @@ func (t *tools) get(ctx context.Context, req *mcp.CallToolRequest, in GetInput) 
 		return nil, GetOutput{}, err
 	}
 	got, err := t.svc.Get(ctx, tok, in.Key)
-	var c intent.Copies
+	var n notes
 	if err == nil {
-		c, err = t.svc.Copies(ctx, tok, got)
+		n, err = t.notesOf(ctx, tok, []outbox.Intent{got})
 	}
 	if err != nil {
 		return nil, GetOutput{}, t.toolError(ctx, ToolGet, in.Key, err)
 	}
-	msg := fmt.Sprintf("Intent %s is %s after %d attempt(s). ", got.Key, got.Status, got.Attempts) + statusStep(got, c)
-	return nil, GetOutput{Intent: fromIntent(got), Copied: copied(c), Message: msg}, nil
+	msg := fmt.Sprintf("Intent %s is %s after %d attempt(s). ", got.Key, got.Status, got.Attempts) + n.step(got)
+	return nil, GetOutput{Intent: fromIntent(got), Operation: n.operation(got), Message: msg}, nil
 }
 
-// statusStep tells the agent what to do about in, with its copies c: where its
-// operation went when an operator re-executed it under a new key, or else nextStep.
-func statusStep(in outbox.Intent, c intent.Copies) string {
+// step tells the agent what to do about in, with its notes: where its operation went
+// when an operator re-executed it under a new key, that a canceled one may have
+// happened, or else nextStep.
+func (n notes) step(in outbox.Intent) string {
+	c := n.copies[in.Key]
 	msg := ""
 	if c.CopyOf != "" {
 		msg += fmt.Sprintf("An operator made this intent to re-execute the operation of intent %s under a new key. ", c.CopyOf)
@@ -481,6 +514,11 @@ func statusStep(in outbox.Intent, c intent.Copies) string {
 		// The operation went on under the copy's key, which is what the agent needs to
 		// follow; this row's own next step (an operator may replay it) is past.
 		return msg + copyStep(c.ReplayedAs)
+	case in.Status == outbox.StatusCanceled && n.acted[in.Key].Reason != "":
+		// "Canceled and will not happen" is untrue of an operation whose receiver may have
+		// performed it before the cancel, and the agent acts on it.
+		return msg + "It was " + n.acted[in.Key].Reason + ". So it may have happened: do not propose it again, under this key or a new one; " +
+			"ask an operator whether the receiver acted."
 	case c.Unknown && over:
 		return msg + nextStep(in) + " But this server's database role may not read the audit trail (SELECT on outbox_audit), " +
 			"so it cannot tell whether an operator re-executed this intent under a new key: ask an operator before taking it as failed."
@@ -500,16 +538,16 @@ func (t *tools) list(ctx context.Context, req *mcp.CallToolRequest, in ListInput
 		}
 	}
 	page, err := t.svc.List(ctx, tok, f)
-	var copies map[string]intent.Copies
+	var n notes
 	if err == nil {
-		copies, err = t.svc.CopiesOf(ctx, tok, page.Intents)
+		n, err = t.notesOf(ctx, tok, page.Intents)
 	}
 	if err != nil {
 		return nil, ListOutput{}, t.toolError(ctx, ToolList, "", err)
 	}
 	out := ListOutput{Intents: make([]ListedIntent, 0, len(page.Intents)), Next: page.Next}
 	for _, in := range page.Intents {
-		out.Intents = append(out.Intents, ListedIntent{Intent: fromIntent(in), Copied: copied(copies[in.Key])})
+		out.Intents = append(out.Intents, ListedIntent{Intent: fromIntent(in), Operation: n.operation(in)})
 	}
 	return nil, out, nil
 }

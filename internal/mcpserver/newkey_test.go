@@ -2,11 +2,13 @@ package mcpserver_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/intent"
+	"github.com/outboxd/outboxd/internal/mcpserver"
 	"github.com/outboxd/outboxd/internal/ops"
 	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/outbox"
@@ -91,11 +93,23 @@ func TestGetIntentWithoutTheAuditTrailStillAnswers(t *testing.T) {
 	got = call(t, cs, "get_intent", map[string]any{"key": cp})
 	out = ok[map[string]any](t, got)
 	require.Equal(t, "pending", out["intent"].(map[string]any)["status"], text(got))
+
+	// Nor need it read outbox_attempts: an intent canceled after an attempt may have
+	// happened, for all the role can tell.
+	_, err = b.pool.Exec(ctx, `UPDATE outbox SET status = 'canceled', attempts = 2 WHERE idempotency_key = $1`, cp)
+	require.NoError(t, err)
+	got = call(t, cs, "get_intent", map[string]any{"key": cp})
+	out = ok[map[string]any](t, got)
+	require.Contains(t, out["may_have_acted"].(map[string]any)["reason"], "outbox_attempts", text(got))
+	require.NotContains(t, out["message"], "will not happen")
+	list := ok[mcpserver.ListOutput](t, call(t, cs, "list_intents", map[string]any{}))
+	require.NotEmpty(t, list.Intents)
 }
 
-// agreeMCP requires the other answers of the intent in got, get_intent's output, to name
-// its copies as got does: its entry in list_intents, and propose_intent's output for
-// the same decision proposed again under its key, which it returns.
+// agreeMCP requires the other answers of the intent in got, get_intent's output, to say
+// what became of its operation as got does (its copies, whether a canceled one may have
+// acted): its entry in list_intents, and propose_intent's output for the same decision
+// proposed again under its key, which it returns.
 func agreeMCP(t *testing.T, cs *mcp.ClientSession, got map[string]any) map[string]any {
 	t.Helper()
 	in := got["intent"].(map[string]any)
@@ -111,9 +125,50 @@ func agreeMCP(t *testing.T, cs *mcp.ClientSession, got map[string]any) map[strin
 		"connector": in["connector"], "key": in["key"], "payload": in["payload"],
 	}))
 	require.Equal(t, true, again["replayed"])
-	for _, field := range []string{"copy_of", "replayed_as"} {
+	for _, field := range []string{"copy_of", "replayed_as", "may_have_acted"} {
 		require.Equal(t, got[field], listed[field], "%s of %s listed: %v", field, in["key"], list)
 		require.Equal(t, got[field], again[field], "%s of %s proposed again: %v", field, in["key"], again)
 	}
 	return again
+}
+
+// An intent canceled after an attempt that may have reached the receiver may have
+// happened: the cancel stops further attempts, not what the receiver did. get_intent told
+// the agent "It was canceled or rejected and will not happen", and list_intents and a
+// proposal made again showed "canceled" alone. They name why it may have acted, as the
+// intent API's cancel does; one canceled before any attempt will not happen.
+func TestCanceledAfterAnAttemptMayHaveHappened(t *testing.T) {
+	t.Parallel()
+	b := setupService(t)
+	cs := b.connect(t, "agent")
+	for _, key := range []string{"reached", "never-sent"} {
+		ok[map[string]any](t, call(t, cs, "propose_intent", map[string]any{
+			"connector": "webhook", "key": key, "payload": map[string]any{"n": 1},
+		}))
+	}
+	// Reclaimed after its relay's lease expired mid-attempt: pending, marked ambiguous.
+	_, err := b.pool.Exec(t.Context(), `UPDATE outbox SET ambiguous = true, attempts = 1 WHERE idempotency_key = 'reached'`)
+	require.NoError(t, err)
+	res, err := ops.Cancel(t.Context(), b.pool, []string{"reached", "never-sent"}, "op", "order refunded", time.Time{})
+	require.NoError(t, err)
+	require.Contains(t, res.MayHaveActed, "reached")
+
+	got := call(t, cs, "get_intent", map[string]any{"key": "reached"})
+	out := ok[map[string]any](t, got)
+	require.Equal(t, "canceled", out["intent"].(map[string]any)["status"])
+	acted, isMap := out["may_have_acted"].(map[string]any)
+	require.True(t, isMap, text(got))
+	require.Equal(t, "webhook", acted["connector"])
+	require.Contains(t, acted["reason"], "may have reached the receiver")
+	msg := out["message"].(string)
+	require.NotContains(t, msg, "will not happen")
+	require.Contains(t, msg, "may have happened")
+	again := agreeMCP(t, cs, out)
+	require.NotContains(t, again["message"], "will not happen")
+
+	got = call(t, cs, "get_intent", map[string]any{"key": "never-sent"})
+	out = ok[map[string]any](t, got)
+	require.NotContains(t, out, "may_have_acted")
+	require.Contains(t, out["message"], "will not happen")
+	agreeMCP(t, cs, out)
 }

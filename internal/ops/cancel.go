@@ -187,6 +187,26 @@ func reachedReason(status string) string {
 		"acted already: canceling stops further attempts but cannot undo what it did; outboxd inspect shows the attempts", status)
 }
 
+// canceledReachedSQL finds which of the rows with keys $1 are canceled after an attempt
+// that may have reached the receiver (reachedSQL), with their connectors.
+const canceledReachedSQL = `
+SELECT o.idempotency_key, o.connector FROM outbox o
+WHERE o.idempotency_key = ANY($1::text[]) AND o.status = 'canceled' AND ` + reachedSQL
+
+// CanceledReached maps those of keys whose rows are canceled after an attempt that may
+// have reached the receiver to why, as [Cancel] answered them in MayHaveActed, in one
+// query: read later, "canceled" alone reads as an operation that never happened.
+func CanceledReached(ctx context.Context, db outbox.DB, keys []string) (map[string]Reached, error) {
+	reached, err := byKey(ctx, db, canceledReachedSQL, keys, func(rows pgx.Rows, key *string, r *Reached) error {
+		r.Reason = reachedReason(outbox.StatusCanceled)
+		return rows.Scan(key, &r.Connector)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("look up attempts of canceled rows: %w", err)
+	}
+	return reached, nil
+}
+
 // CanceledNote says in plain words how a connector's guarantee helps to find out
 // whether the receiver acted on an attempt of a canceled intent that may have reached
 // it ([CancelResult].MayHaveActed).

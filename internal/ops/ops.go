@@ -83,6 +83,12 @@ type lockedRow struct {
 	reached bool
 }
 
+// reachedSQL says whether an attempt of row o may have reached the receiver: the latest
+// is marked ambiguous, or the attempt log has an ambiguous or delivered attempt (a later
+// attempt that failed plainly clears the mark, while the earlier one may have acted).
+const reachedSQL = `(o.ambiguous OR EXISTS (SELECT 1 FROM outbox_attempts t
+                              WHERE t.outbox_id = o.id AND (t.ambiguous OR t.outcome = 'delivered')))`
+
 // lockSQL locks the rows $1 that no other transaction holds. A row a relay is recording
 // an outcome for (or another operator command is changing) is skipped rather than waited
 // for: the caller reports it, so a command never waits for a relay's delivery and never
@@ -93,8 +99,7 @@ const lockSQL = `
 SELECT o.id, o.idempotency_key, o.status, coalesce(o.lease_owner, ''), o.lease_expires_at,
        EXISTS (SELECT 1 FROM outbox_audit a WHERE a.outbox_id = o.id AND a.action = 'purge_payload'),
        o.connector, o.first_attempt_at,
-       o.ambiguous OR EXISTS (SELECT 1 FROM outbox_attempts t
-                              WHERE t.outbox_id = o.id AND (t.ambiguous OR t.outcome = 'delivered'))
+       ` + reachedSQL + `
 FROM outbox o
 WHERE o.id = ANY($1)
 ORDER BY o.id

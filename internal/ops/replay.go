@@ -180,22 +180,30 @@ func copiesOf(ctx context.Context, tx pgx.Tx, b []target) (map[string]string, er
 // originals maps those of keys that are copies a new-key replay made to the row each
 // copies, in one query (copiesOfSQL).
 func originals(ctx context.Context, db outbox.DB, keys []string) (map[string]Original, error) {
-	out := map[string]Original{}
+	return byKey(ctx, db, copiesOfSQL, keys, func(rows pgx.Rows, cp *string, of *Original) error {
+		return rows.Scan(cp, &of.Key, &of.Connector)
+	})
+}
+
+// byKey runs query, whose $1 is keys, and maps the key in each row's first column to
+// what scan reads of the row; it asks nothing when keys is empty.
+func byKey[T any](ctx context.Context, db outbox.DB, query string, keys []string, scan func(rows pgx.Rows, key *string, v *T) error) (map[string]T, error) {
+	out := map[string]T{}
 	if len(keys) == 0 {
 		return out, nil
 	}
-	rows, err := db.Query(ctx, copiesOfSQL, keys)
+	rows, err := db.Query(ctx, query, keys)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var cp string
-		var of Original
-		if err := rows.Scan(&cp, &of.Key, &of.Connector); err != nil {
+		var key string
+		var v T
+		if err := scan(rows, &key, &v); err != nil {
 			return nil, err
 		}
-		out[cp] = of
+		out[key] = v
 	}
 	return out, rows.Err()
 }
@@ -257,27 +265,16 @@ func LatestCopy(ctx context.Context, db outbox.DB, key string) (string, error) {
 // LatestCopies maps those of keys whose rows replay --new-key copied to the key of the
 // latest copy, as [LatestCopy] finds it for one key, in one query for all.
 func LatestCopies(ctx context.Context, db outbox.DB, keys []string) (map[string]string, error) {
-	out := map[string]string{}
-	if len(keys) == 0 {
-		return out, nil
-	}
-	rows, err := db.Query(ctx, copiesMadeOfSQL, keys)
+	latest, err := byKey(ctx, db, copiesMadeOfSQL, keys, func(rows pgx.Rows, key *string, latest *string) error {
+		var n int
+		err := rows.Scan(key, &n)
+		*latest = outbox.Key(*key, "replay", strconv.Itoa(n))
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("look up copies made: %w", err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var key string
-		var n int
-		if err := rows.Scan(&key, &n); err != nil {
-			return nil, fmt.Errorf("look up copies made: %w", err)
-		}
-		out[key] = outbox.Key(key, "replay", strconv.Itoa(n))
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("look up copies made: %w", err)
-	}
-	return out, nil
+	return latest, nil
 }
 
 // statusOfSQL reads the connector and status of the rows with keys $1.
@@ -292,27 +289,13 @@ type RowStatus struct {
 // StatusOf maps those of keys that name a row to its connector and status, in one query:
 // the copies [LatestCopies] names, and no row when such a copy is gone.
 func StatusOf(ctx context.Context, db outbox.DB, keys []string) (map[string]RowStatus, error) {
-	out := map[string]RowStatus{}
-	if len(keys) == 0 {
-		return out, nil
-	}
-	rows, err := db.Query(ctx, statusOfSQL, keys)
+	status, err := byKey(ctx, db, statusOfSQL, keys, func(rows pgx.Rows, key *string, st *RowStatus) error {
+		return rows.Scan(key, &st.Connector, &st.Status)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("look up rows: %w", err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var key string
-		var st RowStatus
-		if err := rows.Scan(&key, &st.Connector, &st.Status); err != nil {
-			return nil, fmt.Errorf("look up rows: %w", err)
-		}
-		out[key] = st
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("look up rows: %w", err)
-	}
-	return out, nil
+	return status, nil
 }
 
 // LatestCopyIntent returns the key of the latest copy that replay --new-key made of the
