@@ -18,7 +18,7 @@
 //     holds at most 1000), after is the previous page's next. Another parameter, or one
 //     that does not parse, answers 400.
 //   - POST /v1/intents/{key}/approve, /reject and /cancel decide (admin tokens only),
-//     with an optional body {"reason": "..."}, and answer the intent. A cancel's answer
+//     with an optional body {"reason": "..."}, and answer the intent as GET does. A cancel's answer
 //     also has "may_have_acted": {"connector", "reason"} when an attempt of the intent
 //     may have reached the receiver, which may have acted already.
 //
@@ -349,7 +349,7 @@ func (e keyConflict) Error() string {
 func (e keyConflict) Unwrap() error { return e.err }
 
 // intentAnswer is an intent as the API answers it (GET /v1/intents/{key}, each of a
-// listing's, a create's again): the intent, and the copies that replay --new-key made of
+// listing's, a create's again, a decision's): the intent, and the copies that replay --new-key made of
 // its operation (intent.Copies). Without replayed_as, a row whose operation an operator
 // re-executed under a new key reads dead for good, and a client takes the operation for
 // failed, and may act again.
@@ -472,14 +472,6 @@ type decideBody struct {
 	Reason string `json:"reason"`
 }
 
-// decided is the answer of approve, reject and cancel: the intent, and for a cancel of
-// one an attempt of which may have reached the receiver, why it may have acted already
-// (canceling cannot undo that).
-type decided struct {
-	outbox.Intent
-	MayHaveActed *ops.Reached `json:"may_have_acted,omitempty"`
-}
-
 type decideFunc func(ctx context.Context, tok *intent.Token, key, reason string) (outbox.Intent, *ops.Reached, error)
 
 // neverSent adapts approve and reject, which decide only about an intent awaiting
@@ -509,10 +501,21 @@ func (h *Handler) decide(do decideFunc) handlerFunc {
 		}
 		ctx, done := h.bound(r.Context())
 		in, acted, err := do(ctx, tok, r.PathValue("key"), b.Reason)
+		var answer []intentAnswer
+		if err == nil {
+			// Answered as GET answers it: a held intent an operator re-executed under a new
+			// key, then canceled, names its copy, where the operation goes on, or the
+			// client takes "canceled" for the operation stopped.
+			answer, err = h.answers(ctx, tok, []outbox.Intent{in})
+		}
 		if err = done(err); err != nil {
 			return err
 		}
-		return writeJSON(w, http.StatusOK, decided{Intent: ops.WithoutCredentials(in), MayHaveActed: acted})
+		if acted != nil {
+			// The cancel's own words: from the status it canceled ("held after an attempt").
+			answer[0].MayHaveActed = acted
+		}
+		return writeJSON(w, http.StatusOK, answer[0])
 	}
 }
 

@@ -145,3 +145,29 @@ func agree(t *testing.T, b *testBundle, secret string, got response, again bool)
 
 // answerFields are the fields of an intent's answer beyond the intent's own.
 var answerFields = []string{"copy_of", "replayed_as", "may_have_acted"}
+
+// An operator may re-execute a held intent under a new key (replay --new-key leaves the
+// row held) and an admin cancel the held row after: the operation goes on under the
+// copy. The cancel answered "canceled" alone, which reads as an operation stopped, where
+// GET names the copy; it answers the intent as GET does.
+func TestCancelAnswerNamesTheCopy(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	ctx := t.Context()
+	r := b.do(t, "POST", "/v1/intents", agentSecret, "order-7/notify", `{"connector":"webhook","payload":{"order":7}}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	_, err := b.pool.Exec(ctx, `UPDATE outbox SET status = 'held', attempts = 1, ambiguous = true WHERE idempotency_key = 'order-7/notify'`)
+	require.NoError(t, err)
+	res, err := ops.Replay(ctx, b.pool, ops.Selection{Keys: []string{"order-7/notify"}}, ops.ReplayOptions{Actor: "op", NewKey: true})
+	require.NoError(t, err)
+	cp := res.NewKeys["order-7/notify"]
+	require.NotEmpty(t, cp, "%+v", res)
+
+	r = b.do(t, "POST", "/v1/intents/order-7%2Fnotify/cancel", adminSecret, "", `{"reason":"duplicate"}`)
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.Equal(t, "canceled", r.body["status"], r.raw)
+	require.Equal(t, map[string]any{"key": cp, "status": "pending"}, r.body["replayed_as"], r.raw)
+	require.Contains(t, r.body, "may_have_acted", r.raw)
+	got := b.do(t, "GET", "/v1/intents/order-7%2Fnotify", adminSecret, "", "")
+	require.Equal(t, got.body["replayed_as"], r.body["replayed_as"], got.raw)
+}
