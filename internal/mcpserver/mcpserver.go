@@ -248,6 +248,10 @@ type ListOutput struct {
 	Intents []ListedIntent `json:"intents"`
 	// Next is the cursor to pass as after for the next page; empty at the end.
 	Next string `json:"next,omitempty"`
+	// Message warns, when the page holds dead, held or canceled intents, that this
+	// server cannot tell whether an operator re-executed them under a new key, as
+	// get_intent warns of one: listed without it, they read as failed operations.
+	Message string `json:"message,omitempty"`
 }
 
 // ListedIntent is an intent of list_intents, with its copies as get_intent names them:
@@ -499,6 +503,12 @@ func (t *tools) get(ctx context.Context, req *mcp.CallToolRequest, in GetInput) 
 	return nil, GetOutput{Intent: fromIntent(got), Operation: n.operation(got), Message: msg}, nil
 }
 
+// over says in's status, dead, held or canceled, is one an operator may have moved its
+// operation on from under a new key.
+func over(in outbox.Intent) bool {
+	return slices.Contains([]string{outbox.StatusDead, outbox.StatusHeld, outbox.StatusCanceled}, in.Status)
+}
+
 // step tells the agent what to do about in, with its notes: where its operation went
 // when an operator re-executed it under a new key, that a canceled one may have
 // happened, or else nextStep.
@@ -508,9 +518,8 @@ func (n notes) step(in outbox.Intent) string {
 	if c.CopyOf != "" {
 		msg += fmt.Sprintf("An operator made this intent to re-execute the operation of intent %s under a new key. ", c.CopyOf)
 	}
-	over := slices.Contains([]string{outbox.StatusDead, outbox.StatusHeld, outbox.StatusCanceled}, in.Status)
 	switch {
-	case c.ReplayedAs != nil && over:
+	case c.ReplayedAs != nil && over(in):
 		// The operation went on under the copy's key, which is what the agent needs to
 		// follow; this row's own next step (an operator may replay it) is past.
 		return msg + copyStep(c.ReplayedAs)
@@ -519,7 +528,7 @@ func (n notes) step(in outbox.Intent) string {
 		// performed it before the cancel, and the agent acts on it.
 		return msg + "It was " + n.acted[in.Key].Reason + ". So it may have happened: do not propose it again, under this key or a new one; " +
 			"ask an operator whether the receiver acted."
-	case c.Unknown && over:
+	case c.Unknown && over(in):
 		return msg + nextStep(in) + " But this server's database role may not read the audit trail (SELECT on outbox_audit), " +
 			"so it cannot tell whether an operator re-executed this intent under a new key: ask an operator before taking it as failed."
 	}
@@ -548,6 +557,10 @@ func (t *tools) list(ctx context.Context, req *mcp.CallToolRequest, in ListInput
 	out := ListOutput{Intents: make([]ListedIntent, 0, len(page.Intents)), Next: page.Next}
 	for _, in := range page.Intents {
 		out.Intents = append(out.Intents, ListedIntent{Intent: fromIntent(in), Operation: n.operation(in)})
+		if n.copies[in.Key].Unknown && over(in) {
+			out.Message = "This server's database role may not read the audit trail (SELECT on outbox_audit), so it cannot tell whether " +
+				"an operator re-executed a dead, held or canceled intent under a new key: ask an operator before taking one as failed."
+		}
 	}
 	return nil, out, nil
 }
