@@ -466,6 +466,10 @@ func (t *tools) propose(ctx context.Context, req *mcp.CallToolRequest, in Propos
 	if err == nil && !created.Inserted {
 		n, err = t.notesOf(ctx, tok, []outbox.Intent{created})
 	}
+	if problem := unsendableKey(in.Connector, key); errors.Is(err, outbox.ErrInvalidMessage) && problem != "" {
+		return nil, ProposeOutput{}, fmt.Errorf("key %q cannot be sent by the %s connector: %s. Pass key_parts naming the decision instead (the server derives a key every connector can send); nothing was written",
+			key, outbox.ConnectorKind(in.Connector), problem)
+	}
 	if err != nil {
 		return nil, ProposeOutput{}, t.toolError(ctx, ToolPropose, key, err)
 	}
@@ -579,10 +583,8 @@ func proposalKey(in ProposeInput) (string, error) {
 		if strings.ContainsRune(in.Key, 0) {
 			return "", errors.New("key contains a NUL character. Pass key_parts naming the decision instead (the server derives a key from them); nothing was written")
 		}
-		if problem := unsendableKey(in.Connector, in.Key); problem != "" {
-			return "", fmt.Errorf("key %q cannot be sent by the %s connector: %s. Pass key_parts naming the decision instead (the server derives a key every connector can send); nothing was written",
-				in.Key, outbox.ConnectorKind(in.Connector), problem)
-		}
+		// A key the connector cannot send is left to the outbox (see unsendableKey): an
+		// intent written under it before the rule is still the answer to its request.
 		return in.Key, nil
 	case len(in.KeyParts) > 0:
 		return outbox.Key(in.KeyParts...), nil
@@ -592,9 +594,13 @@ func proposalKey(in ProposeInput) (string, error) {
 }
 
 // unsendableKey says why connector cannot send key, or "". These are the outbox's
-// refusals that concern the key alone (outbox.Enqueue makes them too, after the checks of
-// the rest of the request): checked here so that the tool error asks for another key,
-// where the outbox's refusal of an invalid request ends "propose again with the same key".
+// refusals that concern the key alone: checked once the outbox refused the proposal, so
+// that the tool error asks for another key, where the outbox's refusal of an invalid
+// request ends "propose again with the same key". Not before: the outbox answers the same
+// request under such a key, written before the rule (an older outboxd, plain SQL), with
+// that intent, whose stored outcome is the answer to the key; refused up front, an agent
+// that retried a performed effect was told nothing was written, took a new key, and had
+// it performed again.
 func unsendableKey(connector, key string) string {
 	kind := outbox.ConnectorKind(connector)
 	if !outbox.ValidConnectorName(connector) || !slices.Contains(outbox.Kinds, kind) {

@@ -95,3 +95,32 @@ func TestProposeUnsendableKeyAsksForAnotherKey(t *testing.T) {
 	require.True(t, out.Inserted)
 	require.Equal(t, 1, b.count(t, `true`))
 }
+
+// Such a key written before the rule that refuses it (by an older outboxd, or by plain
+// SQL) names its intent all the same: the outbox answers the same request under it with
+// that intent, its stored outcome, as the intent API does. propose_intent refused it
+// before asking, saying nothing was written and to pass key_parts, so an agent that
+// retried a performed effect derived a new key and had it performed again.
+func TestProposeUnsendableKeyWrittenBeforeIsTheIntent(t *testing.T) {
+	t.Parallel()
+	b := setupService(t)
+	_, err := b.pool.Exec(t.Context(), `
+INSERT INTO outbox (idempotency_key, connector, payload, status, delivered_at, attempts)
+VALUES (' order-1', 'webhook', '{"n": 1}', 'delivered', now(), 1)`)
+	require.NoError(t, err)
+	cs := b.connect(t, "agent")
+
+	out := ok[mcpserver.ProposeOutput](t, call(t, cs, mcpserver.ToolPropose, map[string]any{
+		"connector": "webhook", "key": " order-1", "payload": map[string]any{"n": 1},
+	}))
+	require.True(t, out.Replayed)
+	require.Equal(t, "delivered", out.Intent.Status)
+	require.Equal(t, 1, b.count(t, `true`))
+
+	// A key no intent holds is refused as before, asking for another.
+	msg := toolErr(t, call(t, cs, mcpserver.ToolPropose, map[string]any{
+		"connector": "webhook", "key": " order-2", "payload": map[string]any{"n": 1},
+	}))
+	require.Contains(t, msg, "key_parts")
+	require.Equal(t, 1, b.count(t, `true`))
+}
