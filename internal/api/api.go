@@ -292,12 +292,15 @@ func idempotencyKey(r *http.Request) (string, error) {
 		return "", fmt.Errorf("%w: the Idempotency-Key header is %d characters; the limit is %d", errBadRequest, n, maxKeyLength)
 	case !utf8.ValidString(key) || strings.ContainsRune(key, 0):
 		return "", fmt.Errorf("%w: the Idempotency-Key header must be valid UTF-8 without NUL", errBadRequest)
-	case key == "." || key == "..":
-		// A path cleans /v1/intents/.. away: the intent could never be read or decided.
-		return "", fmt.Errorf("%w: the Idempotency-Key %q cannot be named in a URL path (GET /v1/intents/{key}); use another key", errBadRequest, key)
 	}
 	return key, nil
 }
+
+// pathless says key cannot be named in a URL path: a path cleans /v1/intents/.. away, so
+// an intent under it could never be read or decided. create takes no new intent under
+// it; but one written before that rule (by an older outboxd, or plain SQL) is still the
+// answer to its request, or a client told to use another key for it acts again.
+func pathless(key string) bool { return key == "." || key == ".." }
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request, tok *intent.Token) error {
 	key, err := idempotencyKey(r)
@@ -313,7 +316,15 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, tok *intent.Tok
 		return err
 	}
 	ctx, done := h.bound(r.Context())
-	in, err := h.svc.Create(ctx, tok, key, req)
+	create := h.svc.Create
+	if pathless(key) {
+		create = h.svc.Existing
+	}
+	in, err := create(ctx, tok, key, req)
+	if pathless(key) && errors.Is(err, outbox.ErrNotFound) {
+		_ = done(nil) // ends the bound
+		return fmt.Errorf("%w: the Idempotency-Key %q cannot be named in a URL path (GET /v1/intents/{key}); use another key", errBadRequest, key)
+	}
 	answer := []intentAnswer{{Intent: ops.WithoutCredentials(in)}}
 	if err == nil && !in.Inserted {
 		// The same request again is answered with the intent as it is now, which an

@@ -67,6 +67,42 @@ func (s *Service) now() time.Time {
 // connector the token may not use fails with [ErrForbidden]. Intents of connectors in
 // [Policy.ApprovalRequired] start awaiting_approval; created_by is the token's name.
 func (s *Service) Create(ctx context.Context, tok *Token, key string, req CreateRequest) (outbox.Intent, error) {
+	return s.create(ctx, tok, key, req, false)
+}
+
+// Existing is [Service.Create] that writes nothing: it answers req under key as Create
+// answers the same request again, with the intent key holds, or with Create's refusals;
+// when no intent holds key, it fails with an error wrapping [outbox.ErrNotFound]. A face
+// that cannot take a new intent under some key (the intent API, one whose key no URL path
+// can name) still answers the request of an intent written under it before.
+func (s *Service) Existing(ctx context.Context, tok *Token, key string, req CreateRequest) (outbox.Intent, error) {
+	return s.create(ctx, tok, key, req, true)
+}
+
+// errInserted rolls back an enqueue that was to write nothing but inserted a row.
+var errInserted = errors.New("inserted")
+
+// enqueue enqueues m as outbox.Enqueue does; with existing set it writes nothing, and
+// reports ok false when m's key holds no intent (the row enqueued is rolled back).
+func (s *Service) enqueue(ctx context.Context, m outbox.Message, existing bool) (in outbox.Intent, ok bool, err error) {
+	if !existing {
+		in, err = outbox.Enqueue(ctx, s.Pool, m)
+		return in, err == nil, err
+	}
+	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		var err error
+		if in, err = outbox.Enqueue(ctx, tx, m); err == nil && in.Inserted {
+			return errInserted // the key holds no intent: roll back
+		}
+		return err
+	})
+	if errors.Is(err, errInserted) {
+		return outbox.Intent{}, false, nil
+	}
+	return in, err == nil, err
+}
+
+func (s *Service) create(ctx context.Context, tok *Token, key string, req CreateRequest, existing bool) (outbox.Intent, error) {
 	// A name that is no connector instance at all is the request's fault, whatever the
 	// token's scope: checked first, so it is not reported as a connector the token may
 	// not use.
@@ -105,7 +141,10 @@ func (s *Service) Create(ctx context.Context, tok *Token, key string, req Create
 		return outbox.Intent{}, err
 	}
 	m.OrderingKey = orderingKey
-	in, err := outbox.Enqueue(ctx, s.Pool, m)
+	in, ok, err := s.enqueue(ctx, m, existing)
+	if err == nil && !ok {
+		return outbox.Intent{}, fmt.Errorf("%w: no intent has key %q", outbox.ErrNotFound, key)
+	}
 	if errors.Is(err, outbox.ErrKeyConflict) && req.OrderingKey != "" {
 		again, ok, lookErr := s.replayOtherScope(ctx, tok, m, req.OrderingKey)
 		if lookErr != nil {
@@ -149,20 +188,14 @@ func (s *Service) replayOtherScope(ctx context.Context, tok *Token, m outbox.Mes
 		return outbox.Intent{}, false, nil
 	}
 	m.OrderingKey = alt
-	var in outbox.Intent
-	errInserted := errors.New("inserted")
-	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		var err error
-		if in, err = outbox.Enqueue(ctx, tx, m); err == nil && in.Inserted {
-			return errInserted // the row went away meanwhile: not a replay, roll back
-		}
-		return err
-	})
+	// Nothing written: the row went away meanwhile (inserted, rolled back), or is not this
+	// request's after all.
+	in, ok, err := s.enqueue(ctx, m, true)
 	switch {
 	case err == nil:
-		return in, true, nil
-	case errors.Is(err, errInserted), errors.Is(err, outbox.ErrKeyConflict), errors.Is(err, outbox.ErrInvalidMessage):
-		return outbox.Intent{}, false, nil // not this request's row after all
+		return in, ok, nil
+	case errors.Is(err, outbox.ErrKeyConflict), errors.Is(err, outbox.ErrInvalidMessage):
+		return outbox.Intent{}, false, nil
 	}
 	return outbox.Intent{}, false, err
 }
