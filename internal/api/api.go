@@ -591,7 +591,15 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 			"the database did not answer within %s; sending the same request again later (with the same Idempotency-Key) is safe", h.cfg.CallTimeout))
 	default:
 		h.cfg.Logger.ErrorContext(r.Context(), "intent api", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeError(w, http.StatusInternalServerError, "internal", "internal error; the server log has the details")
+		msg := "internal error; the server log has the details"
+		if r.Method == http.MethodPost {
+			// A create or a decision may have committed before what failed (reading the
+			// intent back, answering it): told only "internal error", a client takes the
+			// request for one that did nothing, and may act again under a new key.
+			msg += "; whether the request took effect is unknown: sending the same request again " +
+				"(with the same Idempotency-Key) is safe and answers what it did"
+		}
+		writeError(w, http.StatusInternalServerError, "internal", msg)
 	}
 }
 
