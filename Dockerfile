@@ -1,7 +1,9 @@
 # syntax=docker/dockerfile:1
 # Multi-stage: build a static binary, ship it on a small image with CA certificates and a
 # non-root user.
-FROM golang:1.26-bookworm AS build
+# The Go of go.mod's go line, or later: the golang image sets GOTOOLCHAIN=local, so an older
+# one (such as a cached golang:1.26) stops at go mod download.
+FROM golang:1.26.8-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
