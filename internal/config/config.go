@@ -34,8 +34,8 @@ type Config struct {
 	// Payments are the payment instances: the default one first when
 	// OUTBOX_PAYMENT_API_KEY is set, then the named ones.
 	Payments []Payment `env:"-"`
-	// Emails are the email instances: the default one first when OUTBOX_SMTP_ADDR is
-	// set, then the named ones.
+	// Emails are the email instances: the default one first when OUTBOX_SMTP_ADDR or
+	// OUTBOX_EMAIL_API_KEY is set, then the named ones.
 	Emails []Email `env:"-"`
 	// Slacks are the slack instances: the default one first when OUTBOX_SLACK_TOKEN is
 	// set, then the named ones.

@@ -19,12 +19,13 @@
 //
 // Each connector kind has a default instance, which exists when its key variable is
 // set: OUTBOX_WEBHOOK_URL (webhook), OUTBOX_PAYMENT_API_KEY (payment), OUTBOX_SMTP_ADDR
-// (email) or OUTBOX_SLACK_TOKEN (slack). OUTBOX_CONNECTORS names extra instances as
-// kind:name, and each reads the default instance's variables with the upper-cased name
-// inserted after the kind's prefix: webhook:crm reads OUTBOX_WEBHOOK_CRM_URL, payment:eu
-// OUTBOX_PAYMENT_EU_API_KEY. The email kind has two prefixes, so email:support reads
-// OUTBOX_SMTP_SUPPORT_ADDR and OUTBOX_EMAIL_SUPPORT_FROM. Every instance's timeout must be
-// shorter than OUTBOX_LEASE.
+// or OUTBOX_EMAIL_API_KEY (email, over SMTP or through Resend), or OUTBOX_SLACK_TOKEN
+// (slack). OUTBOX_CONNECTORS names extra instances as kind:name, and each reads the
+// default instance's variables with the upper-cased name inserted after the kind's
+// prefix: webhook:crm reads OUTBOX_WEBHOOK_CRM_URL, payment:eu OUTBOX_PAYMENT_EU_API_KEY.
+// The email kind has two prefixes, so email:support reads OUTBOX_SMTP_SUPPORT_ADDR and
+// OUTBOX_EMAIL_SUPPORT_FROM. Every instance's timeout must be at least 1s shorter than
+// OUTBOX_LEASE.
 //
 // # Secrets
 //
