@@ -38,7 +38,7 @@ func newServeCmd(e *env) *cobra.Command {
 		Short: "Run the relay and its HTTP endpoints",
 		Long: "serve delivers the outbox: it claims due rows in OUTBOX_DATABASE_URL, delivers them through the " +
 			"configured connector instances, and records each outcome. It also serves /healthz, /readyz and " +
-			"/metrics on OUTBOX_HTTP_ADDR.\n\n" +
+			"/metrics on OUTBOX_HTTP_ADDR, and with OUTBOX_API_TOKENS set the intent API (/v1/intents) and /mcp.\n\n" +
 			"Everything is configured by environment variables (the README lists them all); at least one " +
 			"connector instance is needed. SIGINT or SIGTERM stops claiming and gives deliveries in flight " +
 			"OUTBOX_SHUTDOWN_TIMEOUT to finish; a second signal exits at once.",
