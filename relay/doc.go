@@ -33,6 +33,9 @@
 // write of outcomes waits at most a second for a lock: an outcome whose row (or its
 // ordering key's next row) another session keeps locked is set aside until the lock is
 // let go, and the other outcomes are written apart from the claims (see writeAround).
+// A hand-back of rows claimed but not started takes no lock wait at all: a row another
+// session keeps locked is skipped and set aside, handed back once the lock is let go
+// (see setAsideRelease).
 //
 // Deliveries in flight never exceed Config.Concurrency, nor an instance's Concurrency;
 // with two or more instances (and at least two slots for each), each keeps one of the

@@ -204,7 +204,7 @@ func (r *Relay) reclaim(ctx context.Context) {
 	statuses := map[string]int{}
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, reclaimSQL, now, r.cfg.MaxAttempts, nonNil(r.hold), nonNil(r.names), r.maxAges,
-			r.cfg.ID, r.unwrittenExpired(now))
+			r.cfg.ID, r.leftAlone(now))
 		if err != nil {
 			return err
 		}

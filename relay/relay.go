@@ -111,6 +111,10 @@ type Relay struct {
 	unreleasedMu sync.Mutex
 	unreleased   []claimed
 	lost         []time.Time
+	// releaseLocks holds rows claimed but not started whose hand-back found them locked
+	// by another session: handed back once the lock is let go, looked at with backoff
+	// (see setAsideRelease), and left alone by reclaim meanwhile.
+	releaseLocks lockWaits[claimed]
 	// unfenced holds the database sessions of writes whose reply was lost (claim rounds,
 	// outcomes), which may still run in the database: each is ended (see fence) before
 	// the rows of a lost round are handed back or a lost outcome is written again.
@@ -748,7 +752,7 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) releaseWhileStopping(ctx context.Context, done <-chan struct{}) {
 	failures := 0
 	for ctx.Err() == nil {
-		if r.anyUnreleased.Load() {
+		if r.anyUnreleased.Load() || r.releaseLocksDue() {
 			r.releaseAgain(ctx)
 			if r.anyUnreleased.Load() {
 				failures++
@@ -759,14 +763,30 @@ func (r *Relay) releaseWhileStopping(ctx context.Context, done <-chan struct{}) 
 		}
 		select {
 		case <-ctx.Done():
-			return
 		case <-done:
-			if !r.anyUnreleased.Load() {
+			// Rows another session keeps locked are looked at again with their own
+			// backoff (see retryLockedReleases), until the lock is let go or ctx ends.
+			wait := r.releaseLockWait(time.Now())
+			if !r.anyUnreleased.Load() && wait == 0 {
 				return // no worker hands a row back any more
 			}
+			sleep(ctx, wait)
 		case <-time.After(50 * time.Millisecond): // a worker may still hand one back
 		}
 	}
+	if n := len(r.leftLocked()); n > 0 {
+		r.log.WarnContext(context.WithoutCancel(ctx), "stopped while another database session kept locked rows this relay claimed but did not start: "+
+			"they stay leased to it until their lease expires, and a relay's reclaim then puts them back as attempts that may have happened (ambiguous)",
+			"rows", n)
+	}
+}
+
+// leftLocked returns the rows set aside because another session kept them locked (see
+// setAsideRelease), not handed back yet.
+func (r *Relay) leftLocked() []claimed {
+	r.unreleasedMu.Lock()
+	defer r.unreleasedMu.Unlock()
+	return slices.Clone(r.releaseLocks.outs)
 }
 
 // minRecordDrain is the least time a stopping relay gives its last outcomes to reach a
@@ -978,15 +998,15 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 		failures    int
 		fastUntil   time.Time // this relay polls fast until then (monotonic clock)
 		lastRefresh time.Time
-		outs        []outcome // outcomes not written yet
-		locked      lockWaits // outcomes set aside, whose writes wait for other sessions' locks
-		urgent      bool      // one of outs is of a row with an ordering key
-		lingering   bool      // linger runs for the oldest of outs
-		lingered    bool      // and has fired
+		outs        []outcome          // outcomes not written yet
+		locked      lockWaits[outcome] // outcomes set aside, whose writes wait for other sessions' locks
+		urgent      bool               // one of outs is of a row with an ordering key
+		lingering   bool               // linger runs for the oldest of outs
+		lingered    bool               // and has fired
 	)
 	defer r.withdraw(ctx)
 	for ctx.Err() == nil {
-		if r.anyUnreleased.Load() {
+		if r.anyUnreleased.Load() || r.releaseLocksDue() {
 			r.releaseAgain(ctx)
 		}
 		outs, urgent = r.gather(outs, urgent)
@@ -1093,8 +1113,10 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 		if time.Now().Before(fastUntil) && (retryIn == 0 || retryIn > fastPollInterval) {
 			retryIn = fastPollInterval
 		}
-		if wait := locked.wait(time.Now()); wait > 0 && (retryIn == 0 || wait < retryIn) {
-			retryIn = wait
+		for _, wait := range []time.Duration{locked.wait(time.Now()), r.releaseLockWait(time.Now())} {
+			if wait > 0 && (retryIn == 0 || wait < retryIn) {
+				retryIn = wait
+			}
 		}
 		var (
 			timer   *time.Timer
@@ -1575,30 +1597,23 @@ func finiteOr(t pgtype.Timestamptz, otherwise time.Time) time.Time {
 
 // release hands back rows claimed but not started, within ctx and a time limit of its
 // own. If it fails, the claim loop tries again (see releaseAgain); a stopped relay leaves
-// them to their lease.
+// them to their lease. Rows another session keeps locked are set aside (see
+// setAsideRelease).
 func (r *Relay) release(ctx context.Context, rows []claimed) {
-	if r.releaseRows(ctx, rows) {
-		r.log.Info("released rows not started", "rows", len(rows))
+	if n, ok := r.releaseRows(ctx, rows); ok && n > 0 {
+		r.log.Info("released rows not started", "rows", n)
 	}
 }
 
 // releaseRows is release without the log line on success, for a row handed back alone
-// (see handBack); it reports whether it released them.
-func (r *Relay) releaseRows(ctx context.Context, rows []claimed) bool {
+// (see handBack); it returns how many rows it handed back, and whether its statement
+// succeeded (the rows another session keeps locked then set aside).
+func (r *Relay) releaseRows(ctx context.Context, rows []claimed) (int64, bool) {
 	if len(rows) == 0 {
-		return false
+		return 0, false
 	}
-	ids, attempts, leases := make([]int64, len(rows)), make([]int32, len(rows)), make([]time.Time, len(rows))
-	for i, row := range rows {
-		ids[i], attempts[i], leases[i] = row.id, int32(row.attempt), row.lease
-	}
-	execCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	query := releaseSQL
-	if r.stopRequested() {
-		query = releaseWakeSQL // the rows are for the other relays now
-	}
-	if _, err := r.pool.Exec(execCtx, query, r.cfg.ID, ids, r.now(), attempts, leases); err != nil {
+	n, locked, err := r.handBackRows(ctx, rows)
+	if err != nil {
 		// Never sent: left to their lease, they would come back as ambiguous attempts
 		// (held for an operator, or dead on their last attempt). The claim loop tries
 		// again before its next round; a stopped relay leaves them to their lease.
@@ -1609,13 +1624,131 @@ func (r *Relay) releaseRows(ctx context.Context, rows []claimed) bool {
 		// Through failed: while the database is away the release is tried again before
 		// every round and every reclaim, and a warning each time flooded the log.
 		if !stopping(ctx) {
-			r.failed(ctx, "release", releaseFailed, err, "rows", len(ids))
+			r.failed(ctx, "release", releaseFailed, err, "rows", len(rows))
 		}
-		return false
+		return 0, false
 	}
 	r.recovered(ctx, releaseFailed)
-	r.rescan.Store(true) // they may lie behind where claims start
-	return true
+	r.setAsideRelease(ctx, locked)
+	return n, true
+}
+
+// handBackRows runs releaseSQL for rows, within ctx and a time limit of its own: it
+// returns how many it handed back, and those another session keeps locked, which it
+// skipped (see handBackTail).
+func (r *Relay) handBackRows(ctx context.Context, rows []claimed) (int64, []claimed, error) {
+	ids, attempts, leases := make([]int64, len(rows)), make([]int32, len(rows)), make([]time.Time, len(rows))
+	for i, row := range rows {
+		ids[i], attempts[i], leases[i] = row.id, int32(row.attempt), row.lease
+	}
+	return r.execHandBack(ctx, releaseSQL, r.cfg.ID, ids, r.now(), r.stopRequested(), attempts, leases)
+}
+
+// execHandBack runs query, a hand-back that ends with handBackTail, with args, within ctx
+// and a time limit of its own. It returns how many rows it handed back, and those it
+// skipped because another session keeps them locked.
+func (r *Relay) execHandBack(ctx context.Context, query string, args ...any) (int64, []claimed, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var (
+		n        int64
+		ids      []int64
+		keys     []string
+		attempts []int32
+		leases   []time.Time
+	)
+	if err := r.pool.QueryRow(ctx, query, args...).Scan(&n, nil, &ids, &keys, &attempts, &leases); err != nil {
+		return 0, nil, err
+	}
+	if n > 0 {
+		r.rescan.Store(true) // they may lie behind where claims start
+	}
+	locked := make([]claimed, len(ids))
+	for i := range ids {
+		locked[i] = claimed{id: ids[i], key: keys[i], attempt: int(attempts[i]), lease: leases[i]}
+	}
+	return n, locked, nil
+}
+
+// sameClaim reports whether a and b are the same claim of one row: its id, attempt and
+// lease, which is all a hand-back looks at.
+func sameClaim(a, b claimed) bool {
+	return a.id == b.id && a.attempt == b.attempt && a.lease.Equal(b.lease)
+}
+
+// setAsideRelease sets aside rows whose hand-back found them locked by another session
+// (a psql BEGIN; SELECT ... FOR UPDATE left open, an application's transaction), to be
+// handed back once the lock is let go (see retryLockedReleases): looked at again with
+// backoff, never dropped while the relay runs, and left alone by this relay's reclaim
+// meanwhile (see leftAlone), since they were never sent. Each row is said once.
+func (r *Relay) setAsideRelease(ctx context.Context, rows []claimed) {
+	r.unreleasedMu.Lock()
+	rows = slices.DeleteFunc(rows, func(c claimed) bool {
+		return slices.ContainsFunc(r.releaseLocks.outs, func(o claimed) bool { return sameClaim(o, c) })
+	})
+	r.releaseLocks.add(rows)
+	r.unreleasedMu.Unlock()
+	for _, row := range rows {
+		r.metrics.dbErrors.WithLabelValues("release").Inc()
+		r.log.WarnContext(ctx, "another database session holds a lock on a row this relay claimed but did not start, and keeps it: "+
+			"the relay claims and writes outcomes without it, and hands it back once the lock is let go; "+
+			"pg_stat_activity shows the session holding it (often idle in transaction)",
+			"id", row.id, "key", row.key, "attempt", row.attempt)
+	}
+}
+
+// retryLockedReleases hands back, once it is time to look (see lockWaits), the rows set
+// aside because another session kept them locked (see setAsideRelease), without waiting
+// for a lock; those still locked stay aside for another look, later, and those no
+// longer this relay's (claimed again since, or changed by the session that locked them)
+// are forgotten. They stay listed while the hand-back runs, so that a reclaim meanwhile
+// leaves them alone.
+func (r *Relay) retryLockedReleases(ctx context.Context) {
+	r.unreleasedMu.Lock()
+	var due []claimed
+	if r.releaseLocks.due(time.Now()) {
+		due = slices.Clone(r.releaseLocks.outs)
+	}
+	r.unreleasedMu.Unlock()
+	if len(due) == 0 {
+		return
+	}
+	n, locked, err := r.handBackRows(ctx, due)
+	r.unreleasedMu.Lock()
+	if err == nil {
+		r.releaseLocks.outs = slices.DeleteFunc(r.releaseLocks.outs, func(o claimed) bool {
+			tried := slices.ContainsFunc(due, func(c claimed) bool { return sameClaim(o, c) })
+			return tried && !slices.ContainsFunc(locked, func(c claimed) bool { return sameClaim(o, c) })
+		})
+	}
+	r.releaseLocks.looked()
+	r.unreleasedMu.Unlock()
+	if err != nil {
+		if !stopping(ctx) {
+			r.failed(ctx, "release", releaseFailed, err, "rows", len(due))
+		}
+		return
+	}
+	r.recovered(ctx, releaseFailed)
+	if n > 0 {
+		r.log.InfoContext(ctx, "handed back rows not started that waited for another session's lock", "rows", n)
+	}
+}
+
+// releaseLocksDue reports whether rows set aside for another session's lock are to be
+// looked at again now (see retryLockedReleases).
+func (r *Relay) releaseLocksDue() bool {
+	r.unreleasedMu.Lock()
+	defer r.unreleasedMu.Unlock()
+	return r.releaseLocks.due(time.Now())
+}
+
+// releaseLockWait is how long from now until the rows set aside for another session's
+// lock are looked at again (0: none is set aside).
+func (r *Relay) releaseLockWait(now time.Time) time.Duration {
+	r.unreleasedMu.Lock()
+	defer r.unreleasedMu.Unlock()
+	return r.releaseLocks.wait(now)
 }
 
 // stopRequested reports whether Run was asked to stop: the relay claims no more rows
@@ -1641,7 +1774,8 @@ const releaseFailed = "could not release unstarted rows; trying again when the d
 
 // releaseAgain hands back the rows of rounds whose reply was lost and retries the
 // releases that failed (see release), within ctx; what fails again stays for the next
-// call.
+// call. It also hands back, when it is time to look again, the rows set aside because
+// another session kept them locked (see retryLockedReleases).
 func (r *Relay) releaseAgain(ctx context.Context) {
 	r.releasingMu.Lock()
 	defer r.releasingMu.Unlock()
@@ -1670,6 +1804,7 @@ func (r *Relay) releaseAgain(ctx context.Context) {
 		}
 	}
 	r.release(ctx, rows)
+	r.retryLockedReleases(ctx)
 }
 
 // releaseLostFailed is the warning of a hand-back of the rows of rounds whose reply was
@@ -1797,23 +1932,18 @@ const fenceWait = 5 * time.Second
 func (r *Relay) releaseLost(ctx context.Context, leases []time.Time, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var n int64
-	if r.stopRequested() {
-		// The rows are for the other relays now.
-		if err := r.pool.QueryRow(ctx, releaseLostWakeSQL, r.cfg.ID, leases, r.now()).Scan(&n, nil); err != nil {
-			return err
-		}
-	} else {
-		tag, err := r.pool.Exec(ctx, releaseLostSQL, r.cfg.ID, leases, r.now())
-		if err != nil {
-			return err
-		}
-		n = tag.RowsAffected()
+	// When the relay was asked to stop, the rows are for the other relays now, and the
+	// statement wakes them.
+	n, locked, err := r.execHandBack(ctx, releaseLostSQL, r.cfg.ID, leases, r.now(), r.stopRequested())
+	if err != nil {
+		return err
 	}
 	if n > 0 {
-		r.rescan.Store(true) // they may lie behind where claims start
 		r.log.WarnContext(ctx, "released rows claimed in a round whose reply was lost", "rows", n)
 	}
+	// Those another session keeps locked are now known one by one: handed back later, as
+	// any row set aside for a lock.
+	r.setAsideRelease(ctx, locked)
 	return nil
 }
 
@@ -2078,17 +2208,25 @@ func (r *Relay) written(outs []outcome) {
 	}
 }
 
-// unwrittenExpired returns the rows whose outcomes this relay holds unwritten and whose
-// leases expired by now, for reclaim to leave alone.
-func (r *Relay) unwrittenExpired(now time.Time) []int64 {
-	r.unwrittenMu.Lock()
-	defer r.unwrittenMu.Unlock()
+// leftAlone returns the rows of this relay for reclaim to leave alone, since their
+// attempts were not abandoned: those whose outcomes it holds unwritten and whose leases
+// expired by now, and those it never started and hands back once another session lets
+// go of its lock on them (see setAsideRelease), which would otherwise come back as
+// ambiguous attempts that never happened.
+func (r *Relay) leftAlone(now time.Time) []int64 {
 	ids := []int64{} // not nil: NULL would leave every row of this relay alone
+	r.unwrittenMu.Lock()
 	for a, lease := range r.unwritten {
 		if lease.Before(now) {
 			ids = append(ids, a.id)
 		}
 	}
+	r.unwrittenMu.Unlock()
+	r.unreleasedMu.Lock()
+	for _, row := range r.releaseLocks.outs {
+		ids = append(ids, row.id)
+	}
+	r.unreleasedMu.Unlock()
 	return ids
 }
 
@@ -2397,24 +2535,26 @@ func (o outcome) endsOrdered() bool {
 	return o.ordered && (o.status == outbox.StatusDelivered || o.status == outbox.StatusDead)
 }
 
-// lockWaits is the claim loop's outcomes set aside because their writes wait for a lock
-// another session holds (see writeAround), and when they are next looked at.
-type lockWaits struct {
-	outs    []outcome
-	tries   int       // looks since the last outcome was set aside, for the backoff
+// lockWaits is what is set aside because its write waits for a lock another session
+// holds, and when it is next looked at: the claim loop's outcomes (see writeAround), and
+// the rows claimed but not started whose hand-backs found them locked (see
+// setAsideRelease).
+type lockWaits[T any] struct {
+	outs    []T
+	tries   int       // looks since the last one was set aside, for the backoff
 	retryAt time.Time // on the monotonic clock
 }
 
-// lockRetryBase and lockRetryMax bound the backoff between two looks at whether the
-// outcomes set aside are still waiting for a lock: a look takes no lock wait, but every
-// round need not make it.
+// lockRetryBase and lockRetryMax bound the backoff between two looks at whether what is
+// set aside is still waiting for a lock: a look takes no lock wait, but every round need
+// not make it.
 const (
 	lockRetryBase = 100 * time.Millisecond
 	lockRetryMax  = 2 * time.Second
 )
 
 // add sets outs aside, to be looked at again after lockRetryBase.
-func (w *lockWaits) add(outs []outcome) {
+func (w *lockWaits[T]) add(outs []T) {
 	if len(outs) == 0 {
 		return
 	}
@@ -2423,20 +2563,31 @@ func (w *lockWaits) add(outs []outcome) {
 	w.retryAt = time.Now().Add(backoff(w.tries, lockRetryBase, lockRetryMax))
 }
 
-// wait is how long from now until the outcomes set aside are looked at again (0: none
-// is set aside), at least a millisecond.
-func (w *lockWaits) wait(now time.Time) time.Duration {
+// wait is how long from now until what is set aside is looked at again (0: nothing is
+// set aside), at least a millisecond.
+func (w *lockWaits[T]) wait(now time.Time) time.Duration {
 	if len(w.outs) == 0 {
 		return 0
 	}
 	return max(w.retryAt.Sub(now), time.Millisecond)
 }
 
+// due reports whether something is set aside and it is time to look at it again.
+func (w *lockWaits[T]) due(now time.Time) bool {
+	return len(w.outs) > 0 && !now.Before(w.retryAt)
+}
+
+// looked notes a look at what is set aside: the next comes later, with backoff.
+func (w *lockWaits[T]) looked() {
+	w.tries++
+	w.retryAt = time.Now().Add(backoff(w.tries, lockRetryBase, lockRetryMax))
+}
+
 // retryLocked returns, once it is time to look (see lockWaits), the outcomes set aside
 // whose locks were let go, to be written in the next round, and keeps the others aside
 // for another look, later.
-func (r *Relay) retryLocked(ctx context.Context, w *lockWaits) []outcome {
-	if len(w.outs) == 0 || time.Now().Before(w.retryAt) {
+func (r *Relay) retryLocked(ctx context.Context, w *lockWaits[outcome]) []outcome {
+	if !w.due(time.Now()) {
 		return nil
 	}
 	locked, err := r.lockedOutcomes(ctx, w.outs)
@@ -2451,8 +2602,7 @@ func (r *Relay) retryLocked(ctx context.Context, w *lockWaits) []outcome {
 		free = slices.DeleteFunc(slices.Clone(w.outs), func(o outcome) bool { _, ok := locked[o.id]; return ok })
 		w.outs = slices.DeleteFunc(w.outs, func(o outcome) bool { _, ok := locked[o.id]; return !ok })
 	}
-	w.tries++
-	w.retryAt = time.Now().Add(backoff(w.tries, lockRetryBase, lockRetryMax))
+	w.looked()
 	return free
 }
 

@@ -24,13 +24,15 @@ func TestFailedReleasesAreCountedAndWarnedOnce(t *testing.T) {
 
 	proxy.cut()
 	for range 3 {
-		require.False(t, r.releaseRows(t.Context(), []claimed{row}))
+		_, ok := r.releaseRows(t.Context(), []claimed{row})
+		require.False(t, ok)
 	}
 	require.Equal(t, 3.0, testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("release")), "every failure is counted")
 	require.Equal(t, 1, strings.Count(logs.String(), "could not release unstarted rows"), "one warning, not one per try:\n%s", logs)
 
 	proxy.restore()
-	require.True(t, r.releaseRows(t.Context(), []claimed{row}))
+	_, ok := r.releaseRows(t.Context(), []claimed{row})
+	require.True(t, ok)
 	require.Contains(t, logs.String(), "working again after failures")
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -55,13 +56,7 @@ func TestRowLockedByAnotherSessionHoldsUpOnlyItsOutcome(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("record")), "counted once")
 
 	require.NoError(t, locker.Rollback(t.Context()))
-	waitStatus(t, b.pool, "locked", outbox.StatusDelivered)
-	got := attemptsOf(t, b.pool, "locked")
-	require.Len(t, got, 1, "%+v", got)
-	require.Equal(t, statusDelivered, got[0].Outcome)
-	require.Equal(t, 1, b.receiver.Effects("locked"))
-	require.Equal(t, 1, strings.Count(logs.String(), "another database session holds a lock on this row"),
-		"said once, not at every look")
+	requireDeliveredOnce(t, b, "locked", logs, "another database session holds a lock on this row")
 }
 
 // The same with a lock on the next row of an ordering key: the write of the outcome of
@@ -135,6 +130,155 @@ func TestRecordLockWaitHoldsForTheBatchOnly(t *testing.T) {
 	}
 }
 
+// Another session locks a row the relay claimed but did not start, and keeps the lock:
+// here a row that waited too long for the one delivery slot, which the relay hands back.
+// The hand-back waited for the lock its ten seconds, and, failed, was tried again before
+// every round, which waited as long again each time, so that the relay claimed and wrote
+// outcomes once every ten seconds for as long as the lock was kept. Now the hand-back
+// skips the locked row and sets it aside: the relay's other rows go on, no session of
+// the relay waits for the lock, and once the lock is let go the row is handed back, its
+// unstarted attempt uncounted, and then delivered once, with no ambiguous attempt.
+func TestRowHandedBackWhileLockedHoldsUpOnlyItsHandBack(t *testing.T) {
+	t.Parallel()
+	slowHook, slow, releaseSlow := newSlowHook(t)
+	b := setup(t, receiver.Options{})
+	logs := &logBuffer{}
+	clock, cfg := b.clockedConfig(t)
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	cfg.Concurrency = 1
+	cfg.Lease = 6 * time.Second // the webhook hook's 5s limit leaves a row 500ms to start
+	r, _ := start(t, b.pool, cfg, map[string]Instance{
+		"webhook":      {Connector: b.hook},
+		"webhook:slow": {Connector: slowHook},
+	})
+	waitBehindSlowAttempt(t, b, slow, "locked")
+	in, err := outbox.Get(t.Context(), b.pool, "locked")
+	require.NoError(t, err)
+	locker := lockRow(t, b.pool, in.ID)
+	clock.Advance(time.Second) // past the row's 500ms to start: its worker hands it back
+	waitForLockWaitOf(t, b.pool, r, locker, "release")
+	releaseSlow()
+
+	requireOthersGoOn(t, b, "free")
+	require.False(t, waitsFor(t, b.pool, locker), "a session of the relay waits for the lock")
+	in, err = outbox.Get(t.Context(), b.pool, "locked")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDelivering, in.Status, "its hand-back waits for the lock")
+	require.Empty(t, attemptsOf(t, b.pool, "locked"))
+	require.Zero(t, b.receiver.Effects("locked"))
+	require.Contains(t, logs.String(), fmt.Sprintf("id=%d key=locked", in.ID), "the warning names the row")
+	require.Contains(t, logs.String(), "another database session holds a lock on a row this relay claimed but did not start")
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("release")), "counted once")
+
+	require.NoError(t, locker.Rollback(t.Context()))
+	in = requireDeliveredOnce(t, b, "locked", logs, "another database session holds a lock on a row this relay claimed")
+	require.Equal(t, 1, in.Attempts, "the attempt handed back was not counted")
+}
+
+// The rows of a round whose reply was lost are handed back by their round's lease
+// (releaseLostSQL); one of them another session keeps locked. The hand-back waited for
+// the lock, failed at its ten seconds, and handed back none of them, not even the rows
+// free. Now it hands back those free at once and sets the locked one aside; while it is
+// set aside, its lease running out makes no ambiguous attempt of it in this relay's
+// reclaim, and once the lock is let go it is handed back, never attempted.
+func TestLostRoundRowLockedByAnotherSessionIsHandedBackOnceLetGo(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	enqueue(t, b.pool, "locked", "webhook", []int{1})
+	enqueue(t, b.pool, "free", "webhook", []int{2})
+	rows := claimRows(t, r, "webhook")
+	require.Len(t, rows, 2)
+	locked := rows[slices.IndexFunc(rows, func(c claimed) bool { return c.key == "locked" })]
+	locker := lockRow(t, b.pool, locked.id)
+
+	// As roundLost notes a round whose reply was lost; releaseAgain runs before the
+	// claim loop's next round.
+	r.lost = []time.Time{locked.lease}
+	r.anyUnreleased.Store(true)
+	r.releaseAgain(t.Context())
+	require.False(t, r.anyUnreleased.Load(), "the hand-back failed")
+	for key, status := range map[string]string{"free": outbox.StatusPending, "locked": outbox.StatusDelivering} {
+		in, err := outbox.Get(t.Context(), b.pool, key)
+		require.NoError(t, err)
+		require.Equal(t, status, in.Status, key)
+	}
+
+	// The lease runs out and the lock is let go before the next look: this relay's
+	// reclaim leaves the row to the hand-back.
+	clock.Advance(r.cfg.Lease + time.Second)
+	require.NoError(t, locker.Rollback(t.Context()))
+	r.bounded(t.Context(), r.reclaim)
+	require.Empty(t, attemptsOf(t, b.pool, "locked"), "reclaimed as an attempt abandoned")
+
+	require.Eventually(t, func() bool {
+		r.releaseAgain(t.Context()) // before a round; it looks again once its backoff allows
+		in, err := outbox.Get(t.Context(), b.pool, "locked")
+		return err == nil && in.Status == outbox.StatusPending
+	}, waitTimeout, 10*time.Millisecond, "the row was never handed back")
+	in, err := outbox.Get(t.Context(), b.pool, "locked")
+	require.NoError(t, err)
+	require.Zero(t, in.Attempts, "the attempt handed back was not counted")
+	require.Empty(t, attemptsOf(t, b.pool, "locked"))
+	var ambiguous bool
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT ambiguous FROM outbox WHERE id = $1`, locked.id).Scan(&ambiguous))
+	require.False(t, ambiguous)
+	require.Zero(t, b.receiver.Effects("locked"))
+}
+
+// A relay that stops hands back the rows it claimed and will not start; one of them
+// another session keeps locked. The stopping relay sets it aside and keeps looking, as
+// it retries a release that failed, rather than leaving it to its lease (and so to a
+// reclaim that would take it for an abandoned, ambiguous attempt): once the lock is let
+// go, it is handed back, never attempted, and the relay's stop ends.
+func TestRowLockedWhileAStoppingRelayHandsItBackIsHandedBackOnceLetGo(t *testing.T) {
+	t.Parallel()
+	slowHook, slow, releaseSlow := newSlowHook(t)
+	b := setup(t, receiver.Options{})
+	cfg := b.fastConfig()
+	cfg.Concurrency = 1
+	r, err := New(b.pool, cfg, map[string]Instance{
+		"webhook":      {Connector: b.hook},
+		"webhook:slow": {Connector: slowHook},
+	})
+	require.NoError(t, err)
+	stop, stopped := runSignalled(t, r)
+	waitBehindSlowAttempt(t, b, slow, "locked")
+	in, err := outbox.Get(t.Context(), b.pool, "locked")
+	require.NoError(t, err)
+	locker := lockRow(t, b.pool, in.ID)
+
+	stop()
+	waitForLockWaitOf(t, b.pool, r, locker, "release")
+	releaseSlow() // the attempt in flight ends: only the hand-back is left
+	require.NoError(t, locker.Rollback(t.Context()))
+	stopped()
+
+	in, err = outbox.Get(t.Context(), b.pool, "locked")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusPending, in.Status)
+	require.Zero(t, in.Attempts, "the attempt handed back was not counted")
+	require.Empty(t, attemptsOf(t, b.pool, "locked"))
+	require.Zero(t, b.receiver.Effects("locked"))
+}
+
+// requireDeliveredOnce waits until key's row, whose write waited for another session's
+// lock, is delivered, and requires one attempt logged, delivered and not ambiguous, one
+// effect at the receiver, and warning said once in logs, not at every look.
+func requireDeliveredOnce(t *testing.T, b *testBundle, key string, logs *logBuffer, warning string) outbox.Intent {
+	t.Helper()
+	in := waitStatus(t, b.pool, key, outbox.StatusDelivered)
+	got := attemptsOf(t, b.pool, key)
+	require.Len(t, got, 1, "%+v", got)
+	require.Equal(t, statusDelivered, got[0].Outcome)
+	require.False(t, got[0].Ambiguous)
+	require.Equal(t, 1, b.receiver.Effects(key))
+	require.Equal(t, 1, strings.Count(logs.String(), warning), "said once, not at every look")
+	return in
+}
+
 // afterEffectGate is a webhook connector whose delivery of key, once the receiver has
 // acted on it, closes acted and waits for open.
 type afterEffectGate struct {
@@ -173,13 +317,27 @@ func lockRow(t *testing.T, pool *pgxpool.Pool, id int64) pgx.Tx {
 // holds: a session of r's waits for locker, or r has said it set the outcome aside.
 func waitForLockWait(t *testing.T, pool *pgxpool.Pool, r *Relay, locker pgx.Tx) {
 	t.Helper()
-	pid := locker.Conn().PgConn().PID()
+	waitForLockWaitOf(t, pool, r, locker, "record")
+}
+
+// waitForLockWaitOf waits until a write of r counted under op (in
+// outboxd_database_errors_total) has met the lock that locker holds: a session of r's
+// waits for locker, or r has said it set the write aside.
+func waitForLockWaitOf(t *testing.T, pool *pgxpool.Pool, r *Relay, locker pgx.Tx, op string) {
+	t.Helper()
 	require.Eventually(t, func() bool {
-		var waiting bool
-		err := pool.QueryRow(t.Context(),
-			`SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid)))`, pid).Scan(&waiting)
-		return err == nil && (waiting || testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("record")) > 0)
-	}, waitTimeout, 5*time.Millisecond, "the outcome's write never met the lock")
+		return waitsFor(t, pool, locker) || testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues(op)) > 0
+	}, waitTimeout, 5*time.Millisecond, "the %s never met the lock", op)
+}
+
+// waitsFor reports whether a session waits for a lock that locker holds.
+func waitsFor(t *testing.T, pool *pgxpool.Pool, locker pgx.Tx) bool {
+	t.Helper()
+	var waiting bool
+	err := pool.QueryRow(t.Context(),
+		`SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid)))`,
+		locker.Conn().PgConn().PID()).Scan(&waiting)
+	return err == nil && waiting
 }
 
 // requireOthersGoOn enqueues rows of its own, with keys starting with prefix, and

@@ -423,29 +423,58 @@ ORDER BY n.id
 FOR NO KEY UPDATE OF n`
 
 // releaseSQL hands back rows this relay ($1) claimed but never started, $2 with the
-// attempts $4 they were claimed for and their claims' leases $5: they return to pending
+// attempts $5 they were claimed for and their claims' leases $6: they return to pending
 // and the attempt that never began is uncounted. A row claimed again since (its lease
 // ran out, and this relay or another took it anew; or an earlier release committed
 // without its reply, and this relay took it anew for the same attempt) has another
-// lease and is left alone.
+// lease and is left alone. When $4 (the relay was asked to stop) it wakes the relays
+// still running, and it returns the rows it found locked (see handBackTail).
 const releaseSQL = `
-UPDATE outbox o
-` + releaseSet + `FROM unnest($2::bigint[], $4::int[], $5::timestamptz[]) AS r(id, attempt, lease)
-WHERE o.id = r.id AND o.attempts = r.attempt AND o.status = 'delivering' AND o.lease_owner = $1
-  AND o.lease_expires_at = r.lease`
+WITH mine AS (
+    SELECT o.id, o.idempotency_key, o.attempts, o.lease_expires_at
+    FROM outbox o
+    JOIN unnest($2::bigint[], $5::int[], $6::timestamptz[]) AS r(id, attempt, lease) ON o.id = r.id
+    WHERE o.attempts = r.attempt AND o.status = 'delivering' AND o.lease_owner = $1
+      AND o.lease_expires_at = r.lease` + handBackTail
 
-// releaseWakeSQL is releaseSQL for a relay asked to stop, which claims no more rows: the
-// rows it hands back are for the relays still running, so when it hands back any it
-// wakes them (NOTIFY, sent at commit), as an insert would. Their claims then start at
-// the head of the index, where these rows lie (they keep their next_attempt_at); an
-// idle relay would find them only at its poll interval, a busy one at its next claim
-// from the head. It returns how many it handed back (pg_notify returns void, cast to
-// text so that the column can be read; CASE calls it only when rows were handed back).
-const releaseWakeSQL = `
-WITH released AS (` + releaseSQL + `
+// handBackTail ends a hand-back (releaseSQL, releaseLostSQL) of the rows mine, this
+// relay's ($1) rows as its snapshot sees them (id, idempotency_key, attempts,
+// lease_expires_at), $3 being the relay's clock. It hands back only the rows it can lock
+// without waiting (SKIP LOCKED), checked again once locked, in case another session
+// changed them since the snapshot: a row lock another session keeps (a psql BEGIN; SELECT ... FOR
+// UPDATE left open, an application's transaction) held the hand-back up for its ten
+// seconds, and, tried again before every round, the claim loop with it, for as long as
+// the lock was kept. The lock is the one the update takes (FOR NO KEY UPDATE), so a
+// replay's FOR KEY SHARE, which would not hold the update up, is not skipped.
+//
+// It returns one row: how many rows it handed back; when $4 and it handed back any, a
+// NOTIFY to the relays (sent at commit, as an insert's: a relay asked to stop claims no
+// more rows, and they are for the relays still running, whose claims then start at the
+// head of the index, where these rows lie; pg_notify returns void, cast to text to be
+// read); and the rows it skipped, locked, as arrays of their ids, keys, attempts and
+// leases, in id order, to be handed back later (see Relay.setAsideRelease). A row
+// another session changed meanwhile (one that locked it to end it) may be among them:
+// the next try finds it no longer this relay's, and forgets it.
+const handBackTail = `
+), free AS (
+    SELECT o.id FROM outbox o JOIN mine m ON o.id = m.id
+    WHERE o.attempts = m.attempts AND o.status = 'delivering' AND o.lease_owner = $1
+      AND o.lease_expires_at = m.lease_expires_at
+    FOR NO KEY UPDATE OF o SKIP LOCKED
+), released AS (
+    UPDATE outbox o
+    ` + releaseSet + `FROM free f
+    WHERE o.id = f.id
     RETURNING 1
+), locked AS (
+    SELECT * FROM mine WHERE id NOT IN (SELECT id FROM free)
 )
-SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify('` + notifyChannel + `', '')::text END FROM released`
+SELECT (SELECT count(*) FROM released),
+       CASE WHEN $4::bool AND EXISTS (SELECT 1 FROM released) THEN pg_notify('` + notifyChannel + `', '')::text END,
+       ARRAY(SELECT id FROM locked ORDER BY id),
+       ARRAY(SELECT idempotency_key FROM locked ORDER BY id),
+       ARRAY(SELECT attempts FROM locked ORDER BY id),
+       ARRAY(SELECT lease_expires_at FROM locked ORDER BY id)`
 
 // reclaimSQL puts back rows of this relay's connectors ($4) whose lease expired (their
 // relay died or lost the database): the abandoned attempt is logged as ambiguous, and the
@@ -456,7 +485,9 @@ SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify('` + notifyChannel + `', 
 // later than its connector's maximum age ($5, seconds, in the order of $4) after its
 // first attempt, as decide rules for a retry. $1 is the relay's clock.
 // Rows $7 of this relay ($6) are left alone: their attempts ended, and this relay holds
-// their outcomes, not written yet (see Relay.noteUnwritten).
+// their outcomes, not written yet (see Relay.noteUnwritten), or they never started, and
+// this relay hands them back once another session lets go of its lock on them (see
+// Relay.setAsideRelease).
 // Only relays that have the connector decide, since only they know its policy. It
 // returns the rows it took, each with its new status (pending, held or dead: the log
 // tells them apart), for releaseNextSQL: a row of an ordering key sent to dead
@@ -522,18 +553,14 @@ const sessionSQL = `SELECT pid, backend_start FROM pg_stat_activity WHERE pid = 
 // never got (the connection broke around the commit), found by their lease's expiry,
 // which is unique to each round of a relay ($2): they return to pending as releaseSQL
 // does, since no worker ever saw them. A row whose lease has expired and was put back,
-// or claimed again since, no longer matches. $3 is the relay's clock.
+// or claimed again since, no longer matches. $3 is the relay's clock, and $4 whether to
+// wake the other relays (see handBackTail, which also returns the rows it found locked:
+// those are handed back later by releaseSQL).
 const releaseLostSQL = `
-UPDATE outbox o
-` + releaseSet + `WHERE o.status = 'delivering' AND o.lease_owner = $1 AND o.lease_expires_at = ANY($2::timestamptz[])`
-
-// releaseLostWakeSQL is releaseLostSQL for a relay asked to stop, which wakes the relays
-// still running when it hands back any row, as releaseWakeSQL does.
-const releaseLostWakeSQL = `
-WITH released AS (` + releaseLostSQL + `
-    RETURNING 1
-)
-SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify('` + notifyChannel + `', '')::text END FROM released`
+WITH mine AS (
+    SELECT id, idempotency_key, attempts, lease_expires_at
+    FROM outbox
+    WHERE status = 'delivering' AND lease_owner = $1 AND lease_expires_at = ANY($2::timestamptz[])` + handBackTail
 
 // unknownConnectorsSQL counts the rows of connectors this relay does not have ($1) that
 // wait for a relay that has them: pending ones, and delivering ones whose lease expired

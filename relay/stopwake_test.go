@@ -64,7 +64,9 @@ func TestHandBacksOfAStoppingRelayNotify(t *testing.T) {
 			rows := claimRows(t, r, "webhook")
 			require.Len(t, rows, 2)
 
-			require.True(t, r.releaseRows(t.Context(), rows[:1]))
+			n, ok := r.releaseRows(t.Context(), rows[:1])
+			require.True(t, ok)
+			require.Equal(t, int64(1), n)
 			require.True(t, notified(), "handing back a row not started wakes the other relays")
 			require.NoError(t, r.releaseLost(t.Context(), []time.Time{rows[1].lease}, waitTimeout))
 			require.True(t, notified(), "handing back the rows of a lost round wakes the other relays")
