@@ -200,7 +200,10 @@ func (r *Relay) reclaim(ctx context.Context) {
 		return // the database is still away, or a release failed again: not now
 	}
 	now := r.now()
-	var put []int64
+	var (
+		put        []int64
+		nextLocked bool // a key's next row was locked: put back without letting them go
+	)
 	statuses := map[string]int{}
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, reclaimSQL, now, r.cfg.MaxAttempts, nonNil(r.hold), nonNil(r.names), r.maxAges,
@@ -208,7 +211,7 @@ func (r *Relay) reclaim(ctx context.Context) {
 		if err != nil {
 			return err
 		}
-		put, statuses = put[:0], map[string]int{} // a retried transaction starts again
+		put, statuses, nextLocked = put[:0], map[string]int{}, false // a retried transaction starts again
 		var id int64
 		var status string
 		if _, err = pgx.ForEachRow(rows, []any{&id, &status}, func() error {
@@ -220,10 +223,27 @@ func (r *Relay) reclaim(ctx context.Context) {
 		}
 		// Rows sent to dead let their keys' next rows go: those may be parked behind
 		// them (parkInFlight), by a relay that is gone and will not write their outcome.
-		if _, err = tx.Exec(ctx, lockNextSQL, put, r.ownInstances()); err != nil {
+		// In a savepoint, waiting at most recordLockWait for a lock (lockNextSQL waits for
+		// the next rows, which parking passes and operators' decisions hold for
+		// milliseconds): a lock another session keeps on one (a psql BEGIN; SELECT ...
+		// FOR UPDATE left open) held the reclaim until maintainTimeout cut it short and
+		// rolled it back, and every pass after it, so that no expired lease was put back
+		// while it was kept. Then the rows are put back without letting the next rows go:
+		// one parked behind goes when its parking ends (parkFor), as it would have with
+		// its relay alive; the one locked is claimed by no relay until it is let go.
+		err = pgx.BeginFunc(ctx, tx, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, recordLockWaitSQL, recordLockWaitMillis); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, lockNextSQL, put, r.ownInstances()); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, releaseNextSQL, put, now)
 			return err
+		})
+		if lockTimedOut(err) {
+			nextLocked, err = true, nil
 		}
-		_, err = tx.Exec(ctx, releaseNextSQL, put, now)
 		return err
 	})
 	if err != nil {
@@ -233,6 +253,13 @@ func (r *Relay) reclaim(ctx context.Context) {
 		return
 	}
 	r.recovered(ctx, reclaimFailed)
+	if nextLocked {
+		r.metrics.dbErrors.WithLabelValues("reclaim").Inc()
+		r.log.WarnContext(ctx, "another database session keeps locked the next row of an ordering key whose row in flight "+
+			"was sent to dead when its relay's lease expired: the rows were put back, and the keys' next rows parked behind "+
+			"them go when their parking ends, within a minute; pg_stat_activity shows the session holding it (often idle in "+
+			"transaction)", "rows", len(put))
+	}
 	if n := len(put); n > 0 {
 		r.metrics.leaseExpiries.Add(float64(n))
 		if pending := statuses[statusPending]; pending > 0 {

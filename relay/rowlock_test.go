@@ -264,6 +264,51 @@ func TestRowLockedWhileAStoppingRelayHandsItBackIsHandedBackOnceLetGo(t *testing
 	require.Zero(t, b.receiver.Effects("locked"))
 }
 
+// A row in flight whose relay died goes dead by reclaim on its last attempt, which lets
+// its key's next row go (lockNextSQL); another session keeps that next row locked. The
+// reclaim waited for the lock until its time limit cut it short, was rolled back, and so
+// was every pass after it: no expired lease, of any row, was put back for as long as the
+// lock was kept, and each pass held the relay's periodic work up as long. Now the
+// reclaim waits at most recordLockWait for that lock, and then puts the rows back
+// without letting their keys' next rows go (a row parked behind goes when its parking
+// ends, as it would have with its relay alive).
+func TestNextRowLockedByAnotherSessionHoldsUpNoReclaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	logs := &logBuffer{}
+	clock, cfg := b.clockedConfig(t)
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	cfg.MaxAttempts = 1
+	r := b.newRelay(t, cfg)
+	// Cut short well before the test's own wait, so that a reclaim that waits for the
+	// lock fails the test rather than hang it.
+	r.maintainTimeout = waitTimeout / 4
+	enqueueOrdered(t, b.pool, "head", "order-7")
+	next := enqueueOrdered(t, b.pool, "next", "order-7")
+	enqueue(t, b.pool, "other", "webhook", []int{1})
+	require.Equal(t, 2, claimOnce(t, r), "the head and the other row; the next waits for the head")
+	for range 2 {
+		<-r.instances["webhook"].jobs // no worker takes them: the relay is as good as gone
+	}
+	locker := lockRow(t, b.pool, next.ID)
+
+	clock.Advance(r.cfg.Lease + time.Second) // the relay that held them is gone
+	r.bounded(t.Context(), r.reclaim)
+	for _, key := range []string{"head", "other"} {
+		in, err := outbox.Get(t.Context(), b.pool, key)
+		require.NoError(t, err)
+		require.Equal(t, outbox.StatusDead, in.Status, "%s: put back on its last attempt", key)
+		got := attemptsOf(t, b.pool, key)
+		require.Len(t, got, 1, "%s: %+v", key, got)
+		require.Equal(t, "lease_expired", got[0].Outcome, key)
+	}
+	require.Contains(t, logs.String(), "another database session keeps locked the next row of an ordering key")
+
+	require.NoError(t, locker.Rollback(t.Context()))
+	require.Equal(t, 1, claimOnce(t, r), "the next row, its head dead")
+	require.Equal(t, "next", (<-r.instances["webhook"].jobs).key)
+}
+
 // requireDeliveredOnce waits until key's row, whose write waited for another session's
 // lock, is delivered, and requires one attempt logged, delivered and not ambiguous, one
 // effect at the receiver, and warning said once in logs, not at every look.
