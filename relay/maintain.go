@@ -122,12 +122,22 @@ func (r *Relay) retain(ctx context.Context) {
 // wake the other), a release of a round whose reply was lost hands back the other's rows
 // in flight when their leases end in the same microsecond, and the attempts log cannot
 // tell them apart: each renewal that finds one reports it.
+//
+// A relay whose renewals did not run for longer than seenGoneAfter (its process paused
+// or stopped with SIGSTOP, its machine or VM suspended) finds its words gone for another
+// reason: any relay's renewal deletes words lapsed that long as a dead relay's. That
+// said "another relay uses this ID" on every resume after an hour away. Words that are
+// missing, or older than this relay's last renewal (the claim loop wrote them again, with
+// no seen_until, before this renewal ran), after such a lapse are not taken for another
+// relay; words renewed since this relay's last renewal still are, however long it was
+// away. A withdrawal by another relay with the ID while this one was away goes unsaid:
+// that relay has stopped, and one that runs on is found by its next renewal.
 func (r *Relay) seen(ctx context.Context) {
 	if r.withdrawn.Load() {
 		return // the relay is stopping (see withdraw)
 	}
-	var before, after pgtype.Timestamptz
-	err := r.pool.QueryRow(ctx, seenSQL, r.cfg.ID, nonNil(r.names), seenFor).Scan(&before, &after)
+	var before, after, now pgtype.Timestamptz
+	err := r.pool.QueryRow(ctx, seenSQL, r.cfg.ID, nonNil(r.names), seenFor, seenGoneAfter).Scan(&before, &after, &now)
 	if r.withdrawn.Load() {
 		// withdraw began while this ran, and its delete may have come first.
 		r.withdraw(ctx)
@@ -143,16 +153,33 @@ func (r *Relay) seen(ctx context.Context) {
 		return
 	}
 	r.recovered(ctx, seenFailed)
-	if r.lastSeen.Valid && !sameTime(before, r.lastSeen) {
+	// How long the last word had lapsed, by the database's clock, which is the one that
+	// wrote it and that every renewal deletes lapsed words by: the relay's own clock may
+	// have stood still while its machine slept.
+	var lapsed time.Duration
+	if r.lastSeen.Valid && now.Valid {
+		lapsed = now.Time.Sub(r.lastSeen.Time)
+	}
+	gone := lapsed > seenGoneAfter && (!before.Valid || before.InfinityModifier == pgtype.NegativeInfinity ||
+		(before.InfinityModifier == pgtype.Finite && before.Time.Before(r.lastSeen.Time)))
+	if r.lastSeen.Valid && !sameTime(before, r.lastSeen) && !gone {
 		r.log.ErrorContext(ctx, "ANOTHER RELAY USES THIS RELAY'S ID: its word in outbox_wake_connectors was renewed or withdrawn "+
 			"by another relay since this one last renewed it; relays sharing one ID withdraw each other's words when one stops, "+
 			"may hand back each other's rows in flight, and cannot be told apart in the attempts log: give each relay its own "+
 			"OUTBOX_RELAY_ID, or leave it unset for a generated one")
 	}
-	if !r.lastSeen.Valid {
-		// The first word since the relay started, or since a renewal failed (the word may
-		// have lapsed): rows inserted before it committed may have sent no NOTIFY, while
-		// another relay polled fast for its own instances. Look for them from the head.
+	if lapsed > 0 {
+		r.log.WarnContext(ctx, "this relay's periodic work did not run for longer than its word in outbox_wake_connectors "+
+			"lasts (the process was paused or stopped, its machine suspended, or the work held up by a slow database): "+
+			"inserts meanwhile may not have woken it, and other relays may have put back, as ambiguous attempts, rows it "+
+			"held whose leases expired; it now looks for due rows from the head of the index",
+			"unrenewed_for", (lapsed + seenFor).Round(time.Second))
+	}
+	if !r.lastSeen.Valid || lapsed > 0 {
+		// The first word since the relay started, since a renewal failed (the word may
+		// have lapsed), or since one that lapsed: rows inserted before it committed may
+		// have sent no NOTIFY, while another relay polled fast for its own instances.
+		// Look for them from the head.
 		r.rescan.Store(true)
 		notify(r.wake)
 	}
@@ -167,6 +194,11 @@ func sameTime(a, b pgtype.Timestamptz) bool {
 // seenFor is how long the word seen renews lasts: several renewals, so that one that
 // fails now and then does not let it lapse.
 const seenFor = 6 * statsInterval
+
+// seenGoneAfter is how long words in outbox_wake_connectors (of both kinds: seen and
+// polling fast) must have lapsed for a renewal to delete them as a dead relay's (see
+// seenSQL).
+const seenGoneAfter = time.Hour
 
 // reclaim puts back rows whose lease expired, by the database's clock as just read, and
 // wakes the claim loop when it did, with its next claims starting at the head of the

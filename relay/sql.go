@@ -627,16 +627,18 @@ ON CONFLICT (connector, relay_id) DO UPDATE SET polling_until = excluded.polling
 // seenSQL tells the insert trigger that relay $1 runs with connector instances $2 for the
 // next $3: while one of them has no relay polling fast for it, inserts NOTIFY (see
 // schema.sql, outbox_wake_connectors). It also deletes the rows of relays that died
-// (neither word renewed for an hour), skipping any another relay is deleting. It returns
-// the latest seen_until of relay $1 before this renewal and after it: only this relay
-// writes the word of relay $1, so one before that is not the after of its own last
-// renewal was written (or withdrawn) by another relay with the same id (see seen).
+// (neither word renewed for $4), skipping any another relay is deleting. It returns
+// the latest seen_until of relay $1 before this renewal and after it, and the database's
+// clock: only this relay writes the word of relay $1, so one before that is not the
+// after of its own last renewal was written (or withdrawn) by another relay with the
+// same id, unless this relay's word had lapsed for so long that a renewal deleted it as
+// a dead relay's (see seen).
 const seenSQL = `
 WITH gone AS (
     DELETE FROM outbox_wake_connectors
     WHERE (connector, relay_id) IN (
         SELECT connector, relay_id FROM outbox_wake_connectors
-        WHERE greatest(seen_until, polling_until) < clock_timestamp() - interval '1 hour'
+        WHERE greatest(seen_until, polling_until) < clock_timestamp() - $4::interval
         FOR UPDATE SKIP LOCKED)
 ), renewed AS (
     INSERT INTO outbox_wake_connectors AS w (connector, relay_id, seen_until)
@@ -645,7 +647,8 @@ WITH gone AS (
     RETURNING seen_until
 )
 SELECT (SELECT max(seen_until) FROM outbox_wake_connectors WHERE relay_id = $1),
-       (SELECT max(seen_until) FROM renewed)`
+       (SELECT max(seen_until) FROM renewed),
+       clock_timestamp()`
 
 // withdrawSQL deletes, for relay $1 that stops, its words in outbox_wake_connectors (see
 // Relay.withdraw): that it has its instances and polls fast for them. Other relays' words

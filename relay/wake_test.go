@@ -179,7 +179,7 @@ func TestRelaysSharingInstancesDoNotWaitForEachOther(t *testing.T) {
 	holder, err := b.pool.Begin(t.Context())
 	require.NoError(t, err)
 	defer func() { _ = holder.Rollback(context.WithoutCancel(t.Context())) }()
-	_, err = holder.Exec(t.Context(), seenSQL, "relay-b", names, time.Minute)
+	_, err = holder.Exec(t.Context(), seenSQL, "relay-b", names, time.Minute, seenGoneAfter)
 	require.NoError(t, err)
 	_, err = holder.Exec(t.Context(), pollFastSQL, "relay-b", names, time.Minute)
 	require.NoError(t, err)
@@ -189,7 +189,7 @@ func TestRelaysSharingInstancesDoNotWaitForEachOther(t *testing.T) {
 		sql  string
 		args []any
 	}{
-		{seenSQL, []any{"relay-a", names, time.Minute}},
+		{seenSQL, []any{"relay-a", names, time.Minute, seenGoneAfter}},
 		{pollFastSQL, []any{"relay-a", names, time.Minute}},
 		{withdrawSQL, []any{"relay-a"}},
 	} {
