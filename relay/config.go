@@ -58,7 +58,9 @@ type Config struct {
 	BackoffBase time.Duration
 	// BackoffMax caps the retry delay. Defaults to 1h.
 	BackoffMax time.Duration
-	// Retention is how long delivered and canceled rows are kept. Defaults to 168h.
+	// Retention is how long delivered and canceled rows are kept: Run deletes those of
+	// its connector instances past it soon after it starts, and then every minute.
+	// Defaults to 168h.
 	Retention time.Duration
 	// ShutdownTimeout is how long in-flight deliveries may finish once Run's context is
 	// done, before they are cancelled; their outcomes then get as long again, and at

@@ -44,7 +44,8 @@ func (r *Relay) maintain(ctx context.Context) {
 	// or shortened on a large table) takes many batches, and reclaiming expired leases
 	// must not wait for them.
 	var retention sync.WaitGroup
-	retention.Go(func() { r.retain(ctx) })
+	started := make(chan struct{})
+	retention.Go(func() { r.retain(ctx, started) })
 	defer retention.Wait()
 	reclaim := time.NewTicker(r.cfg.PollInterval)
 	defer reclaim.Stop()
@@ -55,6 +56,7 @@ func (r *Relay) maintain(ctx context.Context) {
 	r.bounded(ctx, r.reclaim)
 	r.bounded(ctx, r.refreshStats)
 	r.bounded(ctx, r.parkWaiting)
+	close(started)
 	for {
 		select {
 		case <-ctx.Done():
@@ -96,9 +98,21 @@ func stopping(ctx context.Context) bool {
 	return ctx.Err() != nil && !errors.Is(context.Cause(ctx), errMaintainTimeout)
 }
 
-// retain deletes rows past retention every retentionInterval until ctx ends.
-func (r *Relay) retain(ctx context.Context) {
-	tick := time.NewTicker(retentionInterval)
+// retain deletes rows past retention once the relay's first periodic work is done
+// (started is closed), and then every retentionInterval until ctx ends. The first pass
+// came only a retentionInterval after start, and a relay restarted more often than that
+// (a crash loop, a short-lived job that embeds it) never deleted a row. It waits for the
+// first reclaim and refresh, which put back the rows of relays that died and say what
+// waits, and runs beside the claim loop, on a connection of its own, in batches of
+// retentionBatch: readiness and the first claims wait for none of it.
+func (r *Relay) retain(ctx context.Context, started <-chan struct{}) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-started:
+	}
+	r.deleteExpired(ctx)
+	tick := time.NewTicker(r.retentionEvery)
 	defer tick.Stop()
 	for {
 		select {

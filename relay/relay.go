@@ -94,6 +94,9 @@ type Relay struct {
 	// maintainTimeout bounds each piece of the periodic work (see maintainTimeout);
 	// tests shorten it.
 	maintainTimeout time.Duration
+	// retentionEvery is how often retention runs after its first pass
+	// (retentionInterval); tests lengthen it.
+	retentionEvery time.Duration
 	// salvageTimeout bounds each write of salvage, roundTimeout when zero (New leaves
 	// it so); tests shorten it.
 	salvageTimeout time.Duration
@@ -345,6 +348,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		parkBehindMin:   parkBehindMin,
 		fastGrace:       fastPollGrace,
 		maintainTimeout: maintainTimeout,
+		retentionEvery:  retentionInterval,
 		unwritten:       map[rowAttempt]time.Time{},
 	}
 	for i := range r.ownSlots {
