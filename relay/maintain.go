@@ -249,20 +249,26 @@ func (r *Relay) reclaim(ctx context.Context) {
 	var (
 		put        []int64
 		nextLocked bool // a key's next row was locked: put back without letting them go
+		// The rows of each status, the first reclaimNamed of them by id with their keys.
+		statuses map[string]*reclaimedRows
 	)
-	statuses := map[string]int{}
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, reclaimSQL, now, r.cfg.MaxAttempts, nonNil(r.hold), nonNil(r.names), r.maxAges,
 			r.cfg.ID, r.leftAlone(now))
 		if err != nil {
 			return err
 		}
-		put, statuses, nextLocked = put[:0], map[string]int{}, false // a retried transaction starts again
-		var id int64
-		var status string
-		if _, err = pgx.ForEachRow(rows, []any{&id, &status}, func() error {
+		put, statuses, nextLocked = put[:0], map[string]*reclaimedRows{}, false // a retried transaction starts again
+		var (
+			id          int64
+			key, status string
+		)
+		if _, err = pgx.ForEachRow(rows, []any{&id, &key, &status}, func() error {
 			put = append(put, id)
-			statuses[status]++
+			if statuses[status] == nil {
+				statuses[status] = &reclaimedRows{}
+			}
+			statuses[status].add(id, key, status)
 			return nil
 		}); err != nil || len(put) == 0 {
 			return err
@@ -308,20 +314,62 @@ func (r *Relay) reclaim(ctx context.Context) {
 	}
 	if n := len(put); n > 0 {
 		r.metrics.leaseExpiries.Add(float64(n))
-		if pending := statuses[statusPending]; pending > 0 {
-			r.log.WarnContext(ctx, "rows put back after their relay's lease expired; their last attempt is recorded as ambiguous", "rows", pending)
+		// Each warning names the first of its rows, by id and key, so that an operator
+		// can look them up with the receiver; counts alone left no way to find them.
+		if pending := statuses[statusPending]; pending != nil {
+			r.log.WarnContext(ctx, "rows put back after their relay's lease expired; their last attempt is recorded as ambiguous "+
+				"(the receiver may or may not have acted, outboxd inspect shows the attempts)",
+				"rows", pending.count, "first_rows", pending.named, "more_rows", pending.count-len(pending.named))
 		}
 		// Not retried: these wait for a person, who must know the receiver may have
 		// acted. Said of them as "put back", they were taken for rows to be retried.
-		if held, dead := statuses[statusHeld], statuses[statusDead]; held+dead > 0 {
+		held, dead := cmp.Or(statuses[statusHeld], &reclaimedRows{}), cmp.Or(statuses[statusDead], &reclaimedRows{})
+		if held.count+dead.count > 0 {
+			named := slices.Concat(held.named, dead.named)
+			slices.SortFunc(named, func(a, b reclaimedRow) int { return cmp.Compare(a.ID, b.ID) })
+			named = named[:min(len(named), reclaimNamed)]
 			r.log.WarnContext(ctx, "rows whose relay's lease expired mid-attempt were held (the hold policy) or sent to dead "+
 				"(their last allowed attempt, or past their maximum age); the receiver may or may not have acted: "+
-				"check it (outboxd inspect shows the attempts), then replay or cancel them", "held", held, "dead", dead)
+				"check it (outboxd inspect shows the attempts), then replay or cancel them", "held", held.count, "dead", dead.count,
+				"first_rows", named, "more_rows", held.count+dead.count-len(named))
 		}
 		// A row sent to dead lets the next row of its ordering key go, which may lie
 		// behind where claims start.
 		r.rescan.Store(true)
 		notify(r.wake)
+	}
+}
+
+// reclaimNamed is the most rows a warning of reclaim names, the first by id: enough to
+// start looking with the receiver, while a reclaim of a thousand rows (a relay that died
+// with a full batch in flight) stays one line of reasonable length.
+const reclaimNamed = 10
+
+// reclaimedRows are the rows reclaim took with one new status: how many, and the first
+// reclaimNamed of them by id (reclaimSQL returns them in id order).
+type reclaimedRows struct {
+	count int
+	named []reclaimedRow
+}
+
+// reclaimedRow is a row reclaim took, as its warnings name it.
+type reclaimedRow struct {
+	ID     int64  `json:"id"`
+	Key    string `json:"key"`
+	Status string `json:"status"`
+}
+
+// String is the row as a text log shows it, its key quoted: a key may hold spaces, and
+// unquoted it could not be told from the fields around it.
+func (row reclaimedRow) String() string {
+	return fmt.Sprintf("{id=%d key=%q status=%s}", row.ID, row.Key, row.Status)
+}
+
+// add counts a row, and names it while fewer than reclaimNamed are.
+func (rs *reclaimedRows) add(id int64, key, status string) {
+	rs.count++
+	if len(rs.named) < reclaimNamed {
+		rs.named = append(rs.named, reclaimedRow{ID: id, Key: key, Status: status})
 	}
 }
 

@@ -489,10 +489,10 @@ SELECT (SELECT count(*) FROM released),
 // this relay hands them back once another session lets go of its lock on them (see
 // Relay.setAsideRelease).
 // Only relays that have the connector decide, since only they know its policy. It
-// returns the rows it took, each with its new status (pending, held or dead: the log
-// tells them apart), for releaseNextSQL: a row of an ordering key sent to dead
-// lets its key's next row go, which a relay may have parked behind it while it was in
-// flight.
+// returns the rows it took, in id order, each with its key and its new status (pending,
+// held or dead: the log tells them apart and names some of them), for releaseNextSQL: a
+// row of an ordering key sent to dead lets its key's next row go, which a relay may have
+// parked behind it while it was in flight.
 const reclaimSQL = `
 WITH expired AS (
     SELECT id, lease_owner, updated_at AS started_at, attempts,
@@ -518,14 +518,14 @@ WITH expired AS (
         lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = $1, updated_at = $1
     FROM expired e
     WHERE o.id = e.id
-    RETURNING o.id, o.status::text
+    RETURNING o.id, o.idempotency_key, o.status::text
 ), logged AS (
     INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
     SELECT e.id, e.attempts, e.lease_owner, e.started_at, $1, 'lease_expired', true,
            'lease expired before the outcome was recorded'
     FROM expired e
 )
-SELECT id, status FROM upd`
+SELECT id, idempotency_key, status FROM upd ORDER BY id`
 
 // releaseSet is how a release puts a row back: pending, unleased, and the attempt it was
 // claimed for uncounted ($3 is the relay's clock).
