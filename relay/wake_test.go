@@ -83,7 +83,7 @@ func TestListenReconnectWaitStartsAgainAfterAGoodConnection(t *testing.T) {
 	t.Parallel()
 	b := setup(t, receiver.Options{})
 	var logs logBuffer
-	cfg := b.fastConfig()
+	clock, cfg := b.clockedConfig(t)
 	cfg.PollInterval = time.Hour
 	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
 	r := b.newRelay(t, cfg)
@@ -101,6 +101,9 @@ func TestListenReconnectWaitStartsAgainAfterAGoodConnection(t *testing.T) {
 	}
 	const drops = 4
 	for i := range drops {
+		// A minute apart on the relay's clock: drops within a minute of the last warning
+		// are counted in the next one rather than warned about each (see Relay.failed).
+		clock.Advance(troubleWarnEvery)
 		killListen(t, b.pool)
 		require.Eventually(t, func() bool { return lost() >= i+1 }, waitTimeout, 10*time.Millisecond, "drop %d noticed", i+1)
 		up() // listening is cleared before the record is logged: ready again means reconnected
