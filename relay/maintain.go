@@ -651,6 +651,14 @@ func mostRows(counts map[string]int64) []string {
 func (r *Relay) deleteExpired(ctx context.Context) {
 	cutoff := r.now().Add(-r.cfg.Retention)
 	var total int64
+	// Said however the pass ends: one that failed or was stopped after many batches
+	// (a backlog after retention was shortened) said only that it failed, as though it
+	// had deleted nothing.
+	defer func() {
+		if total > 0 {
+			r.log.InfoContext(ctx, "deleted finished rows past retention", "rows", total, "retention", r.cfg.Retention)
+		}
+	}()
 	// Where the next batch starts: after the last row of the previous one.
 	after := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	afterID := int64(math.MinInt64) // plain SQL may write any id
@@ -678,9 +686,6 @@ func (r *Relay) deleteExpired(ctx context.Context) {
 			break
 		}
 		afterID = *lastID
-	}
-	if total > 0 {
-		r.log.InfoContext(ctx, "deleted finished rows past retention", "rows", total, "retention", r.cfg.Retention)
 	}
 }
 

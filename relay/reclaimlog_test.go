@@ -64,13 +64,23 @@ func TestReclaimWarningSaysWhichRowsWereNotPutBack(t *testing.T) {
 	require.Equal(t, []string{"held", "dead"}, named, "both, in id order: %s", logs.String())
 }
 
+// logRecords returns the records logged as JSON to logs.
+func logRecords(t *testing.T, logs *bytes.Buffer) []map[string]any {
+	t.Helper()
+	var recs []map[string]any
+	for line := range bytes.Lines(logs.Bytes()) {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal(line, &rec), "%s", line)
+		recs = append(recs, rec)
+	}
+	return recs
+}
+
 // warnings returns the warnings logged as JSON to logs.
 func warnings(t *testing.T, logs *bytes.Buffer) []map[string]any {
 	t.Helper()
 	var warned []map[string]any
-	for line := range bytes.Lines(logs.Bytes()) {
-		var rec map[string]any
-		require.NoError(t, json.Unmarshal(line, &rec), "%s", line)
+	for _, rec := range logRecords(t, logs) {
 		if rec["level"] == "WARN" {
 			warned = append(warned, rec)
 		}

@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"bytes"
+	"log/slog"
 	"math"
 	"testing"
 	"time"
@@ -101,4 +103,38 @@ func TestRetentionFailureIsReported(t *testing.T) {
 	r.deleteExpired(t.Context())
 	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("retention")),
 		"the refused batch is counted, and warned about")
+}
+
+// A pass that fails after some batches (here its second: a row the database refuses to
+// delete) says how many rows it deleted before the failure: it said only that it
+// failed, and an operator watching a backlog go took it for one that deleted nothing.
+func TestRetentionSaysWhatItDeletedBeforeAFailure(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	_, err := pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, status, attempts, updated_at)
+		SELECT 'k' || g, 'webhook', '{}', 'delivered', 1, now() - interval '30 days'
+		FROM generate_series(1, $1::int) g`, retentionBatch)
+	require.NoError(t, err)
+	_, err = pool.Exec(t.Context(), `
+INSERT INTO outbox (idempotency_key, connector, payload, status, attempts, updated_at)
+VALUES ('kept', 'webhook', '{}', 'delivered', 1, now() - interval '29 days');
+CREATE FUNCTION test_keep() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'this row is kept';
+END $$;
+CREATE TRIGGER test_keep BEFORE DELETE ON outbox FOR EACH ROW WHEN (OLD.idempotency_key = 'kept') EXECUTE FUNCTION test_keep();`)
+	require.NoError(t, err)
+	var logs bytes.Buffer
+	r, err := New(pool, &Config{Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewJSONHandler(&logs, nil))},
+		map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	r.deleteExpired(t.Context())
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("retention")), "the second batch failed")
+	var deleted []any
+	for _, rec := range logRecords(t, &logs) {
+		if rec["msg"] == "deleted finished rows past retention" {
+			deleted = append(deleted, rec["rows"])
+		}
+	}
+	require.Equal(t, []any{float64(retentionBatch)}, deleted, "the first batch's rows are said: %s", logs.String())
 }
