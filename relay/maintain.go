@@ -512,12 +512,14 @@ var knownStatuses = []string{"pending", "held", "dead", "awaiting_approval"}
 // from Query, and a refresh that reset the gauges first would then report no rows
 // waiting at all. A failed refresh keeps the last values.
 func (r *Relay) refreshStats(ctx context.Context) {
+	local := r.cfg.NowFunc()
 	fail := func(err error) {
+		r.ageOldestPending(local)
 		if !stopping(ctx) {
 			r.failed(ctx, "stats", statsFailed, err)
 		}
 	}
-	rows, err := r.pool.Query(ctx, statsSQL, r.now())
+	rows, err := r.pool.Query(ctx, statsSQL, r.corrected(local))
 	if err != nil {
 		fail(err)
 		return
@@ -535,7 +537,7 @@ func (r *Relay) refreshStats(ctx context.Context) {
 		connector string
 		count     int64
 	}
-	rows, err = r.pool.Query(ctx, unknownConnectorsSQL, nonNil(r.names), r.now())
+	rows, err = r.pool.Query(ctx, unknownConnectorsSQL, nonNil(r.names), r.corrected(local))
 	if err != nil {
 		fail(err)
 		return
@@ -579,6 +581,7 @@ func (r *Relay) refreshStats(ctx context.Context) {
 	for name, age := range oldest {
 		r.metrics.oldestPending.WithLabelValues(name).Set(age)
 	}
+	r.oldestPending, r.oldestPendingAt = oldest, local
 	// One series and one warning for all of them: the connectors with most rows by
 	// name, the rest together, so that rows for many names (webhook:<customer>, from an
 	// application or a token allowed every connector) neither flood the log every
@@ -606,6 +609,26 @@ func (r *Relay) refreshStats(ctx context.Context) {
 	}
 	r.log.WarnContext(ctx, "rows waiting for connectors this relay does not have, nor any other running relay (pending, or left delivering by a relay that stopped); they wait (never dead, never lost) until a relay with them runs",
 		"connectors", len(unknowns), "rows", total, "most_rows", named, "configured", r.names)
+}
+
+// ageOldestPending moves outboxd_oldest_pending_age_seconds on by the time since the last
+// refresh that worked, to local (NowFunc's reading), for a refresh that failed. Kept at
+// its last value, it stood still for as long as the refreshes failed: while the database
+// was away, or the refresh timed out on a backlog grown large, the very times rows wait
+// longest, an alert on it never fired. The oldest row then seen is taken to wait still:
+// it cannot have been delivered while the database was away, and it may have been, when
+// only the refresh fails, which outboxd_database_errors_total{operation="stats"} and the
+// warning tell.
+func (r *Relay) ageOldestPending(local time.Time) {
+	if r.oldestPendingAt.IsZero() {
+		return // no refresh has worked yet
+	}
+	waited := local.Sub(r.oldestPendingAt).Seconds()
+	for name, age := range r.oldestPending {
+		if age > 0 {
+			r.metrics.oldestPending.WithLabelValues(name).Set(age + waited)
+		}
+	}
 }
 
 // rowStat is one row of statsSQL.

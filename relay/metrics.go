@@ -80,7 +80,7 @@ func newMetrics(reg prometheus.Registerer, h holdings, stopped *atomic.Bool) (*m
 			Name: "outboxd_rows", Help: "Rows waiting by connector and status: pending, held, awaiting_approval and dead (rows being delivered: outboxd_claimed_rows of each relay). Of the connectors this relay does not have, the 20 with most rows have series of their own, the others' rows are counted together as connector=\"(others)\".",
 		}, []string{"connector", "status"}),
 		oldestPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "outboxd_oldest_pending_age_seconds", Help: "Age of the oldest pending row by connector, 0 for an instance of this relay's with none (those this relay does not have as in outboxd_rows).",
+			Name: "outboxd_oldest_pending_age_seconds", Help: "Age of the oldest pending row by connector, 0 for an instance of this relay's with none (those this relay does not have as in outboxd_rows). While the refresh fails, it goes on growing from the last refresh that worked.",
 		}, []string{"connector"}),
 		unknownConnector: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "outboxd_unknown_connector_rows", Help: "Rows for connectors neither this relay nor another running relay has, pending or left delivering by a relay that stopped (lease expired); they wait for a relay with the connector, never lost. The 20 connectors with most rows have a series each, the others' rows are counted together as connector=\"(others)\".",

@@ -137,6 +137,11 @@ type Relay struct {
 	// later than the one before, so that the rows of a round whose reply was lost can be
 	// found and handed back (see releaseLost). Only the claim loop uses them.
 	lastLease, roundLease time.Time
+	// oldestPending is the age of the oldest pending row by connector label that the last
+	// refresh of the row gauges that worked found, as NowFunc read oldestPendingAt (zero
+	// before the first); only maintain uses them (see ageOldestPending).
+	oldestPending   map[string]float64
+	oldestPendingAt time.Time
 	// lastSeen is the seen_until this relay's last renewal of its words in
 	// outbox_wake_connectors wrote (invalid before the first, or after one that failed);
 	// only maintain uses it (see seen).
