@@ -588,6 +588,7 @@ func (r *Relay) refreshStats(ctx context.Context) {
 	// refresh nor grow a series per name.
 	r.metrics.unknownConnector.Reset()
 	if len(unknowns) == 0 {
+		r.unknownWarned, r.unknownWarnedAt = nil, time.Time{} // rows that come later are warned about at once
 		return
 	}
 	waiting := make(map[string]int64, len(unknowns))
@@ -606,6 +607,23 @@ func (r *Relay) refreshStats(ctx context.Context) {
 	}
 	if others > 0 {
 		r.metrics.unknownConnector.WithLabelValues(otherConnectors).Set(float64(others))
+	}
+	// At every refresh (every statsInterval, on every relay) for as long as the rows
+	// waited, which may be days (an instance removed from the configuration with rows
+	// left), the warning filled the log, saying nothing new: it comes when a connector
+	// appears that the last one did not name, and otherwise once every troubleWarnEvery,
+	// as the warnings of work that keeps failing do (see failed). The gauge follows every
+	// refresh.
+	fresh := false
+	for name := range waiting {
+		fresh = fresh || !r.unknownWarned[name]
+	}
+	if !fresh && local.Sub(r.unknownWarnedAt) < troubleWarnEvery {
+		return
+	}
+	r.unknownWarned, r.unknownWarnedAt = map[string]bool{}, local
+	for name := range waiting {
+		r.unknownWarned[name] = true
 	}
 	r.log.WarnContext(ctx, "rows waiting for connectors this relay does not have, nor any other running relay (pending, or left delivering by a relay that stopped); they wait (never dead, never lost) until a relay with them runs",
 		"connectors", len(unknowns), "rows", total, "most_rows", named, "configured", r.names)

@@ -126,3 +126,51 @@ func TestRowsHandedBackBehindASlowSlotDoNotFloodTheLog(t *testing.T) {
 	require.Zero(t, released.Load(), "no info line per row handed back")
 	release()
 }
+
+// Rows for a connector no running relay has may wait for days (an instance removed from
+// the configuration with rows left): the warning about them came at every refresh of
+// the gauges, every ten seconds on every relay, saying nothing new. It comes at once for
+// a connector the last one did not name, and otherwise once a minute; the gauge follows
+// every refresh.
+func TestUnknownConnectorWarningIsNotRepeatedAtEveryRefresh(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	enqueue(t, pool, "crm-1", "webhook:crm", []int{1})
+	clock := &testClock{now: dbNow(t, pool)}
+	var logs logBuffer
+	r, err := New(pool, &Config{Registerer: prometheus.NewRegistry(), NowFunc: clock.Now, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	warned := func() int {
+		return strings.Count(logs.String(), "rows waiting for connectors this relay does not have")
+	}
+	refresh := func() {
+		t.Helper()
+		r.refreshStats(t.Context())
+		clock.Advance(statsInterval)
+	}
+
+	refresh()
+	refresh()
+	refresh()
+	require.Equal(t, 1, warned(), "once for three refreshes: %s", logs.String())
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.unknownConnector.WithLabelValues("webhook:crm")))
+
+	enqueue(t, pool, "billing-1", "webhook:billing", []int{1})
+	refresh()
+	require.Equal(t, 2, warned(), "a connector the last warning did not name is warned about at once")
+	refresh()
+	require.Equal(t, 2, warned())
+
+	clock.Advance(troubleWarnEvery)
+	refresh()
+	require.Equal(t, 3, warned(), "a minute on, they are still waiting")
+
+	_, err = pool.Exec(t.Context(), `DELETE FROM outbox`)
+	require.NoError(t, err)
+	refresh()
+	require.Zero(t, testutil.CollectAndCount(r.metrics.unknownConnector))
+	enqueue(t, pool, "crm-2", "webhook:crm", []int{2})
+	refresh()
+	require.Equal(t, 4, warned(), "rows that come again are warned about at once")
+}

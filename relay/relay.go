@@ -142,6 +142,11 @@ type Relay struct {
 	// before the first); only maintain uses them (see ageOldestPending).
 	oldestPending   map[string]float64
 	oldestPendingAt time.Time
+	// unknownWarned holds the connectors the last warning about rows for connectors no
+	// running relay has named, as NowFunc read unknownWarnedAt; only maintain uses them
+	// (see refreshStats).
+	unknownWarned   map[string]bool
+	unknownWarnedAt time.Time
 	// lastSeen is the seen_until this relay's last renewal of its words in
 	// outbox_wake_connectors wrote (invalid before the first, or after one that failed);
 	// only maintain uses it (see seen).
