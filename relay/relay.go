@@ -725,10 +725,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	// From now on the recorder writes the outcomes: those the loop left, and those of
 	// the deliveries still in flight.
 	var recorder sync.WaitGroup
-	recorder.Go(func() {
-		r.writeOutcomes(recordCtx, left)
-		r.record(recordCtx)
-	})
+	recorder.Go(func() { r.record(recordCtx, left, r.results) })
 	// Stopping: let in-flight deliveries finish within the shutdown timeout.
 	done := make(chan struct{})
 	go func() { workers.Wait(); close(done) }()
@@ -2760,19 +2757,63 @@ const (
 	recordWithClaim = 100
 )
 
-// record writes the outcomes of a stopping relay in batches until r.results is closed
-// and drained.
-func (r *Relay) record(ctx context.Context) {
+// record writes the outcomes of a stopping relay: left, those the claim loop did not
+// write, and then those in results (r.results; nil: none), in batches, until it is
+// closed and drained. An
+// outcome whose row (or its ordering key's next row) another session keeps locked is
+// set aside, as the claim loop sets it aside (see writeAround), and looked at again with
+// backoff until it is written or ctx ends: retried in line, it held up every outcome
+// after it, those of the deliveries that ended during the stop, until the drain time ran
+// out, and then they were not written at all, though nothing held them up.
+func (r *Relay) record(ctx context.Context, left []outcome, results <-chan outcome) {
+	var locked lockWaits[outcome]
+	r.writeBatch(ctx, left, &locked)
 	batch := make([]outcome, 0, recordBatch)
-	for o := range r.results {
-		batch, _ = r.gather(append(batch[:0], o), false)
-		r.writeOutcomes(ctx, batch)
+	for results != nil || len(locked.outs) > 0 {
+		var (
+			timer   *time.Timer
+			timerCh <-chan time.Time
+		)
+		if wait := locked.wait(time.Now()); wait > 0 {
+			timer = time.NewTimer(wait)
+			timerCh = timer.C
+		}
+		select {
+		case o, ok := <-results:
+			if !ok {
+				results = nil // closed: every outcome is in
+				break
+			}
+			batch, _ = r.gather(append(batch[:0], o), false)
+			r.writeBatch(ctx, batch, &locked)
+		case <-timerCh:
+			r.writeBatch(ctx, r.retryLocked(ctx, &locked), &locked)
+		case <-ctx.Done():
+			n := len(locked.outs)
+			if results != nil {
+				for range results { // closed by now: Run closes it before it gives up on the recorder
+					n++
+				}
+			}
+			r.log.ErrorContext(ctx, "outcomes not recorded; the rows are retried when their lease expires", "err", ctx.Err(), "rows", n)
+			return
+		}
+		if timer != nil {
+			timer.Stop()
+		}
 	}
 }
 
-// writeOutcomes writes batch, retrying with backoff until ctx is done, so an outcome is
-// never dropped while there is time.
+// writeOutcomes writes batch as a stopping relay does (see record), and returns once it
+// is written or ctx is done.
 func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
+	r.record(ctx, batch, nil)
+}
+
+// writeBatch writes batch, retrying with backoff until ctx is done, so an outcome is
+// never dropped while there is time. Outcomes whose writes wait for a lock another
+// session keeps are set aside in locked instead (see writeAround).
+func (r *Relay) writeBatch(ctx context.Context, batch []outcome, locked *lockWaits[outcome]) {
 	if len(batch) == 0 {
 		return
 	}
@@ -2800,9 +2841,11 @@ func (r *Relay) writeOutcomes(ctx context.Context, batch []outcome) {
 			}
 			if lockTimedOut(err) {
 				// As the claim loop does (see writeAround): the outcomes whose rows are free
-				// are written now, and the next tries are of those that wait.
+				// are written now, those that wait are set aside, and the next tries are of
+				// those left for another reason.
 				left, blocked, aroundErr := r.writeAround(ctx, batch)
-				if batch = slices.Concat(left, blocked); len(batch) == 0 {
+				locked.add(blocked)
+				if batch = left; len(batch) == 0 {
 					return nil
 				}
 				args, err = r.recordArgs(batch), cmp.Or(aroundErr, err)
