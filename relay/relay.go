@@ -2622,52 +2622,47 @@ func (r *Relay) retryLocked(ctx context.Context, w *lockWaits[outcome]) []outcom
 const lockLookFailed = "could not look whether outcomes waiting for another session's lock can be written; trying again"
 
 // writeAround writes outs, a batch whose write waited longer than recordLockWait for a
-// lock another session holds, apart from any claims: it looks which of them wait for a
-// lock (lockedOutcomes), writes the others, and returns those that wait as blocked, to be
-// tried again later. A part whose write still waits (a lock taken or let go meanwhile, or
-// one the look does not see) is split further, in halves as salvage splits, down to the
-// outcome that waits alone. It returns the outcomes it could not write for another
-// reason as left, with the error.
+// lock, apart from any claims: it looks which of them wait for a lock another session
+// holds on a row (lockedOutcomes), writes the others, and returns those that wait as
+// blocked, to be tried again later. When the others' write still waits for a lock, it
+// looks again among them, as long as each look finds another row locked (a lock taken
+// meanwhile). A lock no look finds is not a row's: a lock on the table (a migration's
+// CREATE INDEX, LOCK TABLE), or one let go meanwhile. Split in halves down to single
+// outcomes, as salvage splits, each write waited for it again, 2n-1 waits for n
+// outcomes while the claim loop stood still, and each single outcome was set aside with
+// a warning that another session kept a lock on its row. Such outcomes are returned as
+// left, with the error, to be written again as after any failure; so are those it could
+// not write for another reason. Each pass sets aside at least one outcome, or returns.
 func (r *Relay) writeAround(ctx context.Context, outs []outcome) (left, blocked []outcome, err error) {
-	locked, err := r.lockedOutcomes(ctx, outs)
-	if err != nil {
-		return outs, nil, err
-	}
-	var free []outcome
-	for _, o := range outs {
-		if row, ok := locked[o.id]; ok {
-			blocked = append(blocked, r.lockWait(ctx, o, row))
-		} else {
-			free = append(free, o)
+	for {
+		locked, err := r.lockedOutcomes(ctx, outs)
+		if err != nil {
+			return outs, blocked, err
 		}
-	}
-	parts := [][]outcome{free}
-	if len(blocked) == 0 && len(free) > 1 {
-		parts = [][]outcome{free[:len(free)/2], free[len(free)/2:]}
-	}
-	for i, part := range parts {
-		if len(part) == 0 {
-			continue
-		}
-		switch err := r.writeApart(ctx, part); {
-		case err == nil:
-		case lockTimedOut(err) && len(part) == 1:
-			blocked = append(blocked, r.lockWait(ctx, part[0], 0))
-		case lockTimedOut(err):
-			l, bl, err := r.writeAround(ctx, part)
-			left, blocked = append(left, l...), append(blocked, bl...)
-			if err != nil {
-				return slices.Concat(left, slices.Concat(parts[i+1:]...)), blocked, err
+		var free []outcome
+		for _, o := range outs {
+			if row, ok := locked[o.id]; ok {
+				blocked = append(blocked, r.lockWait(ctx, o, row))
+			} else {
+				free = append(free, o)
 			}
-		default:
-			return slices.Concat(left, slices.Concat(parts[i:]...)), blocked, err
 		}
+		if len(free) == 0 {
+			return nil, blocked, nil
+		}
+		err = r.writeApart(ctx, free)
+		if err == nil {
+			return nil, blocked, nil
+		}
+		if !lockTimedOut(err) || len(free) == len(outs) {
+			return free, blocked, err
+		}
+		outs = free
 	}
-	return left, blocked, nil
 }
 
-// lockWait notes that the write of o waits for a lock another session holds, on row
-// (0: not known), and says so, once for each outcome: the operator can let the lock go.
+// lockWait notes that the write of o waits for a lock another session holds, on row,
+// and says so, once for each outcome: the operator can let the lock go.
 // outboxd_database_errors_total counts it under record.
 func (r *Relay) lockWait(ctx context.Context, o outcome, row int64) outcome {
 	if !o.lockedSince.IsZero() {
@@ -2676,8 +2671,8 @@ func (r *Relay) lockWait(ctx context.Context, o outcome, row int64) outcome {
 	o.lockedSince = r.cfg.NowFunc()
 	r.metrics.dbErrors.WithLabelValues("record").Inc()
 	args := []any{"id", o.id, "key", o.key, "attempt", o.attempt, "outcome", o.record, "waited", recordLockWait}
-	if row != 0 {
-		// Its own row, or the next row of its ordering key, which its write makes due.
+	if row != o.id {
+		// The next row of its ordering key, which its write makes due.
 		args = append(args, "locked_row", row)
 	}
 	r.log.WarnContext(ctx, "another database session holds a lock on this row (or on the next row of its ordering key) "+

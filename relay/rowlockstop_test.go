@@ -1,12 +1,17 @@
 package relay
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -61,4 +66,59 @@ func TestStoppingRelayWritesOtherOutcomesWhileOneWaitsForALock(t *testing.T) {
 		require.Equal(t, statusDelivered, got[0].Outcome, key)
 	}
 	require.NotContains(t, logs.String(), "could not record every outcome")
+}
+
+// Another session holds a lock on the outbox table, not on a row (a migration's CREATE
+// INDEX holds SHARE while it scans the table; LOCK TABLE), for longer than a write of
+// outcomes waits for a lock. The write fails with the same SQLSTATE as for a row's lock,
+// but the look finds no row locked: writeAround then split the batch in halves, down to
+// single outcomes, a lock wait for each write (2n-1 for n outcomes, the claim loop
+// standing still meanwhile), and set each single outcome aside with a warning that
+// another session keeps a lock on its row, counted as such. Now a lock the look does not
+// see is not taken for a row's: the batch is left, with the error, for the caller to
+// retry as after any failure, and no outcome is set aside or named. The outcomes are
+// written again as after a lost reply (lockAgainSQL first), where the table's lock is
+// met after the lock wait is set.
+func TestTableLockIsNotTakenForARowLock(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	logs := &logBuffer{}
+	clock, cfg := b.clockedConfig(t)
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	// In the exec mode: in pgx's default mode a statement new to the connection is
+	// prepared first, in a transaction of its own, where the table's lock is met before
+	// the lock wait is set.
+	r, err := New(pgtest.InMode(t, b.pool, pgx.QueryExecModeExec), cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+	require.NoError(t, err)
+	var outs []outcome
+	for i := range 4 {
+		o := claimedOutcome(t, r, b.pool, clock, fmt.Sprintf("row-%d", i))
+		o.maybeWritten = true
+		outs = append(outs, o)
+	}
+	locker, err := b.pool.Begin(t.Context())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = locker.Rollback(context.WithoutCancel(t.Context())) })
+	_, err = locker.Exec(t.Context(), `LOCK TABLE outbox IN SHARE MODE`)
+	require.NoError(t, err)
+
+	left, blocked, err := r.writeAround(t.Context(), outs)
+	require.True(t, lockTimedOut(err), "%v", err)
+	require.Empty(t, blocked, "taken for a row's lock")
+	require.Len(t, left, len(outs))
+	require.NotContains(t, logs.String(), "another database session holds a lock on this row")
+	require.Zero(t, testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("record")))
+
+	require.NoError(t, locker.Rollback(t.Context()))
+	left, blocked, err = r.writeAround(t.Context(), left)
+	require.NoError(t, err)
+	require.Empty(t, left)
+	require.Empty(t, blocked)
+	for i := range outs {
+		key := fmt.Sprintf("row-%d", i)
+		in, err := outbox.Get(t.Context(), b.pool, key)
+		require.NoError(t, err)
+		require.Equal(t, outbox.StatusDelivered, in.Status, key)
+		require.Len(t, attemptsOf(t, b.pool, key), 1, key)
+	}
 }
