@@ -30,7 +30,7 @@
 // connector and the UPDATE leases them, so relays sharing a database never take the same
 // row. The relay works in rounds: each round writes the outcomes gathered since the last
 // one and claims for every instance with room, in one transaction and one round trip. A
-// write of outcomes waits at most a second for a lock: an outcome whose row (or its
+// write of outcomes waits at most a second for a row's lock: an outcome whose row (or its
 // ordering key's next row) another session keeps locked is set aside until the lock is
 // let go, and the other outcomes are written apart from the claims (see writeAround).
 // A hand-back of rows claimed but not started takes no lock wait at all: a row another

@@ -1478,7 +1478,7 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 		// this round, and the round for a replay under way, before its claims take their
 		// snapshots (see internal/replaylock). A round that waited here holding the row
 		// locks of its outcomes could deadlock with the replay, which then writes rows.
-		// It comes before the outcomes' short lock wait (recordLockWaitSQL), on purpose:
+		// It comes before the outcomes' short lock wait (recordLockWaitGate), on purpose:
 		// waiting for a replay is by design (the replay itself gives up after five seconds,
 		// see replaylock.ReplayLimitsSQL), and cut short after recordLockWait it failed
 		// every round for as long as the replay ran, a warning each, and wrote nothing.
@@ -2511,7 +2511,7 @@ func (r *Relay) writeApart(ctx context.Context, batch []outcome) error {
 // row claimed, the round was cut at roundTimeout and sent again, the same, for as long
 // as the lock was kept, while the leases of every row the relay held ran out and other
 // relays sent them again. So each write of outcomes waits at most recordLockWait for a
-// lock (recordLockWaitSQL) and fails then (SQLSTATE 55P03); the outcomes are written
+// row's lock (recordLockWaitGate) and fails then (SQLSTATE 55P03); the outcomes are written
 // apart from the claims, but those waiting for a lock, which are set aside and tried
 // again with backoff (lockWaits) until the lock is let go, never given up while the
 // relay runs. A row's lock holds up its own outcome only (and, for an ordering key, only
@@ -2530,11 +2530,12 @@ func (r *Relay) writeApart(ctx context.Context, batch []outcome) error {
 // round that meets it that long.
 const recordLockWait = time.Second
 
-// recordLockWaitMillis is recordLockWait as recordLockWaitSQL takes it.
+// recordLockWaitMillis is recordLockWait as recordLockWaitSQL and recordLockWaitGate
+// take it.
 var recordLockWaitMillis = strconv.FormatInt(recordLockWait.Milliseconds(), 10)
 
 // lockTimedOut reports whether err is PostgreSQL cutting short a wait for a lock
-// (SQLSTATE 55P03, lock_not_available), as recordLockWaitSQL asks.
+// (SQLSTATE 55P03, lock_not_available), as recordLockWaitSQL and recordLockWaitGate ask.
 func lockTimedOut(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
@@ -2862,24 +2863,24 @@ func (r *Relay) writeBatch(ctx context.Context, batch []outcome, locked *lockWai
 const recordTryTimeout = 10 * time.Second
 
 // queueRecord queues on b what writes batch, whose recordSQL arguments are args, and
-// returns how many statements that is: first recordLockWaitSQL, which bounds how long
-// each statement after it waits for a lock (see writeAround); then recordSQL, or, when
-// an earlier write of some of it may have committed, lockAgainSQL and recordAgainSQL.
-// The earlier write may also still be running in the database (its connection broke
-// and the cancel was lost): recordAgainSQL, a statement of its own that starts once the
-// earlier write has ended, then sees the attempts it logged. Then parkSQL, when batch
-// retries rows of ordering keys later (queuePark), and lockNextSQL and releaseNextSQL,
-// when it ends some (queueRelease); own is the instances whose rows the relay claims
-// itself (see ownInstances).
+// returns how many statements that is: recordSQL, whose first step bounds how long it
+// and each statement after it wait for a row's lock (see recordLockWaitGate and
+// writeAround); or, when an earlier write of some of it may have committed,
+// lockAgainSQL, which does the same, and recordAgainSQL. The earlier write may also
+// still be running in the database (its connection broke and the cancel was lost):
+// recordAgainSQL, a statement of its own that starts once the earlier write has ended,
+// then sees the attempts it logged. Then parkSQL, when batch retries rows of ordering
+// keys later (queuePark), and lockNextSQL and releaseNextSQL, when it ends some
+// (queueRelease); own is the instances whose rows the relay claims itself (see
+// ownInstances).
 func queueRecord(b *pgx.Batch, batch []outcome, args []any, own []string) int {
-	b.Queue(recordLockWaitSQL, recordLockWaitMillis)
-	n := 2
+	n := 1
 	if !anyMaybeWritten(batch) {
 		b.Queue(recordSQL, args...)
 	} else {
-		b.Queue(lockAgainSQL, args[1])
+		b.Queue(lockAgainSQL, args[1], recordLockWaitMillis)
 		b.Queue(recordAgainSQL, args...)
-		n = 3
+		n = 2
 	}
 	return n + queuePark(b, batch) + queueRelease(b, batch, own)
 }
@@ -3003,7 +3004,8 @@ func unsure(err error) bool {
 	return !errors.As(err, &pgErr) && !pgconn.SafeToRetry(err)
 }
 
-// recordArgs are recordSQL's arguments for batch.
+// recordArgs are recordSQL's arguments for batch (the last, recordLockWait, is the same
+// for every batch).
 func (r *Relay) recordArgs(batch []outcome) []any {
 	n := len(batch)
 	var (
@@ -3025,7 +3027,8 @@ func (r *Relay) recordArgs(batch []outcome) []any {
 		}
 		startedAt[i], finishedAt[i] = o.started, o.finished
 	}
-	return []any{r.cfg.ID, ids, attempts, statuses, nexts, errs, results, ambiguous, startedAt, finishedAt, records}
+	return []any{r.cfg.ID, ids, attempts, statuses, nexts, errs, results, ambiguous, startedAt, finishedAt, records,
+		recordLockWaitMillis}
 }
 
 // sleep waits for d or until ctx is done.

@@ -122,3 +122,50 @@ func TestTableLockIsNotTakenForARowLock(t *testing.T) {
 		require.Len(t, attemptsOf(t, b.pool, key), 1, key)
 	}
 }
+
+// A write of outcomes sends one statement (recordSQL), as before it waited at most a
+// second for a row's lock: the lock wait rides on recordSQL itself (recordLockWaitGate),
+// not on a statement of its own in every round. And a lock on the table (a migration's
+// CREATE INDEX, LOCK TABLE), which holds up every outcome and every claim alike and which
+// no look at rows can pin on one outcome, is waited for, as the claims wait for it, not
+// cut at a second, in every query exec mode: the write is still waiting well past
+// recordLockWait by the database's clock, and goes through once the lock is let go.
+func TestRecordLockWaitRidesOnTheWrite(t *testing.T) {
+	t.Parallel()
+	o := outcome{id: 1, attempt: 1, status: statusDelivered, record: statusDelivered}
+	r := &Relay{cfg: &Config{ID: "r"}}
+	b := &pgx.Batch{}
+	require.Equal(t, 1, queueRecord(b, []outcome{o}, r.recordArgs([]outcome{o}), nil))
+	require.Equal(t, 1, b.Len(), "statements a write of outcomes sends")
+
+	for _, mode := range append([]pgx.QueryExecMode{pgx.QueryExecModeCacheStatement}, pgtest.ExecModes...) {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, receiver.Options{})
+			clock, cfg := b.clockedConfig(t)
+			r, err := New(pgtest.InMode(t, b.pool, mode), cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+			require.NoError(t, err)
+			o := claimedOutcome(t, r, b.pool, clock, "table-locked")
+			locker, err := b.pool.Begin(t.Context())
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = locker.Rollback(context.WithoutCancel(t.Context())) })
+			_, err = locker.Exec(t.Context(), `LOCK TABLE outbox IN SHARE MODE`)
+			require.NoError(t, err)
+
+			written := make(chan error, 1)
+			go func() { written <- r.execRecord(t.Context(), []outcome{o}, r.recordArgs([]outcome{o})) }()
+			require.Eventually(t, func() bool {
+				var waited bool
+				err := b.pool.QueryRow(t.Context(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+					WHERE $1::int = ANY (pg_blocking_pids(pid)) AND clock_timestamp() - state_change > $2::interval)`,
+					locker.Conn().PgConn().PID(), 3*recordLockWait).Scan(&waited)
+				return err == nil && waited
+			}, waitTimeout, 10*time.Millisecond, "the write did not wait for the table's lock")
+			require.NoError(t, locker.Rollback(t.Context()))
+			require.NoError(t, <-written)
+			in, err := outbox.Get(t.Context(), b.pool, "table-locked")
+			require.NoError(t, err)
+			require.Equal(t, outbox.StatusDelivered, in.Status)
+		})
+	}
+}

@@ -125,11 +125,13 @@ RETURNING o.id, o.idempotency_key, o.payload, o.headers, o.attempts, o.ambiguous
 // would bring back a row that reclaim gave up on (its maximum age passed), and with an
 // ordering key, after its key went on. A row an operator canceled after its lease
 // expired (still ambiguous) accepts only a delivery. None of this reads outbox_audit,
-// which the relay's role need not be able to.
+// which the relay's role need not be able to. Its first step bounds its lock waits and
+// those of the statements after it ($12, see recordLockWaitGate).
 const recordSQL = `
 WITH r AS (
     SELECT *
     FROM ` + recordUnnest + `
+    WHERE ` + recordLockWaitGate + `
 ), ` + recordWrite
 
 // recordAgainSQL is recordSQL for outcomes that may already have been written: the
@@ -146,6 +148,7 @@ WITH r AS (
         SELECT 1 FROM outbox_attempts a
         WHERE a.outbox_id = t.id AND a.attempt = t.attempt AND a.relay_id = $1
           AND a.outcome = t.outcome AND a.finished_at = t.finished_at)
+      AND ` + recordLockWaitGate + `
 ), ` + recordWrite
 
 // lockAgainSQL locks the rows $1 of outcomes about to be written with recordAgainSQL,
@@ -153,12 +156,27 @@ WITH r AS (
 // locks until it ends, and recordAgainSQL, which starts after, sees what it logged.
 // Looked for in the statement that waited for the locks, the attempts that write logged
 // were not seen (the statement's snapshot is older than their commit), and they were
-// logged twice.
-const lockAgainSQL = `SELECT 1 FROM outbox WHERE id = ANY($1::bigint[]) ORDER BY id FOR NO KEY UPDATE`
+// logged twice. Its first step bounds its lock waits and those of recordAgainSQL after
+// it ($2, as recordLockWaitGate's $12).
+const lockAgainSQL = `SELECT 1 FROM outbox
+WHERE id = ANY($1::bigint[]) AND (SELECT set_config('lock_timeout', $2::text, true)) IS NOT NULL
+ORDER BY id FOR NO KEY UPDATE`
+
+// recordLockWaitGate is recordLockWaitSQL as a condition of recordSQL (and
+// recordAgainSQL), $12 the milliseconds: a write of outcomes then sends one statement,
+// not two, in every round. An uncorrelated subquery, it runs once, before the statement
+// reads its first outcome, and so before it waits for any row's lock; the statement's
+// table locks are taken before, as it is planned or bound, and a lock on the table
+// (a migration's CREATE INDEX holds SHARE on outbox while it scans it; LOCK TABLE) is
+// waited for as the claims wait for it, up to roundTimeout, not cut at a second: no
+// look at row locks can tell the relay which outcome it holds up, since it holds up all
+// of them (see Relay.writeAround).
+const recordLockWaitGate = `(SELECT set_config('lock_timeout', $12::text, true)) IS NOT NULL`
 
 // recordLockWaitSQL bounds, for the rest of its transaction, how long each statement
 // waits for a lock (lock_timeout, $1 milliseconds), and fails it then (SQLSTATE 55P03):
-// the first statement of a write of outcomes (see queueRecord). A row whose lock another
+// the first step of a write of outcomes (see queueRecord), which recordSQL and
+// lockAgainSQL take in a condition of their own (see lockWaitGate). A row whose lock another
 // session keeps (a psql BEGIN; SELECT ... FOR UPDATE left open, an application's
 // transaction) stalled the write of every outcome beside it and the claims that ride
 // with them, round after round; failed, the relay writes the others without it (see
