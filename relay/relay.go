@@ -725,7 +725,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	// From now on the recorder writes the outcomes: those the loop left, and those of
 	// the deliveries still in flight.
 	var recorder sync.WaitGroup
-	recorder.Go(func() { r.record(recordCtx, left, r.results) })
+	recorded := make(chan struct{})
+	recorder.Go(func() {
+		defer close(recorded)
+		r.record(recordCtx, left, r.results)
+	})
 	// Stopping: let in-flight deliveries finish within the shutdown timeout.
 	done := make(chan struct{})
 	go func() { workers.Wait(); close(done) }()
@@ -747,7 +751,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	select {
 	case <-recDone:
 	case <-time.After(max(r.cfg.ShutdownTimeout, minRecordDrain)):
-		r.log.ErrorContext(ctx, "could not record every outcome before exit; those rows stay leased and are retried after their lease expires")
+		// Only when outcomes are left: the recorder may be done, and only hand-backs of
+		// rows another session keeps locked left (see releaseWhileStopping, which says so).
+		if !isClosed(recorded) {
+			r.log.ErrorContext(ctx, "could not record every outcome before exit; those rows stay leased and are retried after their lease expires")
+		}
 		cancelRecords()
 		<-recDone
 	}

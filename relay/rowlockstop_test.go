@@ -169,3 +169,39 @@ func TestRecordLockWaitRidesOnTheWrite(t *testing.T) {
 		})
 	}
 }
+
+// A relay stops while another session keeps locked a row it claimed and did not start,
+// and the lock outlasts the stop. The stopping relay keeps looking at the row until its
+// drain time runs out, as it may (the lock may go, and the row then goes back never
+// attempted); but every outcome was recorded long before, and it then said it "could
+// not record every outcome before exit", an error that sends an operator looking for
+// outcomes that were not lost. It now says only what is left: the row, leased to it.
+func TestStopWithALockedHandBackLeftSaysWhatIsLeft(t *testing.T) {
+	t.Parallel()
+	slowHook, slow, releaseSlow := newSlowHook(t)
+	b := setup(t, receiver.Options{})
+	logs := &logBuffer{}
+	cfg := b.fastConfig()
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	cfg.Concurrency = 1
+	cfg.ShutdownTimeout = minRecordDrain
+	r, err := New(b.pool, cfg, map[string]Instance{
+		"webhook":      {Connector: b.hook},
+		"webhook:slow": {Connector: slowHook},
+	})
+	require.NoError(t, err)
+	stop, stopped := runSignalled(t, r)
+	waitBehindSlowAttempt(t, b, slow, "locked")
+	in, err := outbox.Get(t.Context(), b.pool, "locked")
+	require.NoError(t, err)
+	locker := lockRow(t, b.pool, in.ID)
+
+	stop()
+	waitForLockWaitOf(t, b.pool, r, locker, "release")
+	releaseSlow()
+	stopped()
+	waitStatus(t, b.pool, "slow", outbox.StatusDelivered)
+	require.Contains(t, logs.String(), "stopped while another database session kept locked rows this relay claimed")
+	require.NotContains(t, logs.String(), "could not record every outcome")
+	require.NotContains(t, logs.String(), "outcomes not recorded")
+}
