@@ -205,3 +205,81 @@ func TestStopWithALockedHandBackLeftSaysWhatIsLeft(t *testing.T) {
 	require.NotContains(t, logs.String(), "could not record every outcome")
 	require.NotContains(t, logs.String(), "outcomes not recorded")
 }
+
+// The write of an outcome waits for a row's lock another session keeps, and its
+// connection breaks meanwhile (a partition: the cancel is lost too), so the relay cannot
+// know whether it committed. The write again ends the lost write's session first, then
+// meets the lock itself, and sets the outcome aside, still marked as perhaps written;
+// the relay's other rows go on; once the lock is let go the outcome is written once:
+// one attempt logged, one effect.
+func TestLostReplyOfAWriteWaitingForARowLock(t *testing.T) {
+	t.Parallel()
+	direct, proxy, cfg, _ := lossySetup(t)
+	rcv, err := receiver.Start(receiver.Options{})
+	require.NoError(t, err)
+	t.Cleanup(rcv.Close)
+	gate := &afterEffectGate{Connector: newHook(t, rcv.URL()), key: "locked", acted: make(chan struct{}), open: make(chan struct{})}
+	r, _ := start(t, proxy.pool, cfg, map[string]Instance{"webhook": {Connector: gate}})
+
+	locked := enqueue(t, direct, "locked", "webhook", []int{1})
+	waitFor(t, gate.acted, "the row was never sent")
+	locker := lockRow(t, direct, locked.ID)
+	close(gate.open)
+	require.Eventually(t, func() bool { return waitsFor(t, direct, locker) }, waitTimeout, 5*time.Millisecond,
+		"the write never met the lock")
+	proxy.partition()
+	proxy.restore()
+	require.Eventually(t, func() bool { return testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("record")) == 1 },
+		waitTimeout, 5*time.Millisecond, "the outcome was never set aside")
+
+	enqueue(t, direct, "free", "webhook", []int{2})
+	waitStatus(t, direct, "free", outbox.StatusDelivered)
+	in, err := outbox.Get(t.Context(), direct, "locked")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusDelivering, in.Status, "its outcome waits for the lock")
+	require.Empty(t, attemptsOf(t, direct, "locked"))
+
+	require.NoError(t, locker.Rollback(t.Context()))
+	waitStatus(t, direct, "locked", outbox.StatusDelivered)
+	got := attemptsOf(t, direct, "locked")
+	require.Len(t, got, 1, "%+v", got)
+	require.Equal(t, statusDelivered, got[0].Outcome)
+	require.Equal(t, 1, rcv.Effects("locked"))
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("record")), "said once")
+}
+
+// The lock wait a write of outcomes sets is local to its transaction, in every query
+// exec mode, on each path that sets it: a round of outcomes and claims that fails on a
+// row's lock (rolled back), and the look at which rows are locked (committed). No
+// session of the pool, which an application embedding the relay may share, keeps it.
+func TestLockWaitNeverOutlivesItsTransaction(t *testing.T) {
+	t.Parallel()
+	for _, mode := range append([]pgx.QueryExecMode{pgx.QueryExecModeCacheStatement}, pgtest.ExecModes...) {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, receiver.Options{})
+			pool := pgtest.InMode(t, b.pool, mode)
+			clock, cfg := b.clockedConfig(t)
+			r, err := New(pool, cfg, map[string]Instance{"webhook": {Connector: b.hook}})
+			require.NoError(t, err)
+			o := claimedOutcome(t, r, b.pool, clock, "locked")
+			enqueue(t, b.pool, "other", "webhook", []int{2})
+			var before string
+			require.NoError(t, pool.QueryRow(t.Context(), `SHOW lock_timeout`).Scan(&before))
+			locker := lockRow(t, b.pool, o.id)
+
+			_, err = r.claimAndRecord(t.Context(), []claimPlan{{inst: r.instances["webhook"], limit: 10, bytes: 1 << 20}}, []outcome{o})
+			require.True(t, lockTimedOut(err), "%v", err)
+			locked, err := r.lockedOutcomes(t.Context(), []outcome{o})
+			require.NoError(t, err)
+			require.Equal(t, map[int64]int64{o.id: o.id}, locked)
+			for _, conn := range pool.AcquireAllIdle(t.Context()) {
+				var setting string
+				require.NoError(t, conn.QueryRow(t.Context(), `SHOW lock_timeout`).Scan(&setting))
+				conn.Release()
+				require.Equal(t, before, setting, "the lock wait outlived its transaction")
+			}
+			require.NoError(t, locker.Rollback(t.Context()))
+		})
+	}
+}
