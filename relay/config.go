@@ -45,7 +45,9 @@ type Config struct {
 	// configuration).
 	Lease time.Duration
 	// PollInterval is how often the relay looks for due rows when no NOTIFY arrives
-	// (scheduled retries, or NOTIFY blocked by a pooler). Defaults to 1s.
+	// (scheduled retries, or NOTIFY blocked by a pooler), and puts back rows whose lease
+	// expired (their relay died), which it does at least every 5s whatever this is.
+	// Defaults to 1s.
 	PollInterval time.Duration
 	// MaxAttempts sends a row to dead after this many attempts, at most math.MaxInt32
 	// (the attempts column is an integer). Defaults to 25.

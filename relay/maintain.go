@@ -17,9 +17,19 @@ import (
 	"github.com/outboxd/outboxd/outbox"
 )
 
-// Intervals of the background work. Reclaiming runs every poll interval, so a dead
-// relay's rows come back soon after their lease expires.
+// Intervals of the background work.
 const (
+	// reclaimInterval is the longest time between two reclaims (and readings of the
+	// database's clock, see readClock), which otherwise run every poll interval. An
+	// operator who raised OUTBOX_POLL_INTERVAL because NOTIFY works (to a minute, say)
+	// delayed by as much the return of a dead relay's rows beyond their lease, and left
+	// a clock that stepped uncorrected as long, while the leases this relay writes, and
+	// those it takes for expired, need it right within the second that serve keeps
+	// between a connector's timeout and OUTBOX_LEASE. Five seconds is a sixth of the
+	// default lease, and a reclaim that finds nothing is a reading of the clock and one
+	// probe of outbox_delivering_lease, here made a fifth as often as at the default
+	// poll interval.
+	reclaimInterval   = 5 * time.Second
 	statsInterval     = 10 * time.Second
 	retentionInterval = time.Minute
 	retentionBatch    = 1000
@@ -29,8 +39,8 @@ const (
 // the parking passes' name what they park behind).
 const (
 	seenFailed      = "could not renew this relay's connector instances for the insert trigger; trying again soon"
-	clockFailed     = "reading the database's clock failed; reclaiming expired leases next poll"
-	reclaimFailed   = "reclaiming expired leases failed; trying again next poll"
+	clockFailed     = "reading the database's clock failed; reclaiming expired leases at the next pass"
+	reclaimFailed   = "reclaiming expired leases failed; trying again at the next pass"
 	statsFailed     = "reading row statistics failed"
 	retentionFailed = "deleting rows past retention failed; trying again later"
 )
@@ -47,8 +57,12 @@ func (r *Relay) maintain(ctx context.Context) {
 	started := make(chan struct{})
 	retention.Go(func() { r.retain(ctx, started) })
 	defer retention.Wait()
-	reclaim := time.NewTicker(r.cfg.PollInterval)
+	// Reclaim every poll interval, and at least every reclaimAtMost (see
+	// reclaimInterval); the parking passes behind rows in flight every poll interval.
+	reclaim := time.NewTicker(min(r.cfg.PollInterval, r.reclaimAtMost))
 	defer reclaim.Stop()
+	park := time.NewTicker(r.cfg.PollInterval)
+	defer park.Stop()
 	stats := time.NewTicker(statsInterval)
 	defer stats.Stop()
 
@@ -63,6 +77,7 @@ func (r *Relay) maintain(ctx context.Context) {
 			return
 		case <-reclaim.C:
 			r.bounded(ctx, r.reclaim)
+		case <-park.C:
 			r.bounded(ctx, r.parkInFlight)
 		case <-stats.C:
 			r.bounded(ctx, r.seen)

@@ -97,6 +97,9 @@ type Relay struct {
 	// retentionEvery is how often retention runs after its first pass
 	// (retentionInterval); tests lengthen it.
 	retentionEvery time.Duration
+	// reclaimAtMost is the longest time between two reclaims, whatever the poll interval
+	// (reclaimInterval); tests shorten it.
+	reclaimAtMost time.Duration
 	// salvageTimeout bounds each write of salvage, roundTimeout when zero (New leaves
 	// it so); tests shorten it.
 	salvageTimeout time.Duration
@@ -359,6 +362,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 		fastGrace:       fastPollGrace,
 		maintainTimeout: maintainTimeout,
 		retentionEvery:  retentionInterval,
+		reclaimAtMost:   reclaimInterval,
 		unwritten:       map[rowAttempt]time.Time{},
 	}
 	for i := range r.ownSlots {
@@ -548,9 +552,9 @@ func (r *Relay) corrected(t time.Time) time.Time {
 
 // readClock reads the database's clock and, when NowFunc is the real clock, corrects the
 // relay's to it. The relay's clock is compared with lease expiries other relays wrote
-// (reclaimSQL), so the correction is measured again every poll interval: the local clock
-// or the database's may step after start (NTP, a VM resumed, an operator) or drift. It
-// is read on a connection already open, in one round trip (the simple protocol: no
+// (reclaimSQL), so the correction is measured again before every reclaim, every poll
+// interval and at least every reclaimInterval: the local clock or the database's may
+// step after start (NTP, a VM resumed, an operator) or drift. It is read on a connection already open, in one round trip (the simple protocol: no
 // prepare first), so that neither a connect nor a wait for a free connection counts in
 // the round trip, whose middle is taken as the moment the database read its clock.
 //

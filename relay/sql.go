@@ -584,7 +584,7 @@ WITH mine AS (
 // wait for a relay that has them: pending ones, and delivering ones whose lease expired
 // before $2, the relay's clock (their relay died, and only a relay with the connector
 // puts them back). The second part reads outbox_delivering_lease up to $2, as reclaimSQL
-// does every poll interval. Connectors another running relay has (its word in
+// does every poll interval (at least every reclaimInterval). Connectors another running relay has (its word in
 // outbox_wake_connectors, see seenSQL, has not lapsed) are left out: their rows have a
 // relay, and relays that share a database with different instances would otherwise
 // report each other's rows for as long as any wait. They are looked up once per

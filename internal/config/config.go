@@ -71,8 +71,9 @@ type Engine struct {
 	MaxClaimedBytes int64 `env:"OUTBOX_MAX_CLAIMED_BYTES" envDefault:"134217728" desc:"most payload and header bytes (as JSON text) of the rows the relay holds claimed, waiting for a worker or in flight (128 MiB); a claim always takes at least one row"`
 	// Lease is how long a claimed row stays with this relay before another may take it.
 	Lease time.Duration `env:"OUTBOX_LEASE" envDefault:"30s" desc:"how long a claimed row stays with one relay before another may take it; at least 1s longer than every connector timeout"`
-	// PollInterval is how often the relay looks for due rows when no NOTIFY arrives.
-	PollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"1s" desc:"how often the relay looks for due rows when no NOTIFY arrives (scheduled retries, poolers that drop NOTIFY)"`
+	// PollInterval is how often the relay looks for due rows when no NOTIFY arrives, and
+	// reclaims expired leases (at least every 5s whatever it is).
+	PollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"1s" desc:"how often the relay looks for due rows when no NOTIFY arrives (scheduled retries, poolers that drop NOTIFY), and reclaims expired leases (at least every 5s whatever this is)"`
 	// MaxAttempts sends a row to dead after this many attempts.
 	MaxAttempts int `env:"OUTBOX_MAX_ATTEMPTS" envDefault:"25" desc:"attempts after which a row is dead"`
 	// MaxAge sends a row to dead when its next attempt would come later than this
