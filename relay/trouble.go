@@ -2,8 +2,12 @@ package relay
 
 import (
 	"context"
+	"errors"
+	"net"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // troubleWarnEvery is the least time between two warnings about the same failing work
@@ -30,15 +34,39 @@ type troubleRun struct {
 	since  time.Time // the run's first failure; zero while none is under way
 	total  int       // failures in the run
 	warned bool      // the run was warned about
-	said   time.Time // the last warning
-	quiet  int       // failures since that warning, not warned about
+	said   time.Time // the last warning once a minute
+	quiet  int       // failures since the last warning, not warned about
+	// kinds are the kinds of failure (see failureKind) warned about since said: a
+	// failure of another kind is warned about at once.
+	kinds map[string]bool
+}
+
+// failureKind tells apart the failures that an operator must hear of at once, though
+// the same work failed, and was warned about, less than a minute before: a SQLSTATE
+// of its own for each error PostgreSQL reports (the database refusing writes after a
+// failover to a server that takes none, a privilege revoked, a server shutting down),
+// "timeout" for a time limit that ran out, and one kind for every other failure (a
+// connection refused, reset or lost), which a flaky network repeats in many words.
+func failureKind(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return "SQLSTATE " + pgErr.Code
+	}
+	var netErr net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &netErr) && netErr.Timeout()) {
+		return "timeout"
+	}
+	return ""
 }
 
 // failed counts a failure of the database work labelled op (outboxd_database_errors_total
 // counts every one) and logs msg at warn level, with err and args, at its first failure
 // and then at most once every troubleWarnEvery while it keeps failing, or fails again,
 // saying how many failed since the last warning and for how long the run of failures
-// has lasted.
+// has lasted. A failure of a kind not warned about in that minute (see failureKind) is
+// warned about at once: counted into the next warning, a failover to a server that
+// takes no writes, whose first refused round resets the pool and whose next works,
+// within a minute of a flaky network's warning, went unsaid but as a number.
 func (r *Relay) failed(ctx context.Context, op, msg string, err error, args ...any) {
 	r.metrics.dbErrors.WithLabelValues(op).Inc()
 	now := r.cfg.NowFunc()
@@ -55,10 +83,20 @@ func (r *Relay) failed(ctx context.Context, op, msg string, err error, args ...a
 		run.since, run.total, run.warned = now, 0, false
 	}
 	run.total++
-	warn := run.said.IsZero() || now.Sub(run.said) >= troubleWarnEvery
+	kind := failureKind(err)
+	minute := run.said.IsZero() || now.Sub(run.said) >= troubleWarnEvery
+	warn := minute || !run.kinds[kind]
 	quiet, since, total := run.quiet, run.since, run.total
+	switch {
+	case minute:
+		run.said, run.kinds = now, map[string]bool{kind: true}
+	case warn:
+		// said stays: failures of the kinds already warned about are warned about again
+		// a minute after the last warning that came once a minute.
+		run.kinds[kind] = true
+	}
 	if warn {
-		run.said, run.quiet, run.warned = now, 0, true
+		run.quiet, run.warned = 0, true
 	} else {
 		run.quiet++
 	}
