@@ -55,13 +55,17 @@ func newInspectCmd(e *env) *cobra.Command {
 					if d.CopyOf, err = ops.CopyOf(ctx, tx, args[0]); err != nil {
 						return err
 					}
-					latest, cp, found, err := ops.LatestCopyIntent(ctx, tx, cmp.Or(d.CopyOf, args[0]))
-					switch {
-					case err != nil || latest == "" || latest == args[0]:
-					case !found:
+					// Where the operation went, looked up as the intent API's answers look it up
+					// for a page (intent.Service.CopiesOf), without a token to narrow it.
+					latest, err := ops.LatestCopy(ctx, tx, cmp.Or(d.CopyOf, args[0]))
+					if err != nil || latest == "" || latest == args[0] {
+						return err
+					}
+					status, err := ops.StatusOf(ctx, tx, []string{latest})
+					if st, ok := status[latest]; ok {
+						d.ReplayedAs = &intent.Copy{Key: latest, Status: st.Status}
+					} else if err == nil {
 						d.ReplayedAs = &intent.Copy{Key: latest, Gone: true}
-					default:
-						d.ReplayedAs = &intent.Copy{Key: latest, Status: cp.Status}
 					}
 					return err
 				})

@@ -287,7 +287,9 @@ type RowStatus struct {
 }
 
 // StatusOf maps those of keys that name a row to its connector and status, in one query:
-// the copies [LatestCopies] names, and no row when such a copy is gone.
+// the copies [LatestCopies] (or [LatestCopy], for inspect) names, and no row when such a
+// copy is gone (delivered or canceled, then deleted by retention or purge, which delete
+// no other rows).
 func StatusOf(ctx context.Context, db outbox.DB, keys []string) (map[string]RowStatus, error) {
 	status, err := byKey(ctx, db, statusOfSQL, keys, func(rows pgx.Rows, key *string, st *RowStatus) error {
 		return rows.Scan(key, &st.Connector, &st.Status)
@@ -296,26 +298,6 @@ func StatusOf(ctx context.Context, db outbox.DB, keys []string) (map[string]RowS
 		return nil, fmt.Errorf("look up rows: %w", err)
 	}
 	return status, nil
-}
-
-// LatestCopyIntent returns the key of the latest copy that replay --new-key made of the
-// row with key ([LatestCopy]; "" when it made none) and that copy as it is now; found is
-// false when the copy is gone (delivered or canceled, then deleted by retention or
-// purge, which delete no other rows). It is where the row's operation went: the row
-// itself stays dead or held, and its status alone reads as an operation that failed or
-// waits.
-func LatestCopyIntent(ctx context.Context, db outbox.DB, key string) (latest string, cp outbox.Intent, found bool, err error) {
-	if latest, err = LatestCopy(ctx, db, key); err != nil || latest == "" {
-		return latest, outbox.Intent{}, false, err
-	}
-	cp, err = outbox.Get(ctx, db, latest)
-	if errors.Is(err, outbox.ErrNotFound) {
-		return latest, outbox.Intent{}, false, nil
-	}
-	if err != nil {
-		return "", outbox.Intent{}, false, err
-	}
-	return latest, cp, true, nil
 }
 
 // statusByKeySQL reads the status of the row with key $1.
