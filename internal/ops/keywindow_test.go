@@ -68,3 +68,49 @@ func TestReplayPastTheKeyWindow(t *testing.T) {
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"held", "dead"}, res.Replayed, "%v", res.Refused)
 }
+
+// A row past its key window that replay --new-key re-executed is refused for what its
+// copy did, not for its window: refused "past its key window ... replay it with NewKey
+// to act", an operator who checked the receiver for the row's own key (which it never
+// acted on) read an operation to act on, when its copy had been delivered. And a copy
+// past its own window is told to have the row it copies re-executed with NewKey, which
+// makes the next copy, not itself, which NewKey refuses.
+func TestReplayPastTheKeyWindowNamesTheCopyFirst(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	payload := `{"operation": "refund.create", "params": {"payment_intent": "pi_1"}}`
+	id := insertRow(t, pool, row{Key: "op", Connector: "payment", Status: outbox.StatusHeld, Attempts: 1, Payload: payload})
+	_, err := pool.Exec(t.Context(), `UPDATE outbox SET first_attempt_at = $2 WHERE id = $1`, id, base.Add(-25*time.Hour))
+	require.NoError(t, err)
+	opts := replayOpts()
+	opts.KeyWindowFunc = func(connector string) ops.KeyWindow {
+		return ops.KeyWindow{Window: 24 * time.Hour, AttemptMax: 20 * time.Second}
+	}
+	withNewKey := opts
+	withNewKey.NewKey = true
+	res, err := ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{"op"}}, withNewKey)
+	require.NoError(t, err)
+	cp := res.NewKeys["op"]
+	require.NotEmpty(t, cp, "%v", res.Refused)
+
+	// The copy failed after an attempt of its own, 25 hours ago: past its own window.
+	_, err = pool.Exec(t.Context(), `UPDATE outbox SET status = 'dead', attempts = 1, first_attempt_at = $2
+		WHERE idempotency_key = $1`, cp, base.Add(-25*time.Hour))
+	require.NoError(t, err)
+	res, err = ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{"op", cp}}, opts)
+	require.NoError(t, err)
+	require.Empty(t, res.Replayed)
+	require.Contains(t, res.Refused["op"], "its copy "+cp+", which replay --new-key made, is dead: replay the copy instead")
+	require.Contains(t, res.Refused[cp], "past its key window")
+	require.Contains(t, res.Refused[cp], `then replay "op", the row this copy re-executes, with NewKey (--new-key) to act`)
+
+	// Delivered, the copy is what the row is refused for.
+	_, err = pool.Exec(t.Context(), `UPDATE outbox SET status = 'delivered', delivered_at = $2 WHERE idempotency_key = $1`,
+		cp, base.Add(-time.Hour))
+	require.NoError(t, err)
+	res, err = ops.Replay(t.Context(), pool, ops.Selection{Keys: []string{"op"}}, opts)
+	require.NoError(t, err)
+	require.Empty(t, res.Replayed)
+	require.Contains(t, res.Refused["op"], "its copy "+cp+" was delivered")
+	require.NotContains(t, res.Refused["op"], "past its key window")
+}

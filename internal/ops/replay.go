@@ -581,11 +581,6 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 		case r.payloadPurged:
 			br.Refused[t.key] = "its payload was purged, so there is nothing left to send"
 			continue
-		case !opts.NewKey && opts.KeyWindowFunc != nil:
-			if why := pastKeyWindow(r, opts.KeyWindowFunc(r.connector), now); why != "" {
-				br.Refused[t.key] = why
-				continue
-			}
 		}
 		d := map[string]string{"from_status": r.status}
 		// op is the key of the row whose operation this row executes: the row a copy that
@@ -645,6 +640,17 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 				if reason, err = laterCopy(ctx, tx, t.key, op); err != nil {
 					return err
 				}
+			}
+			if reason == "" && opts.KeyWindowFunc != nil {
+				// After the copies' reasons, which say where the operation went (a copy
+				// delivered, or on its way): refused for its window instead, the row read
+				// as an operation to re-execute once the receiver showed that its own key
+				// had done nothing.
+				of := ""
+				if isCopy {
+					of = op
+				}
+				reason = pastKeyWindow(r, opts.KeyWindowFunc(r.connector), now, of)
 			}
 			if other, ok := ran[op]; ok && reason == "" {
 				// With Redeliver, a row whose copy was delivered is put back, and so is that
@@ -707,26 +713,34 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 // end of an attempt started now: a relay would hold it again at once without sending it,
 // and the replay, reported as done, would have done nothing but spend an attempt. It
 // says what to do instead, which depends on what the row is now; it is empty when the
-// window has not passed.
-func pastKeyWindow(r lockedRow, w KeyWindow, now time.Time) string {
+// window has not passed. of is the key of the row r copies when r is a copy that replay
+// --new-key made: NewKey refuses a copy, and re-executes the row it copies instead.
+func pastKeyWindow(r lockedRow, w KeyWindow, now time.Time, of string) string {
 	if !connectors.KeyForgotten(w.Window, w.AttemptMax, r.firstAttemptAt, now) {
 		return ""
 	}
 	why := fmt.Sprintf("past its key window: %s remembers idempotency keys for %s and the row's first attempt was at %s, "+
 		"so a relay would hold it again without sending it (under the same key the receiver could act twice)",
 		r.connector, w.Window, r.firstAttemptAt.UTC().Format(time.RFC3339))
+	newKey := "replay it with NewKey (--new-key)"
+	if of != "" {
+		newKey = fmt.Sprintf("replay %q, the row this copy re-executes, with NewKey (--new-key)", of)
+	}
 	switch r.status {
 	case outbox.StatusDelivered:
+		if of != "" {
+			return why + fmt.Sprintf("; to send it again, replay %q, the row this copy re-executes, with NewKey and "+
+				"Redeliver (--new-key --redeliver)", of)
+		}
 		return why + "; to send it again, replay it with NewKey and Redeliver (--new-key --redeliver)"
 	case outbox.StatusDelivering:
 		// Stuck: NewKey and cancel refuse it too, until a relay puts it back (and holds it).
 		return why + "; a relay with its connector will put it back and hold it: then check the receiver for what " +
-			"its attempts did, and replay it with NewKey (--new-key) to act, or cancel it"
+			"its attempts did, and " + newKey + " to act, or cancel it"
 	case outbox.StatusHeld:
-		return why + "; check the receiver for what its attempts did, then replay it with NewKey (--new-key) to act, " +
-			"or cancel it"
+		return why + "; check the receiver for what its attempts did, then " + newKey + " to act, or cancel it"
 	}
-	return why + "; check the receiver for what its attempts did, then replay it with NewKey (--new-key) to act"
+	return why + "; check the receiver for what its attempts did, then " + newKey + " to act"
 }
 
 // replayNewKey enqueues the copy of r that re-executes it, r having had n copies so far
