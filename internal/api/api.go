@@ -11,8 +11,8 @@
 //   - GET /v1/intents/{key} reads one intent (404 when unknown, outside the token's
 //     connectors, or deleted after OUTBOX_RETENTION), with copy_of and replayed_as when an
 //     operator re-executed its operation under a new key (outboxd replay --new-key), and
-//     may_have_acted when it was canceled after an attempt that may have reached the
-//     receiver. The list and a create answered again carry them too.
+//     may_have_acted when it was canceled, or went dead, after an attempt that may have
+//     reached the receiver. The list and a create answered again carry them too.
 //   - GET /v1/intents?status=&connector=&limit=&after= lists the token's intents, newest
 //     first; status may repeat or be comma-separated, limit is a positive integer (a page
 //     holds at most 1000), after is the previous page's next. Another parameter, or one
@@ -368,7 +368,8 @@ func (e keyConflict) Unwrap() error { return e.err }
 // A canceled intent an attempt of which may have reached the receiver names why in
 // may_have_acted, as the cancel answered it (intent.Service.MayHaveActed): "canceled"
 // alone reads as an operation that never happened, and the client that lost the cancel's
-// answer, or another one, asks GET.
+// answer, or another one, asks GET. So does a dead one: "dead" alone reads as an
+// operation that failed, and a client acts again under a new key.
 type intentAnswer struct {
 	outbox.Intent
 	CopyOf       string       `json:"copy_of,omitempty"`
@@ -377,7 +378,7 @@ type intentAnswer struct {
 }
 
 // answers are the answers of ins, in their order, as tok may read them: each with its
-// copies and, canceled, why the receiver may have acted. A page of ins asks the
+// copies and, canceled or dead, why the receiver may have acted. A page of ins asks the
 // database no more than one of them does.
 func (h *Handler) answers(ctx context.Context, tok *intent.Token, ins []outbox.Intent) ([]intentAnswer, error) {
 	copies, err := h.svc.CopiesOf(ctx, tok, ins)

@@ -56,3 +56,39 @@ func TestCancelAnswerSaysTheReceiverMayHaveActed(t *testing.T) {
 	require.NotContains(t, r.body, "may_have_acted", r.raw)
 	agree(t, b, adminSecret, r, true)
 }
+
+// A dead intent an attempt of which may have reached the receiver (one timed out, the
+// retries after it refused) read as a failed operation: "dead" alone, in GET, the list and
+// the same request POSTed again, and a client acts again under a new key, where the
+// receiver may have performed the first. Every read now carries may_have_acted for it, as
+// for a canceled one; a dead intent whose attempts all failed plainly gets none.
+func TestDeadAfterAnAttemptThatMayHaveReachedSaysSo(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	for _, key := range []string{"dead-reached", "dead-refused"} {
+		r := b.do(t, "POST", "/v1/intents", adminSecret, key, `{"connector":"webhook","payload":{}}`)
+		require.Equal(t, http.StatusCreated, r.status, r.raw)
+	}
+	_, err := b.pool.Exec(t.Context(), `UPDATE outbox SET status = 'dead', attempts = 2, last_error = 'attempt 2: 400'
+		WHERE idempotency_key IN ('dead-reached', 'dead-refused')`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(t.Context(), `
+INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous, error)
+SELECT id, n, 'r1', now(), now(), CASE WHEN n = 1 AND idempotency_key = 'dead-reached' THEN 'retry' ELSE 'dead' END,
+       n = 1 AND idempotency_key = 'dead-reached', 'timeout'
+FROM outbox, generate_series(1, 2) AS n WHERE idempotency_key IN ('dead-reached', 'dead-refused')`)
+	require.NoError(t, err)
+
+	r := b.do(t, "GET", "/v1/intents/dead-reached", adminSecret, "", "")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	acted, ok := r.body["may_have_acted"].(map[string]any)
+	require.True(t, ok, r.raw)
+	require.Equal(t, "webhook", acted["connector"], r.raw)
+	require.Contains(t, acted["reason"], "dead after an attempt that may have reached the receiver", r.raw)
+	agree(t, b, adminSecret, r, true)
+
+	r = b.do(t, "GET", "/v1/intents/dead-refused", adminSecret, "", "")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.NotContains(t, r.body, "may_have_acted", r.raw)
+	agree(t, b, adminSecret, r, true)
+}

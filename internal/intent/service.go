@@ -360,29 +360,34 @@ func (s *Service) CopiesOf(ctx context.Context, tok *Token, ins []outbox.Intent)
 	return out, nil
 }
 
-// MayHaveActed maps those of ins that are canceled after an attempt that may have
-// reached the receiver to why ([ops.CanceledReached]), as the cancel answered them: read
-// later, "canceled" alone tells a client the operation never happened, when the receiver
-// may have performed it. Only intents canceled after an attempt are looked up, in one
-// query. A role that may not read outbox_attempts, which outboxd mcp's role need not
-// (README), gets each of those named all the same, with a reason that says whether one
-// reached the receiver is unknown: not an error, the intent itself is what was asked for.
+// MayHaveActed maps those of ins that are canceled or dead after an attempt that may have
+// reached the receiver to why ([ops.EndedReached]), a canceled one as the cancel answered
+// it: read later, "canceled" alone tells a client the operation never happened, and
+// "dead" that it failed, when the receiver may have performed it. Only intents canceled
+// or dead after an attempt are looked up, in one query. A role that may not read
+// outbox_attempts, which outboxd mcp's role need not (README), gets each of those named
+// all the same, with a reason that says whether one reached the receiver is unknown: not
+// an error, the intent itself is what was asked for.
 func (s *Service) MayHaveActed(ctx context.Context, ins []outbox.Intent) (map[string]ops.Reached, error) {
 	var keys []string
 	attempted := map[string]outbox.Intent{}
 	for _, in := range ins {
-		if in.Status == outbox.StatusCanceled && in.Attempts > 0 {
+		if (in.Status == outbox.StatusCanceled || in.Status == outbox.StatusDead) && in.Attempts > 0 {
 			keys = append(keys, in.Key)
 			attempted[in.Key] = in
 		}
 	}
-	acted, err := ops.CanceledReached(ctx, s.Pool, keys)
+	acted, err := ops.EndedReached(ctx, s.Pool, keys)
 	if insufficientPrivilege(err) {
 		acted = make(map[string]ops.Reached, len(keys))
 		for k, in := range attempted {
-			acted[k] = ops.Reached{Connector: in.Connector, Reason: fmt.Sprintf("canceled after %d attempt(s); this server's database role "+
+			undo := "canceling stops further attempts but cannot undo what it did"
+			if in.Status == outbox.StatusDead {
+				undo = "the relay giving up on it does not undo what it did"
+			}
+			acted[k] = ops.Reached{Connector: in.Connector, Reason: fmt.Sprintf("%s after %d attempt(s); this server's database role "+
 				"may not read the attempt log (SELECT on outbox_attempts), so whether one reached the receiver is unknown, "+
-				"and it may have acted already: canceling stops further attempts but cannot undo what it did; outboxd inspect shows the attempts", in.Attempts)}
+				"and it may have acted already: %s; outboxd inspect shows the attempts", in.Status, in.Attempts, undo)}
 		}
 		return acted, nil
 	}

@@ -52,7 +52,7 @@ const getDescription = `Read one intent by its key: status (pending, delivering,
 Call this instead of proposing again when you need to know whether a side effect happened; delivered means done, and the result is the receiver's answer.
 Not found does not mean never proposed: delivered and canceled intents are deleted after the outbox's retention period (OUTBOX_RETENTION, 7 days by default), so a key you proposed before may name an effect that happened; do not propose it again to find out.
 An intent that names replayed_as had its operation re-executed by an operator under that new key: while it is dead, held or canceled, that is where the operation went, so follow that key instead. copy_of names the intent whose operation a copy re-executes.
-A canceled intent that names may_have_acted was canceled after an attempt that may have reached the receiver: the effect may have happened; do not propose it again.`
+A canceled or dead intent that names may_have_acted ended after an attempt that may have reached the receiver: the effect may have happened; do not propose it again.`
 
 const listDescription = `List intents newest first, only of the connectors this token may use. Filter by status (one, or several separated by commas) and connector; page with limit and the next cursor from the previous page (after).
 An intent that names replayed_as had its operation re-executed by an operator under that new key, as get_intent says: follow that key rather than taking this intent's status (dead, held) as the operation's.`
@@ -199,13 +199,13 @@ type ProposeOutput struct {
 
 // Operation says what became of an intent's operation that its status alone does not:
 // the copies an operator made to re-execute it under a new key (intent.Copies), and
-// whether a canceled intent's receiver may have acted already
+// whether a canceled or dead intent's receiver may have acted already
 // (intent.Service.MayHaveActed). It is in get_intent's output, a proposal's made again,
 // and each intent of list_intents'.
 type Operation struct {
 	CopyOf       string       `json:"copy_of,omitempty" jsonschema:"the key of the intent this one re-executes under a new key, when an operator made it so (outboxd replay --new-key)"`
 	ReplayedAs   *intent.Copy `json:"replayed_as,omitempty" jsonschema:"where the operation went when an operator re-executed it under a new key: that intent's key and status now (gone: no longer kept, deleted after the retention period once delivered or canceled)"`
-	MayHaveActed *ops.Reached `json:"may_have_acted,omitempty" jsonschema:"set on a canceled intent an attempt of which may have reached the receiver before the cancel: the effect may have happened, which canceling cannot undo"`
+	MayHaveActed *ops.Reached `json:"may_have_acted,omitempty" jsonschema:"set on a canceled or dead intent an attempt of which may have reached the receiver: the effect may have happened, which canceling or the relay giving up cannot undo"`
 }
 
 // notes are what became of the operations of ins ([Operation]), by key; intents with
@@ -527,9 +527,10 @@ func (n notes) step(in outbox.Intent) string {
 		// The operation went on under the copy's key, which is what the agent needs to
 		// follow; this row's own next step (an operator may replay it) is past.
 		return msg + copyStep(c.ReplayedAs)
-	case in.Status == outbox.StatusCanceled && n.acted[in.Key].Reason != "":
+	case (in.Status == outbox.StatusCanceled || in.Status == outbox.StatusDead) && n.acted[in.Key].Reason != "":
 		// "Canceled and will not happen" is untrue of an operation whose receiver may have
-		// performed it before the cancel, and the agent acts on it.
+		// performed it before the cancel, and the agent acts on it; so is "the relay gave
+		// up", read as failed, of one whose earlier attempt may have reached the receiver.
 		return msg + "It was " + n.acted[in.Key].Reason + ". So it may have happened: do not propose it again, under this key or a new one; " +
 			"ask an operator whether the receiver acted."
 	case c.Unknown && over(in):

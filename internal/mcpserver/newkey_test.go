@@ -175,3 +175,36 @@ func TestCanceledAfterAnAttemptMayHaveHappened(t *testing.T) {
 	require.Contains(t, out["message"], "will not happen")
 	agreeMCP(t, cs, out)
 }
+
+// A dead intent an attempt of which may have reached the receiver read as a failed
+// operation: get_intent said the relay gave up, and named no may_have_acted. It now names
+// it and says the effect may have happened, as for a canceled one; a dead intent whose
+// attempts all failed plainly does not.
+func TestDeadAfterAnAttemptMayHaveHappened(t *testing.T) {
+	t.Parallel()
+	b := setupService(t)
+	cs := b.connect(t, "agent")
+	for _, key := range []string{"reached", "refused"} {
+		ok[map[string]any](t, call(t, cs, "propose_intent", map[string]any{
+			"connector": "webhook", "key": key, "payload": map[string]any{"n": 1},
+		}))
+	}
+	// The latest attempt marked ambiguous, then a reclaim's retry policy sent it to dead.
+	_, err := b.pool.Exec(t.Context(), `UPDATE outbox SET status = 'dead', attempts = 1,
+		ambiguous = (idempotency_key = 'reached') WHERE idempotency_key IN ('reached', 'refused')`)
+	require.NoError(t, err)
+
+	got := call(t, cs, "get_intent", map[string]any{"key": "reached"})
+	out := ok[map[string]any](t, got)
+	acted, isMap := out["may_have_acted"].(map[string]any)
+	require.True(t, isMap, text(got))
+	require.Contains(t, acted["reason"], "dead after an attempt that may have reached the receiver")
+	require.Contains(t, out["message"], "may have happened")
+	agreeMCP(t, cs, out)
+
+	got = call(t, cs, "get_intent", map[string]any{"key": "refused"})
+	out = ok[map[string]any](t, got)
+	require.NotContains(t, out, "may_have_acted")
+	require.Contains(t, out["message"], "The relay gave up")
+	agreeMCP(t, cs, out)
+}

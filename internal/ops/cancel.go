@@ -32,7 +32,8 @@ type CancelResult struct {
 	MayHaveActed map[string]Reached `json:"may_have_acted"`
 }
 
-// Reached says why the receiver of an intent [Cancel] canceled may have acted already.
+// Reached says why the receiver of an intent [Cancel] canceled (or that [EndedReached]
+// finds canceled or dead) may have acted already.
 type Reached struct {
 	// Connector is the intent's connector instance, whose guarantee says how to find out
 	// ([CanceledNote]).
@@ -187,25 +188,39 @@ func reachedReason(status string) string {
 		"acted already: canceling stops further attempts but cannot undo what it did; outboxd inspect shows the attempts", status)
 }
 
-// canceledReachedSQL finds which of the rows with keys $1 are canceled after an attempt
-// that may have reached the receiver (reachedSQL), with their connectors.
-const canceledReachedSQL = `
-SELECT o.idempotency_key, o.connector FROM outbox o
-WHERE o.idempotency_key = ANY($1::text[]) AND o.status = 'canceled' AND ` + reachedSQL
+// endedReachedSQL finds which of the rows with keys $1 are canceled or dead after an
+// attempt that may have reached the receiver (reachedSQL), with their connectors and
+// statuses.
+const endedReachedSQL = `
+SELECT o.idempotency_key, o.connector, o.status FROM outbox o
+WHERE o.idempotency_key = ANY($1::text[]) AND o.status IN ('canceled', 'dead') AND ` + reachedSQL
 
-// CanceledReached maps those of keys whose rows are canceled after an attempt that may
-// have reached the receiver to why, as [Cancel] answered them in MayHaveActed, in one
-// query: read later, "canceled" alone reads as an operation that never happened.
-func CanceledReached(ctx context.Context, db outbox.DB, keys []string) (map[string]Reached, error) {
-	reached, err := byKey(ctx, db, canceledReachedSQL, keys, func(rows pgx.Rows, key *string, r *Reached) error {
-		r.Reason = reachedReason(outbox.StatusCanceled)
-		return rows.Scan(key, &r.Connector)
+// EndedReached maps those of keys whose rows are canceled or dead after an attempt that
+// may have reached the receiver to why, in one query: read later, "canceled" alone reads
+// as an operation that never happened, and "dead" as one that failed, when the receiver
+// may have performed it. A canceled row's reason is the one [Cancel] answered in
+// MayHaveActed.
+func EndedReached(ctx context.Context, db outbox.DB, keys []string) (map[string]Reached, error) {
+	reached, err := byKey(ctx, db, endedReachedSQL, keys, func(rows pgx.Rows, key *string, r *Reached) error {
+		var status string
+		err := rows.Scan(key, &r.Connector, &status)
+		r.Reason = reachedReason(status)
+		if status == outbox.StatusDead {
+			r.Reason = DeadReachedReason
+		}
+		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("look up attempts of canceled rows: %w", err)
+		return nil, fmt.Errorf("look up attempts of canceled and dead rows: %w", err)
 	}
 	return reached, nil
 }
+
+// DeadReachedReason says why the receiver of a dead row may have acted already, though
+// the relay gave up on it ([EndedReached]).
+const DeadReachedReason = "dead after an attempt that may have reached the receiver (one that got no answer, lost its " +
+	"connection mid-request or whose relay's lease expired mid-attempt, or one delivered before a replay), so the receiver " +
+	"may have acted already, though the relay gave up on the attempts after it; outboxd inspect shows the attempts"
 
 // CanceledNote says in plain words how a connector's guarantee helps to find out
 // whether the receiver acted on an attempt of a canceled intent that may have reached
