@@ -2767,12 +2767,12 @@ const (
 
 // record writes the outcomes of a stopping relay: left, those the claim loop did not
 // write, and then those in results (r.results; nil: none), in batches, until it is
-// closed and drained. An
-// outcome whose row (or its ordering key's next row) another session keeps locked is
-// set aside, as the claim loop sets it aside (see writeAround), and looked at again with
-// backoff until it is written or ctx ends: retried in line, it held up every outcome
-// after it, those of the deliveries that ended during the stop, until the drain time ran
-// out, and then they were not written at all, though nothing held them up.
+// closed and drained. An outcome whose row (or its ordering key's next row) another
+// session keeps locked is set aside, as the claim loop sets it aside (see writeAround),
+// and looked at again with backoff until it is written or ctx ends: retried in line, it
+// held up every outcome after it, those of the deliveries that ended during the stop,
+// until the drain time ran out, and then they were not written at all, though nothing
+// held them up.
 func (r *Relay) record(ctx context.Context, left []outcome, results <-chan outcome) {
 	var locked lockWaits[outcome]
 	r.writeBatch(ctx, left, &locked)

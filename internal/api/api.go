@@ -381,22 +381,14 @@ type intentAnswer struct {
 // copies and, canceled or dead, why the receiver may have acted. A page of ins asks the
 // database no more than one of them does.
 func (h *Handler) answers(ctx context.Context, tok *intent.Token, ins []outbox.Intent) ([]intentAnswer, error) {
-	copies, err := h.svc.CopiesOf(ctx, tok, ins)
-	if err != nil {
-		return nil, err
-	}
-	acted, err := h.svc.MayHaveActed(ctx, ins)
+	notes, err := h.svc.Notes(ctx, tok, ins)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]intentAnswer, 0, len(ins))
 	for _, in := range ins {
-		c := copies[in.Key]
-		a := intentAnswer{Intent: ops.WithoutCredentials(in), CopyOf: c.CopyOf, ReplayedAs: c.ReplayedAs}
-		if r, ok := acted[in.Key]; ok {
-			a.MayHaveActed = &r
-		}
-		out = append(out, a)
+		c, acted := notes.Of(in.Key)
+		out = append(out, intentAnswer{Intent: ops.WithoutCredentials(in), CopyOf: c.CopyOf, ReplayedAs: c.ReplayedAs, MayHaveActed: acted})
 	}
 	return out, nil
 }

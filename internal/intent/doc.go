@@ -19,9 +19,10 @@
 //
 // An operator who re-executes an intent's operation under a new key (outboxd replay
 // --new-key) makes a copy of its row and leaves the row itself dead or held.
-// [Service.Copies] names that copy for a read of the row (and, for a read of the copy,
+// [Service.CopiesOf] names that copy for a read of the row (and, for a read of the copy,
 // the row it copies), so that a client follows the operation rather than taking it for
-// failed; [Service.CopiesOf] does so for a page of [Service.List] at once.
+// failed, a whole page of [Service.List] at once; [Service.Notes] adds why a canceled or
+// dead one's receiver may have acted.
 //
 // # Approval
 //

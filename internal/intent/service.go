@@ -251,7 +251,7 @@ func (s *Service) Get(ctx context.Context, tok *Token, key string) (outbox.Inten
 // Copies says where the operation of an intent went once an operator re-executed it
 // under a new key (outboxd replay --new-key): that makes a copy of the row, and leaves
 // the row itself as it was, dead or held, so that its status alone reads as a failed
-// operation. See [Service.Copies].
+// operation. See [Service.CopiesOf].
 type Copies struct {
 	// CopyOf is the key of the intent this one is a copy of, when it is one.
 	CopyOf string
@@ -274,23 +274,16 @@ type Copy struct {
 	Gone bool `json:"gone,omitempty"`
 }
 
-// Copies returns the copies of in's operation that tok may know of: only those of its
-// connectors, as [Service.Get] reads intents. A copy keeps its row's connector, so a
+// CopiesOf returns, by key, the copies of each of ins' operations that tok may know
+// of: only those of its connectors, as [Service.Get] reads intents. A copy keeps its row's connector, so a
 // token that reads one reads the other; a row whose connector plain SQL changed since is
 // left out, so its existence does not leak. A copy that is gone is named all the same:
-// its key is in the audit trail of in's operation, whose connector tok may use.
+// its key is in the audit trail of the intent's operation, whose connector tok may use.
 //
-// A role that may not read outbox_audit gets Copies{Unknown: true}, not an error: the
-// intent itself is what was asked for.
-func (s *Service) Copies(ctx context.Context, tok *Token, in outbox.Intent) (Copies, error) {
-	all, err := s.CopiesOf(ctx, tok, []outbox.Intent{in})
-	return all[in.Key], err
-}
-
-// CopiesOf is [Service.Copies] for several intents at once, such as a page of
-// [Service.List], by key; intents with no copy to name are left out. It asks the
-// database three times at most, whatever the number of intents, rather than three times
-// an intent.
+// A role that may not read outbox_audit gets Copies{Unknown: true} for each, not an
+// error: the intents themselves are what was asked for. Intents with no copy to name are
+// left out. It asks the database three times at most, whatever the number of intents
+// (a page of [Service.List]), rather than three times an intent.
 func (s *Service) CopiesOf(ctx context.Context, tok *Token, ins []outbox.Intent) (map[string]Copies, error) {
 	keys := make([]string, len(ins))
 	for i, in := range ins {
@@ -392,6 +385,37 @@ func (s *Service) MayHaveActed(ctx context.Context, ins []outbox.Intent) (map[st
 		return acted, nil
 	}
 	return acted, err
+}
+
+// Notes is what became of intents' operations that their statuses alone do not say,
+// by key: the copies an operator made to re-execute them under a new key
+// ([Service.CopiesOf]), and why a canceled or dead one's receiver may have acted
+// ([Service.MayHaveActed]). The intent API and MCP answer both with every intent they
+// show.
+type Notes struct {
+	Copies map[string]Copies
+	Acted  map[string]ops.Reached
+}
+
+// Notes looks up the [Notes] of ins as tok may read them, with as few queries for a
+// page as for one intent.
+func (s *Service) Notes(ctx context.Context, tok *Token, ins []outbox.Intent) (Notes, error) {
+	copies, err := s.CopiesOf(ctx, tok, ins)
+	if err != nil {
+		return Notes{}, err
+	}
+	acted, err := s.MayHaveActed(ctx, ins)
+	return Notes{Copies: copies, Acted: acted}, err
+}
+
+// Of returns the notes of the intent with key: its copies, and why its receiver may have
+// acted (nil when there is nothing to say).
+func (n Notes) Of(key string) (Copies, *ops.Reached) {
+	r, ok := n.Acted[key]
+	if !ok {
+		return n.Copies[key], nil
+	}
+	return n.Copies[key], &r
 }
 
 // insufficientPrivilege says err is PostgreSQL's refusal of a table the role has no

@@ -11,7 +11,7 @@
 //     tool error naming the key.
 //   - get_intent reads one intent: status, attempts, last error, stored result, and the
 //     copies an operator made to re-execute its operation under a new key
-//     ([intent.Service.Copies]) or whether, canceled or dead, its receiver may have acted
+//     ([intent.Service.CopiesOf]) or whether, canceled or dead, its receiver may have acted
 //     ([intent.Service.MayHaveActed]), which propose_intent (for a decision proposed
 //     again) and list_intents say too.
 //   - list_intents reads a page of intents, only of the connectors the token may use.

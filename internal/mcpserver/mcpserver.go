@@ -208,32 +208,10 @@ type Operation struct {
 	MayHaveActed *ops.Reached `json:"may_have_acted,omitempty" jsonschema:"set on a canceled or dead intent an attempt of which may have reached the receiver: the effect may have happened, which canceling or the relay giving up cannot undo"`
 }
 
-// notes are what became of the operations of ins ([Operation]), by key; intents with
-// nothing to add are left out.
-type notes struct {
-	copies map[string]intent.Copies
-	acted  map[string]ops.Reached
-}
-
-// notesOf looks up the notes of ins as tok may read them, with as few queries for a
-// page as for one intent.
-func (t *tools) notesOf(ctx context.Context, tok *intent.Token, ins []outbox.Intent) (notes, error) {
-	copies, err := t.svc.CopiesOf(ctx, tok, ins)
-	if err != nil {
-		return notes{}, err
-	}
-	acted, err := t.svc.MayHaveActed(ctx, ins)
-	return notes{copies: copies, acted: acted}, err
-}
-
-// operation is in's [Operation].
-func (n notes) operation(in outbox.Intent) Operation {
-	c := n.copies[in.Key]
-	op := Operation{CopyOf: c.CopyOf, ReplayedAs: c.ReplayedAs}
-	if r, ok := n.acted[in.Key]; ok {
-		op.MayHaveActed = &r
-	}
-	return op
+// operation is the [Operation] of in, by its notes n.
+func operation(n intent.Notes, in outbox.Intent) Operation {
+	c, acted := n.Of(in.Key)
+	return Operation{CopyOf: c.CopyOf, ReplayedAs: c.ReplayedAs, MayHaveActed: acted}
 }
 
 // GetOutput is the output of get_intent.
@@ -462,9 +440,9 @@ func (t *tools) propose(ctx context.Context, req *mcp.CallToolRequest, in Propos
 	created, err := t.svc.Create(ctx, tok, key, intent.CreateRequest{
 		Connector: in.Connector, Payload: payload, OrderingKey: in.OrderingKey, NotBefore: notBefore,
 	})
-	var n notes
+	var n intent.Notes
 	if err == nil && !created.Inserted {
-		n, err = t.notesOf(ctx, tok, []outbox.Intent{created})
+		n, err = t.svc.Notes(ctx, tok, []outbox.Intent{created})
 	}
 	if problem := unsendableKey(in.Connector, key); errors.Is(err, outbox.ErrInvalidMessage) && problem != "" {
 		return nil, ProposeOutput{}, fmt.Errorf("key %q cannot be sent by the %s connector: %s. Pass key_parts naming the decision instead (the server derives a key every connector can send); nothing was written",
@@ -479,14 +457,14 @@ func (t *tools) propose(ctx context.Context, req *mcp.CallToolRequest, in Propos
 		Intent:    fromIntent(created),
 		Inserted:  created.Inserted,
 		Replayed:  !created.Inserted,
-		Operation: n.operation(created),
+		Operation: operation(n, created),
 		Reason:    in.Reason,
 	}
 	verb := "Created"
 	if out.Replayed {
 		verb = "This decision was already proposed under this key; nothing new was written. Existing"
 	}
-	out.Message = fmt.Sprintf("%s intent %s, status %s. %s", verb, created.Key, created.Status, n.step(created))
+	out.Message = fmt.Sprintf("%s intent %s, status %s. %s", verb, created.Key, created.Status, step(n, created))
 	return nil, out, nil
 }
 
@@ -496,15 +474,15 @@ func (t *tools) get(ctx context.Context, req *mcp.CallToolRequest, in GetInput) 
 		return nil, GetOutput{}, err
 	}
 	got, err := t.svc.Get(ctx, tok, in.Key)
-	var n notes
+	var n intent.Notes
 	if err == nil {
-		n, err = t.notesOf(ctx, tok, []outbox.Intent{got})
+		n, err = t.svc.Notes(ctx, tok, []outbox.Intent{got})
 	}
 	if err != nil {
 		return nil, GetOutput{}, t.toolError(ctx, ToolGet, in.Key, err)
 	}
-	msg := fmt.Sprintf("Intent %s is %s after %d attempt(s). ", got.Key, got.Status, got.Attempts) + n.step(got)
-	return nil, GetOutput{Intent: fromIntent(got), Operation: n.operation(got), Message: msg}, nil
+	msg := fmt.Sprintf("Intent %s is %s after %d attempt(s). ", got.Key, got.Status, got.Attempts) + step(n, got)
+	return nil, GetOutput{Intent: fromIntent(got), Operation: operation(n, got), Message: msg}, nil
 }
 
 // over says in's status, dead, held or canceled, is one an operator may have moved its
@@ -516,8 +494,8 @@ func over(in outbox.Intent) bool {
 // step tells the agent what to do about in, with its notes: where its operation went
 // when an operator re-executed it under a new key, that a canceled one may have
 // happened, or else nextStep.
-func (n notes) step(in outbox.Intent) string {
-	c := n.copies[in.Key]
+func step(n intent.Notes, in outbox.Intent) string {
+	c := n.Copies[in.Key]
 	msg := ""
 	if c.CopyOf != "" {
 		msg += fmt.Sprintf("An operator made this intent to re-execute the operation of intent %s under a new key. ", c.CopyOf)
@@ -527,11 +505,11 @@ func (n notes) step(in outbox.Intent) string {
 		// The operation went on under the copy's key, which is what the agent needs to
 		// follow; this row's own next step (an operator may replay it) is past.
 		return msg + copyStep(c.ReplayedAs)
-	case (in.Status == outbox.StatusCanceled || in.Status == outbox.StatusDead) && n.acted[in.Key].Reason != "":
+	case (in.Status == outbox.StatusCanceled || in.Status == outbox.StatusDead) && n.Acted[in.Key].Reason != "":
 		// "Canceled and will not happen" is untrue of an operation whose receiver may have
 		// performed it before the cancel, and the agent acts on it; so is "the relay gave
 		// up", read as failed, of one whose earlier attempt may have reached the receiver.
-		return msg + "It was " + n.acted[in.Key].Reason + ". So it may have happened: do not propose it again, under this key or a new one; " +
+		return msg + "It was " + n.Acted[in.Key].Reason + ". So it may have happened: do not propose it again, under this key or a new one; " +
 			"ask an operator whether the receiver acted."
 	case c.Unknown && over(in):
 		return msg + nextStep(in) + " But this server's database role may not read the audit trail (SELECT on outbox_audit), " +
@@ -552,17 +530,17 @@ func (t *tools) list(ctx context.Context, req *mcp.CallToolRequest, in ListInput
 		}
 	}
 	page, err := t.svc.List(ctx, tok, f)
-	var n notes
+	var n intent.Notes
 	if err == nil {
-		n, err = t.notesOf(ctx, tok, page.Intents)
+		n, err = t.svc.Notes(ctx, tok, page.Intents)
 	}
 	if err != nil {
 		return nil, ListOutput{}, t.toolError(ctx, ToolList, "", err)
 	}
 	out := ListOutput{Intents: make([]ListedIntent, 0, len(page.Intents)), Next: page.Next}
 	for _, in := range page.Intents {
-		out.Intents = append(out.Intents, ListedIntent{Intent: fromIntent(in), Operation: n.operation(in)})
-		if n.copies[in.Key].Unknown && over(in) {
+		out.Intents = append(out.Intents, ListedIntent{Intent: fromIntent(in), Operation: operation(n, in)})
+		if n.Copies[in.Key].Unknown && over(in) {
 			out.Message = "This server's database role may not read the audit trail (SELECT on outbox_audit), so it cannot tell whether " +
 				"an operator re-executed a dead, held or canceled intent under a new key: ask an operator before taking one as failed."
 		}
