@@ -226,6 +226,67 @@ func numericRefuses(v any) string {
 	return ""
 }
 
+// maxWrittenOut bounds how many bytes more than written a payload's numbers take in the
+// text PostgreSQL writes out for it. jsonb keeps a number's value and its scale as
+// written and writes it without an exponent: 0e-16383 (8 bytes) as "0." and 16,383
+// zeros, 1e131071 as a 1 and 131,071 zeros. Every claim of a row has PostgreSQL write its
+// payload out, and past 1 GiB it cannot: the claim fails, and with it every round of
+// every relay on the database (all connector instances' claims and outcomes together).
+// A few kilobytes of such numbers are enough, within the intent API's 1 MiB body. 16 MiB
+// is far more than numbers as applications write them add (a float64 near 1e-300, the
+// extreme, adds about 300 bytes), and keeps what a small request can make a relay hold
+// small.
+const maxWrittenOut = 16 << 20
+
+// writtenOut returns how many bytes more than written the numbers in a decoded JSON value
+// take in PostgreSQL's text of it (numbers that take fewer count as none), stopping
+// once the count passes limit.
+func writtenOut(v any, limit int64) int64 {
+	var n int64
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for _, e := range v {
+				if n > limit {
+					return
+				}
+				walk(e)
+			}
+		case []any:
+			for _, e := range v {
+				if n > limit {
+					return
+				}
+				walk(e)
+			}
+		case json.Number:
+			if d, ok := parseNumber(string(v)); ok {
+				n += max(0, d.textLen()-int64(len(v)))
+			}
+		}
+	}
+	walk(v)
+	return n
+}
+
+// textLen is the length of PostgreSQL's text of d (numeric_out, which jsonb uses): its
+// sign, its integer digits ("0" when it has none) and, with a scale, the point and that
+// many digits after it.
+func (d decimal) textLen() int64 {
+	n := int64(1)
+	if whole := int64(len(d.digits)) + int64(d.exp); d.digits != "" && whole > 0 {
+		n = whole
+	}
+	if d.neg {
+		n++
+	}
+	if d.scale > 0 {
+		n += 1 + int64(d.scale)
+	}
+	return n
+}
+
 // fingerprint identifies a request for comparison: the same connector, ordering key and
 // payload (in canonical form) give the same 32 bytes.
 func fingerprint(connector, orderingKey string, canonicalPayload []byte) []byte {
