@@ -59,7 +59,9 @@
 // The table is the API for other languages: a plain
 //
 //	INSERT INTO outbox (idempotency_key, connector, payload) VALUES ($1, $2, $3)
+//	ON CONFLICT DO NOTHING
 //
 // produces a claimable row; the table's defaults and constraints do the rest, and a
-// trigger wakes the relay.
+// trigger wakes the relay. ON CONFLICT DO NOTHING lets the step run again: without it, a
+// second insert of the key fails and aborts the transaction.
 package outbox
