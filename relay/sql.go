@@ -333,11 +333,29 @@ const waitingFollowers = `
 // began is seen by it. A row not parked yet is not covered: unpark, which does not see
 // it parked, does not wait for it, so a decision that commits while parkWaitingSQL runs
 // leaves it parked for up to parkFor. That is the first pass behind a row only; later
-// passes renew rows parked already.
+// passes renew rows parked already. It is the first statement of its transaction, and
+// bounds how long the transaction may idle (idleGate).
 const lockWaitingSQL = `
 SELECT f.id
 FROM unnest($1::bigint[]) AS w(id)` + waitingFollowers + `
+  AND ` + idleGate + `
 FOR UPDATE OF f SKIP LOCKED`
+
+// idleGate has the server end the session of a transaction of the relay that sends more
+// than one statement (reclaimSQL's, lockWaitingSQL's) should the relay leave it idle for
+// five seconds between them: its process paused (SIGSTOP, docker pause, a VM stunned),
+// or the network gone. Otherwise the rows it locked stayed locked for as long as the
+// pause lasted, or, for a network gone without a reset, until the server's TCP
+// keepalive gave up on the session, hours with the defaults (the relay's own time limit,
+// maintainTimeout, ends only its side of the connection): the rows of a dead relay that
+// its reclaim had taken were put back by no relay, and the rows it had locked to park
+// them were claimed by none, nor was the outcome of the row before them written
+// (lockNextSQL waits for them), by any relay. A relay sends a transaction's statements
+// one after the other, and never idles that long otherwise. As the operators' commands
+// bound theirs (internal/ops, idleLimitSQL). A condition, not a statement of its own:
+// an uncorrelated subquery, it runs once, before the statement locks any row, and is
+// local to the transaction (set_config's true).
+const idleGate = `(SELECT set_config('idle_in_transaction_session_timeout', '5s', true)) IS NOT NULL`
 
 // parkWaitingSQL parks the rows waiting behind rows $1, rows of ordering keys whose
 // status is one of $4 (held or awaiting approval; or in flight), until $6, with $5
@@ -510,7 +528,8 @@ SELECT (SELECT count(*) FROM released),
 // returns the rows it took, in id order, each with its key and its new status (pending,
 // held or dead: the log tells them apart and names some of them), for releaseNextSQL: a
 // row of an ordering key sent to dead lets its key's next row go, which a relay may have
-// parked behind it while it was in flight.
+// parked behind it while it was in flight. It is the first statement of its transaction,
+// and bounds how long the transaction may idle (idleGate).
 const reclaimSQL = `
 WITH expired AS (
     SELECT id, lease_owner, updated_at AS started_at, attempts,
@@ -518,6 +537,7 @@ WITH expired AS (
     FROM outbox
     WHERE status = 'delivering' AND lease_expires_at < $1 AND connector = ANY($4)
       AND NOT (lease_owner = $6 AND id = ANY($7::bigint[]))
+      AND ` + idleGate + `
     ORDER BY lease_expires_at
     LIMIT 1000
     FOR UPDATE SKIP LOCKED
