@@ -5,7 +5,9 @@ import (
 	"log/slog"
 	"net"
 	"reflect"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -200,7 +202,28 @@ func ParseDSN(name, dsn string) (*pgxpool.Config, error) {
 	if i := strings.LastIndex(reason, "`: "); i >= 0 {
 		reason = reason[i+len("`: "):]
 	}
+	reason = maskQuotedWord(dsn, reason)
 	return nil, fmt.Errorf("%s (%s) is not a PostgreSQL URL or keyword/value string that pgx accepts: %s", name, RedactDSN(dsn), reason)
+}
+
+// missingEquals matches pgx's reason when a keyword/value DSN has a word without "="
+// after it, and the word it quotes: `missing "=" after "cret" in connection info string`.
+var missingEquals = regexp.MustCompile(`missing "=" after ("(?:[^"\\]|\\.)*") in connection info string`)
+
+// maskQuotedWord leaves out of pgx's reason the word it quotes from a keyword/value DSN
+// when that word comes after a password keyword: unquoted, a password ends at its first
+// space, so its second word ("password=se cret user=app") is the one pgx quotes.
+func maskQuotedWord(dsn, reason string) string {
+	loc := kvPasswordKey.FindStringIndex(dsn)
+	m := missingEquals.FindStringSubmatchIndex(reason)
+	if loc == nil || m == nil {
+		return reason
+	}
+	if word, err := strconv.Unquote(reason[m[2]:m[3]]); err == nil && !strings.Contains(dsn[loc[1]:], word) {
+		return reason
+	}
+	return reason[:m[0]] + `a word after password= has no "=" after it, and is not shown, as it may be part of the password; ` +
+		`a value with spaces goes in single quotes: password='...'` + reason[m[1]:]
 }
 
 // SessionDefaults asks for the session settings outboxd's statements count on in every

@@ -148,3 +148,37 @@ func TestDSNURLWithNewline(t *testing.T) {
 	_, err := LoadDatabase(environ(map[string]string{"OUTBOX_DATABASE_URL": "host=db user=u password=S3CRET dbname=app\n"}))
 	require.NoError(t, err)
 }
+
+// TestInvalidKeywordValueDSNNeverQuotesPasswordWords: in a keyword/value DSN an unquoted
+// password ends at its first space, and pgx's reason quotes the word after it when a
+// keyword follows ("missing \"=\" after \"cret\""), so the password's second word was
+// printed at start by serve, migrate and every command. A word before any password may
+// still be quoted.
+func TestInvalidKeywordValueDSNNeverQuotesPasswordWords(t *testing.T) {
+	t.Parallel()
+
+	for _, dsn := range []string{
+		"host=db password=se cret user=app",
+		"host=db password=se cret dbname=app sslmode=disable",
+		"host=db sslpassword=k3y s3cr3t dbname=app",
+		"host=db PASSWORD = se cret user=app",
+	} {
+		_, err := LoadDatabase(environ(map[string]string{"OUTBOX_DATABASE_URL": dsn}))
+		lines := problemLines(t, err)
+		require.Len(t, lines, 1, dsn)
+		require.Contains(t, lines[0], "a word after password= has no \"=\" after it", dsn)
+		require.NotContains(t, lines[0], "cret", dsn)
+		require.NotContains(t, lines[0], "s3cr3t", dsn)
+
+		_, err = ParseDSN("--database-url", dsn)
+		require.Error(t, err, dsn)
+		require.NotContains(t, err.Error(), "cret", dsn)
+		require.NotContains(t, err.Error(), "s3cr3t", dsn)
+	}
+
+	_, err := LoadDatabase(environ(map[string]string{"OUTBOX_DATABASE_URL": "bogus host=db password=hunter2 user=app"}))
+	require.Equal(t, []string{
+		`OUTBOX_DATABASE_URL (bogus host=db password=xxxxx) is not a PostgreSQL URL or keyword/value string that pgx accepts: ` +
+			`failed to parse as keyword/value (missing "=" after "bogus" in connection info string)`,
+	}, problemLines(t, err))
+}
