@@ -75,7 +75,7 @@ type Engine struct {
 	Lease time.Duration `env:"OUTBOX_LEASE" envDefault:"30s" desc:"how long a claimed row stays with one relay before another may take it; at least 1s longer than every connector timeout"`
 	// PollInterval is how often the relay looks for due rows when no NOTIFY arrives, and
 	// reclaims expired leases (at least every 5s whatever it is).
-	PollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"1s" desc:"how often the relay looks for due rows when no NOTIFY arrives (scheduled retries, poolers that drop NOTIFY), and reclaims expired leases (at least every 5s whatever this is)"`
+	PollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"1s" desc:"how often the relay looks for due rows when no NOTIFY arrives (scheduled retries, poolers that drop NOTIFY), and reclaims expired leases (at least every 5s whatever this is); at least 10ms"`
 	// MaxAttempts sends a row to dead after this many attempts.
 	MaxAttempts int `env:"OUTBOX_MAX_ATTEMPTS" envDefault:"25" desc:"attempts after which a row is dead"`
 	// MaxAge sends a row to dead when its next attempt would come later than this
@@ -406,6 +406,11 @@ func (l *Log) validate(p *problems) {
 	}
 }
 
+// minPollInterval is the least OUTBOX_POLL_INTERVAL. An idle relay claims once per
+// interval for each instance: at 1ns it ran about 7,000 claims a second against the
+// database with nothing to deliver, and 1ms is still a thousand.
+const minPollInterval = 10 * time.Millisecond
+
 // maxConcurrency is the most OUTBOX_CONCURRENCY, the relay's (see relay.MaxConcurrency).
 const maxConcurrency = relay.MaxConcurrency
 
@@ -440,6 +445,11 @@ func (e *Engine) validate(p *problems) {
 		if v.value <= 0 {
 			p.addf(v.name, "%s must be positive, got %s", v.name, v.value)
 		}
+	}
+	if p.ok("OUTBOX_POLL_INTERVAL") && e.PollInterval < minPollInterval {
+		p.addf("OUTBOX_POLL_INTERVAL", "OUTBOX_POLL_INTERVAL must be at least %s (a busy relay looks for rows every few "+
+			"milliseconds by itself, and NOTIFY wakes an idle one; shorter only has an idle relay query the database "+
+			"without pause), got %s", minPollInterval, e.PollInterval)
 	}
 	if p.ok("OUTBOX_CONCURRENCY") && e.Concurrency > maxConcurrency {
 		p.addf("OUTBOX_CONCURRENCY", "OUTBOX_CONCURRENCY must be at most %d, got %d", maxConcurrency, e.Concurrency)

@@ -961,3 +961,23 @@ func TestMCPTokenWithNewline(t *testing.T) {
 	}))
 	require.Equal(t, []string{"OUTBOX_MCP_TOKEN must not contain spaces or newlines"}, problemLines(t, err))
 }
+
+// TestLoadPollIntervalFloor: an idle relay claims once per OUTBOX_POLL_INTERVAL for each
+// instance, so OUTBOX_POLL_INTERVAL=1ns was taken and ran about 7,000 claims a second
+// against a database with nothing to deliver. Below 10ms is refused, in one line.
+func TestLoadPollIntervalFloor(t *testing.T) {
+	t.Parallel()
+
+	for _, v := range []string{"1ns", "1us", "1ms", "9.999ms"} {
+		_, err := Load(environ(with(minimal, map[string]string{"OUTBOX_POLL_INTERVAL": v})))
+		lines := problemLines(t, err)
+		require.Len(t, lines, 1, v)
+		require.Contains(t, lines[0], "OUTBOX_POLL_INTERVAL must be at least 10ms", v)
+	}
+	for _, v := range []string{"10ms", "50ms", "1s", "1h"} {
+		cfg, err := Load(environ(with(minimal, map[string]string{"OUTBOX_POLL_INTERVAL": v})))
+		require.NoError(t, err, v)
+		want, _ := time.ParseDuration(v)
+		require.Equal(t, want, cfg.Engine.PollInterval)
+	}
+}
