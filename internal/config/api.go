@@ -1,6 +1,7 @@
 package config
 
 import (
+	"log/slog"
 	"math"
 	"slices"
 	"strings"
@@ -27,6 +28,35 @@ type API struct {
 	// MCPToken is the token whose identity `outboxd mcp` (stdio) acts under.
 	MCPToken Secret `env:"OUTBOX_MCP_TOKEN" desc:"the API token (secret) whose name and scope outboxd mcp acts under on stdio; one of OUTBOX_API_TOKENS"`
 }
+
+// LogValue shows whether the intent API (and /mcp) is on, and under which tokens: their
+// names, connectors and whether they are admin, never their hashes.
+func (a API) LogValue() slog.Value {
+	if len(a.Tokens) == 0 {
+		return slog.GroupValue(slog.Bool("enabled", false))
+	}
+	tokens := make([]string, len(a.Tokens))
+	for i, t := range a.Tokens {
+		tokens[i] = t.Name + "(" + strings.Join(t.Connectors, ",")
+		if t.Admin {
+			tokens[i] += ";admin"
+		}
+		tokens[i] += ")"
+	}
+	return slog.GroupValue(
+		slog.Bool("enabled", true),
+		slog.String("tokens", strings.Join(tokens, " ")),
+		slog.String("approval_required", strings.Join(a.ApprovalRequired, ",")),
+		slog.Float64("rate", a.Rate),
+		slog.Int64("max_body", a.MaxBody),
+	)
+}
+
+// String is LogValue's text: never the tokens' hashes.
+func (a API) String() string { return a.LogValue().String() }
+
+// GoString is String, so that %#v leaves the hashes out too.
+func (a API) GoString() string { return a.String() }
 
 // Policy returns the tokens and approval rules as an [intent.Policy].
 func (a *API) Policy() *intent.Policy {

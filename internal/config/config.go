@@ -315,6 +315,7 @@ func (c Config) LogValue() slog.Value {
 		slog.String("http_addr", c.HTTPAddr),
 		slog.Any("log", c.Log),
 		slog.Any("engine", c.Engine),
+		slog.Any("api", c.API),
 	}
 	for _, in := range c.instances() {
 		attrs = append(attrs, slog.Any(in.Instance(), in))

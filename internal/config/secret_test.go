@@ -2,6 +2,8 @@ package config
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -181,4 +183,38 @@ func TestInvalidKeywordValueDSNNeverQuotesPasswordWords(t *testing.T) {
 		`OUTBOX_DATABASE_URL (bogus host=db password=xxxxx) is not a PostgreSQL URL or keyword/value string that pgx accepts: ` +
 			`failed to parse as keyword/value (missing "=" after "bogus" in connection info string)`,
 	}, problemLines(t, err))
+}
+
+// TestConfigShowsTheIntentAPI: serve's "outboxd starting" line showed the database, the
+// engine and the connector instances, but not whether the intent API and /mcp were on,
+// nor under which tokens: an OUTBOX_API_TOKENS of [] (or a token left out) turned them
+// off without a word. The line now says, naming each token, its connectors and whether
+// it is admin, never its hash.
+func TestConfigShowsTheIntentAPI(t *testing.T) {
+	t.Parallel()
+
+	agent := sha256.Sum256([]byte("agent-secret"))
+	ops := sha256.Sum256([]byte("ops-secret"))
+	cfg, err := Load(environ(with(minimal, map[string]string{
+		"OUTBOX_API_TOKENS": `[{"name":"agent","sha256":"` + hex.EncodeToString(agent[:]) + `","connectors":["webhook","slack:*"]},` +
+			`{"name":"ops","sha256":"` + hex.EncodeToString(ops[:]) + `","connectors":["*"],"admin":true}]`,
+		"OUTBOX_APPROVAL_REQUIRED": "payment,webhook:crm",
+	})))
+	require.NoError(t, err)
+	var text, js bytes.Buffer
+	slog.New(slog.NewTextHandler(&text, nil)).Info("starting", "config", cfg)
+	slog.New(slog.NewJSONHandler(&js, nil)).Info("starting", "config", cfg)
+	require.Contains(t, text.String(), `config.api.enabled=true config.api.tokens="agent(webhook,slack:*) ops(*;admin)" `+
+		`config.api.approval_required=payment,webhook:crm config.api.rate=10 config.api.max_body=1048576`)
+	require.Contains(t, js.String(), `"api":{"enabled":true,"tokens":"agent(webhook,slack:*) ops(*;admin)"`)
+	for _, out := range []string{text.String(), js.String(), cfg.String()} {
+		require.NotContains(t, out, hex.EncodeToString(agent[:]))
+		require.NotContains(t, out, hex.EncodeToString(ops[:]))
+	}
+
+	off, err := Load(environ(with(minimal, map[string]string{"OUTBOX_API_TOKENS": "[]"})))
+	require.NoError(t, err)
+	text.Reset()
+	slog.New(slog.NewTextHandler(&text, nil)).Info("starting", "config", off)
+	require.Contains(t, text.String(), "config.api.enabled=false")
 }
