@@ -40,7 +40,7 @@ func newServeCmd(e *env) *cobra.Command {
 			"configured connector instances, and records each outcome. It also serves /healthz, /readyz and " +
 			"/metrics on OUTBOX_HTTP_ADDR, and with OUTBOX_API_TOKENS set the intent API (/v1/intents) and /mcp.\n\n" +
 			"Everything is configured by environment variables (the README lists them all); at least one " +
-			"connector instance is needed. SIGINT or SIGTERM stops claiming and gives deliveries in flight " +
+			"connector instance is needed. SIGINT, SIGTERM or SIGHUP stops claiming and gives deliveries in flight " +
 			"OUTBOX_SHUTDOWN_TIMEOUT to finish; a second signal exits at once.",
 		Example: `  # the default webhook instance
   OUTBOX_DATABASE_URL=postgres://app@localhost/app \
@@ -103,7 +103,7 @@ func serve(ctx context.Context, e *env) (err error) {
 		}()
 	}
 
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(ctx, serveStopSignals()...)
 	defer stop()
 
 	registry := prometheus.NewRegistry()
@@ -206,6 +206,19 @@ func serve(ctx context.Context, e *env) (err error) {
 	}
 	logger.InfoContext(ctx, "outboxd stopped")
 	return nil
+}
+
+// serveStopSignals are the signals on which serve stops as it does on SIGTERM: finishing
+// the deliveries in flight and recording their outcomes. SIGHUP too (a terminal or an SSH
+// session that went away), whose default ended the process at once, every delivery in
+// flight left to its lease and retried as an ambiguous attempt; unless it is ignored
+// (nohup), which asking for it would undo.
+func serveStopSignals() []os.Signal {
+	stopSignals := []os.Signal{os.Interrupt, syscall.SIGTERM}
+	if !signal.Ignored(syscall.SIGHUP) {
+		stopSignals = append(stopSignals, syscall.SIGHUP)
+	}
+	return stopSignals
 }
 
 // warnUnknown warns about each variable that starts with OUTBOX_ but that nothing reads.

@@ -88,7 +88,7 @@ type Engine struct {
 	// Retention is how long delivered and canceled rows are kept.
 	Retention time.Duration `env:"OUTBOX_RETENTION" envDefault:"168h" desc:"how long delivered and canceled rows are kept before they are purged"`
 	// ShutdownTimeout is how long in-flight deliveries may finish after a stop signal.
-	ShutdownTimeout time.Duration `env:"OUTBOX_SHUTDOWN_TIMEOUT" envDefault:"30s" desc:"how long in-flight deliveries may finish after SIGTERM or SIGINT before they are cancelled"`
+	ShutdownTimeout time.Duration `env:"OUTBOX_SHUTDOWN_TIMEOUT" envDefault:"30s" desc:"how long in-flight deliveries may finish after SIGTERM, SIGINT or SIGHUP before they are cancelled"`
 	// RelayID names this relay in leases and the attempts log; "" lets the relay
 	// generate one.
 	RelayID string `env:"OUTBOX_RELAY_ID" desc:"this relay's name in leases and the attempts log (default: generated from host, pid and a random suffix)"`
