@@ -181,6 +181,10 @@ func ParseTokens(jsonText string) ([]Token, error) {
 		switch {
 		case strings.TrimSpace(t.Name) == "":
 			errs = append(errs, fmt.Errorf("%s: name is empty", label))
+		case strings.ContainsRune(t.Name, 0):
+			// PostgreSQL's text takes no NUL: every intent the token made was refused as
+			// invalid (its created_by), and every decision it took failed in the audit trail.
+			errs = append(errs, fmt.Errorf("%s: name must not contain a NUL character (\\u0000)", label))
 		case seen[t.Name]:
 			errs = append(errs, fmt.Errorf("%s: name is used by another token; names must be unique", label))
 		}

@@ -119,3 +119,20 @@ func TestParseTokensRefusesAFieldGivenTwice(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []intent.Token{{Name: "agent", SHA256: h, Connectors: []string{"webhook"}}}, toks)
 }
+
+// TestParseTokensRefusesANulInAName: a token's name is each of its intents' created_by
+// and its decisions' actor, text that PostgreSQL cannot hold with a NUL in it. Such a
+// name ("agent\u0000" in OUTBOX_API_TOKENS) was taken at start, and then every intent
+// the token proposed was answered 422, "invalid message: created_by is not valid UTF-8
+// or contains a NUL character", though the intent was valid. It is refused at start.
+func TestParseTokensRefusesANulInAName(t *testing.T) {
+	t.Parallel()
+	h := strings.Repeat("ab", 32)
+	for _, name := range []string{`agent\u0000`, `a\u0000b`, `\u0000`} {
+		_, err := intent.ParseTokens(`[{"name":"` + name + `","sha256":"` + h + `","connectors":["webhook"]}]`)
+		require.ErrorContains(t, err, "name must not contain a NUL character", name)
+	}
+	// Other control characters are text PostgreSQL holds; outboxd escapes them where it shows names.
+	_, err := intent.ParseTokens(`[{"name":"a\nb","sha256":"` + h + `","connectors":["webhook"]}]`)
+	require.NoError(t, err)
+}
