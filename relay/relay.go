@@ -614,7 +614,7 @@ func (r *Relay) ResetPool() {
 func (r *Relay) Ready(ctx context.Context) error {
 	if !r.running.Load() {
 		if r.runCalled.Load() && r.runDone.Load() == nil {
-			// Run waits for the database at start (see start), and logs nothing meanwhile.
+			// Run waits for the database at start (see start), and warns once meanwhile.
 			if err := r.pool.Ping(ctx); err != nil {
 				return fmt.Errorf("relay is starting: database unreachable: %w", err)
 			}
@@ -831,6 +831,11 @@ func (r *Relay) start(ctx context.Context) error {
 		dateStyle                       string
 	)
 	b := retry.WithMaxDuration(30*time.Second, retry.WithCappedDuration(2*time.Second, retry.NewExponential(100*time.Millisecond)))
+	// Said once, at the first failure: the start said nothing while it retried, so a
+	// wrong password or host, or a database not up yet, showed no line for 30 seconds
+	// before the relay gave up.
+	var warned bool
+	stop := ctx
 	err := retry.Do(ctx, b, func(ctx context.Context) error {
 		// Each try bounded: ctx has no time limit, and a connection that hung (no answer
 		// and no reset: a partition, a firewall that forgot it) held the start, the relay
@@ -839,6 +844,10 @@ func (r *Relay) start(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, startTryTimeout)
 		defer cancel()
 		if err := r.readClock(ctx); err != nil {
+			if !warned && stop.Err() == nil {
+				warned = true
+				r.log.WarnContext(ctx, "cannot reach the database at start; trying again for up to 30 seconds", "err", err)
+			}
 			return retry.RetryableError(fmt.Errorf("reach database: %w", err))
 		}
 		// transaction_read_only is on in every session of a hot standby, as of a primary
