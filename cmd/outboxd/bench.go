@@ -313,7 +313,9 @@ func bench(ctx context.Context, e *env, o benchOptions) (err error) {
 	logger := newLogger(e.stderr, config.Log{Format: logCfg.Format, Level: "warn"})
 	progress := func(format string, args ...any) { fmt.Fprintf(e.stderr, "bench: "+format+"\n", args...) }
 
-	// Its throwaway cluster's directory is removed on the way out (see cleanStopSignals).
+	// Its throwaway cluster's directory is removed on the way out (see cleanStopSignals);
+	// a reader of its output that went away fails the writes, not the process.
+	ignoreBrokenPipes()
 	ctx, stop := signal.NotifyContext(ctx, cleanStopSignals()...)
 	defer stop()
 

@@ -77,19 +77,30 @@ type demoIntent struct {
 
 // cleanStopSignals are the signals that stop a command that must clean up after itself
 // (the demo's rows on a user's database, a throwaway cluster's directory) as Ctrl-C does.
-// SIGPIPE too: output read by a program that stops reading (`outboxd demo | head`, a
-// pager quit early) breaks the pipe, and Go's default for a write to a broken standard
-// output is to end the process there, leaving all that behind. Asked for, the signal
-// stops the command, and the write fails instead. And SIGHUP, whose default ends the
-// process as well, for a terminal that went away (its window closed, an SSH session
-// dropped); unless it is ignored (nohup), which asking for it would undo.
+// And SIGHUP, whose default ends the process as well, for a terminal that went away (its
+// window closed, an SSH session dropped); unless it is ignored (nohup), which asking for
+// it would undo. Not SIGPIPE: see ignoreBrokenPipes.
 func cleanStopSignals() []os.Signal {
-	stopSignals := []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGPIPE}
+	stopSignals := []os.Signal{os.Interrupt, syscall.SIGTERM}
 	if !signal.Ignored(syscall.SIGHUP) {
 		stopSignals = append(stopSignals, syscall.SIGHUP)
 	}
 	return stopSignals
 }
+
+// ignoreBrokenPipes makes a write to a pipe whose reader went away fail with EPIPE, on
+// every descriptor. Output read by a program that stops reading (`outboxd demo | head`,
+// a pager quit early) breaks the pipe, and Go's default for a write to a broken standard
+// output is to end the process there, leaving the demo's rows and a throwaway cluster's
+// directory behind. Asking for the signal instead (signal.Notify) has Go deliver it for a
+// broken write on any descriptor, a receiver's or the database's connection that closed
+// under a write among them: the demo then stopped halfway with "broken pipe signal
+// received", its output fine. Ignored, the write that fails says which it was; the demo
+// stops when its own output fails (storyWriter).
+func ignoreBrokenPipes() { signal.Ignore(syscall.SIGPIPE) }
+
+// errOutputClosed stops a demo whose output can no longer be written.
+var errOutputClosed = errors.New("its output was closed (broken pipe)")
 
 // demo runs the demonstration; see newDemoCmd.
 func demo(ctx context.Context, e *env) (err error) {
@@ -100,13 +111,17 @@ func demo(ctx context.Context, e *env) (err error) {
 	// The demo's own lines tell the story; the relay's logs only show problems.
 	logger := newLogger(e.stderr, config.Log{Format: logCfg.Format, Level: "warn"})
 
+	ignoreBrokenPipes()
 	ctx, stop := signal.NotifyContext(ctx, cleanStopSignals()...)
 	defer stop()
+	ctx, outputClosed := context.WithCancelCause(ctx)
+	defer outputClosed(nil)
 	ctx, cancel := context.WithTimeoutCause(ctx, demoTimeout,
 		fmt.Errorf("the demo did not finish within %s", demoTimeout))
 	defer cancel()
 
 	out := newStoryWriter(e.stdout)
+	out.closed = func() { outputClosed(errOutputClosed) }
 	runID := randomHex(4)
 	out.plain("outboxd demo (run %s): the relay delivers five intents to a local receiver that enforces Idempotency-Key.\n", runID)
 
@@ -472,7 +487,15 @@ type storyWriter struct {
 	mu       sync.Mutex
 	w        io.Writer
 	since    time.Time
-	keyWidth int // keys in event lines are padded to this width; set before any event
+	keyWidth int    // keys in event lines are padded to this width; set before any event
+	closed   func() // if set, called when a write meets a pipe whose reader went away
+}
+
+// wrote calls s.closed when err says the output's reader went away. s.mu is held.
+func (s *storyWriter) wrote(_ int, err error) {
+	if errors.Is(err, syscall.EPIPE) && s.closed != nil {
+		s.closed()
+	}
 }
 
 func newStoryWriter(w io.Writer) *storyWriter { return &storyWriter{w: w, since: time.Now()} }
@@ -488,7 +511,7 @@ func (s *storyWriter) start() {
 func (s *storyWriter) plain(format string, args ...any) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	fmt.Fprintf(s.w, format, args...)
+	s.wrote(fmt.Fprintf(s.w, format, args...))
 }
 
 // event writes one line about key, prefixed with the time since start.
@@ -496,7 +519,7 @@ func (s *storyWriter) event(key, format string, args ...any) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	line := strings.TrimRight(fmt.Sprintf(format, args...), "\n")
-	fmt.Fprintf(s.w, "%+7.3fs  %-*s  %s\n", time.Since(s.since).Seconds(), s.keyWidth, key, line)
+	s.wrote(fmt.Fprintf(s.w, "%+7.3fs  %-*s  %s\n", time.Since(s.since).Seconds(), s.keyWidth, key, line))
 }
 
 // runningRelay is a relay running in a goroutine of its own.

@@ -388,7 +388,7 @@ func TestDemoWhoseOutputIsClosedStopsInOrder(t *testing.T) {
 		require.NoError(t, w.Close()) // the child holds the only write end
 	}, func(*childProcess) {
 		require.NoError(t, r.Close()) // the reader is gone
-	}, "broken pipe signal received")
+	}, "its output was closed (broken pipe)")
 }
 
 // TestDemoHungUpStopsInOrder: a demo whose terminal goes away (its window closed, an
@@ -439,4 +439,38 @@ func requireDemoStopsInOrder(t *testing.T, start, stop func(c *childProcess), wa
 	require.False(t, status.Signaled(), "the demo died of %v", status.Signal())
 	require.Equal(t, exitFailure, status.ExitStatus())
 	require.Contains(t, c.stderr.String(), want)
+}
+
+// TestDemoGoesOnWhenAnotherPipeBreaks: a write to a pipe or socket whose reader went away
+// anywhere in the process, such as a receiver's connection that closed under the relay's
+// request, is none of the demo's output. The demo asked for SIGPIPE to stop on its
+// output's, and Go then delivers the signal for every descriptor's: the demo stopped
+// halfway, "broken pipe signal received", its output fine.
+func TestDemoGoesOnWhenAnotherPipeBreaks(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	stdout := &untilWriter{seen: make(chan struct{})}
+	var stderr bytes.Buffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run(t.Context(), []string{"demo"}, []string{"OUTBOX_DATABASE_URL=" + pool.Config().ConnString()},
+			strings.NewReader(""), stdout, &stderr)
+	}()
+	select {
+	case <-stdout.seen:
+	case <-time.After(processWait):
+		t.Fatal("the demo wrote nothing")
+	}
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	_, err = w.Write([]byte("x"))
+	require.ErrorIs(t, err, syscall.EPIPE)
+	require.NoError(t, w.Close())
+	select {
+	case c := <-code:
+		require.Equal(t, exitOK, c, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	case <-time.After(processWait):
+		t.Fatal("the demo did not finish")
+	}
 }

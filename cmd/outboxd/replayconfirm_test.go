@@ -57,7 +57,7 @@ func TestReplayChangesOnlyWhatWasConfirmed(t *testing.T) {
 	}
 
 	tty, answer := openTerminal(t)
-	prompt := &promptWriter{asked: make(chan struct{})}
+	prompt := &untilWriter{until: "[y/N]", seen: make(chan struct{})}
 	var out bytes.Buffer
 	code := make(chan int, 1)
 	go func() {
@@ -65,7 +65,7 @@ func TestReplayChangesOnlyWhatWasConfirmed(t *testing.T) {
 			"--reason", "resend the last hour"}, d.environ, tty, &out, prompt)
 	}()
 	select {
-	case <-prompt.asked:
+	case <-prompt.seen:
 	case c := <-code:
 		t.Fatalf("replay exited %d without asking: %s", c, prompt.String())
 	case <-time.After(time.Minute):
@@ -94,25 +94,27 @@ func TestReplayChangesOnlyWhatWasConfirmed(t *testing.T) {
 	require.Equal(t, 1, rcv.Effects("sent-00"), "redelivered as confirmed")
 }
 
-// promptWriter collects a command's stderr, and closes asked once it holds a prompt.
-type promptWriter struct {
+// untilWriter collects a command's output, safe for concurrent use, and closes seen once
+// it holds until (at its first write when until is empty).
+type untilWriter struct {
 	mu    sync.Mutex
 	buf   bytes.Buffer
-	asked chan struct{}
+	until string
+	seen  chan struct{}
 	once  sync.Once
 }
 
-func (w *promptWriter) Write(p []byte) (int, error) {
+func (w *untilWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n, err := w.buf.Write(p)
-	if strings.Contains(w.buf.String(), "[y/N]") {
-		w.once.Do(func() { close(w.asked) })
+	if strings.Contains(w.buf.String(), w.until) {
+		w.once.Do(func() { close(w.seen) })
 	}
 	return n, err
 }
 
-func (w *promptWriter) String() string {
+func (w *untilWriter) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.buf.String()
