@@ -369,24 +369,39 @@ func ValidHeaderValue(v string) bool {
 	return true
 }
 
+// MaxAnswerHeaderBytes bounds the headers of an answer a connector's shared transport
+// reads (http.Transport's MaxResponseHeaderBytes). net/http's own bound is 10 MiB, and
+// an attempt holds about three times its answer's headers while it reads them: at the
+// relay's default of 128 deliveries in flight, one receiver answering with headers that
+// large held gigabytes, enough to have the relay killed for memory and every instance's
+// deliveries stopped with it. 64 KiB is four times what Node's HTTP client takes, and
+// far more than any API or webhook receiver sends; an answer past it is not read, and
+// its attempt fails as one whose request was sent (the receiver may have acted).
+const MaxAnswerHeaderBytes = 64 << 10
+
 // CloneDefaultTransport returns a clone of http.DefaultTransport (proxy settings from the
 // environment, HTTP/2 when offered) for a connector's shared transport or, when an
 // application has put a RoundTripper of its own there (an instrumenting wrapper, a test's
 // mock), which cannot be cloned, a transport with the settings net/http gives its
-// default one. A type assertion would panic there.
+// default one. A type assertion would panic there. Either way, it reads no answer whose
+// headers exceed [MaxAnswerHeaderBytes].
 func CloneDefaultTransport() *http.Transport {
-	if t, ok := http.DefaultTransport.(*http.Transport); ok {
-		return t.Clone()
+	t, ok := http.DefaultTransport.(*http.Transport)
+	if ok {
+		t = t.Clone()
+	} else {
+		t = &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			ForceAttemptHTTP2:     true,
+			MaxIdleConns:          100,
+			IdleConnTimeout:       90 * time.Second,
+			TLSHandshakeTimeout:   10 * time.Second,
+			ExpectContinueTimeout: 1 * time.Second,
+		}
 	}
-	return &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          100,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ExpectContinueTimeout: 1 * time.Second,
-	}
+	t.MaxResponseHeaderBytes = MaxAnswerHeaderBytes
+	return t
 }
 
 // NoProtocolSwitch returns next wrapped so that a 101 Switching Protocols answer comes

@@ -62,7 +62,8 @@
 //     is permanent without a request.
 //   - Network errors and timeouts are retried. When they happen after the whole request
 //     was written (seen with net/http/httptrace), the receiver may have acted, and the
-//     error is also marked [connectors.Ambiguous].
+//     error is also marked [connectors.Ambiguous]. So is an answer whose headers exceed
+//     [connectors.MaxAnswerHeaderBytes] (64 KiB), which [DefaultTransport] does not read.
 //
 // # Guarantee
 //

@@ -142,7 +142,8 @@ var sharedTransport = sync.OnceValue(func() *http.Transport {
 // without a [Config.Client]. It is a clone of http.DefaultTransport (proxy settings from
 // the environment, HTTP/2 when the receiver offers it; net/http's default settings when
 // an application has replaced http.DefaultTransport with another RoundTripper) that
-// keeps up to 512 idle connections per host for 90s.
+// keeps up to 512 idle connections per host for 90s and reads no answer whose headers
+// exceed [connectors.MaxAnswerHeaderBytes].
 func DefaultTransport() *http.Transport { return sharedTransport() }
 
 // New returns a connector for cfg, or an error naming the field that is wrong.

@@ -1,0 +1,98 @@
+package webhook_test
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/webhook"
+)
+
+// rawReceiver is a receiver on loopback that reads each request whole and answers it
+// with answer, written as is: it can send what no well-behaved server would. It returns
+// the URL to POST to. Its connections are closed at cleanup, idle ones in a client's
+// pool included.
+func rawReceiver(t *testing.T, answer func(c net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					answer(c)
+				}
+			})
+		}
+	})
+	return "http://" + ln.Addr().String() + "/hook"
+}
+
+// An answer's headers are bounded well below net/http's 10 MiB. An attempt held about
+// three times its answer's headers while reading them (16 attempts at once against a
+// receiver answering with 10 MiB of them held 443 MB), so at the relay's default of 128
+// deliveries in flight one such receiver could have the relay killed for memory, and
+// every instance's deliveries with it. The answer is not read; the attempt is ambiguous,
+// as the receiver may have acted.
+func TestDeliver_AnswerHeadersAreBounded(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("a", 1<<20)
+	url := rawReceiver(t, func(c net.Conn) {
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nX-Big: "+big+"\r\nContent-Length: 2\r\n\r\nok")
+	})
+	c, err := webhook.New(webhook.Config{URL: url}) // the shared transport, as in production
+	require.NoError(t, err)
+
+	raw, err := c.Deliver(t.Context(), delivery("k"))
+	require.Error(t, err, "an answer with 1 MiB of headers is not read")
+	require.Nil(t, raw)
+	require.True(t, connectors.IsAmbiguous(err), "%v", err)
+	require.False(t, connectors.IsPermanent(err))
+	require.ErrorContains(t, err, "the receiver may have acted")
+	require.ErrorContains(t, err, "65536 bytes")
+
+	// Headers of a usual size are read as ever.
+	url = rawReceiver(t, func(c net.Conn) {
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nX-Big: "+big[:8<<10]+"\r\nContent-Length: 2\r\n\r\nok")
+	})
+	c, err = webhook.New(webhook.Config{URL: url})
+	require.NoError(t, err)
+	raw, err = c.Deliver(t.Context(), delivery("k"))
+	require.NoError(t, err)
+	require.JSONEq(t, `{"status":200,"body":"ok"}`, string(raw))
+}
