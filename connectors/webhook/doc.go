@@ -77,4 +77,9 @@
 // [DefaultTransport], so connections to a receiver are reused across rows. The transport's
 // own silent resend of a request that carries an Idempotency-Key is turned off: the relay
 // owns retries, and must see an ambiguous attempt rather than have it hidden.
+//
+// Like net/http's default transport, [DefaultTransport] goes through the proxy that
+// HTTPS_PROXY or HTTP_PROXY names, except to the hosts NO_PROXY lists and to loopback
+// ones. Errors then name the proxy ("POST https://host/xxxxx (through the proxy
+// http://proxy:3128): ..."), as its refusal would otherwise read as the receiver's.
 package webhook

@@ -415,7 +415,7 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 
 	resp, err := c.transport.RoundTrip(req)
 	if err != nil {
-		return nil, c.sendError(ctx, err, wrote.Load())
+		return nil, c.sendError(ctx, req, err, wrote.Load())
 	}
 	if resp.StatusCode < 200 {
 		// 101 Switching Protocols is the only 1xx that ends a request (the transport
@@ -464,8 +464,27 @@ func sign(secret []byte, id, ts string, body []byte) string {
 }
 
 // sendError classifies a request that got no answer.
-func (c *Connector) sendError(ctx context.Context, err error, wrote bool) error {
-	return connectors.HTTPSendError(ctx, err, wrote, c.target, c.timeout, ErrTimeout, "the receiver may have acted")
+func (c *Connector) sendError(ctx context.Context, req *http.Request, err error, wrote bool) error {
+	return connectors.HTTPSendError(ctx, err, wrote, c.target+c.via(req), c.timeout, ErrTimeout, "the receiver may have acted")
+}
+
+// via names the proxy that req goes through, as " (through the proxy http://host:port)"
+// for an error's first words, or returns "" when it goes straight to the receiver. A
+// proxy's refusal otherwise read as the receiver's: "the request could not be sent: Bad
+// Gateway" for an https URL whose tunnel the proxy refused, "receiver answered 407
+// Proxy Authentication Required" for an http URL. Only the transport knows (from
+// HTTPS_PROXY, HTTP_PROXY and NO_PROXY, for DefaultTransport), so it is asked again,
+// on failures only. The proxy's user name and password are not shown.
+func (c *Connector) via(req *http.Request) string {
+	t, ok := c.transport.(*http.Transport)
+	if !ok || t.Proxy == nil || req == nil {
+		return ""
+	}
+	proxy, err := t.Proxy(req)
+	if err != nil || proxy == nil {
+		return ""
+	}
+	return " (through the proxy " + connectors.RedactEndpoint(proxy.String()) + ")"
 }
 
 // classify turns an answer into nil or a classified error.
@@ -474,7 +493,7 @@ func (c *Connector) classify(resp *http.Response, excerpt string) error {
 	if code >= 200 && code <= 299 {
 		return nil
 	}
-	answered := fmt.Sprintf("POST %s: receiver answered %s", c.target, connectors.StatusText(code))
+	answered := fmt.Sprintf("POST %s%s: receiver answered %s", c.target, c.via(resp.Request), connectors.StatusText(code))
 	if q := connectors.Excerpt(excerpt, maxErrorExcerpt); q != "" {
 		answered += ": " + q
 	}
