@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -95,4 +96,29 @@ func TestDeliver_AnswerHeadersAreBounded(t *testing.T) {
 	raw, err = c.Deliver(t.Context(), delivery("k"))
 	require.NoError(t, err)
 	require.JSONEq(t, `{"status":200,"body":"ok"}`, string(raw))
+}
+
+// The bound covers the informational answers before the final one too: net/http reads
+// past any number of them (103 Early Hints, say), counting their headers against the
+// same bound, so a receiver that sends them without end had each attempt read 10 MiB of
+// them (or run to its time limit, on a slow link) before it failed. Now it fails once
+// they pass 64 KiB.
+func TestDeliver_EndlessInformationalAnswersAreBounded(t *testing.T) {
+	t.Parallel()
+	url := rawReceiver(t, func(c net.Conn) {
+		for {
+			if _, err := io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"); err != nil {
+				return // the connector gave up
+			}
+		}
+	})
+	c, err := webhook.New(webhook.Config{URL: url, Timeout: time.Minute})
+	require.NoError(t, err)
+
+	raw, err := c.Deliver(t.Context(), delivery("k"))
+	require.Error(t, err)
+	require.Nil(t, raw)
+	require.NotErrorIs(t, err, webhook.ErrTimeout, "the attempt ended at the bound, not at its time limit")
+	require.True(t, connectors.IsAmbiguous(err), "%v", err)
+	require.ErrorContains(t, err, "65536 bytes")
 }
