@@ -14,10 +14,9 @@ import (
 	"github.com/outboxd/outboxd/connectors/webhook"
 )
 
-// The transport asks for gzip and decompresses the answer itself, unless the request
-// already names an Accept-Encoding. A row's own accept-encoding header (one copied from
-// an incoming request, say) turned that off, so the stored result held the compressed
-// bytes instead of the receiver's answer.
+// A row's own accept-encoding header (one copied from an incoming request, say) asked
+// for a compressed answer, which the transport then left compressed, so the stored
+// result held the compressed bytes instead of the receiver's answer. It is dropped.
 func TestDeliver_RowAcceptEncodingKeepsTheResultReadable(t *testing.T) {
 	t.Parallel()
 	const answer = `{"received": true}`

@@ -78,6 +78,10 @@
 // own silent resend of a request that carries an Idempotency-Key is turned off: the relay
 // owns retries, and must see an ambiguous attempt rather than have it hidden.
 //
+// [DefaultTransport] asks for no compressed answers; a receiver that gzips its answer all
+// the same has it read decompressed, and one whose Content-Encoding says gzip of an
+// answer that is not has it read as sent.
+//
 // Like net/http's default transport, [DefaultTransport] goes through the proxy that
 // HTTPS_PROXY or HTTP_PROXY names, except to the hosts NO_PROXY lists and to loopback
 // ones. Errors then name the proxy ("POST https://host/xxxxx (through the proxy
