@@ -298,7 +298,9 @@ func HTTPSendError(ctx context.Context, err error, wrote bool, target string, ti
 	case wrote && ctx.Err() != nil:
 		return Ambiguous(fmt.Errorf("POST %s: attempt cancelled after the request was sent; %s: %w", target, mayHave, cause))
 	case wrote:
-		return Ambiguous(fmt.Errorf("POST %s: connection closed after the request was sent; %s: %w", target, mayHave, cause))
+		// Not "connection closed": the answer may also have come malformed, or with
+		// headers past MaxAnswerHeaderBytes, or (HTTP/2) its stream been refused.
+		return Ambiguous(fmt.Errorf("POST %s: no readable answer after the request was sent; %s: %w", target, mayHave, cause))
 	case timedOut:
 		return fmt.Errorf("POST %s: the request could not be sent within %s: %w", target, timeout, cause)
 	default:

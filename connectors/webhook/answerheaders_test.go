@@ -84,7 +84,7 @@ func TestDeliver_AnswerHeadersAreBounded(t *testing.T) {
 	require.Nil(t, raw)
 	require.True(t, connectors.IsAmbiguous(err), "%v", err)
 	require.False(t, connectors.IsPermanent(err))
-	require.ErrorContains(t, err, "the receiver may have acted")
+	require.ErrorContains(t, err, "no readable answer after the request was sent; the receiver may have acted")
 	require.ErrorContains(t, err, "65536 bytes")
 
 	// Headers of a usual size are read as ever.
@@ -121,4 +121,22 @@ func TestDeliver_EndlessInformationalAnswersAreBounded(t *testing.T) {
 	require.NotErrorIs(t, err, webhook.ErrTimeout, "the attempt ended at the bound, not at its time limit")
 	require.True(t, connectors.IsAmbiguous(err), "%v", err)
 	require.ErrorContains(t, err, "65536 bytes")
+}
+
+// An answer that came but could not be read (malformed) was reported as "connection
+// closed after the request was sent", which sends a person to look at the network, not
+// at the receiver's answer. It now says no readable answer came.
+func TestDeliver_MalformedAnswerIsNotCalledAClosedConnection(t *testing.T) {
+	t.Parallel()
+	url := rawReceiver(t, func(c net.Conn) {
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Le\r\n\r\n")
+	})
+	c, err := webhook.New(webhook.Config{URL: url})
+	require.NoError(t, err)
+
+	_, err = c.Deliver(t.Context(), delivery("k"))
+	require.True(t, connectors.IsAmbiguous(err), "%v", err)
+	require.ErrorContains(t, err, "no readable answer after the request was sent; the receiver may have acted: ")
+	require.ErrorContains(t, err, `malformed MIME header`)
+	require.NotContains(t, err.Error(), "connection closed")
 }

@@ -185,7 +185,7 @@ func TestDeliver_DropAfterEffect(t *testing.T) {
 			require.Nil(t, raw)
 			require.True(t, connectors.IsAmbiguous(err), "%v", err)
 			require.False(t, connectors.IsPermanent(err))
-			require.Contains(t, err.Error(), "POST "+connectors.RedactEndpoint(b.r.URL())+": connection closed after the request was sent; the receiver may have acted")
+			require.Contains(t, err.Error(), "POST "+connectors.RedactEndpoint(b.r.URL())+": no readable answer after the request was sent; the receiver may have acted")
 			require.Equal(t, 1, b.r.Requests("k"), "the transport did not resend on its own")
 			require.Equal(t, 1, b.r.Effects("k"))
 
