@@ -136,7 +136,7 @@ func TestBenchUsageErrors(t *testing.T) {
 			code := run(t.Context(), tt.args, nil, strings.NewReader(""), &stdout, &stderr)
 			require.Equal(t, exitUsage, code, stderr.String())
 			require.Contains(t, stderr.String(), tt.want)
-			require.Contains(t, stderr.String(), "Run 'outboxd --help' for usage.")
+			require.Contains(t, stderr.String(), "Run 'outboxd bench --help' for usage.")
 			require.Empty(t, stdout.String())
 		})
 	}

@@ -64,7 +64,7 @@ func TestEnqueue(t *testing.T) {
 		code, _, errOut = d.cli(t, "", append([]string{"enqueue"}, args...)...)
 		require.Equal(t, exitUsage, code, "%v: %s", args, errOut)
 		require.Contains(t, errOut, "outboxd: invalid message: ", args)
-		require.Contains(t, errOut, "Run 'outboxd --help' for usage.", args)
+		require.Contains(t, errOut, "Run 'outboxd enqueue --help' for usage.", args)
 	}
 	// A payload file that cannot be read is a failure.
 	code, _, errOut = d.cli(t, "", "enqueue", "--connector", "webhook", "--key", "no-file",

@@ -72,7 +72,7 @@ func run(ctx context.Context, args, environ []string, stdin io.Reader, stdout, s
 func runEnv(ctx context.Context, args []string, e *env) int {
 	root := newRootCmd(e)
 	root.SetArgs(args)
-	err := root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return exitOK
 	}
@@ -83,7 +83,14 @@ func runEnv(ctx context.Context, args []string, e *env) int {
 	fmt.Fprintln(e.stderr, "outboxd:", err)
 	var ue usageError
 	if errors.As(err, &ue) {
-		fmt.Fprintln(e.stderr, "Run 'outboxd --help' for usage.")
+		// The help of the command that was called, whose flags and examples it is
+		// about: the root's lists neither. `outboxd help TOPIC` is about the topic,
+		// which names no command here.
+		path := root.CommandPath()
+		if cmd != nil && cmd.Name() != "help" {
+			path = cmd.CommandPath()
+		}
+		fmt.Fprintf(e.stderr, "Run '%s --help' for usage.\n", path)
 		return exitUsage
 	}
 	return exitFailure

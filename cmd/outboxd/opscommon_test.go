@@ -184,7 +184,7 @@ func TestOpsUsageErrors(t *testing.T) {
 	} {
 		code, _, errOut := runCLI(t, env, strings.NewReader(""), args...)
 		require.Equal(t, exitUsage, code, "%v: %s", args, errOut)
-		require.Contains(t, errOut, "Run 'outboxd --help' for usage.", args)
+		require.Contains(t, errOut, "Run 'outboxd "+args[0]+" --help' for usage.", args)
 	}
 	// No database URL at all is a usage error too.
 	code, _, errOut := runCLI(t, nil, strings.NewReader(""), "status")

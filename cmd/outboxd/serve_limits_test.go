@@ -49,7 +49,7 @@ func TestServeRefusesConcurrencyItCannotHold(t *testing.T) {
 	require.Equal(t, exitUsage, exit.ExitCode(), stderr.String())
 	require.Equal(t, "outboxd: invalid configuration:\n"+
 		"- OUTBOX_CONCURRENCY must be at most 10000, got 2000000000\n"+
-		"Run 'outboxd --help' for usage.\n", stderr.String())
+		"Run 'outboxd serve --help' for usage.\n", stderr.String())
 	require.Empty(t, stdout.String())
 }
 

@@ -33,7 +33,7 @@ func TestServeUsageErrors(t *testing.T) {
 				`- OUTBOX_LOG_LEVEL must be debug, info, warn or error, got "loud"`,
 				`- OUTBOX_LEASE must be a duration such as 500ms, 30s or 1h30m, got "30"`,
 				"- OUTBOX_WEBHOOK_CRM_URL is required for webhook:crm, which OUTBOX_CONNECTORS names",
-				"Run 'outboxd --help' for usage.",
+				"Run 'outboxd serve --help' for usage.",
 			},
 		},
 		{
