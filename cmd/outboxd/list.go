@@ -23,7 +23,8 @@ func newListCmd(e *env) *cobra.Command {
 		Short: "List intents, newest first, with filters",
 		Long: "list prints the intents that match every filter given, newest first, a page at a time. When " +
 			"there are more, the last line says how to get the next page (\"next page: --after <cursor>\"); " +
-			"pass the same filters with it.",
+			"pass the same filters with it. As grep does, list exits 1 when no intent matches (but 0 for an " +
+			"empty page asked for with --after).",
 		Example: `  outboxd list --status dead --connector webhook:crm
   outboxd list --status dead,held --older-than 1h --error-contains timeout
   outboxd list --key-prefix order-42 --json | jq '.intents[].key'

@@ -49,7 +49,8 @@ func newReplayCmd(e *env) *cobra.Command {
 			"first (refused without a terminal) unless --yes; " +
 			"--dry-run shows what would happen and changes nothing. Each replayed row gets an audit entry " +
 			"naming $USER and --reason.\n\n" +
-			"Exits 1 when a key given with --key has no row or was refused; a filter's refusals are reported only.",
+			"Exits 1 when a key given with --key has no row or was refused, and, as grep does, when the filters " +
+			"match no row; a filter's refusals are reported only.",
 		Example: `  # what would replaying yesterday's dead webhook rows do?
   outboxd replay --status dead --connector webhook --newer-than 24h --dry-run
 
