@@ -20,8 +20,9 @@ func newApproveCmd(e *env) *cobra.Command {
 		"Approve an intent awaiting approval, so the relay delivers it",
 		"approve moves an awaiting_approval intent to pending, with an audit entry naming $USER and "+
 			"--reason; the relay then delivers it. Approving an intent already past approval changes "+
-			"nothing, so approving twice is harmless. A rejected or canceled intent cannot be approved: "+
-			"approve exits 1.",
+			"nothing, so approving twice is harmless; for a held or dead one, which approval does not let go, "+
+			"approve says on stderr what does (replay, cancel). A rejected or canceled intent cannot be "+
+			"approved: approve exits 1.",
 		`  outboxd approve refund-order-42 --reason "checked with the customer"`)
 }
 
@@ -62,6 +63,11 @@ func newDecideCmd(e *env, verb string, do decideFunc, short, long, example strin
 			if err != nil {
 				return opsError(err)
 			}
+			if verb == "approve" {
+				if note := approvedNothing(in); note != "" {
+					fmt.Fprintln(e.stderr, note)
+				}
+			}
 			if asJSON {
 				return writeJSON(e.stdout, ops.WithoutCredentials(in)) // as the intent API shows it
 			}
@@ -73,4 +79,20 @@ func newDecideCmd(e *env, verb string, do decideFunc, short, long, example strin
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit trail")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the intent as JSON")
 	return cmd
+}
+
+// approvedNothing says what to do instead when approve found a row that waits for an
+// operator, or has ended, rather than for an approval: approving it changes nothing (so
+// approving twice is harmless), and "KEY: held" alone read as though it had been let go.
+func approvedNothing(in outbox.Intent) string {
+	switch in.Status {
+	case outbox.StatusHeld:
+		return fmt.Sprintf("note: %s is held, not awaiting approval, and approve changed nothing: an earlier "+
+			"attempt may have reached the receiver, so an operator decides with `outboxd replay --key` "+
+			"(send it again, same key) or `outboxd cancel`", keyText(in.Key))
+	case outbox.StatusDead:
+		return fmt.Sprintf("note: %s is dead, not awaiting approval, and approve changed nothing: "+
+			"`outboxd replay --key` sends it again", keyText(in.Key))
+	}
+	return ""
 }

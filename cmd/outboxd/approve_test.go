@@ -75,3 +75,37 @@ func TestTokenNew(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "malformed")
 }
+
+// Approving a held or dead row changes nothing (approving twice is harmless), and the
+// command says what would act on it: "KEY: held" alone, exit 0, read to an operator
+// clearing the rows status reports stuck as though the row had been let go.
+func TestApproveHeldOrDeadSaysWhatActsOnIt(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.insert(t, fixture{Key: "h1", Status: outbox.StatusHeld})
+	d.insert(t, fixture{Key: "d1", Status: outbox.StatusDead})
+	d.insert(t, fixture{Key: "p1", Status: outbox.StatusPending})
+
+	code, out, errOut := d.cli(t, "", "approve", "h1")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "h1: held\n", out)
+	require.Contains(t, errOut, "h1 is held, not awaiting approval, and approve changed nothing")
+	require.Contains(t, errOut, "outboxd replay --key")
+	require.Contains(t, errOut, "outboxd cancel")
+
+	code, out, errOut = d.cli(t, "", "approve", "d1", "--json")
+	require.Equal(t, 0, code, errOut)
+	var in outbox.Intent
+	require.NoError(t, json.Unmarshal([]byte(out), &in), out)
+	require.Equal(t, outbox.StatusDead, in.Status)
+	require.Contains(t, errOut, "d1 is dead, not awaiting approval, and approve changed nothing")
+
+	code, out, errOut = d.cli(t, "", "approve", "p1")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "p1: pending\n", out)
+	require.Empty(t, errOut)
+
+	var status string
+	require.NoError(t, d.pool.QueryRow(t.Context(), `SELECT status FROM outbox WHERE idempotency_key = 'h1'`).Scan(&status))
+	require.Equal(t, outbox.StatusHeld, status)
+}
