@@ -55,7 +55,7 @@ func newListCmd(e *env) *cobra.Command {
 			}
 			if err == nil && len(page.Intents) == 0 && filter.After == "" {
 				// Like grep: nothing found is a failure a script can test for.
-				return errNoMatch
+				return errListNoMatch
 			}
 			return err
 		},
@@ -66,8 +66,13 @@ func newListCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-// errNoMatch is the failure of a filter that selects no rows (exit 1).
+// errNoMatch is the failure of a replay whose filters select no rows (exit 1).
 var errNoMatch = errors.New("no intents match the filters; nothing was changed")
+
+// errListNoMatch is the failure of a list that finds no rows (exit 1). list reads only:
+// "nothing was changed", as replay says, had an operator wonder what it might have
+// changed.
+var errListNoMatch = errors.New("no intents match the filters")
 
 type listJSON struct {
 	Intents []outbox.Intent `json:"intents"`
