@@ -6,7 +6,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/internal/ops"
 )
 
@@ -43,7 +42,7 @@ func newCancelCmd(e *env) *cobra.Command {
 			}
 			defer pool.Close()
 			dsn, _ := db.resolve(e)
-			g := guarantees(e.environ, dsn)
+			g := guarantees(e, dsn)
 			res, err := ops.Cancel(ctx, pool, keys, actor(e), reason, time.Time{})
 			if err != nil && len(res.Canceled)+len(res.Unchanged)+len(res.Refused) > 0 {
 				// Earlier batches were committed: say which rows they canceled. When
@@ -75,7 +74,7 @@ type cancelJSON struct {
 
 // reportCancel prints what a cancel did: a warning for each canceled row whose receiver
 // may have acted already, and what the guarantees g of their connectors say about it.
-func reportCancel(e *env, res ops.CancelResult, g map[string]connectors.Guarantee, asJSON bool) error {
+func reportCancel(e *env, res ops.CancelResult, g guaranteeSet, asJSON bool) error {
 	notes := canceledNotes(res, g)
 	if asJSON {
 		if err := writeJSON(e.stdout, cancelJSON{CancelResult: res, MayHaveActedNotes: notes}); err != nil {
@@ -104,16 +103,16 @@ func reportCancel(e *env, res ops.CancelResult, g map[string]connectors.Guarante
 
 // canceledNotes returns an ops.CanceledNote per connector of the canceled rows whose
 // receiver may have acted (ops.CancelResult.MayHaveActed).
-func canceledNotes(res ops.CancelResult, g map[string]connectors.Guarantee) []string {
+func canceledNotes(res ops.CancelResult, g guaranteeSet) []string {
 	seen := map[string]bool{}
 	for _, m := range res.MayHaveActed {
 		seen[m.Connector] = true
 	}
 	var notes []string
 	for _, c := range sortedKeys(seen) {
-		gu, ok := g[c]
+		gu, ok := g.of[c]
 		if !ok {
-			notes = append(notes, fmt.Sprintf("%s: guarantee unknown here (its OUTBOX_* variables are not set): check the receiver itself", c))
+			notes = append(notes, fmt.Sprintf("%s: guarantee unknown here (%s): check the receiver itself", c, g.unknownWhy))
 			continue
 		}
 		notes = append(notes, fmt.Sprintf("%s: %s", c, ops.CanceledNote(gu)))

@@ -402,15 +402,33 @@ func (f *filterFlags) checkLimit(cmd *cobra.Command) error {
 	return nil
 }
 
-// guarantees maps connector instances ("webhook", "webhook:crm") to their receiver's
-// guarantee, as far as the configuration in environ says. A configuration that does not
-// load (missing or invalid connector variables) gives an empty map: the guarantee is
-// then unknown, which no command fails for. dsn fills in OUTBOX_DATABASE_URL, which
-// config.Load requires, when it came from --database-url.
-func guarantees(environ []string, dsn string) map[string]connectors.Guarantee {
-	cfg, err := loadConfig(environ, dsn)
+// guaranteeSet is what the configuration says of connector instances' receivers.
+type guaranteeSet struct {
+	// of maps connector instances ("webhook", "webhook:crm") to their receiver's guarantee.
+	of map[string]connectors.Guarantee
+	// unknownWhy says why an instance not in of has no known guarantee, for the notes.
+	unknownWhy string
+}
+
+// guarantees returns the guarantees of the connector instances the configuration in e's
+// environment has. A configuration that does not load (missing or invalid variables, of
+// any instance or of the engine) gives none: the guarantee is then unknown, which no
+// command fails for, and a warning on e's stderr names the problems, as serve would.
+// Without it, an operator who had set an instance's variables read "-" and "its
+// OUTBOX_* variables are not set", and looked for the mistake in the wrong place. dsn
+// fills in OUTBOX_DATABASE_URL, which config.Load requires, when it came from
+// --database-url.
+func guarantees(e *env, dsn string) guaranteeSet {
+	cfg, err := loadConfig(e.environ, dsn)
 	if err != nil {
-		return map[string]connectors.Guarantee{}
+		// One line per problem, as serve prints them; each one's text made printable.
+		lines := strings.Split(strings.TrimPrefix(err.Error(), "invalid configuration:"), "\n")
+		for i := range lines {
+			lines[i] = printable(lines[i])
+		}
+		fmt.Fprintf(e.stderr, "outboxd: warning: no receiver's guarantee is known here, as the OUTBOX_* "+
+			"variables do not load (serve would refuse them too):%s\n", strings.Join(lines, "\n"))
+		return guaranteeSet{of: map[string]connectors.Guarantee{}, unknownWhy: "the OUTBOX_* variables here do not load"}
 	}
 	out := make(map[string]connectors.Guarantee)
 	for _, w := range cfg.Webhooks {
@@ -430,7 +448,7 @@ func guarantees(environ []string, dsn string) map[string]connectors.Guarantee {
 			out[m.Instance()] = connectors.Enforced
 		}
 	}
-	return out
+	return guaranteeSet{of: out, unknownWhy: "its OUTBOX_* variables are not set"}
 }
 
 // loadConfig loads the configuration in environ, with dsn as OUTBOX_DATABASE_URL, which

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/outboxd/outboxd/connectors"
 	"github.com/outboxd/outboxd/internal/ops"
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -121,7 +120,7 @@ type replayRun struct {
 }
 
 func replay(ctx context.Context, e *env, pool *pgxpool.Pool, sel ops.Selection, o ops.ReplayOptions, run replayRun) error {
-	g := guarantees(e.environ, run.dsn)
+	g := guarantees(e, run.dsn)
 	// A dry run first: it says how many rows would change, which decides whether to ask,
 	// and with --dry-run it is the answer.
 	dry := o
@@ -236,7 +235,7 @@ func confirmReplay(e *env, n int, notes []string) error {
 // redeliveryNotes returns a GuaranteeNote per connector with delivered rows in the
 // selection: what sending them again means. With newKey they go out under a new key,
 // which no receiver has seen, whatever its guarantee.
-func redeliveryNotes(ctx context.Context, pool *pgxpool.Pool, sel ops.Selection, g map[string]connectors.Guarantee,
+func redeliveryNotes(ctx context.Context, pool *pgxpool.Pool, sel ops.Selection, g guaranteeSet,
 	newKey bool) ([]string, error) {
 	seen := map[string]bool{}
 	if sel.Filter == nil {
@@ -293,7 +292,7 @@ func redeliveryNotes(ctx context.Context, pool *pgxpool.Pool, sel ops.Selection,
 // connector): what sending them again means, as for delivered rows. A row there because
 // a copy that --new-key made may have acted (ops.ReplayResult.AmbiguousByCopy) goes out
 // under a key the receiver did not see that attempt carry, and is explained as a new key.
-func ambiguousNotes(res ops.ReplayResult, g map[string]connectors.Guarantee, newKey bool) []string {
+func ambiguousNotes(res ops.ReplayResult, g guaranteeSet, newKey bool) []string {
 	copied := make(map[string]bool, len(res.AmbiguousByCopy))
 	for _, k := range res.AmbiguousByCopy {
 		copied[k] = true
@@ -312,10 +311,10 @@ func ambiguousNotes(res ops.ReplayResult, g map[string]connectors.Guarantee, new
 // guaranteeNotes says, for each connector of names, what sending a row again means
 // under its guarantee; with newKey the row goes out under a new key, which no receiver
 // has seen.
-func guaranteeNotes(names []string, g map[string]connectors.Guarantee, newKey bool) []string {
+func guaranteeNotes(names []string, g guaranteeSet, newKey bool) []string {
 	var notes []string
 	for _, c := range names {
-		gu, ok := g[c]
+		gu, ok := g.of[c]
 		if newKey {
 			known := string(gu)
 			if !ok {
@@ -325,8 +324,8 @@ func guaranteeNotes(names []string, g map[string]connectors.Guarantee, newKey bo
 			continue
 		}
 		if !ok {
-			notes = append(notes, fmt.Sprintf("%s: guarantee unknown here (its OUTBOX_* variables are not set): "+
-				"assume the receiver may act twice", c))
+			notes = append(notes, fmt.Sprintf("%s: guarantee unknown here (%s): "+
+				"assume the receiver may act twice", c, g.unknownWhy))
 			continue
 		}
 		notes = append(notes, fmt.Sprintf("%s: %s", c, ops.GuaranteeNote(gu)))

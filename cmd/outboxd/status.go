@@ -42,7 +42,8 @@ func newStatusCmd(e *env) *cobra.Command {
 		Long: "status prints a one-line verdict (healthy, backlog growing, dead letters, rows stuck), then one " +
 			"row per connector instance: rows by status, the age of the oldest pending row, stuck, held and " +
 			"ambiguous rows, rows that went dead in the last hour and day, and the receiver's guarantee when " +
-			"the connector's OUTBOX_* variables are set (\"-\" otherwise).",
+			"the connector's OUTBOX_* variables are set (\"-\" otherwise, and for every connector when the " +
+			"variables do not load, which a warning on stderr explains).",
 		Example: `  outboxd status
   outboxd status --json | jq .verdict
   outboxd status --watch    # refresh every 2s until Ctrl-C`,
@@ -57,7 +58,7 @@ func newStatusCmd(e *env) *cobra.Command {
 			}
 			defer pool.Close()
 			dsn, _ := db.resolve(e)
-			g := guarantees(e.environ, dsn)
+			g := guarantees(e, dsn).of
 			if !watch {
 				rep, err := ops.Status(ctx, pool, time.Time{})
 				if err != nil {
