@@ -9,6 +9,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
@@ -160,7 +161,13 @@ func writeDetail(w io.Writer, d inspectJSON) error {
 		return err
 	}
 
-	fmt.Fprintln(w, "\npayload:")
+	// A payload purge leaves {} (and no headers): said so, or it reads as the request the
+	// application made.
+	if at, ok := payloadPurgedAt(d.Audit); ok {
+		fmt.Fprintf(w, "\npayload (emptied by outboxd purge --payload-only at %s):\n", stamp(at))
+	} else {
+		fmt.Fprintln(w, "\npayload:")
+	}
 	writeIndentedJSON(w, in.Payload)
 
 	fmt.Fprintf(w, "\nattempts (%d):\n", len(d.Attempts))
@@ -265,4 +272,14 @@ func yesNo(v bool, yes string) string {
 		return yes
 	}
 	return "no"
+}
+
+// payloadPurgedAt returns when the row's payload was last purged, from its audit trail.
+func payloadPurgedAt(audit []ops.AuditEntry) (time.Time, bool) {
+	for i := len(audit) - 1; i >= 0; i-- {
+		if audit[i].Action == ops.ActionPurgePayload {
+			return audit[i].At, true
+		}
+	}
+	return time.Time{}, false
 }

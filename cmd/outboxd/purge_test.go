@@ -59,3 +59,24 @@ func TestPurgeReasonNeedsPayloadOnly(t *testing.T) {
 	require.Contains(t, errOut, "--payload-only")
 	require.Equal(t, 1, d.count(t, `SELECT count(*) FROM outbox`))
 }
+
+// inspect says a payload was emptied by purge --payload-only: it showed the {} left
+// behind as "payload:", which read as the request the application had made.
+func TestInspectSaysThePayloadWasPurged(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	d.insert(t, fixture{Key: "gone", Status: "delivered", Age: 2 * time.Hour})
+	d.insert(t, fixture{Key: "empty", Status: "delivered", Age: time.Minute, Payload: `{}`})
+
+	code, _, errOut := d.cli(t, "", "purge", "--older-than", "1h", "--payload-only")
+	require.Equal(t, exitOK, code, errOut)
+
+	code, out, errOut := d.cli(t, "", "inspect", "gone")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `\npayload \(emptied by outboxd purge --payload-only at \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ\):\n  \{\}\n`, out)
+
+	// A payload that was {} all along is shown as it is.
+	code, out, errOut = d.cli(t, "", "inspect", "empty")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "\npayload:\n  {}\n")
+}
