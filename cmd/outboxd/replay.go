@@ -141,7 +141,7 @@ func replay(ctx context.Context, e *env, pool *pgxpool.Pool, sel ops.Selection, 
 	}
 	var notes []string
 	if o.Redeliver {
-		if notes, err = redeliveryNotes(ctx, pool, sel, g, o.NewKey); err != nil {
+		if notes, err = redeliveryNotes(ctx, pool, sel, plan.Replayed, g, o.NewKey); err != nil {
 			return err
 		}
 	}
@@ -233,13 +233,22 @@ func confirmReplay(e *env, n int, notes []string) error {
 }
 
 // redeliveryNotes returns a GuaranteeNote per connector with delivered rows in the
-// selection: what sending them again means. With newKey they go out under a new key,
-// which no receiver has seen, whatever its guarantee.
-func redeliveryNotes(ctx context.Context, pool *pgxpool.Pool, sel ops.Selection, g guaranteeSet,
+// selection that the replay's plan sends (planned, its keys): what sending them again
+// means. A delivered row it refuses (its payload purged, its key window past, a live
+// lease) is not sent, and its connector was explained all the same. With newKey they go
+// out under a new key, which no receiver has seen, whatever its guarantee.
+func redeliveryNotes(ctx context.Context, pool *pgxpool.Pool, sel ops.Selection, planned []string, g guaranteeSet,
 	newKey bool) ([]string, error) {
+	sent := make(map[string]bool, len(planned))
+	for _, k := range planned {
+		sent[k] = true
+	}
 	seen := map[string]bool{}
 	if sel.Filter == nil {
 		for _, k := range sel.Keys {
+			if !sent[k] {
+				continue
+			}
 			in, err := outbox.Get(ctx, pool, k)
 			if errors.Is(err, outbox.ErrNotFound) {
 				continue
@@ -273,7 +282,7 @@ func redeliveryNotes(ctx context.Context, pool *pgxpool.Pool, sel ops.Selection,
 				return nil, opsError(err)
 			}
 			for _, in := range page.Intents {
-				if in.Status == outbox.StatusDelivered {
+				if in.Status == outbox.StatusDelivered && sent[in.Key] {
 					seen[in.Connector] = true
 				}
 			}

@@ -462,3 +462,33 @@ func TestReplayPastTheKeyWindowIsRefused(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "replayed: 1\n  p-held-old -> p-held-old/replay/1~")
 }
+
+// The notes on what redelivering means name only the connectors of delivered rows the
+// replay sends: a delivered row it refuses (here, its payload purged) is not sent, and
+// "redelivering sends delivered rows again" about its connector warned of a send that
+// would not happen.
+func TestRedeliverNotesLeaveOutRefusedRows(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t, "OUTBOX_WEBHOOK_URL=http://127.0.0.1:1/hook", "OUTBOX_WEBHOOK_GUARANTEE=enforced")
+	d.insert(t, fixture{Key: "purged", Connector: "slack", Status: outbox.StatusDelivered, Age: 2 * time.Hour})
+	d.insert(t, fixture{Key: "kept", Status: outbox.StatusDelivered, Age: time.Minute})
+	code, _, errOut := d.cli(t, "", "purge", "--older-than", "1h", "--payload-only")
+	require.Equal(t, exitOK, code, errOut)
+
+	// By key: the purged row alone is refused, and nothing is explained.
+	code, out, errOut := d.cli(t, "", "replay", "--key", "purged", "--redeliver", "--dry-run")
+	require.Equal(t, exitFailure, code, errOut)
+	require.Contains(t, out, "refused: 1\n  purged: ")
+	require.NotContains(t, out, "redelivering")
+
+	// By filter: only the row sent is explained.
+	code, out, errOut = d.cli(t, "", "replay", "--status", "delivered", "--redeliver", "--dry-run")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "would replay: 1\n  kept\n")
+	require.Contains(t, out, "webhook: "+ops.GuaranteeNote(connectors.Enforced))
+	require.NotContains(t, out, "slack")
+
+	code, out, errOut = d.cli(t, "", "replay", "--status", "delivered", "--redeliver", "--dry-run", "--json")
+	require.Equal(t, exitOK, code, errOut)
+	require.NotContains(t, out, "slack")
+}
