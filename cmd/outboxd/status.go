@@ -43,7 +43,8 @@ func newStatusCmd(e *env) *cobra.Command {
 			"row per connector instance: rows by status, the age of the oldest pending row, stuck, held and " +
 			"ambiguous rows, rows that went dead in the last hour and day, and the receiver's guarantee when " +
 			"the connector's OUTBOX_* variables are set (\"-\" otherwise, and for every connector when the " +
-			"variables do not load, which a warning on stderr explains).",
+			"variables do not load, which a warning on stderr explains). A second line names the connectors " +
+			"with pending or stuck rows that no running relay has (--json: relay_running).",
 		Example: `  outboxd status
   outboxd status --json | jq .verdict
   outboxd status --watch    # refresh every 2s until Ctrl-C`,
@@ -153,12 +154,23 @@ func writeStatus(w io.Writer, rep ops.Report, g map[string]connectors.Guarantee)
 	var (
 		attention []string
 		awaiting  int
+		noRelay   []string
 	)
 	for _, c := range rep.Connectors {
 		if c.Verdict != ops.VerdictHealthy {
 			attention = append(attention, c.Connector+": "+c.Verdict)
 		}
 		awaiting += c.Counts.AwaitingApproval
+		if c.WaitsForARelay() {
+			var waiting []string
+			if c.Counts.Pending > 0 {
+				waiting = append(waiting, fmt.Sprintf("%d pending", c.Counts.Pending))
+			}
+			if c.Stuck > 0 {
+				waiting = append(waiting, fmt.Sprintf("%d stuck", c.Stuck))
+			}
+			noRelay = append(noRelay, fmt.Sprintf("%s (%s)", c.Connector, strings.Join(waiting, ", ")))
+		}
 	}
 	// Intents awaiting approval leave the verdict as it is (they wait for a person by
 	// design, not for a repair), but the line says so: "nothing needs attention" read
@@ -170,12 +182,18 @@ func writeStatus(w io.Writer, rep ops.Report, g map[string]connectors.Guarantee)
 	switch {
 	case len(rep.Connectors) == 0:
 		fmt.Fprintf(w, "%s: the outbox is empty\n", rep.Verdict)
-	case len(attention) == 0 && awaiting > 0:
+	case len(attention) == 0 && (awaiting > 0 || len(noRelay) > 0):
 		fmt.Fprintf(w, "%s: %d connector(s)%s\n", rep.Verdict, len(rep.Connectors), approvals)
 	case len(attention) == 0:
 		fmt.Fprintf(w, "%s: %d connector(s), nothing needs attention\n", rep.Verdict, len(rep.Connectors))
 	default:
 		fmt.Fprintf(w, "%s: %s%s\n", rep.Verdict, strings.Join(attention, "; "), approvals)
+	}
+	if len(noRelay) > 0 {
+		// Never dead, never lost: they wait, and a verdict of backlog comes only once a
+		// due row has waited a minute (a row scheduled later, never).
+		fmt.Fprintf(w, "no running relay has %s: their rows wait until a relay with them runs\n",
+			strings.Join(noRelay, "; "))
 	}
 	if len(rep.Connectors) == 0 {
 		return nil

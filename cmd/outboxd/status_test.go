@@ -306,3 +306,50 @@ func TestStatusWatchGivesUpOnAReadWithoutAnswer(t *testing.T) {
 	require.True(t, out.finished, out.buf.String())
 	require.Contains(t, out.buf.String(), "could not read the status: the database did not answer within 10s")
 }
+
+// The connectors with rows waiting for a relay that no running relay has get a line of
+// their own: status said only "backlog growing", once a due row had waited a minute,
+// and "nothing needs attention" of rows due later, while they waited for a relay that
+// was not there.
+func TestStatusNamesConnectorsNoRunningRelayHas(t *testing.T) {
+	t.Parallel()
+	yes, no := true, false
+	rep := ops.Report{
+		Now:     time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC),
+		Verdict: ops.VerdictHealthy,
+		Connectors: []ops.ConnectorStatus{
+			{Connector: "email", Counts: ops.Counts{Pending: 2}, Verdict: ops.VerdictHealthy, RelayRunning: &no},
+			{Connector: "slack", Counts: ops.Counts{Delivered: 3}, Verdict: ops.VerdictHealthy, RelayRunning: &no},
+			{Connector: "webhook", Counts: ops.Counts{Pending: 5}, Verdict: ops.VerdictHealthy, RelayRunning: &yes},
+		},
+	}
+	var b bytes.Buffer
+	require.NoError(t, writeStatus(&b, rep, nil))
+	lines := strings.Split(b.String(), "\n")
+	require.Equal(t, "healthy: 3 connector(s)", lines[0]) // not "nothing needs attention"
+	require.Equal(t, "no running relay has email (2 pending): their rows wait until a relay with them runs", lines[1])
+
+	rep.Verdict = ops.VerdictStuck
+	rep.Connectors = append(rep.Connectors, ops.ConnectorStatus{Connector: "webhook:old",
+		Counts: ops.Counts{Pending: 1, Delivering: 4}, Stuck: 4, Verdict: ops.VerdictStuck, RelayRunning: &no})
+	b.Reset()
+	require.NoError(t, writeStatus(&b, rep, nil))
+	lines = strings.Split(b.String(), "\n")
+	require.Equal(t, "rows stuck: webhook:old: rows stuck", lines[0])
+	require.Equal(t, "no running relay has email (2 pending); webhook:old (1 pending, 4 stuck): "+
+		"their rows wait until a relay with them runs", lines[1])
+
+	var j bytes.Buffer
+	require.NoError(t, writeJSON(&j, statusJSON(rep, nil)))
+	require.Contains(t, j.String(), `"relay_running": false`)
+	require.Contains(t, j.String(), `"relay_running": true`)
+
+	// Unknown (nil), as before: nothing said.
+	rep.Connectors = rep.Connectors[:1]
+	rep.Connectors[0].RelayRunning = nil
+	rep.Verdict = ops.VerdictHealthy
+	b.Reset()
+	require.NoError(t, writeStatus(&b, rep, nil))
+	require.True(t, strings.HasPrefix(b.String(), "healthy: 1 connector(s), nothing needs attention\n\n"), b.String())
+
+}

@@ -2,9 +2,12 @@ package ops
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -55,6 +58,20 @@ type ConnectorStatus struct {
 	DeadLastHour int    `json:"dead_last_hour"`
 	DeadLastDay  int    `json:"dead_last_day"`
 	Verdict      string `json:"verdict"`
+	// RelayRunning says whether a running relay has this connector instance, as the
+	// relays say in outbox_wake_connectors (their word, renewed while they run, has not
+	// lapsed); nil when that cannot be read (a schema before version 5, which has no
+	// such table; a role whose SELECT on it, granted to PUBLIC, was revoked). Without
+	// one, pending rows and rows left in delivering wait until a relay with the instance
+	// runs. Relays of schema version 4, or without their grants on
+	// outbox_wake_connectors, deliver without saying so.
+	RelayRunning *bool `json:"relay_running,omitempty"`
+}
+
+// WaitsForARelay reports whether the connector has rows that only a relay with it can
+// move on (pending, or stuck in delivering) and no running relay has it.
+func (cs ConnectorStatus) WaitsForARelay() bool {
+	return cs.RelayRunning != nil && !*cs.RelayRunning && (cs.Counts.Pending > 0 || cs.Stuck > 0)
 }
 
 // Report is what [Status] returns: one line per connector that has rows, by name.
@@ -104,6 +121,11 @@ FROM outbox o
 GROUP BY connector
 ORDER BY connector`
 
+// relaysSQL lists the connector instances that some running relay has at $1: its word in
+// outbox_wake_connectors (relay/sql.go, seenSQL) has not lapsed. The relays' warning
+// about rows of connectors no running relay has reads the same (unknownConnectorsSQL).
+const relaysSQL = `SELECT DISTINCT connector FROM outbox_wake_connectors WHERE seen_until > $1::timestamptz`
+
 // Status summarises the outbox per connector at now (zero means the current time), in
 // one query, and gives each connector a verdict, worst first:
 //
@@ -149,7 +171,47 @@ func Status(ctx context.Context, db outbox.DB, now time.Time) (Report, error) {
 	if err := rows.Err(); err != nil {
 		return Report{}, fmt.Errorf("status: %w", err)
 	}
+	if err := relaysRunning(ctx, db, now, rep.Connectors); err != nil {
+		return Report{}, fmt.Errorf("status: %w", err)
+	}
 	return rep, nil
+}
+
+// relaysRunning sets each connector's RelayRunning at now, leaving it nil when the
+// relays' words cannot be read: a schema before version 5, which has no
+// outbox_wake_connectors, or a role whose SELECT on it was revoked. Within a
+// transaction, such a failure aborts it.
+func relaysRunning(ctx context.Context, db outbox.DB, now time.Time, cs []ConnectorStatus) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	rows, err := db.Query(ctx, relaysSQL, now)
+	if err == nil {
+		running := map[string]bool{}
+		var c string
+		for rows.Next() {
+			if err = rows.Scan(&c); err != nil {
+				break
+			}
+			running[c] = true
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+		if err == nil {
+			for i := range cs {
+				r := running[cs[i].Connector]
+				cs[i].RelayRunning = &r
+			}
+			return nil
+		}
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42501" || pgErr.Code == "42P01") { // insufficient_privilege, undefined_table
+		return nil
+	}
+	return fmt.Errorf("read which connectors running relays have: %w", err)
 }
 
 func verdict(cs ConnectorStatus) string {
