@@ -239,7 +239,10 @@ func demo(ctx context.Context, e *env) (err error) {
 	}
 	out.plain("receiver: %s (enforces Idempotency-Key: a repeated key gets the stored answer, no new effect)\n", rcv.URL())
 
-	hook, err := webhook.New(webhook.Config{URL: rcv.URL(), Guarantee: connectors.Enforced, Timeout: 5 * time.Second})
+	// The receiver answers at once; the time limit is for a machine so busy that it
+	// does not (a build or a test suite beside it), where an attempt cut at 5 s told a
+	// story of timeouts instead of the demo's.
+	hook, err := webhook.New(webhook.Config{URL: rcv.URL(), Guarantee: connectors.Enforced, Timeout: 20 * time.Second})
 	if err != nil {
 		return fmt.Errorf("webhook connector: %w", err)
 	}
