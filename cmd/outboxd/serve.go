@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"math"
 	"net"
@@ -77,6 +78,14 @@ func serve(ctx context.Context, e *env) (err error) {
 		return usageError{err}
 	}
 	logger := newLogger(e.stderr, cfg.Log)
+	if e.ownsProcess {
+		// What the standard library says through the log package's default logger, such
+		// as the webhook transport's "Unsolicited response received on idle HTTP
+		// channel" for a receiver that answers twice, was a plain line among the JSON
+		// ones, which a log pipeline cannot read; it goes through the command's handler.
+		log.SetFlags(0)
+		log.SetOutput(slog.NewLogLogger(logger.Handler(), slog.LevelWarn).Writer())
+	}
 	// First, as one may explain a problem below: OUTBOX_WEBHOK_URL creates no instance.
 	warnUnknown(ctx, logger, cfg.Unknown)
 	if len(cfg.Instances()) == 0 {
