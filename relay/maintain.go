@@ -541,7 +541,7 @@ func (r *Relay) refreshStats(ctx context.Context) {
 	}
 	stats, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (rowStat, error) {
 		var s rowStat
-		err := row.Scan(&s.connector, &s.status, &s.count, &s.oldest)
+		err := row.Scan(&s.connector, &s.status, &s.count, &s.oldest, &s.dueWait)
 		return s, err
 	})
 	if err != nil {
@@ -570,11 +570,13 @@ func (r *Relay) refreshStats(ctx context.Context) {
 
 	r.metrics.rows.Reset()
 	r.metrics.oldestPending.Reset()
+	r.metrics.oldestDueWait.Reset()
 	for _, name := range r.names {
 		for _, st := range knownStatuses {
 			r.metrics.rows.WithLabelValues(name, st).Set(0)
 		}
 		r.metrics.oldestPending.WithLabelValues(name).Set(0)
+		r.metrics.oldestDueWait.WithLabelValues(name).Set(0)
 	}
 	// Connectors this relay does not have get a series each only for the
 	// maxUnknownSeries with most rows, as in outboxd_unknown_connector_rows; the rows of
@@ -582,19 +584,21 @@ func (r *Relay) refreshStats(ctx context.Context) {
 	// (webhook:<customer>) do not grow a series per name.
 	label := r.statsLabels(stats)
 	type series struct{ connector, status string }
-	counts, oldest := map[series]int64{}, map[string]float64{}
+	counts, oldest := map[series]int64{}, map[string]pendingAges{}
 	for _, s := range stats {
 		name := label(s.connector)
 		counts[series{name, s.status}] += s.count
 		if s.status == statusPending {
-			oldest[name] = max(oldest[name], s.oldest)
+			o := oldest[name]
+			oldest[name] = pendingAges{age: max(o.age, s.oldest), dueWait: max(o.dueWait, s.dueWait)}
 		}
 	}
 	for k, n := range counts {
 		r.metrics.rows.WithLabelValues(k.connector, k.status).Set(float64(n))
 	}
-	for name, age := range oldest {
-		r.metrics.oldestPending.WithLabelValues(name).Set(age)
+	for name, a := range oldest {
+		r.metrics.oldestPending.WithLabelValues(name).Set(a.age)
+		r.metrics.oldestDueWait.WithLabelValues(name).Set(a.dueWait)
 	}
 	r.oldestPending, r.oldestPendingAt = oldest, local
 	// One series and one warning for all of them: the connectors with most rows by
@@ -644,8 +648,13 @@ func (r *Relay) refreshStats(ctx context.Context) {
 		"connectors", len(unknowns), "rows", total, "most_rows", named, "configured", r.names)
 }
 
-// ageOldestPending moves outboxd_oldest_pending_age_seconds on by the time since the last
-// refresh that worked, to local (NowFunc's reading), for a refresh that failed. Kept at
+// pendingAges are a connector's oldest pending row's age and how long its oldest due row
+// has waited since it fell due, in seconds.
+type pendingAges struct{ age, dueWait float64 }
+
+// ageOldestPending moves outboxd_oldest_pending_age_seconds (and
+// outboxd_oldest_due_wait_seconds) on by the time since the last refresh that worked, to
+// local (NowFunc's reading), for a refresh that failed. Kept at
 // its last value, it stood still for as long as the refreshes failed: while the database
 // was away, or the refresh timed out on a backlog grown large, the very times rows wait
 // longest, an alert on it never fired. The oldest row then seen is taken to wait still:
@@ -657,9 +666,12 @@ func (r *Relay) ageOldestPending(local time.Time) {
 		return // no refresh has worked yet
 	}
 	waited := local.Sub(r.oldestPendingAt).Seconds()
-	for name, age := range r.oldestPending {
-		if age > 0 {
-			r.metrics.oldestPending.WithLabelValues(name).Set(age + waited)
+	for name, a := range r.oldestPending {
+		if a.age > 0 {
+			r.metrics.oldestPending.WithLabelValues(name).Set(a.age + waited)
+		}
+		if a.dueWait > 0 {
+			r.metrics.oldestDueWait.WithLabelValues(name).Set(a.dueWait + waited)
 		}
 	}
 }
@@ -668,7 +680,7 @@ func (r *Relay) ageOldestPending(local time.Time) {
 type rowStat struct {
 	connector, status string
 	count             int64
-	oldest            float64
+	oldest, dueWait   float64
 }
 
 // statsLabels returns the connector label of stats' rows: the connector itself when this

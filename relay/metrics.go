@@ -19,6 +19,7 @@ type metrics struct {
 	handedBack       prometheus.Counter
 	rows             *prometheus.GaugeVec // by connector, status
 	oldestPending    *prometheus.GaugeVec // by connector
+	oldestDueWait    *prometheus.GaugeVec // by connector
 	unknownConnector *prometheus.GaugeVec // by connector
 	notifyWorking    prometheus.Gauge
 	dbErrors         *prometheus.CounterVec // by operation
@@ -82,6 +83,9 @@ func newMetrics(reg prometheus.Registerer, h holdings, stopped *atomic.Bool) (*m
 		oldestPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "outboxd_oldest_pending_age_seconds", Help: "Age of the oldest pending row by connector, 0 for an instance of this relay's with none (those this relay does not have as in outboxd_rows). While the refresh fails, it goes on growing from the last refresh that worked.",
 		}, []string{"connector"}),
+		oldestDueWait: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outboxd_oldest_due_wait_seconds", Help: "How long the oldest pending row that is due (its next_attempt_at passed) has waited since it fell due, by connector; 0 when none (series as in outboxd_oldest_pending_age_seconds). Rows scheduled for later, a retry's backoff or a not_before, count only once due: the gauge to alert on for a relay that does not keep up. While the refresh fails, it goes on growing from the last refresh that worked.",
+		}, []string{"connector"}),
 		unknownConnector: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "outboxd_unknown_connector_rows", Help: "Rows for connectors neither this relay nor another running relay has, pending or left delivering by a relay that stopped (lease expired); they wait for a relay with the connector, never lost. The 20 connectors with most rows have a series each, the others' rows are counted together as connector=\"(others)\".",
 		}, []string{"connector"}),
@@ -110,7 +114,7 @@ func newMetrics(reg prometheus.Registerer, h holdings, stopped *atomic.Bool) (*m
 	}
 	var registered, replaced []prometheus.Collector
 	for _, c := range []prometheus.Collector{m.deliveries, m.deliveryDuration, m.commitToDelivery, m.claimBatch,
-		m.leaseExpiries, m.handedBack, m.rows, m.oldestPending, m.unknownConnector, m.notifyWorking, m.dbErrors, m.claimedBytes, m.claimedRows, m.inFlight} {
+		m.leaseExpiries, m.handedBack, m.rows, m.oldestPending, m.oldestDueWait, m.unknownConnector, m.notifyWorking, m.dbErrors, m.claimedBytes, m.claimedRows, m.inFlight} {
 		owned := ownedCollector{c, stopped}
 		err := reg.Register(owned)
 		var dup prometheus.AlreadyRegisteredError

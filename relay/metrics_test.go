@@ -49,6 +49,8 @@ func TestFailedStatsRefreshKeepsTheLastValues(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.unknownConnector.WithLabelValues("webhook:crm")))
 	oldest := testutil.ToFloat64(r.metrics.oldestPending.WithLabelValues("webhook"))
 	require.Positive(t, oldest)
+	due := testutil.ToFloat64(r.metrics.oldestDueWait.WithLabelValues("webhook"))
+	require.Positive(t, due)
 
 	// Another transaction holds the table: the next refresh fails.
 	tx, err := pool.Begin(t.Context())
@@ -63,6 +65,8 @@ func TestFailedStatsRefreshKeepsTheLastValues(t *testing.T) {
 	require.Equal(t, 2.0, testutil.ToFloat64(r.metrics.rows.WithLabelValues("webhook", "pending")), "the last value stays")
 	require.InDelta(t, oldest+300, testutil.ToFloat64(r.metrics.oldestPending.WithLabelValues("webhook")), 0.001,
 		"the oldest row seen has waited five minutes more")
+	require.InDelta(t, due+300, testutil.ToFloat64(r.metrics.oldestDueWait.WithLabelValues("webhook")), 0.001,
+		"and the oldest due row too")
 	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.unknownConnector.WithLabelValues("webhook:crm")))
 	require.Equal(t, before+1, testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("stats")), "the failure is counted")
 }
@@ -341,4 +345,28 @@ func TestOldestPendingAgeGoesToZero(t *testing.T) {
 	r.refreshStats(t.Context())
 	require.Equal(t, 2, testutil.CollectAndCount(r.metrics.oldestPending), "the series stay")
 	require.Zero(t, testutil.ToFloat64(r.metrics.oldestPending.WithLabelValues("webhook")))
+}
+
+// outboxd_oldest_pending_age_seconds counts a row from its creation, scheduled for later
+// or not: one intent sent with a not_before a day ahead kept an alert on it firing all
+// day. outboxd_oldest_due_wait_seconds counts a row from when it fell due, so rows in a
+// retry's backoff or scheduled for later do not count until then.
+func TestOldestDueWaitCountsRowsOnceDue(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	_, err := pool.Exec(t.Context(), `
+		INSERT INTO outbox (idempotency_key, connector, payload, created_at, next_attempt_at)
+		VALUES ('tomorrow', 'webhook', '{}', $1::timestamptz - interval '1 hour', $1::timestamptz + interval '1 day'),
+		       ('due', 'webhook', '{}', $1::timestamptz - interval '90 seconds', $1::timestamptz - interval '20 seconds'),
+		       ('backoff', 'webhook:crm', '{}', $1::timestamptz - interval '10 minutes', $1::timestamptz + interval '5 minutes')`, t0)
+	require.NoError(t, err)
+	r, err := New(pool, &Config{NowFunc: func() time.Time { return t0 }, Logger: testLogger()},
+		map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	r.refreshStats(t.Context())
+	require.Equal(t, 3600.0, testutil.ToFloat64(r.metrics.oldestPending.WithLabelValues("webhook")))
+	require.Equal(t, 20.0, testutil.ToFloat64(r.metrics.oldestDueWait.WithLabelValues("webhook")), "the due row, not the one scheduled for tomorrow")
+	require.Equal(t, 600.0, testutil.ToFloat64(r.metrics.oldestPending.WithLabelValues("webhook:crm")))
+	require.Zero(t, testutil.ToFloat64(r.metrics.oldestDueWait.WithLabelValues("webhook:crm")), "in its backoff, not due")
 }

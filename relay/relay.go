@@ -143,7 +143,7 @@ type Relay struct {
 	// oldestPending is the age of the oldest pending row by connector label that the last
 	// refresh of the row gauges that worked found, as NowFunc read oldestPendingAt (zero
 	// before the first); only maintain uses them (see ageOldestPending).
-	oldestPending   map[string]float64
+	oldestPending   map[string]pendingAges
 	oldestPendingAt time.Time
 	// unknownWarned holds the connectors the last warning about rows for connectors no
 	// running relay has named, as NowFunc read unknownWarnedAt; only maintain uses them

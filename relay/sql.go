@@ -637,14 +637,18 @@ ORDER BY connector`
 // that scan it from its head mark them as such. The age is a difference of epochs, not
 // of timestamps: PostgreSQL before 17 refuses to subtract an infinite one (a created_at
 // plain SQL wrote), and one such row would stop every refresh; a row created at
-// -infinity is infinitely old, as PostgreSQL 17 has it.
+// -infinity is infinitely old, as PostgreSQL 17 has it. The last column is how long the
+// oldest due row (next_attempt_at passed) has waited since it fell due: rows scheduled
+// for later (a retry's backoff, a not_before) do not count until then.
 const statsSQL = `
 SELECT connector, status, count(*),
-       coalesce(extract(epoch FROM $1::timestamptz) - extract(epoch FROM min(created_at)), 0)::float8
+       coalesce(extract(epoch FROM $1::timestamptz) - extract(epoch FROM min(created_at)), 0)::float8,
+       coalesce(extract(epoch FROM $1::timestamptz)
+                - extract(epoch FROM min(next_attempt_at) FILTER (WHERE next_attempt_at <= $1::timestamptz)), 0)::float8
 FROM (
-    SELECT connector, status, created_at FROM outbox WHERE status = 'pending'
+    SELECT connector, status, created_at, next_attempt_at FROM outbox WHERE status = 'pending'
     UNION ALL
-    SELECT connector, status, created_at FROM outbox WHERE status IN ('dead', 'held', 'awaiting_approval')
+    SELECT connector, status, created_at, next_attempt_at FROM outbox WHERE status IN ('dead', 'held', 'awaiting_approval')
 ) waiting
 GROUP BY connector, status`
 
