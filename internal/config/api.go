@@ -22,7 +22,7 @@ type API struct {
 	ApprovalRequired []string `env:"OUTBOX_APPROVAL_REQUIRED" desc:"connectors whose API and MCP intents start awaiting_approval, comma-separated instances, kinds, kind:* (every instance of the kind) or * (every connector), e.g. payment,webhook:crm"`
 	// Rate is each token's request rate limit, per second, with a burst of
 	// max(1, Rate). 0 turns it off.
-	Rate float64 `env:"OUTBOX_API_RATE" envDefault:"10" desc:"requests per second each API token may make, to the intent API and /mcp together (burst the same, at least 1); 0 for no limit"`
+	Rate float64 `env:"OUTBOX_API_RATE" envDefault:"10" desc:"requests per second each API token may make, to the intent API and /mcp together (burst the same, at least 1); 0 for no limit, else at least 1/3600 (one an hour)"`
 	// MaxBody is the largest request body the intent API accepts, in bytes.
 	MaxBody int64 `env:"OUTBOX_API_MAX_BODY" envDefault:"1048576" desc:"largest intent API or /mcp request body, in bytes"`
 	// MCPToken is the token whose identity `outboxd mcp` (stdio) acts under.
@@ -72,6 +72,9 @@ func LoadAPI(environ []string) (API, error) {
 	return a, p.err()
 }
 
+// minAPIRate is the least positive OUTBOX_API_RATE: one request an hour.
+const minAPIRate = 1.0 / 3600
+
 func (a *API) validate(p *problems) {
 	// Whether the tokens parsed and passed their checks: else OUTBOX_MCP_TOKEN cannot be
 	// said to match none of them.
@@ -102,8 +105,14 @@ func (a *API) validate(p *problems) {
 				"kind:* or *, so it would require approval of nothing", a.ApprovalRequired[i], kindNames())
 		}
 	}
-	if a.Rate < 0 || math.IsNaN(a.Rate) { // NaN would limit nothing
+	switch {
+	case a.Rate < 0 || math.IsNaN(a.Rate): // NaN would limit nothing
 		p.addf("OUTBOX_API_RATE", "OUTBOX_API_RATE must be 0 (no limit) or positive, got %v", a.Rate)
+	case a.Rate > 0 && a.Rate < minAPIRate:
+		// 1e-9 allowed a token one request, then the next in 30 years: a typo for a
+		// limit, or a way to switch a token off that revoking it does better.
+		p.addf("OUTBOX_API_RATE", "OUTBOX_API_RATE must be 0 (no limit) or at least %.6f (one request an hour), got %v",
+			minAPIRate, a.Rate)
 	}
 	if a.MaxBody <= 0 {
 		p.addf("OUTBOX_API_MAX_BODY", "OUTBOX_API_MAX_BODY must be positive, got %d", a.MaxBody)

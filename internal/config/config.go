@@ -72,7 +72,7 @@ type Engine struct {
 	// MaxClaimedBytes bounds the payload bytes of the rows the relay holds claimed.
 	MaxClaimedBytes int64 `env:"OUTBOX_MAX_CLAIMED_BYTES" envDefault:"134217728" desc:"most payload and header bytes (as JSON text) of the rows the relay holds claimed, waiting for a worker or in flight (128 MiB); a claim always takes at least one row"`
 	// Lease is how long a claimed row stays with this relay before another may take it.
-	Lease time.Duration `env:"OUTBOX_LEASE" envDefault:"30s" desc:"how long a claimed row stays with one relay before another may take it; at least 1s longer than every connector timeout"`
+	Lease time.Duration `env:"OUTBOX_LEASE" envDefault:"30s" desc:"how long a claimed row stays with one relay before another may take it; at least 1s longer than every connector timeout, at most 24h"`
 	// PollInterval is how often the relay looks for due rows when no NOTIFY arrives, and
 	// reclaims expired leases (at least every 5s whatever it is).
 	PollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"1s" desc:"how often the relay looks for due rows when no NOTIFY arrives (scheduled retries, poolers that drop NOTIFY), and reclaims expired leases (at least every 5s whatever this is); at least 10ms"`
@@ -412,6 +412,12 @@ func (l *Log) validate(p *problems) {
 // database with nothing to deliver, and 1ms is still a thousand.
 const minPollInterval = 10 * time.Millisecond
 
+// maxLease is the most OUTBOX_LEASE. A row whose relay died comes back only when its
+// lease ends: at 2562047h it never did, and the relay's arithmetic on the lease (claim
+// time plus lease) could overflow. A connector's timeout must fit inside the lease with
+// a second to spare, so this also bounds the timeouts, which none needs near a day.
+const maxLease = 24 * time.Hour
+
 // maxConcurrency is the most OUTBOX_CONCURRENCY, the relay's (see relay.MaxConcurrency).
 const maxConcurrency = relay.MaxConcurrency
 
@@ -451,6 +457,10 @@ func (e *Engine) validate(p *problems) {
 		p.addf("OUTBOX_POLL_INTERVAL", "OUTBOX_POLL_INTERVAL must be at least %s (a busy relay looks for rows every few "+
 			"milliseconds by itself, and NOTIFY wakes an idle one; shorter only has an idle relay query the database "+
 			"without pause), got %s", minPollInterval, e.PollInterval)
+	}
+	if p.ok("OUTBOX_LEASE") && e.Lease > maxLease {
+		p.addf("OUTBOX_LEASE", "OUTBOX_LEASE must be at most %s (a dead relay's rows come back only when their lease ends), got %s",
+			maxLease, e.Lease)
 	}
 	if p.ok("OUTBOX_CONCURRENCY") && e.Concurrency > maxConcurrency {
 		p.addf("OUTBOX_CONCURRENCY", "OUTBOX_CONCURRENCY must be at most %d, got %d", maxConcurrency, e.Concurrency)

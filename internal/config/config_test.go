@@ -981,3 +981,23 @@ func TestLoadPollIntervalFloor(t *testing.T) {
 		require.Equal(t, want, cfg.Engine.PollInterval)
 	}
 }
+
+// TestLeaseAndAPIRateBounds: OUTBOX_LEASE=2562047h was accepted, and a dead relay's
+// rows then never came back; OUTBOX_API_RATE=1e-9 allowed a token one request, then the
+// next in 30 years. Each is refused with one line; the bounds themselves are taken.
+func TestLeaseAndAPIRateBounds(t *testing.T) {
+	t.Parallel()
+
+	_, err := Load(environ(with(minimal, map[string]string{"OUTBOX_LEASE": "2562047h", "OUTBOX_API_RATE": "1e-9"})))
+	require.Equal(t, []string{
+		"OUTBOX_LEASE must be at most 24h0m0s (a dead relay's rows come back only when their lease ends), got 2562047h0m0s",
+		"OUTBOX_API_RATE must be 0 (no limit) or at least 0.000278 (one request an hour), got 1e-09",
+	}, problemLines(t, err))
+	_, err = LoadAPI([]string{"OUTBOX_API_RATE=0.0001"})
+	require.ErrorContains(t, err, "OUTBOX_API_RATE must be 0 (no limit) or at least 0.000278")
+
+	for _, v := range []string{"0.000278", "0", "10"} {
+		_, err = Load(environ(with(minimal, map[string]string{"OUTBOX_LEASE": "24h", "OUTBOX_API_RATE": v})))
+		require.NoError(t, err, v)
+	}
+}
