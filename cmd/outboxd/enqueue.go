@@ -124,7 +124,9 @@ func readPayload(e *env, v string) ([]byte, error) {
 	case strings.HasPrefix(v, "@"):
 		b, err := os.ReadFile(v[1:])
 		if err != nil {
-			return nil, fmt.Errorf("read payload: %w", err)
+			// A file missing, unreadable or a directory: the flag is at fault, as a
+			// bad --not-before is, and running the command again cannot help.
+			return nil, usagef("--payload %s: %v", v, err)
 		}
 		return b, nil
 	default:

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -66,10 +67,10 @@ func TestEnqueue(t *testing.T) {
 		require.Contains(t, errOut, "outboxd: invalid message: ", args)
 		require.Contains(t, errOut, "Run 'outboxd enqueue --help' for usage.", args)
 	}
-	// A payload file that cannot be read is a failure.
+	// A payload file that cannot be read is bad usage (see TestEnqueuePayloadFileUnreadable).
 	code, _, errOut = d.cli(t, "", "enqueue", "--connector", "webhook", "--key", "no-file",
 		"--payload", "@"+filepath.Join(t.TempDir(), "missing.json"))
-	require.Equal(t, exitFailure, code, errOut)
+	require.Equal(t, exitUsage, code, errOut)
 	require.Equal(t, 2, d.count(t, `SELECT count(*) FROM outbox`))
 }
 
@@ -114,6 +115,25 @@ func TestEnqueueRefusesEmptyOrderingKeyAndNotBefore(t *testing.T) {
 		require.Equal(t, exitUsage, code, "%s: %s%s", flag, out, errOut)
 		require.Contains(t, errOut, flag+" is empty", flag)
 		require.Empty(t, out, flag)
+	}
+	require.Equal(t, 0, d.count(t, `SELECT count(*) FROM outbox`))
+}
+
+// TestEnqueuePayloadFileUnreadable: --payload @missing.json exited 1, as if the
+// database had failed; a flag naming a file that cannot be read is bad usage (exit 2),
+// said in one line naming the flag and the file. Nothing is enqueued.
+func TestEnqueuePayloadFileUnreadable(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	dir := t.TempDir()
+	for _, path := range []string{filepath.Join(dir, "missing.json"), dir} {
+		code, out, errOut := d.cli(t, "", "enqueue", "--connector", "webhook", "--key", "order-1",
+			"--payload", "@"+path)
+		require.Equal(t, exitUsage, code, "%s: %s%s", path, out, errOut)
+		lines := strings.Split(strings.TrimSpace(errOut), "\n")
+		require.Len(t, lines, 2, errOut) // the problem, then the pointer to --help
+		require.True(t, strings.HasPrefix(lines[0], "outboxd: --payload @"+path+": "), errOut)
+		require.Empty(t, out, path)
 	}
 	require.Equal(t, 0, d.count(t, `SELECT count(*) FROM outbox`))
 }
