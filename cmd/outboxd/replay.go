@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os/signal"
 	"slices"
 	"strings"
 
@@ -170,15 +171,48 @@ func replay(ctx context.Context, e *env, pool *pgxpool.Pool, sel ops.Selection, 
 		o.ProgressFunc = bar.set
 		defer bar.done()
 	}
-	res, err := ops.Replay(ctx, pool, sel, o)
+	// SIGINT or SIGTERM (or ctx ending) stops a replay between batches: the batch under
+	// way commits, and what was replayed is reported as at the end. Go's default killed
+	// it without a word, after a paced replay had run for minutes. A second signal
+	// has the default again.
+	stopCtx, stop := signal.NotifyContext(ctx, cleanStopSignals()...)
+	defer stop()
+	context.AfterFunc(stopCtx, stop)
+	o.Stop = stopCtx.Done()
+	res, err := ops.Replay(context.WithoutCancel(ctx), pool, sel, o)
 	res = leftAloneByPlan(res, plan)
 	anotes := ambiguousNotes(res, g, o.NewKey)
+	if errors.Is(err, ops.ErrReplayStopped) {
+		if err := reportReplay(e, res, notes, anotes, orig, run.json); err != nil {
+			return err
+		}
+		return fmt.Errorf("replay interrupted: %d rows not reached were left as they were; run it again to replay them",
+			notReached(res, sel.Keys))
+	}
 	if err != nil {
 		// Earlier batches are committed; show them with the error.
 		_ = reportReplay(e, res, notes, anotes, orig, run.json)
 		return opsError(err)
 	}
 	return reportReplay(e, res, notes, anotes, orig, run.json)
+}
+
+// notReached counts the keys a replay stopped between batches never looked at.
+func notReached(res ops.ReplayResult, keys []string) int {
+	seen := map[string]bool{}
+	for _, k := range slices.Concat(res.Replayed, res.Unchanged, res.NotFound) {
+		seen[k] = true
+	}
+	for k := range res.Refused {
+		seen[k] = true
+	}
+	n := 0
+	for _, k := range keys {
+		if !seen[k] {
+			n++
+		}
+	}
+	return n
 }
 
 // leftAloneByPlan adds to res, the run of the rows plan would replay, the rows plan left

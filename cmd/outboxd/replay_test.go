@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -491,4 +492,44 @@ func TestRedeliverNotesLeaveOutRefusedRows(t *testing.T) {
 	code, out, errOut = d.cli(t, "", "replay", "--status", "delivered", "--redeliver", "--dry-run", "--json")
 	require.Equal(t, exitOK, code, errOut)
 	require.NotContains(t, out, "slack")
+}
+
+// TestReplayInterruptedReportsWhatItDid: a paced replay (--rate) over many rows runs
+// for minutes, and SIGINT or SIGTERM killed it with Go's default, saying nothing of the
+// rows it had put back. It now stops between batches, reports what it replayed as at
+// the end, says it was interrupted, and exits 1; the rows it did not reach are as they
+// were.
+func TestReplayInterruptedReportsWhatItDid(t *testing.T) {
+	t.Parallel()
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			t.Parallel()
+			d := newOpsDB(t)
+			for _, k := range []string{"k-1", "k-2", "k-3"} {
+				d.insert(t, fixture{Key: k, Status: outbox.StatusDead, Attempts: 3})
+			}
+			// A replay's batch that puts rows back notifies at its commit.
+			conn, err := d.pool.Acquire(t.Context())
+			require.NoError(t, err)
+			defer conn.Release()
+			_, err = conn.Exec(t.Context(), `LISTEN outbox`)
+			require.NoError(t, err)
+
+			// One row a batch, the next batch due 1000 s after the first.
+			c := startChild(t, "replay --status dead --yes --rate 0.001 --batch-size 1", "OUTBOX_DATABASE_URL="+d.dsn)
+			ctx, cancel := context.WithTimeout(t.Context(), processWait)
+			defer cancel()
+			_, err = conn.Conn().WaitForNotification(ctx)
+			require.NoError(t, err, "the first batch did not commit")
+			c.interrupt(t, sig)
+
+			require.Equal(t, exitFailure, c.cmd.ProcessState.ExitCode(), c.stderr.String())
+			require.Equal(t, "replayed: 1\n  k-1\nunchanged: 0\nrefused: 0\n", c.stdout.String()) // as at the end
+			require.Contains(t, c.stderr.String(),
+				"outboxd: replay interrupted: 2 rows not reached were left as they were; run it again to replay them\n")
+			require.Equal(t, outbox.StatusPending, d.status(t, "k-1"))
+			require.Equal(t, outbox.StatusDead, d.status(t, "k-2"))
+			require.Equal(t, outbox.StatusDead, d.status(t, "k-3"))
+		})
+	}
 }

@@ -48,6 +48,10 @@ type ReplayOptions struct {
 	BatchSize int
 	// Rate caps the rows replayed per second. Defaults to no cap.
 	Rate float64
+	// Stop, when closed, ends the replay between batches: the batch under way commits,
+	// and Replay returns what it did with [ErrReplayStopped]. ctx, cancelled, ends it
+	// where it is instead, rolling back the batch under way.
+	Stop <-chan struct{}
 	// ProgressFunc, when set, is called after each batch with the rows handled so far
 	// and the rows selected.
 	ProgressFunc func(done, total int)
@@ -443,6 +447,11 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayO
 	// the run does.
 	ran := map[string]string{}
 	for _, b := range batches(targets, size) {
+		select {
+		case <-opts.Stop:
+			return res, ErrReplayStopped
+		default:
+		}
 		var br ReplayResult
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			br = ReplayResult{Refused: map[string]string{}, NewKeys: map[string]string{}, Ambiguous: map[string]string{}}
@@ -478,7 +487,10 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayO
 		}
 		if opts.Rate > 0 && done < len(targets) {
 			due := start.Add(time.Duration(float64(done) / opts.Rate * float64(time.Second)))
-			if err := sleepUntil(ctx, due); err != nil {
+			if err := sleepUntil(ctx, opts.Stop, due); err != nil {
+				if errors.Is(err, ErrReplayStopped) {
+					return res, err
+				}
 				return res, fmt.Errorf("replay: %w", err)
 			}
 		}
@@ -985,7 +997,11 @@ func resolve(ctx context.Context, db outbox.DB, sel Selection, now time.Time) ([
 	}
 }
 
-func sleepUntil(ctx context.Context, t time.Time) error {
+// ErrReplayStopped is returned by [Replay] when [ReplayOptions.Stop] ended it between
+// batches; the result holds what the batches before committed.
+var ErrReplayStopped = errors.New("replay stopped")
+
+func sleepUntil(ctx context.Context, stop <-chan struct{}, t time.Time) error {
 	d := time.Until(t)
 	if d <= 0 {
 		return nil
@@ -993,6 +1009,8 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {
+	case <-stop:
+		return ErrReplayStopped
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	case <-timer.C:
