@@ -24,6 +24,24 @@ func rawReceiver(t *testing.T, answer func(c net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	serveConns(t, ln, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, req.Body)
+			answer(c)
+		}
+	})
+	return "http://" + ln.Addr().String() + "/hook"
+}
+
+// serveConns accepts ln's connections and serves each with serve in a goroutine of its
+// own, until cleanup, which closes ln and every connection (idle ones in a client's pool
+// included) and waits for those goroutines.
+func serveConns(t *testing.T, ln net.Listener, serve func(c net.Conn)) {
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
@@ -49,19 +67,10 @@ func rawReceiver(t *testing.T, answer func(c net.Conn)) string {
 			mu.Unlock()
 			wg.Go(func() {
 				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, req.Body)
-					answer(c)
-				}
+				serve(c)
 			})
 		}
 	})
-	return "http://" + ln.Addr().String() + "/hook"
 }
 
 // An answer's headers are bounded well below net/http's 10 MiB. An attempt held about

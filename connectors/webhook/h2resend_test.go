@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -54,35 +53,7 @@ func (l *h2Liar) start(t *testing.T) (url string, client *http.Client) {
 		NextProtos:   []string{"h2"},
 	})
 	require.NoError(t, err)
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() {
-				defer c.Close()
-				l.serve(c)
-			})
-		}
-	})
+	serveConns(t, ln, l.serve)
 
 	tr := webhook.DefaultTransport().Clone() // ForceAttemptHTTP2, as in production
 	tr.TLSClientConfig = cert.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
