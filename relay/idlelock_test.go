@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -37,12 +38,7 @@ func TestReclaimStandingStillLetsGoOfTheDeadRelaysRows(t *testing.T) {
 	// step that lets ordering keys go on).
 	held, _ := proxy.holdOnce(t, "savepoint sp_")
 	// Its claim loop goes on (only its reclaim stands still): it may send the rows too.
-	mine := &recordingConnector{}
-	stalled, err := New(proxy.pool, &Config{ID: "stalled", PollInterval: time.Hour, Registerer: prometheus.NewRegistry(),
-		Logger: testLogger(), NowFunc: cfg.NowFunc}, map[string]Instance{"webhook": {Connector: mine}})
-	require.NoError(t, err)
-	stalled.maintainTimeout = 10 * waitTimeout // a paused process's timers do not run
-	run(t, stalled)
+	mine := runStalled(t, proxy.pool, cfg)
 	waitFor(t, held, "the stalled relay's reclaim never reached its second step")
 
 	other := &recordingConnector{}
@@ -83,12 +79,7 @@ func TestParkingStandingStillLetsGoOfTheRowsItLocked(t *testing.T) {
 
 	held, _ := proxy.holdOnce(t, "SET next_attempt_at = $6, last_error = p.why") // parkWaitingSQL
 	// Its claim loop goes on (only its parking pass stands still): it may send the row too.
-	mine := &recordingConnector{}
-	stalled, err := New(proxy.pool, &Config{ID: "stalled", PollInterval: time.Hour, Registerer: prometheus.NewRegistry(),
-		Logger: testLogger(), NowFunc: cfg.NowFunc}, map[string]Instance{"webhook": {Connector: mine}})
-	require.NoError(t, err)
-	stalled.maintainTimeout = 10 * waitTimeout // a paused process's timers do not run
-	run(t, stalled)
+	mine := runStalled(t, proxy.pool, cfg)
 	waitFor(t, held, "the stalled relay never parked the row behind the held one")
 
 	// The operator decides: the held row is canceled, and the row behind it is due.
@@ -101,4 +92,18 @@ func TestParkingStandingStillLetsGoOfTheRowsItLocked(t *testing.T) {
 	in := waitStatus(t, direct, "behind", outbox.StatusDelivered)
 	require.Equal(t, 1, in.Attempts)
 	require.Len(t, slices.Concat(other.deliveries("behind"), mine.deliveries("behind")), 1)
+}
+
+// runStalled runs the relay "stalled" on pool (the proxy's, whose requests a test holds)
+// with cfg's clock, polling hourly, and returns what it sends. Its maintenance's time
+// limit is long, as a paused process's timers do not run.
+func runStalled(t *testing.T, pool *pgxpool.Pool, cfg *Config) *recordingConnector {
+	t.Helper()
+	mine := &recordingConnector{}
+	stalled, err := New(pool, &Config{ID: "stalled", PollInterval: time.Hour, Registerer: prometheus.NewRegistry(),
+		Logger: testLogger(), NowFunc: cfg.NowFunc}, map[string]Instance{"webhook": {Connector: mine}})
+	require.NoError(t, err)
+	stalled.maintainTimeout = 10 * waitTimeout
+	run(t, stalled)
+	return mine
 }
