@@ -197,35 +197,6 @@ func (d decimal) canonical() string {
 	return b.String()
 }
 
-// numericRefuses returns the first number in a decoded JSON value that PostgreSQL's
-// numeric (and so jsonb) refuses, or "": more than 131072 digits before the decimal
-// point, or more than 16383 after it as written.
-func numericRefuses(v any) string {
-	switch v := v.(type) {
-	case map[string]any:
-		for _, e := range v {
-			if s := numericRefuses(e); s != "" {
-				return s
-			}
-		}
-	case []any:
-		for _, e := range v {
-			if s := numericRefuses(e); s != "" {
-				return s
-			}
-		}
-	case json.Number:
-		d, ok := parseNumber(string(v))
-		if !ok || d.scale > 16383 || (d.digits != "" && d.exp+len(d.digits)-1 > 131071) {
-			if len(v) > 40 {
-				return string(v[:37]) + "..."
-			}
-			return string(v)
-		}
-	}
-	return ""
-}
-
 // maxWrittenOut bounds how many bytes more than written a payload's numbers take in the
 // text PostgreSQL writes out for it. jsonb keeps a number's value and its scale as
 // written and writes it without an exponent: 0e-16383 (8 bytes) as "0." and 16,383
@@ -238,36 +209,43 @@ func numericRefuses(v any) string {
 // small.
 const maxWrittenOut = 16 << 20
 
-// writtenOut returns how many bytes more than written the numbers in a decoded JSON value
-// take in PostgreSQL's text of it (numbers that take fewer count as none), stopping
-// once the count passes limit.
-func writtenOut(v any, limit int64) int64 {
-	var n int64
+// checkNumbers walks the numbers of a decoded JSON value once. refused is the first
+// that PostgreSQL's numeric (and so jsonb) refuses, or "": more than 131072 digits before
+// the decimal point, or more than 16383 after it as written. writtenOut is how many bytes
+// more than written the numbers take in PostgreSQL's text of the value (numbers that
+// take fewer count as none; see maxWrittenOut).
+func checkNumbers(v any) (refused string, writtenOut int64) {
 	var walk func(v any)
 	walk = func(v any) {
 		switch v := v.(type) {
 		case map[string]any:
 			for _, e := range v {
-				if n > limit {
+				if refused != "" {
 					return
 				}
 				walk(e)
 			}
 		case []any:
 			for _, e := range v {
-				if n > limit {
+				if refused != "" {
 					return
 				}
 				walk(e)
 			}
 		case json.Number:
-			if d, ok := parseNumber(string(v)); ok {
-				n += max(0, d.textLen()-int64(len(v)))
+			d, ok := parseNumber(string(v))
+			if !ok || d.scale > 16383 || (d.digits != "" && d.exp+len(d.digits)-1 > 131071) {
+				refused = string(v)
+				if len(v) > 40 {
+					refused = string(v[:37]) + "..."
+				}
+				return
 			}
+			writtenOut += max(0, d.textLen()-int64(len(v)))
 		}
 	}
 	walk(v)
-	return n
+	return refused, writtenOut
 }
 
 // textLen is the length of PostgreSQL's text of d (numeric_out, which jsonb uses): its

@@ -8,7 +8,7 @@ import (
 	"github.com/outboxd/outboxd/internal/pgtest"
 )
 
-// The length writtenOut counts for a number is the length of PostgreSQL's own text of it
+// The length checkNumbers counts for a number is the length of PostgreSQL's own text of it
 // in a jsonb value.
 func TestNumberTextLengthIsPostgreSQLs(t *testing.T) {
 	t.Parallel()
