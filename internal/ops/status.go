@@ -127,7 +127,8 @@ ORDER BY connector`
 const relaysSQL = `SELECT DISTINCT connector FROM outbox_wake_connectors WHERE seen_until > $1::timestamptz`
 
 // Status summarises the outbox per connector at now (zero means the current time), in
-// one query, and gives each connector a verdict, worst first:
+// one query (and a second for which connectors running relays have, see relaysRunning),
+// and gives each connector a verdict, worst first:
 //
 //   - [VerdictStuck] when a delivering row's lease has expired or a row is held: both
 //     wait for something (a relay with the connector, an operator) rather than for time.
