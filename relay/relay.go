@@ -1082,6 +1082,25 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 				continue
 			}
 		}
+		if ce := (*claimError)(nil); errors.As(err, &ce) && refused(err) && !unsure(err) {
+			// A row the claim cannot take for its data, which plain SQL wrote: the claim
+			// fails at it every round, and took the round's outcomes with it. Write them
+			// apart, and send the rows at fault to dead; the claims go on in the next round.
+			if len(outs) > 0 {
+				switch err := r.writeApart(ctx, outs); {
+				case err == nil:
+					outs, urgent, lingering, lingered = outs[:0], false, false, false
+					linger.Stop()
+				case refused(err):
+					outs = r.salvage(ctx, outs, err)
+					urgent = anyOrdered(outs)
+				}
+			}
+			if r.buryUnclaimable(ctx, ce) > 0 {
+				r.metrics.dbErrors.WithLabelValues("claim").Inc() // it failed all the same
+				continue
+			}
+		}
 		if err != nil {
 			// The round may have committed without its reply reaching us: its outcomes are
 			// written again, but logged once, and the rows it claimed, which no worker
@@ -1519,11 +1538,7 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 		r.lastLease, r.roundLease = lease, lease
 	}
 	for _, p := range plans {
-		from := pgtype.Timestamptz{Time: p.from, Valid: true}
-		if p.from.IsZero() {
-			from = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
-		}
-		b.Queue(claimSQL, p.inst.name, now, p.limit, r.cfg.ID, r.roundLease, from, p.bytes)
+		b.Queue(claimSQL, p.inst.name, now, p.limit, r.cfg.ID, r.roundLease, p.start(), p.bytes)
 	}
 	got := make([][]claimed, len(plans))
 	err := r.sendWrite(ctx, outs, b, func(br pgx.BatchResults) error {
@@ -1554,7 +1569,7 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 			}
 			if err != nil {
 				_ = br.Close()
-				return fmt.Errorf("claim %s: %w", p.inst.name, err)
+				return &claimError{plan: p, now: now, err: fmt.Errorf("claim %s: %w", p.inst.name, err)}
 			}
 		}
 		if err := br.Close(); err != nil {
@@ -1566,6 +1581,92 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 		return nil, err
 	}
 	return got, nil
+}
+
+// start is where p's scan starts, as claimSQL takes it.
+func (p claimPlan) start() pgtype.Timestamptz {
+	if p.from.IsZero() {
+		return pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	}
+	return pgtype.Timestamptz{Time: p.from, Valid: true}
+}
+
+// buryUnclaimable finds, among the rows the failed claim of ce would take, those that
+// claimSQL fails at for their data (see claimProbeSQL), and sends them to dead with a
+// reason an operator can act on; it returns how many it sent. Such a row, which only
+// plain SQL writes, failed every claim of its connector (and every round's outcomes with
+// it), and stopped every relay, for good. A row is sent to dead only when the probe fails
+// for the row alone, so a claim that failed for anything else (a constraint an
+// application added, say) buries nothing, and is retried as any failure is. The rows are
+// locked as the claim locks them, and probed one by one, each under a savepoint: this
+// runs only once a claim was refused.
+func (r *Relay) buryUnclaimable(ctx context.Context, ce *claimError) int {
+	ctx, cancel := context.WithTimeout(ctx, roundTimeout)
+	defer cancel()
+	type grave struct {
+		id  int64
+		key string
+		why error
+	}
+	var buried []grave
+	p := ce.plan
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		buried = buried[:0]
+		rows, err := tx.Query(ctx, unclaimableDueSQL, p.inst.name, ce.now, p.limit, p.start())
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		for _, id := range ids {
+			why := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+				_, err := sp.Exec(ctx, claimProbeSQL, id)
+				return err
+			})
+			if why == nil {
+				continue
+			}
+			if !refused(why) {
+				return why
+			}
+			var key string
+			switch err := tx.QueryRow(ctx, buryUnclaimableSQL, id, unclaimableReason(why), ce.now).Scan(&key); {
+			case errors.Is(err, pgx.ErrNoRows):
+			case err != nil:
+				return err
+			default:
+				buried = append(buried, grave{id, key, why})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		r.log.WarnContext(ctx, "looking for the rows a refused claim cannot take failed", "connector", p.inst.name, "err", err)
+		return 0
+	}
+	for _, g := range buried {
+		r.log.ErrorContext(ctx, "the relay cannot claim a row for its data; sent it to dead",
+			"connector", p.inst.name, "id", g.id, "key", g.key, "err", g.why)
+	}
+	if len(buried) > 0 {
+		r.rescan.Store(true) // a row of an ordering key sent to dead lets its key's next row go
+	}
+	return len(buried)
+}
+
+// unclaimableReason is the last_error of a row that claimSQL cannot take, refused by
+// PostgreSQL with err.
+func unclaimableReason(err error) string {
+	var pgErr *pgconn.PgError
+	errors.As(err, &pgErr)
+	what := "its payload or headers cannot be read (a number written out in full past PostgreSQL's 1 GB limit on text, say)"
+	if pgErr.Code == "22003" { // numeric_value_out_of_range
+		what = "its attempts count is at the integer maximum"
+	}
+	return storableText(fmt.Sprintf("the relay cannot claim this row: %s, and PostgreSQL refuses it (%s, SQLSTATE %s); "+
+		"correct the row with SQL and replay it", what, pgErr.Message, pgErr.Code))
 }
 
 // sendWrite sends b, a write of outs (and claims), as one transaction on a connection
@@ -2419,6 +2520,17 @@ func storableJSON(b []byte) []byte {
 	}
 	return bytes.ReplaceAll(b, nul, []byte(`\ufffd`))
 }
+
+// claimError is a round's failure at the claim of plan, made at now (the database's
+// clock, as the relay reads it).
+type claimError struct {
+	plan claimPlan
+	now  time.Time
+	err  error
+}
+
+func (e *claimError) Error() string { return e.err.Error() }
+func (e *claimError) Unwrap() error { return e.err }
 
 // outcomesError is a round's failure to write its outcomes, as opposed to its claims.
 type outcomesError struct{ err error }

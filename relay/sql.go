@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"strings"
+
 	"github.com/outboxd/outboxd/internal/finished"
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -83,21 +85,7 @@ WITH due AS (
            -- is that row's retry, or the end of a minute's parking behind a row that waits
            -- for an operator, not the row's own schedule (see claimed.committedFor).
            o.attempts = 0 AND coalesce(starts_with(o.last_error, '` + outbox.ParkedPrefix + `'), false) AS parked
-    FROM outbox o
-    WHERE o.status = 'pending'
-      AND o.connector = $1
-      AND o.next_attempt_at <= greatest($2, now())
-      AND o.next_attempt_at >= $6
-      AND (o.ordering_key IS NULL OR (NOT EXISTS (
-            SELECT 1 FROM outbox p
-            WHERE p.ordering_key = o.ordering_key AND p.id < o.id
-              AND p.status IN ('pending', 'delivering', 'held', 'awaiting_approval'))
-          AND NOT EXISTS (
-            SELECT 1 FROM outbox d
-            WHERE d.ordering_key = o.ordering_key AND d.id > o.id AND d.status = 'delivering')))
-    ORDER BY o.next_attempt_at, o.id
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
+    FROM ` + claimDue + `
 ), fits AS (
     SELECT tid, parked, sum(size) OVER (ORDER BY next_attempt_at, id ROWS UNBOUNDED PRECEDING) - size AS before
     FROM due
@@ -111,6 +99,42 @@ FROM fits
 WHERE o.ctid = fits.tid AND fits.before < $7
 RETURNING o.id, o.idempotency_key, o.payload, o.headers, o.attempts, o.ambiguous, o.created_at,
           o.first_attempt_at, o.ordering_key IS NOT NULL, o.next_attempt_at, fits.parked`
+
+// claimDue is the part of claimSQL that finds and locks its rows: up to $3 due rows of
+// connector $1 by $2, the scan starting at $6, as claimSQL says.
+const claimDue = `outbox o
+    WHERE o.status = 'pending'
+      AND o.connector = $1
+      AND o.next_attempt_at <= greatest($2, now())
+      AND o.next_attempt_at >= $6
+      AND (o.ordering_key IS NULL OR (NOT EXISTS (
+            SELECT 1 FROM outbox p
+            WHERE p.ordering_key = o.ordering_key AND p.id < o.id
+              AND p.status IN ('pending', 'delivering', 'held', 'awaiting_approval'))
+          AND NOT EXISTS (
+            SELECT 1 FROM outbox d
+            WHERE d.ordering_key = o.ordering_key AND d.id > o.id AND d.status = 'delivering')))
+    ORDER BY o.next_attempt_at, o.id
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED`
+
+// unclaimableDueSQL locks the rows claimSQL would take (its arguments $1 to $3, and $6
+// as $4), for Relay.buryUnclaimable to find among them those it cannot claim.
+var unclaimableDueSQL = `SELECT o.id FROM ` + strings.ReplaceAll(claimDue, "$6", "$4")
+
+// claimProbeSQL computes, for row $1, what claimSQL computes of every row it takes and
+// might fail at for the row's data: its payload's and headers' text (which PostgreSQL
+// cannot make past 1 GB: numbers written out in full, 1e131071 stored in a few bytes,
+// which only plain SQL writes) and its next attempt's number (an attempts count at the
+// integer maximum).
+const claimProbeSQL = `SELECT octet_length(payload::text)::bigint + octet_length(headers::text) + (attempts + 1)
+FROM outbox WHERE id = $1`
+
+// buryUnclaimableSQL sends row $1, which claimSQL cannot take, to dead with reason $2,
+// at the relay's clock $3, and returns its key.
+const buryUnclaimableSQL = `UPDATE outbox SET status = 'dead', last_error = $2, updated_at = $3
+WHERE id = $1 AND status = 'pending'
+RETURNING idempotency_key`
 
 // recordSQL writes many outcomes in one round trip: it updates each row still leased to
 // this relay ($1) for the same attempt, and logs every attempt. A row whose lease expired
