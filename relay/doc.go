@@ -141,5 +141,8 @@
 // and bytes that are not UTF-8 become U+FFFD); should PostgreSQL still refuse a batch of
 // outcomes for their data, the batch is written in halves, split again down to the
 // outcome refused alone, which is recorded without the answer, the reason added to
-// last_error: one odd answer never stops a relay.
+// last_error: one odd answer never stops a relay. Nor does one odd row: a row the claim
+// cannot take for its data (which only plain SQL writes: an attempts count at the integer
+// maximum, numbers written out past PostgreSQL's 1 GB limit on text) goes to dead
+// unsent, its last_error saying why, and the claims and outcomes go on.
 package relay
