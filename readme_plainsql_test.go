@@ -53,3 +53,43 @@ func TestReadmePlainSQLEnqueueRunsAgain(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT state FROM orders WHERE id = 42`).Scan(&state))
 	require.Equal(t, "paid", state, "the application's own work committed with it")
 }
+
+// The README's way to empty the outbox empties its three tables, and what it says of the
+// others holds: TRUNCATE outbox alone is refused, and with CASCADE it keeps the attempts
+// log, whose rows a new row that takes an old id (RESTART IDENTITY) would show as its own.
+func TestReadmeTruncateEmptiesTheOutbox(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	const truncate = `TRUNCATE outbox, outbox_attempts, outbox_audit`
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	require.Contains(t, string(readme), "`"+truncate+"`")
+
+	pool := pgtest.DB(t)
+	fill := func() {
+		t.Helper()
+		_, err := pool.Exec(ctx, `INSERT INTO outbox (idempotency_key, connector, payload) VALUES ('a', 'webhook', '{}');
+			INSERT INTO outbox_attempts (outbox_id, attempt, relay_id, started_at, finished_at, outcome, ambiguous)
+			SELECT id, 1, 'r', now(), now(), 'delivered', false FROM outbox;
+			INSERT INTO outbox_audit (outbox_id, action, actor) SELECT id, 'replay', 'cli' FROM outbox`)
+		require.NoError(t, err)
+	}
+	count := func(table string) (n int) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n))
+		return n
+	}
+	fill()
+	_, err = pool.Exec(ctx, `TRUNCATE outbox`)
+	require.ErrorContains(t, err, "foreign key")
+	_, err = pool.Exec(ctx, `TRUNCATE outbox RESTART IDENTITY CASCADE`)
+	require.NoError(t, err)
+	require.Equal(t, 1, count("outbox_attempts"), "CASCADE leaves the attempts log")
+
+	fill()
+	_, err = pool.Exec(ctx, truncate)
+	require.NoError(t, err)
+	for _, table := range []string{"outbox", "outbox_attempts", "outbox_audit"} {
+		require.Zero(t, count(table), table)
+	}
+}
