@@ -191,3 +191,18 @@ func TestSlowClockReadDoesNotSkewTheRelay(t *testing.T) {
 	require.WithinDuration(t, dbNow(t, b.pool).Add(2*time.Second), r.now(), time.Second,
 		"the relay's clock follows a step of the local clock, however slow the reading")
 }
+
+// Tests put back expired leases with reclaim beside a running relay, whose own passes
+// reclaim too: both read the database's clock. The flag that says the correction has
+// been measured was a plain field, and the race detector failed whichever test's reclaim
+// met a pass of the relay's own (a run of the package in three failed so).
+func TestClockIsReadSafelyBesideARunningRelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	cfg := b.fastConfig()
+	cfg.PollInterval = time.Millisecond // the relay's passes, and their clock readings, back to back
+	r, _ := start(t, b.pool, realClockConfig(cfg, "reader", &testClock{now: time.Now()}), map[string]Instance{"webhook": {Connector: b.hook}})
+	for range 200 {
+		require.NoError(t, r.readClock(t.Context()))
+	}
+}

@@ -78,8 +78,10 @@ type Relay struct {
 	// takesNoWrites in the claim loop).
 	relisten chan struct{}
 	skew     atomic.Int64 // database clock minus local clock, when NowFunc is the real clock (see readClock)
-	skewRead bool         // skew has been measured (see readClock)
-	probe    string       // the payload of this relay's NOTIFY self-test
+	// skewRead says skew has been measured (see readClock). Atomic, as skew is: tests call
+	// reclaim, which reads the clock, beside a running relay's own passes.
+	skewRead atomic.Bool
+	probe    string // the payload of this relay's NOTIFY self-test
 	// probeTimeout is how long the NOTIFY self-test waits; tests shorten it.
 	probeTimeout time.Duration
 	// listenCheck is how long the LISTEN connection may stay silent before it is
@@ -581,11 +583,11 @@ func (r *Relay) readClock(ctx context.Context) error {
 	if r.cfg.usesRealClock {
 		after := r.cfg.NowFunc()
 		skew := dbNow.Sub(before.Add(after.Sub(before) / 2))
-		if r.skewRead && after.Sub(before) > maxClockRoundTrip {
+		if r.skewRead.Load() && after.Sub(before) > maxClockRoundTrip {
 			skew = min(max(time.Duration(r.skew.Load()), dbNow.Sub(after)), dbNow.Sub(before))
 		}
 		r.skew.Store(int64(skew))
-		r.skewRead = true
+		r.skewRead.Store(true)
 	}
 	return nil
 }
