@@ -527,6 +527,8 @@ var knownStatuses = []string{"pending", "held", "dead", "awaiting_approval"}
 // from Query, and a refresh that reset the gauges first would then report no rows
 // waiting at all. A failed refresh keeps the last values.
 func (r *Relay) refreshStats(ctx context.Context) {
+	r.statsMu.Lock()
+	defer r.statsMu.Unlock()
 	local := r.cfg.NowFunc()
 	fail := func(err error) {
 		r.ageOldestPending(local)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -369,4 +370,26 @@ func TestOldestDueWaitCountsRowsOnceDue(t *testing.T) {
 	require.Equal(t, 20.0, testutil.ToFloat64(r.metrics.oldestDueWait.WithLabelValues("webhook")), "the due row, not the one scheduled for tomorrow")
 	require.Equal(t, 600.0, testutil.ToFloat64(r.metrics.oldestPending.WithLabelValues("webhook:crm")))
 	require.Zero(t, testutil.ToFloat64(r.metrics.oldestDueWait.WithLabelValues("webhook:crm")), "in its backoff, not due")
+}
+
+// Refreshes of the row gauges at once (maintain's, and a test's beside a running relay)
+// take turns: each writes the oldest-pending ages and the connectors last warned about.
+func TestStatsRefreshesAtOnceTakeTurns(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	enqueue(t, pool, "p1", "webhook", []int{1})
+	enqueue(t, pool, "crm", "webhook:crm", []int{2})
+	r, err := New(pool, &Config{Registerer: prometheus.NewRegistry(), Logger: testLogger()},
+		map[string]Instance{"webhook": {Connector: newHook(t, "http://127.0.0.1:1/")}})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for range 20 {
+				r.refreshStats(t.Context())
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, 1.0, testutil.ToFloat64(r.metrics.unknownConnector.WithLabelValues("webhook:crm")))
 }

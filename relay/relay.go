@@ -144,12 +144,13 @@ type Relay struct {
 	lastLease, roundLease time.Time
 	// oldestPending is the age of the oldest pending row by connector label that the last
 	// refresh of the row gauges that worked found, as NowFunc read oldestPendingAt (zero
-	// before the first); only maintain uses them (see ageOldestPending).
+	// before the first); only refreshStats uses them and unknownWarned, under statsMu
+	// (maintain calls it, and tests beside a running relay).
+	statsMu         sync.Mutex
 	oldestPending   map[string]pendingAges
 	oldestPendingAt time.Time
 	// unknownWarned holds the connectors the last warning about rows for connectors no
-	// running relay has named, as NowFunc read unknownWarnedAt; only maintain uses them
-	// (see refreshStats).
+	// running relay has named, as NowFunc read unknownWarnedAt (see refreshStats).
 	unknownWarned   map[string]bool
 	unknownWarnedAt time.Time
 	// lastSeen is the seen_until this relay's last renewal of its words in
