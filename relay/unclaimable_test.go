@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -101,4 +102,24 @@ func TestClaimRefusedForAnotherReasonBuriesNothing(t *testing.T) {
 	require.Equal(t, 0, in.Attempts)
 	require.Empty(t, in.LastError)
 	require.Zero(t, b.receiver.TotalEffects())
+}
+
+// In every query exec mode (the simple protocol behind a transaction pooler sends a
+// round as one query string), the claim's refusal is told from the round's other
+// statements, and the row at fault goes to dead.
+func TestUnclaimableRowGoesDeadInEveryQueryExecMode(t *testing.T) {
+	t.Parallel()
+	for _, mode := range pgtest.ExecModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, receiver.Options{})
+			_, err := b.pool.Exec(t.Context(), `INSERT INTO outbox (idempotency_key, connector, payload, attempts)
+				VALUES ('at-max', 'webhook', '{}', 2147483647), ('plain', 'webhook', '{}', 0)`)
+			require.NoError(t, err)
+			start(t, pgtest.InMode(t, b.pool, mode), b.fastConfig(), map[string]Instance{"webhook": {Connector: b.hook}})
+			waitStatus(t, b.pool, "plain", outbox.StatusDelivered)
+			in := waitStatus(t, b.pool, "at-max", outbox.StatusDead)
+			require.Contains(t, in.LastError, "its attempts count is at the integer maximum")
+		})
+	}
 }
