@@ -119,8 +119,11 @@ const claimDue = `outbox o
     FOR UPDATE SKIP LOCKED`
 
 // unclaimableDueSQL locks the rows claimSQL would take (its arguments $1 to $3, and $6
-// as $4), for Relay.buryUnclaimable to find among them those it cannot claim.
-var unclaimableDueSQL = `SELECT o.id FROM ` + strings.ReplaceAll(claimDue, "$6", "$4")
+// as $4), for Relay.buryUnclaimable to find among them those it cannot claim. It is the
+// first statement of its transaction, and bounds how long the transaction may idle
+// (idleGate).
+var unclaimableDueSQL = `SELECT o.id FROM ` +
+	strings.Replace(strings.ReplaceAll(claimDue, "$6", "$4"), "WHERE ", "WHERE "+idleGate+" AND ", 1)
 
 // claimProbeSQL computes, for row $1, what claimSQL computes of every row it takes and
 // might fail at for the row's data: its payload's and headers' text (which PostgreSQL

@@ -123,3 +123,20 @@ func TestUnclaimableRowGoesDeadInEveryQueryExecMode(t *testing.T) {
 		})
 	}
 }
+
+// The search for rows a claim cannot take locks rows over several statements: its
+// transaction bounds how long it may idle, as reclaim's does (idleGate), so that a
+// relay paused in the middle of it lets go of them within seconds.
+func TestUnclaimableSearchBoundsItsIdleTime(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	tx, err := pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(t.Context()) }()
+	_, err = tx.Exec(t.Context(), unclaimableDueSQL, "webhook", time.Now(), 10,
+		claimPlan{}.start())
+	require.NoError(t, err)
+	var idle string
+	require.NoError(t, tx.QueryRow(t.Context(), `SHOW idle_in_transaction_session_timeout`).Scan(&idle))
+	require.Equal(t, "5s", idle)
+}
