@@ -1601,8 +1601,9 @@ func (p claimPlan) start() pgtype.Timestamptz {
 // it), and stopped every relay, for good. A row is sent to dead only when the probe fails
 // for the row alone, so a claim that failed for anything else (a constraint an
 // application added, say) buries nothing, and is retried as any failure is. The rows are
-// locked as the claim locks them, and probed one by one, each under a savepoint: this
-// runs only once a claim was refused.
+// locked as the claim locks them and probed together, and only when that is refused one
+// by one, each under a savepoint: a claim refused for another reason, retried with
+// backoff for as long as the reason stays, costs one probe a try, not one a row.
 func (r *Relay) buryUnclaimable(ctx context.Context, ce *claimError) int {
 	ctx, cancel := context.WithTimeout(ctx, roundTimeout)
 	defer cancel()
@@ -1623,11 +1624,17 @@ func (r *Relay) buryUnclaimable(ctx context.Context, ce *claimError) int {
 		if err != nil {
 			return err
 		}
-		for _, id := range ids {
-			why := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
-				_, err := sp.Exec(ctx, claimProbeSQL, id)
+		probe := func(ids []int64) error {
+			return pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+				_, err := sp.Exec(ctx, claimProbeSQL, ids)
 				return err
 			})
+		}
+		if err := probe(ids); err == nil || !refused(err) {
+			return err // no row at fault (or the database failed)
+		}
+		for _, id := range ids {
+			why := probe([]int64{id})
 			if why == nil {
 				continue
 			}

@@ -85,7 +85,8 @@ WITH due AS (
            -- is that row's retry, or the end of a minute's parking behind a row that waits
            -- for an operator, not the row's own schedule (see claimed.committedFor).
            o.attempts = 0 AND coalesce(starts_with(o.last_error, '` + outbox.ParkedPrefix + `'), false) AS parked
-    FROM ` + claimDue + `
+    FROM outbox o
+    WHERE ` + claimDue + `
 ), fits AS (
     SELECT tid, parked, sum(size) OVER (ORDER BY next_attempt_at, id ROWS UNBOUNDED PRECEDING) - size AS before
     FROM due
@@ -100,10 +101,10 @@ WHERE o.ctid = fits.tid AND fits.before < $7
 RETURNING o.id, o.idempotency_key, o.payload, o.headers, o.attempts, o.ambiguous, o.created_at,
           o.first_attempt_at, o.ordering_key IS NOT NULL, o.next_attempt_at, fits.parked`
 
-// claimDue is the part of claimSQL that finds and locks its rows: up to $3 due rows of
-// connector $1 by $2, the scan starting at $6, as claimSQL says.
-const claimDue = `outbox o
-    WHERE o.status = 'pending'
+// claimDue is the part of claimSQL that finds and locks its rows (outbox o): up to $3
+// due rows of connector $1 by $2, the scan starting at $6, as claimSQL says. Its
+// conditions are joined by AND at the top, so another may go before them.
+const claimDue = `o.status = 'pending'
       AND o.connector = $1
       AND o.next_attempt_at <= greatest($2, now())
       AND o.next_attempt_at >= $6
@@ -122,16 +123,15 @@ const claimDue = `outbox o
 // as $4), for Relay.buryUnclaimable to find among them those it cannot claim. It is the
 // first statement of its transaction, and bounds how long the transaction may idle
 // (idleGate).
-var unclaimableDueSQL = `SELECT o.id FROM ` +
-	strings.Replace(strings.ReplaceAll(claimDue, "$6", "$4"), "WHERE ", "WHERE "+idleGate+" AND ", 1)
+var unclaimableDueSQL = `SELECT o.id FROM outbox o WHERE ` + idleGate + ` AND ` + strings.ReplaceAll(claimDue, "$6", "$4")
 
-// claimProbeSQL computes, for row $1, what claimSQL computes of every row it takes and
+// claimProbeSQL computes, for rows $1, what claimSQL computes of every row it takes and
 // might fail at for the row's data: its payload's and headers' text (which PostgreSQL
 // cannot make past 1 GB: numbers written out in full, 1e131071 stored in a few bytes,
 // which only plain SQL writes) and its next attempt's number (an attempts count at the
 // integer maximum).
 const claimProbeSQL = `SELECT octet_length(payload::text)::bigint + octet_length(headers::text) + (attempts + 1)
-FROM outbox WHERE id = $1`
+FROM outbox WHERE id = ANY($1)`
 
 // buryUnclaimableSQL sends row $1, which claimSQL cannot take, to dead with reason $2,
 // at the relay's clock $3, and returns its key.
