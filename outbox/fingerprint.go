@@ -209,29 +209,73 @@ func (d decimal) canonical() string {
 // small.
 const maxWrittenOut = 16 << 20
 
-// checkNumbers walks the numbers of a decoded JSON value once. refused is the first
-// that PostgreSQL's numeric (and so jsonb) refuses, or "": more than 131072 digits before
-// the decimal point, or more than 16383 after it as written. writtenOut is how many bytes
-// more than written the numbers take in PostgreSQL's text of the value (numbers that
-// take fewer count as none; see maxWrittenOut).
-func checkNumbers(v any) (refused string, writtenOut int64) {
-	var walk func(v any)
-	walk = func(v any) {
+// jsonb's size limits (PostgreSQL's jsonb.h and jsonb_util.c). A string, and a
+// container's binary form (a 4-byte header, a 4-byte entry per element or two per
+// member, and the elements' data), must stay under 2^28 bytes (JENTRY_OFFLENMASK). And
+// jsonb_in gathers an array's elements in an array of 32-byte JsonbValues, and an
+// object's members in one of 72-byte JsonbPairs, doubled as they grow, which cannot
+// reach 1 GiB (MaxAllocSize). Past them the INSERT fails and aborts the caller's
+// transaction: an array of 2^24+1 zeros, 32 MiB of JSON text, is enough.
+const (
+	jsonbMaxLen     = 1<<28 - 1
+	jsonbMaxElems   = 1 << 24
+	jsonbMaxMembers = 1 << 23
+)
+
+// storable is what checkStorable finds of a decoded JSON value.
+type storable struct {
+	// refused is the first number that PostgreSQL's numeric (and so jsonb) refuses, or
+	// "": more than 131072 digits before the decimal point, or more than 16383 after it
+	// as written.
+	refused string
+	// writtenOut is how many bytes more than written the numbers take in PostgreSQL's
+	// text of the value (numbers that take fewer count as none; see maxWrittenOut).
+	writtenOut int64
+	// size bounds the value's jsonb from above: every number counts with numeric's long
+	// header and 3 bytes of alignment before it, as every container does, so a value
+	// within a few bytes a number of the limit may be refused although jsonb would take
+	// it.
+	size int64
+	// tooLarge names what exceeds jsonb's size limits, or is "".
+	tooLarge string
+}
+
+// checkStorable walks a decoded JSON value once (see storable).
+func checkStorable(v any) storable {
+	var refused, tooLarge string
+	var writtenOut int64
+	// walk returns v's bytes in its container's data, alignment included.
+	var walk func(v any) int64
+	walk = func(v any) int64 {
+		if refused != "" || tooLarge != "" {
+			return 0
+		}
 		switch v := v.(type) {
 		case map[string]any:
-			for _, e := range v {
-				if refused != "" {
-					return
-				}
-				walk(e)
+			if len(v) > jsonbMaxMembers {
+				tooLarge = fmt.Sprintf("an object of %d members (at most %d)", len(v), jsonbMaxMembers)
+				return 0
 			}
+			n := 3 + 4 + 8*int64(len(v))
+			for k, e := range v {
+				n += int64(len(k)) + walk(e)
+			}
+			return n
 		case []any:
-			for _, e := range v {
-				if refused != "" {
-					return
-				}
-				walk(e)
+			if len(v) > jsonbMaxElems {
+				tooLarge = fmt.Sprintf("an array of %d elements (at most %d)", len(v), jsonbMaxElems)
+				return 0
 			}
+			n := 3 + 4 + 4*int64(len(v))
+			for _, e := range v {
+				n += walk(e)
+			}
+			return n
+		case string:
+			if len(v) > jsonbMaxLen {
+				tooLarge = fmt.Sprintf("a string of %d bytes (at most %d)", len(v), jsonbMaxLen)
+			}
+			return int64(len(v))
 		case json.Number:
 			d, ok := parseNumber(string(v))
 			if !ok || d.scale > 16383 || (d.digits != "" && d.exp+len(d.digits)-1 > 131071) {
@@ -239,13 +283,35 @@ func checkNumbers(v any) (refused string, writtenOut int64) {
 				if len(v) > 40 {
 					refused = string(v[:37]) + "..."
 				}
-				return
+				return 0
 			}
 			writtenOut += max(0, d.textLen()-int64(len(v)))
+			return 3 + d.numericSize()
 		}
+		return 0 // true, false, null: their entry alone
 	}
-	walk(v)
-	return refused, writtenOut
+	// A scalar at the top is stored as an array of one element.
+	size := walk(v) + 8
+	if refused == "" && tooLarge == "" && size > jsonbMaxLen {
+		tooLarge = fmt.Sprintf("about %d bytes in jsonb's binary form (at most %d)", size, jsonbMaxLen)
+	}
+	return storable{refused: refused, writtenOut: writtenOut, size: size, tooLarge: tooLarge}
+}
+
+// numericSize is an upper bound of d's size as a PostgreSQL numeric in jsonb: a 4-byte
+// length, numeric's long header (4 bytes) and 2 bytes per base-10000 digit.
+func (d decimal) numericSize() int64 {
+	if d.digits == "" {
+		return 8
+	}
+	group := func(p int) int { // the base-10000 digit holding 10^p
+		if p < 0 {
+			return -((-p + 3) / 4)
+		}
+		return p / 4
+	}
+	lo, hi := d.exp, d.exp+len(d.digits)-1
+	return 8 + 2*int64(group(hi)-group(lo)+1)
 }
 
 // textLen is the length of PostgreSQL's text of d (numeric_out, which jsonb uses): its

@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"testing"
@@ -368,4 +369,22 @@ func TestBatchIdsInBatchOrder(t *testing.T) {
 	for i := 1; i < len(out); i++ {
 		require.Less(t, out[i-1].ID, out[i].ID, "ids in batch order: %v", out)
 	}
+}
+
+// A payload past jsonb's limits fails with ErrInvalidMessage before the INSERT: 32 MiB
+// of zeros in one array, 2^24+1 of them, is enough for PostgreSQL to fail the INSERT
+// ("invalid memory alloc request size 1073741824", SQLSTATE XX000) and abort the
+// caller's transaction. (TestStorableNamesWhatJsonbCannotHold checks the other limits.)
+func TestPayloadPastJsonbLimitsKeepsTxUsable(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tx := pgtest.Tx(t)
+	zeros := append([]byte("["), bytes.Repeat([]byte("0,"), 1<<24+1)...)
+	zeros[len(zeros)-1] = ']'
+	_, err := outbox.Enqueue(ctx, tx, webhookMsg("zeros", json.RawMessage(zeros)))
+	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
+	require.ErrorContains(t, err, "an array of 16777217 elements")
+	in, err := outbox.Enqueue(ctx, tx, webhookMsg("fine", []int{1}))
+	require.NoError(t, err, "the transaction is still usable")
+	require.True(t, in.Inserted)
 }

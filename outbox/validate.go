@@ -172,11 +172,14 @@ func storedPayload(payload any) (raw []byte, v any, err error) {
 	if what := jsonbRefuses(raw); what != "" {
 		return nil, nil, invalid("payload holds %s, which PostgreSQL's jsonb cannot store", what)
 	}
-	what, writtenOut := checkNumbers(v)
-	if what != "" {
-		return nil, nil, invalid("payload holds the number %s, which PostgreSQL's numeric cannot hold (at most 131072 digits before the point and 16383 after it)", what)
+	st := checkStorable(v)
+	if st.refused != "" {
+		return nil, nil, invalid("payload holds the number %s, which PostgreSQL's numeric cannot hold (at most 131072 digits before the point and 16383 after it)", st.refused)
 	}
-	if writtenOut > maxWrittenOut {
+	if st.tooLarge != "" {
+		return nil, nil, invalid("payload holds %s, which PostgreSQL's jsonb cannot store", st.tooLarge)
+	}
+	if st.writtenOut > maxWrittenOut {
 		return nil, nil, invalid("payload holds numbers that PostgreSQL writes out in full, as it does at every claim of the row, "+
 			"in more than %d MiB beyond what is written (0e-16383 as \"0.\" and 16383 zeros, 1e300 as a 1 and 300 zeros); "+
 			"send such numbers as strings", maxWrittenOut>>20)

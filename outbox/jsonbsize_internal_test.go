@@ -1,0 +1,65 @@
+package outbox
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/pgtest"
+)
+
+// The size checkStorable bounds a value's jsonb with is never less than PostgreSQL's
+// (its binary form, without the 4-byte length in front), nor far more.
+func TestJsonbSizeBoundsPostgreSQLs(t *testing.T) {
+	t.Parallel()
+	tx := pgtest.Tx(t)
+	for _, doc := range []string{
+		`{}`, `[]`, `"x"`, `1`, `true`, `null`, `{"a":1}`, `[1,2,3]`, `[true,false,null]`,
+		`{"id":"evt_1","amount":1999,"currency":"usd","items":[{"sku":"a","qty":2},{"sku":"bb","qty":1.5}]}`,
+		`[[[[[[[[[["deep"]]]]]]]]]]`, `{"é":"ünïcödé 注文","n":-12345.6789e-3,"z":0e-16383}`,
+		`[1e131071, 1e-16383, 0.1, 10000, 99999999]`, `{"a":{"b":{"c":[1,{"d":"e"}]}},"f":[[],{}]}`,
+		`"` + strings.Repeat("s", 5000) + `"`, `[` + strings.Repeat(`7,`, 999) + `7]`,
+	} {
+		var pg int64
+		require.NoError(t, tx.QueryRow(t.Context(), `SELECT pg_column_size($1::jsonb)`, doc).Scan(&pg))
+		v, err := decodeJSON([]byte(doc))
+		require.NoError(t, err)
+		st := checkStorable(v)
+		require.Empty(t, st.tooLarge, doc)
+		require.GreaterOrEqual(t, st.size, pg-4, "%.60s is %d bytes in jsonb", doc, pg)
+		require.LessOrEqual(t, st.size, 2*pg+16, "%.60s is %d bytes in jsonb", doc, pg)
+	}
+}
+
+// What jsonb cannot hold is named, and what it can is not (PostgreSQL itself refuses
+// the first ones: see TestPayloadPastJsonbLimitsKeepsTxUsable for an array).
+func TestStorableNamesWhatJsonbCannotHold(t *testing.T) {
+	t.Parallel()
+	elems := make([]any, jsonbMaxElems+1)
+	require.Equal(t, "an array of 16777217 elements (at most 16777216)", checkStorable(elems).tooLarge)
+	require.Empty(t, checkStorable(elems[:jsonbMaxElems]).tooLarge, "an array of 2^24 nulls")
+
+	// As many numbers of five digits (19 bytes each, bounded) pass 256 MiB.
+	for i := range elems[:jsonbMaxElems] {
+		elems[i] = json.Number("10001")
+	}
+	require.Contains(t, checkStorable(elems[:jsonbMaxElems]).tooLarge, "bytes in jsonb's binary form (at most 268435455)")
+	require.Empty(t, checkStorable(elems[:jsonbMaxElems/2]).tooLarge)
+	elems = nil
+
+	long := strings.Repeat("s", jsonbMaxLen+1)
+	require.Equal(t, "a string of 268435456 bytes (at most 268435455)", checkStorable(map[string]any{"s": long}).tooLarge)
+	require.Contains(t, checkStorable(map[string]any{"s": long[1:]}).tooLarge, "bytes in jsonb's binary form",
+		"the string fits, its object does not")
+	require.Empty(t, checkStorable(map[string]any{"s": long[:jsonbMaxLen/2]}).tooLarge)
+	long = ""
+
+	members := make(map[string]any, jsonbMaxMembers+1)
+	for i := range jsonbMaxMembers + 1 {
+		members[strconv.Itoa(i)] = nil
+	}
+	require.Equal(t, "an object of 8388609 members (at most 8388608)", checkStorable(members).tooLarge)
+}
