@@ -465,11 +465,24 @@ func (s *Service) Approve(ctx context.Context, tok *Token, key, reason string) (
 	if err != nil {
 		return outbox.Intent{}, err
 	}
-	if in.Status == outbox.StatusAwaitingApproval && in.CreatedBy == tok.Name {
-		return outbox.Intent{}, fmt.Errorf("%w: token %q proposed intent %q, so it cannot approve it too: "+
-			"another admin token, or an operator with `outboxd approve`, approves it", ErrForbidden, tok.Name, key)
+	// Checked on the row read above, and again on the row as the approval locks it: the
+	// key's row may have been replaced in between (a rejected intent deleted by retention
+	// or purge, and proposed again by this token), and the approval would otherwise
+	// approve a row this check never saw.
+	check := func(in outbox.Intent) error {
+		if !tok.Allows(in.Connector) {
+			return fmt.Errorf("%w: no intent has key %q", outbox.ErrNotFound, key)
+		}
+		if in.Status == outbox.StatusAwaitingApproval && in.CreatedBy == tok.Name {
+			return fmt.Errorf("%w: token %q proposed intent %q, so it cannot approve it too: "+
+				"another admin token, or an operator with `outboxd approve`, approves it", ErrForbidden, tok.Name, key)
+		}
+		return nil
 	}
-	in, err = ops.Approve(ctx, s.Pool, key, actor(tok), reason, s.now())
+	if err := check(in); err != nil {
+		return outbox.Intent{}, err
+	}
+	in, err = ops.ApproveChecked(ctx, s.Pool, key, actor(tok), reason, s.now(), check)
 	return in, s.leaveReadOnly(err)
 }
 

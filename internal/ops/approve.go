@@ -40,7 +40,17 @@ const decideSQL = `UPDATE outbox SET status = $2, updated_at = $3 WHERE id = $1`
 // A canceled intent (rejected or canceled) is refused with an error wrapping
 // [ErrConflictState]; an unknown key with one wrapping [outbox.ErrNotFound].
 func Approve(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, now time.Time) (outbox.Intent, error) {
-	return decide(ctx, pool, key, actor, reason, now, ActionApprove)
+	return decide(ctx, pool, key, actor, reason, now, ActionApprove, nil)
+}
+
+// ApproveChecked is [Approve] with check run on the row as locked, before anything
+// changes: an error of check refuses the approval and is returned as it is. A caller
+// whose rule depends on the row (who proposed it, its connector) must check it here, in
+// the approval's transaction: the row a read before holds the key may be gone by the
+// time the approval locks it (retention, purge), and another row in its place.
+func ApproveChecked(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, now time.Time,
+	check func(outbox.Intent) error) (outbox.Intent, error) {
+	return decide(ctx, pool, key, actor, reason, now, ActionApprove, check)
 }
 
 // Reject refuses the intent with key: awaiting_approval becomes canceled, with an
@@ -51,10 +61,11 @@ func Approve(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string,
 // held one can be canceled with [Cancel] instead.
 // An unknown key gives an error wrapping [outbox.ErrNotFound].
 func Reject(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, now time.Time) (outbox.Intent, error) {
-	return decide(ctx, pool, key, actor, reason, now, ActionReject)
+	return decide(ctx, pool, key, actor, reason, now, ActionReject, nil)
 }
 
-func decide(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, now time.Time, action string) (outbox.Intent, error) {
+func decide(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, now time.Time, action string,
+	check func(outbox.Intent) error) (outbox.Intent, error) {
 	if actor == "" {
 		return outbox.Intent{}, fmt.Errorf("%w: actor: say who decides, for the audit trail", ErrInvalidOptions)
 	}
@@ -69,6 +80,11 @@ func decide(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, 
 		}
 		if err != nil {
 			return fmt.Errorf("lock %q: %w", key, err)
+		}
+		if check != nil {
+			if err := check(in); err != nil {
+				return err
+			}
 		}
 		out = in
 		// On the database's clock when not given, as every other time of the row (see dbNowOr).

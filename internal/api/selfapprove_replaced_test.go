@@ -1,0 +1,101 @@
+package api_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxd/outboxd/internal/intent"
+	"github.com/outboxd/outboxd/internal/ops"
+)
+
+type getKey struct{}
+
+// hookTracer runs hook once, when armed, right after the first statement reading one
+// intent by key (outbox.Get) ends: the moment between the API's checks of an intent and
+// the decision's own transaction.
+type hookTracer struct {
+	armed atomic.Bool
+	hook  func()
+}
+
+func (h *hookTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, "FROM outbox WHERE idempotency_key = $1") && !strings.Contains(data.SQL, "FOR UPDATE") {
+		return context.WithValue(ctx, getKey{}, true)
+	}
+	return ctx
+}
+
+func (h *hookTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if ctx.Value(getKey{}) != nil && h.armed.CompareAndSwap(true, false) {
+		h.hook()
+	}
+}
+
+// The token that proposed an intent awaiting approval cannot approve it (README: 403,
+// even an admin token). The API checks who proposed the intent on a read of the row
+// before the approval's own transaction, which then approves whatever row holds the key
+// when it locks it. A rejected intent deleted by retention (or purge) in between, and
+// proposed again by the same token under the same key, is then approved by its
+// proposer: the gate's second pair of eyes is the proposer's own.
+func TestProposerCannotApproveWhenTheKeysRowIsReplacedMidApproval(t *testing.T) {
+	base := setup(t, options{}) // its own database; pool without a tracer
+	tr := &hookTracer{}
+	cfg := base.pool.Config().Copy()
+	cfg.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{
+		Tokens: []intent.Token{
+			{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
+			{Name: "admin2", SHA256: hash(admin2Secret), Connectors: []string{"*"}, Admin: true},
+		},
+		ApprovalRequired: []string{"payment"},
+	}}
+	b := serveAPI(t, base.pool, svc, nil)
+	body := `{"connector":"payment","payload":` + paymentPayload + `}`
+
+	// The agent's admin token proposes; another approver rejects.
+	r := b.do(t, "POST", "/v1/intents", adminSecret, "pay-1", body)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	r = b.do(t, "POST", "/v1/intents/pay-1/reject", admin2Secret, "", "")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.Equal(t, "canceled", r.body["status"])
+
+	// While the proposer's approve runs: retention deletes the rejected row, and the
+	// proposer proposes the same request again (the key is free: 201).
+	var purged int
+	var again response
+	var hookErr error
+	tr.hook = func() {
+		// Runs on the server's goroutine: no require here.
+		res, err := ops.Purge(context.Background(), base.pool, 0, ops.PurgeOptions{Now: time.Now().Add(time.Hour)})
+		purged, hookErr = res.Rows, err
+		if err == nil {
+			again = b.do(t, "POST", "/v1/intents", adminSecret, "pay-1", body)
+		}
+	}
+	tr.armed.Store(true)
+	r = b.do(t, "POST", "/v1/intents/pay-1/approve", adminSecret, "", "")
+	require.False(t, tr.armed.Load(), "the hook ran")
+	require.NoError(t, hookErr)
+	require.Equal(t, 1, purged, "retention deleted the rejected row")
+	require.Equal(t, http.StatusCreated, again.status, again.raw)
+	require.Equal(t, "awaiting_approval", again.body["status"])
+	require.Equal(t, "admin", again.body["created_by"])
+
+	var status, createdBy string
+	require.NoError(t, base.pool.QueryRow(t.Context(),
+		`SELECT status, created_by FROM outbox WHERE idempotency_key = 'pay-1'`).Scan(&status, &createdBy))
+	require.Equal(t, "admin", createdBy)
+	require.Equal(t, "awaiting_approval", status, "the proposer approved its own intent; answer: %d %s", r.status, r.raw)
+	require.Contains(t, []int{http.StatusForbidden, http.StatusConflict, http.StatusNotFound}, r.status, r.raw)
+}
