@@ -32,6 +32,10 @@ var ErrSchemaTooNew = errors.New("database schema is newer than this outboxd")
 // outbox table in a later schema: a new installation would hide that one.
 var ErrInstallationHidden = errors.New("a new outbox installation would hide the one the search_path finds")
 
+// ErrDatabaseNotUTF8 is returned by [Migrate] when it would install outboxd in a
+// database whose encoding is not UTF8.
+var ErrDatabaseNotUTF8 = errors.New("the database's encoding is not UTF8")
+
 // Beginner starts a transaction; [pgx.Conn], [pgxpool.Pool] and [pgx.Tx] satisfy it.
 type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
@@ -52,7 +56,8 @@ const migrateLockID = 7_345_120_001
 // the current version is left alone; one at a newer version is refused with
 // [ErrSchemaTooNew]. Rows are never dropped: every schema change is additive. It creates
 // nothing, and the error wraps [ErrInstallationHidden], where the schema it creates the
-// tables in has no outbox but the search_path finds one in a later schema.
+// tables in has no outbox but the search_path finds one in a later schema; nor, with
+// [ErrDatabaseNotUTF8], in a database whose encoding is not UTF8.
 //
 // It returns the version the database had before (0 for an empty database).
 //
@@ -77,6 +82,9 @@ func Migrate(ctx context.Context, db Beginner) (from int, err error) {
 		}
 		if from == 0 {
 			if err := refuseToHide(ctx, tx); err != nil {
+				return err
+			}
+			if err := refuseEncoding(ctx, tx); err != nil {
 				return err
 			}
 		}
@@ -134,6 +142,28 @@ func refuseToHide(ctx context.Context, db Queryer) error {
 		"To upgrade the installation in %s, migrate with search_path=%s (in OUTBOX_DATABASE_URL); to install outboxd in %s beside it, "+
 		"migrate with search_path=%s alone",
 		ErrInstallationHidden, path, found, target, found, found, found, target, target)
+}
+
+// refuseEncoding returns an error wrapping [ErrDatabaseNotUTF8] when the database's
+// encoding is not UTF8. In SQL_ASCII (initdb's default under the C or POSIX locale) a key
+// of 200 "é" is 400 characters to the table's length check, and jsonb refuses a \u
+// escape of any character past ASCII, which JSON encoders write (json.Marshal for U+2028,
+// Python's json.dumps for every one); in LATIN1 and the like, the characters the
+// encoding lacks fail the same way. Messages the outbox package accepts would then fail
+// at the INSERT and abort the caller's transaction. Only a new installation is refused:
+// one that exists is upgraded as it is.
+func refuseEncoding(ctx context.Context, db Queryer) error {
+	var enc string
+	if err := db.QueryRow(ctx, `SELECT current_setting('server_encoding')`).Scan(&enc); err != nil {
+		return fmt.Errorf("read the database's encoding: %w", err)
+	}
+	if enc == "UTF8" {
+		return nil
+	}
+	return fmt.Errorf("%w: it is %s, in which keys and payloads that outboxd accepts (characters past ASCII, \\u escapes of them) "+
+		"fail at the INSERT and abort the caller's transaction; install outboxd in a database created with "+
+		"ENCODING 'UTF8' (CREATE DATABASE name ENCODING 'UTF8' TEMPLATE template0, or initdb --encoding=UTF8)",
+		ErrDatabaseNotUTF8, enc)
 }
 
 // Queryer runs a query returning one row; [pgx.Conn], [pgxpool.Pool] and [pgx.Tx]
