@@ -210,6 +210,12 @@ func enqueue(t *testing.T, db outbox.DB, key, connector string, payload any) out
 // waitStatus waits until the row with key has status, and returns it.
 func waitStatus(t *testing.T, pool *pgxpool.Pool, key, status string) outbox.Intent {
 	t.Helper()
+	return waitStatusWithin(t, pool, key, status, waitTimeout)
+}
+
+// waitStatusWithin is waitStatus for at most within.
+func waitStatusWithin(t *testing.T, pool *pgxpool.Pool, key, status string, within time.Duration) outbox.Intent {
+	t.Helper()
 	var (
 		mu   sync.Mutex // the condition runs on a goroutine of its own
 		last outbox.Intent
@@ -223,7 +229,7 @@ func waitStatus(t *testing.T, pool *pgxpool.Pool, key, status string) outbox.Int
 		defer mu.Unlock()
 		last = in
 		return in.Status == status
-	}, waitTimeout, 10*time.Millisecond)
+	}, within, 10*time.Millisecond)
 	mu.Lock()
 	defer mu.Unlock()
 	if !ok {
