@@ -236,8 +236,49 @@ type storable struct {
 	// within a few bytes a number of the limit may be refused although jsonb would take
 	// it.
 	size int64
-	// tooLarge names what exceeds jsonb's size limits, or is "".
+	// tooLarge names what exceeds jsonb's size limits, or is "". (Its limits on the
+	// number of elements and members are counted in the text: see jsonbCounts.)
 	tooLarge string
+}
+
+// jsonbCounts names the first array of more than jsonbMaxElems elements, or object of
+// more than jsonbMaxMembers members, in the JSON text raw, or returns "". It counts in
+// the text, as jsonb_in does (an object's members before duplicate names are dropped,
+// which decoding does), and before the text is decoded: 32 MiB of zeros in one array
+// took seconds and a gigabyte of memory to decode. Only valid JSON's answer means
+// anything.
+func jsonbCounts(raw []byte) string {
+	var commas []int // the open containers' commas so far, innermost last
+	var kinds []byte
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; c {
+		case '"':
+			for i++; i < len(raw) && raw[i] != '"'; i++ {
+				if raw[i] == '\\' {
+					i++
+				}
+			}
+		case '[', '{':
+			commas, kinds = append(commas, 0), append(kinds, c)
+		case ']', '}':
+			if len(commas) > 0 {
+				commas, kinds = commas[:len(commas)-1], kinds[:len(kinds)-1]
+			}
+		case ',':
+			if len(commas) == 0 {
+				continue
+			}
+			top := len(commas) - 1
+			commas[top]++ // a comma more, an element or a member more
+			if kinds[top] == '[' && commas[top] >= jsonbMaxElems {
+				return fmt.Sprintf("an array of more than %d elements", jsonbMaxElems)
+			}
+			if kinds[top] == '{' && commas[top] >= jsonbMaxMembers {
+				return fmt.Sprintf("an object of more than %d members (duplicate names included)", jsonbMaxMembers)
+			}
+		}
+	}
+	return ""
 }
 
 // checkStorable walks a decoded JSON value once (see storable).
@@ -252,20 +293,12 @@ func checkStorable(v any) storable {
 		}
 		switch v := v.(type) {
 		case map[string]any:
-			if len(v) > jsonbMaxMembers {
-				tooLarge = fmt.Sprintf("an object of %d members (at most %d)", len(v), jsonbMaxMembers)
-				return 0
-			}
 			n := 3 + 4 + 8*int64(len(v))
 			for k, e := range v {
 				n += int64(len(k)) + walk(e)
 			}
 			return n
 		case []any:
-			if len(v) > jsonbMaxElems {
-				tooLarge = fmt.Sprintf("an array of %d elements (at most %d)", len(v), jsonbMaxElems)
-				return 0
-			}
 			n := 3 + 4 + 4*int64(len(v))
 			for _, e := range v {
 				n += walk(e)

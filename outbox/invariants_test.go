@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -371,20 +372,41 @@ func TestBatchIdsInBatchOrder(t *testing.T) {
 	}
 }
 
-// A payload past jsonb's limits fails with ErrInvalidMessage before the INSERT: 32 MiB
-// of zeros in one array, 2^24+1 of them, is enough for PostgreSQL to fail the INSERT
-// ("invalid memory alloc request size 1073741824", SQLSTATE XX000) and abort the
-// caller's transaction. (TestStorableNamesWhatJsonbCannotHold checks the other limits.)
+// A payload past jsonb's limits fails with ErrInvalidMessage before the INSERT, which
+// PostgreSQL would fail ("invalid memory alloc request size 1073741824", SQLSTATE XX000),
+// aborting the caller's transaction: 32 MiB of zeros in one array, 2^24+1 of them, is
+// enough, and so is an object of 2^23+1 members of one name (jsonb gathers them all before
+// it drops duplicates; decoding in Go keeps one), or a header of 256 MiB.
+// TestJsonbCountsNamesWhatJsonbCannotHold
+// and TestStorableNamesWhatJsonbCannotHold check each limit.
 func TestPayloadPastJsonbLimitsKeepsTxUsable(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	tx := pgtest.Tx(t)
 	zeros := append([]byte("["), bytes.Repeat([]byte("0,"), 1<<24+1)...)
 	zeros[len(zeros)-1] = ']'
-	_, err := outbox.Enqueue(ctx, tx, webhookMsg("zeros", json.RawMessage(zeros)))
-	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
-	require.ErrorContains(t, err, "an array of 16777217 elements")
-	in, err := outbox.Enqueue(ctx, tx, webhookMsg("fine", []int{1}))
-	require.NoError(t, err, "the transaction is still usable")
-	require.True(t, in.Inserted)
+	same := append([]byte("{"), bytes.Repeat([]byte(`"a":0,`), 1<<23+1)...)
+	same[len(same)-1] = '}'
+	t.Run("headers", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		tx := pgtest.Tx(t)
+		m := webhookMsg("big", []int{1})
+		m.Headers = map[string]string{"x-big": strings.Repeat("v", 1<<28)} // "string too long to represent as jsonb string"
+		_, err := outbox.Enqueue(ctx, tx, m)
+		require.ErrorIs(t, err, outbox.ErrInvalidMessage)
+		in, err := outbox.Enqueue(ctx, tx, webhookMsg("fine", []int{1}))
+		require.NoError(t, err, "the transaction is still usable")
+		require.True(t, in.Inserted)
+	})
+	for name, payload := range map[string][]byte{"zeros": zeros, "one name": same} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			tx := pgtest.Tx(t)
+			_, err := outbox.Enqueue(ctx, tx, webhookMsg("big", json.RawMessage(payload)))
+			require.ErrorIs(t, err, outbox.ErrInvalidMessage)
+			in, err := outbox.Enqueue(ctx, tx, webhookMsg("fine", []int{1}))
+			require.NoError(t, err, "the transaction is still usable")
+			require.True(t, in.Inserted)
+		})
+	}
 }

@@ -96,6 +96,16 @@ func prepare(m Message) (prepared, error) {
 	if err := checkOrderingKey(m.OrderingKey); err != nil {
 		return p, err
 	}
+	// The headers' jsonb, bounded as checkStorable bounds a payload's: counted first,
+	// before the values are read.
+	headersSize := int64(3 + 4 + 8)
+	for name, value := range m.Headers {
+		headersSize += 8 + int64(len(name)+len(value))
+	}
+	if len(m.Headers) > jsonbMaxMembers || headersSize > jsonbMaxLen {
+		return p, invalid("headers take more than PostgreSQL's jsonb can store (%d of them, about %d bytes; at most %d and %d)",
+			len(m.Headers), headersSize, jsonbMaxMembers, jsonbMaxLen)
+	}
 	for name, value := range m.Headers {
 		if !headerPattern.MatchString(name) {
 			return p, invalid("header name %q must be lowercase letters, digits and '-'", name)
@@ -165,6 +175,9 @@ func checkOrderingKey(k string) error {
 func storedPayload(payload any) (raw []byte, v any, err error) {
 	if raw, err = payloadJSON(payload); err != nil {
 		return nil, nil, err
+	}
+	if what := jsonbCounts(raw); what != "" && json.Valid(raw) {
+		return nil, nil, invalid("payload holds %s, which PostgreSQL's jsonb cannot store", what)
 	}
 	if v, err = decodeJSON(raw); err != nil {
 		return nil, nil, invalid("payload is not valid JSON: %v", err)
