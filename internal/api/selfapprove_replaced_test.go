@@ -39,13 +39,13 @@ func (h *hookTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.Trace
 	}
 }
 
-// The token that proposed an intent awaiting approval cannot approve it (README: 403,
-// even an admin token). The API checks who proposed the intent on a read of the row
-// before the approval's own transaction, which then approves whatever row holds the key
-// when it locks it. A rejected intent deleted by retention (or purge) in between, and
-// proposed again by the same token under the same key, is then approved by its
-// proposer: the gate's second pair of eyes is the proposer's own.
-func TestProposerCannotApproveWhenTheKeysRowIsReplacedMidApproval(t *testing.T) {
+// webhookAdminSecret is an admin token's whose scope is the webhook connector alone.
+const webhookAdminSecret = "obx_webhook-admin-secret-value"
+
+// tracedService is setup's database with a service whose pool runs tr's hook, and
+// tokens admin, admin2 and webhook-admin; payment and webhook intents await approval.
+func tracedService(t *testing.T) (*testBundle, *hookTracer, *intent.Service) {
+	t.Helper()
 	base := setup(t, options{}) // its own database; pool without a tracer
 	tr := &hookTracer{}
 	cfg := base.pool.Config().Copy()
@@ -53,13 +53,58 @@ func TestProposerCannotApproveWhenTheKeysRowIsReplacedMidApproval(t *testing.T) 
 	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	svc := &intent.Service{Pool: pool, Policy: &intent.Policy{
+	return base, tr, &intent.Service{Pool: pool, Policy: &intent.Policy{
 		Tokens: []intent.Token{
 			{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
 			{Name: "admin2", SHA256: hash(admin2Secret), Connectors: []string{"*"}, Admin: true},
+			{Name: "webhook-admin", SHA256: hash(webhookAdminSecret), Connectors: []string{"webhook"}, Admin: true},
 		},
-		ApprovalRequired: []string{"payment"},
+		ApprovalRequired: []string{"payment", "webhook"},
 	}}
+}
+
+// A rejection checks the token's scope on the row it locks, too: an admin token scoped
+// to webhook rejects key pay-1 while it is a rejected webhook intent; in between, that row
+// is purged and pay-1 proposed again as a payment, which the token may not see. It is not
+// rejected (404, as for any intent the token may not see).
+func TestScopedRejectDoesNotReachAReplacementOutOfScope(t *testing.T) {
+	base, tr, svc := tracedService(t)
+	b := serveAPI(t, base.pool, svc, nil)
+	r := b.do(t, "POST", "/v1/intents", adminSecret, "pay-1", `{"connector":"webhook","payload":{"a":1}}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	r = b.do(t, "POST", "/v1/intents/pay-1/reject", admin2Secret, "", "")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+
+	var again response
+	var hookErr error
+	tr.hook = func() {
+		// Runs on the server's goroutine: no require here.
+		if _, hookErr = ops.Purge(context.Background(), base.pool, 0, ops.PurgeOptions{Now: time.Now().Add(time.Hour)}); hookErr == nil {
+			again = b.do(t, "POST", "/v1/intents", adminSecret, "pay-1", `{"connector":"payment","payload":`+paymentPayload+`}`)
+		}
+	}
+	tr.armed.Store(true)
+	r = b.do(t, "POST", "/v1/intents/pay-1/reject", webhookAdminSecret, "", "")
+	require.False(t, tr.armed.Load(), "the hook ran")
+	require.NoError(t, hookErr)
+	require.Equal(t, http.StatusCreated, again.status, again.raw)
+
+	require.Equal(t, http.StatusNotFound, r.status, r.raw)
+	var status, connector string
+	require.NoError(t, base.pool.QueryRow(t.Context(),
+		`SELECT status, connector FROM outbox WHERE idempotency_key = 'pay-1'`).Scan(&status, &connector))
+	require.Equal(t, "payment", connector)
+	require.Equal(t, "awaiting_approval", status, "a token scoped to webhook rejected a payment")
+}
+
+// The token that proposed an intent awaiting approval cannot approve it (README: 403,
+// even an admin token). The API checks who proposed the intent on a read of the row
+// before the approval's own transaction, which then approves whatever row holds the key
+// when it locks it. A rejected intent deleted by retention (or purge) in between, and
+// proposed again by the same token under the same key, is then approved by its
+// proposer: the gate's second pair of eyes is the proposer's own.
+func TestProposerCannotApproveWhenTheKeysRowIsReplacedMidApproval(t *testing.T) {
+	base, tr, svc := tracedService(t)
 	b := serveAPI(t, base.pool, svc, nil)
 	body := `{"connector":"payment","payload":` + paymentPayload + `}`
 

@@ -242,8 +242,8 @@ func (s *Service) Get(ctx context.Context, tok *Token, key string) (outbox.Inten
 	if err != nil {
 		return outbox.Intent{}, err
 	}
-	if !tok.Allows(in.Connector) {
-		return outbox.Intent{}, fmt.Errorf("%w: no intent has key %q", outbox.ErrNotFound, key)
+	if err := visible(tok, key)(in); err != nil {
+		return outbox.Intent{}, err
 	}
 	return in, nil
 }
@@ -470,8 +470,8 @@ func (s *Service) Approve(ctx context.Context, tok *Token, key, reason string) (
 	// or purge, and proposed again by this token), and the approval would otherwise
 	// approve a row this check never saw.
 	check := func(in outbox.Intent) error {
-		if !tok.Allows(in.Connector) {
-			return fmt.Errorf("%w: no intent has key %q", outbox.ErrNotFound, key)
+		if err := visible(tok, key)(in); err != nil {
+			return err
 		}
 		if in.Status == outbox.StatusAwaitingApproval && in.CreatedBy == tok.Name {
 			return fmt.Errorf("%w: token %q proposed intent %q, so it cannot approve it too: "+
@@ -482,7 +482,7 @@ func (s *Service) Approve(ctx context.Context, tok *Token, key, reason string) (
 	if err := check(in); err != nil {
 		return outbox.Intent{}, err
 	}
-	in, err = ops.ApproveChecked(ctx, s.Pool, key, actor(tok), reason, s.now(), check)
+	in, err = ops.Decide(ctx, s.Pool, ops.ActionApprove, key, actor(tok), reason, s.now(), check)
 	return in, s.leaveReadOnly(err)
 }
 
@@ -493,8 +493,20 @@ func (s *Service) Reject(ctx context.Context, tok *Token, key, reason string) (o
 	if err := s.admin(ctx, tok, key); err != nil {
 		return outbox.Intent{}, err
 	}
-	in, err := ops.Reject(ctx, s.Pool, key, actor(tok), reason, s.now())
+	// The token's scope again on the row as the rejection locks it (see Approve).
+	in, err := ops.Decide(ctx, s.Pool, ops.ActionReject, key, actor(tok), reason, s.now(), visible(tok, key))
 	return in, s.leaveReadOnly(err)
+}
+
+// visible checks that tok may see the intent with key, as Get does: one of another
+// connector is not found.
+func visible(tok *Token, key string) func(outbox.Intent) error {
+	return func(in outbox.Intent) error {
+		if !tok.Allows(in.Connector) {
+			return fmt.Errorf("%w: no intent has key %q", outbox.ErrNotFound, key)
+		}
+		return nil
+	}
 }
 
 // Cancel cancels an intent with [ops.Cancel]'s rules; admin tokens only. Canceling

@@ -43,14 +43,18 @@ func Approve(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string,
 	return decide(ctx, pool, key, actor, reason, now, ActionApprove, nil)
 }
 
-// ApproveChecked is [Approve] with check run on the row as locked, before anything
-// changes: an error of check refuses the approval and is returned as it is. A caller
-// whose rule depends on the row (who proposed it, its connector) must check it here, in
-// the approval's transaction: the row a read before holds the key may be gone by the
-// time the approval locks it (retention, purge), and another row in its place.
-func ApproveChecked(ctx context.Context, pool *pgxpool.Pool, key, actor, reason string, now time.Time,
+// Decide is [Approve] (action [ActionApprove]) or [Reject] ([ActionReject]) with check run
+// on the row as locked, before anything changes: an error of check refuses the decision
+// and is returned as it is. A caller whose rule depends on the row (who proposed it, its
+// connector) must check it here, in the decision's transaction: the row a read before
+// found under the key may be gone by the time the decision locks it (retention, purge),
+// and another row in its place.
+func Decide(ctx context.Context, pool *pgxpool.Pool, action, key, actor, reason string, now time.Time,
 	check func(outbox.Intent) error) (outbox.Intent, error) {
-	return decide(ctx, pool, key, actor, reason, now, ActionApprove, check)
+	if action != ActionApprove && action != ActionReject {
+		return outbox.Intent{}, fmt.Errorf("%w: action %q: approve or reject", ErrInvalidOptions, action)
+	}
+	return decide(ctx, pool, key, actor, reason, now, action, check)
 }
 
 // Reject refuses the intent with key: awaiting_approval becomes canceled, with an
