@@ -241,46 +241,6 @@ type storable struct {
 	tooLarge string
 }
 
-// jsonbCounts names the first array of more than jsonbMaxElems elements, or object of
-// more than jsonbMaxMembers members, in the JSON text raw, or returns "". It counts in
-// the text, as jsonb_in does (an object's members before duplicate names are dropped,
-// which decoding does), and before the text is decoded: 32 MiB of zeros in one array
-// took seconds and a gigabyte of memory to decode. Only valid JSON's answer means
-// anything.
-func jsonbCounts(raw []byte) string {
-	var commas []int // the open containers' commas so far, innermost last
-	var kinds []byte
-	for i := 0; i < len(raw); i++ {
-		switch c := raw[i]; c {
-		case '"':
-			for i++; i < len(raw) && raw[i] != '"'; i++ {
-				if raw[i] == '\\' {
-					i++
-				}
-			}
-		case '[', '{':
-			commas, kinds = append(commas, 0), append(kinds, c)
-		case ']', '}':
-			if len(commas) > 0 {
-				commas, kinds = commas[:len(commas)-1], kinds[:len(kinds)-1]
-			}
-		case ',':
-			if len(commas) == 0 {
-				continue
-			}
-			top := len(commas) - 1
-			commas[top]++ // a comma more, an element or a member more
-			if kinds[top] == '[' && commas[top] >= jsonbMaxElems {
-				return fmt.Sprintf("an array of more than %d elements", jsonbMaxElems)
-			}
-			if kinds[top] == '{' && commas[top] >= jsonbMaxMembers {
-				return fmt.Sprintf("an object of more than %d members (duplicate names included)", jsonbMaxMembers)
-			}
-		}
-	}
-	return ""
-}
-
 // checkStorable walks a decoded JSON value once (see storable).
 func checkStorable(v any) storable {
 	var refused, tooLarge string
@@ -293,17 +253,17 @@ func checkStorable(v any) storable {
 		}
 		switch v := v.(type) {
 		case map[string]any:
-			n := 3 + 4 + 8*int64(len(v))
+			var data int64
 			for k, e := range v {
-				n += int64(len(k)) + walk(e)
+				data += int64(len(k)) + walk(e)
 			}
-			return n
+			return jsonbContainerSize(2*len(v), data)
 		case []any:
-			n := 3 + 4 + 4*int64(len(v))
+			var data int64
 			for _, e := range v {
-				n += walk(e)
+				data += walk(e)
 			}
-			return n
+			return jsonbContainerSize(len(v), data)
 		case string:
 			if len(v) > jsonbMaxLen {
 				tooLarge = fmt.Sprintf("a string of %d bytes (at most %d)", len(v), jsonbMaxLen)
@@ -323,13 +283,21 @@ func checkStorable(v any) storable {
 		}
 		return 0 // true, false, null: their entry alone
 	}
-	// A scalar at the top is stored as an array of one element.
-	size := walk(v) + 8
+	size := walk(v) + jsonbTopSize
 	if refused == "" && tooLarge == "" && size > jsonbMaxLen {
 		tooLarge = fmt.Sprintf("about %d bytes in jsonb's binary form (at most %d)", size, jsonbMaxLen)
 	}
 	return storable{refused: refused, writtenOut: writtenOut, size: size, tooLarge: tooLarge}
 }
+
+// jsonbContainerSize bounds from above the size of a jsonb container in its parent's
+// data: up to 3 bytes of alignment, its 4-byte header, a 4-byte entry per element (two
+// per member: its name's and its value's) and the elements' data.
+func jsonbContainerSize(entries int, data int64) int64 { return 3 + 4 + 4*int64(entries) + data }
+
+// jsonbTopSize is what a jsonb value's top adds to it: a scalar there is stored as an
+// array of one element (a header and an entry).
+const jsonbTopSize = 8
 
 // numericSize is an upper bound of d's size as a PostgreSQL numeric in jsonb: a 4-byte
 // length, numeric's long header (4 bytes) and 2 bytes per base-10000 digit.

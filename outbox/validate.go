@@ -98,10 +98,11 @@ func prepare(m Message) (prepared, error) {
 	}
 	// The headers' jsonb, bounded as checkStorable bounds a payload's: counted first,
 	// before the values are read.
-	headersSize := int64(3 + 4 + 8)
+	var headersData int64
 	for name, value := range m.Headers {
-		headersSize += 8 + int64(len(name)+len(value))
+		headersData += int64(len(name) + len(value))
 	}
+	headersSize := jsonbContainerSize(2*len(m.Headers), headersData) + jsonbTopSize
 	if len(m.Headers) > jsonbMaxMembers || headersSize > jsonbMaxLen {
 		return p, invalid("headers take more than PostgreSQL's jsonb can store (%d of them, about %d bytes; at most %d and %d)",
 			len(m.Headers), headersSize, jsonbMaxMembers, jsonbMaxLen)
@@ -468,6 +469,46 @@ func jsonType(v any) string {
 		return "null"
 	}
 	return fmt.Sprintf("%T", v)
+}
+
+// jsonbCounts names the first array of more than jsonbMaxElems elements, or object of
+// more than jsonbMaxMembers members, in the JSON text raw, or returns "". It counts in
+// the text, as jsonb_in does (an object's members before duplicate names are dropped,
+// which decoding does), and before the text is decoded: 32 MiB of zeros in one array
+// took seconds and a gigabyte of memory to decode. Only valid JSON's answer means
+// anything.
+func jsonbCounts(raw []byte) string {
+	var commas []int // the open containers' commas so far, innermost last
+	var kinds []byte
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; c {
+		case '"':
+			for i++; i < len(raw) && raw[i] != '"'; i++ {
+				if raw[i] == '\\' {
+					i++
+				}
+			}
+		case '[', '{':
+			commas, kinds = append(commas, 0), append(kinds, c)
+		case ']', '}':
+			if len(commas) > 0 {
+				commas, kinds = commas[:len(commas)-1], kinds[:len(kinds)-1]
+			}
+		case ',':
+			if len(commas) == 0 {
+				continue
+			}
+			top := len(commas) - 1
+			commas[top]++ // a comma more, an element or a member more
+			if kinds[top] == '[' && commas[top] >= jsonbMaxElems {
+				return fmt.Sprintf("an array of more than %d elements", jsonbMaxElems)
+			}
+			if kinds[top] == '{' && commas[top] >= jsonbMaxMembers {
+				return fmt.Sprintf("an object of more than %d members (duplicate names included)", jsonbMaxMembers)
+			}
+		}
+	}
+	return ""
 }
 
 // jsonbRefuses names the first thing in valid JSON text that PostgreSQL's jsonb refuses,
