@@ -63,38 +63,44 @@ func tracedService(t *testing.T) (*testBundle, *hookTracer, *intent.Service) {
 	}}
 }
 
-// A rejection checks the token's scope on the row it locks, too: an admin token scoped
-// to webhook rejects key pay-1 while it is a rejected webhook intent; in between, that row
-// is purged and pay-1 proposed again as a payment, which the token may not see. It is not
-// rejected (404, as for any intent the token may not see).
-func TestScopedRejectDoesNotReachAReplacementOutOfScope(t *testing.T) {
-	base, tr, svc := tracedService(t)
-	b := serveAPI(t, base.pool, svc, nil)
-	r := b.do(t, "POST", "/v1/intents", adminSecret, "pay-1", `{"connector":"webhook","payload":{"a":1}}`)
-	require.Equal(t, http.StatusCreated, r.status, r.raw)
-	r = b.do(t, "POST", "/v1/intents/pay-1/reject", admin2Secret, "", "")
-	require.Equal(t, http.StatusOK, r.status, r.raw)
+// A rejection or cancel checks the token's scope on the row it locks: an admin token
+// scoped to webhook rejects (or cancels) key pay-1 while it is a canceled webhook intent
+// (a decision sent again is harmless); in between, that row is purged and pay-1 proposed
+// again as a payment, which the token may not see. It is not rejected or canceled (404,
+// as for any intent the token may not see).
+func TestScopedDecisionDoesNotReachAReplacementOutOfScope(t *testing.T) {
+	for _, action := range []string{"reject", "cancel"} {
+		t.Run(action, func(t *testing.T) {
+			base, tr, svc := tracedService(t)
+			b := serveAPI(t, base.pool, svc, nil)
+			r := b.do(t, "POST", "/v1/intents", adminSecret, "pay-1", `{"connector":"webhook","payload":{"a":1}}`)
+			require.Equal(t, http.StatusCreated, r.status, r.raw)
+			r = b.do(t, "POST", "/v1/intents/pay-1/"+action, admin2Secret, "", "")
+			require.Equal(t, http.StatusOK, r.status, r.raw)
+			require.Equal(t, "canceled", r.body["status"])
 
-	var again response
-	var hookErr error
-	tr.hook = func() {
-		// Runs on the server's goroutine: no require here.
-		if _, hookErr = ops.Purge(context.Background(), base.pool, 0, ops.PurgeOptions{Now: time.Now().Add(time.Hour)}); hookErr == nil {
-			again = b.do(t, "POST", "/v1/intents", adminSecret, "pay-1", `{"connector":"payment","payload":`+paymentPayload+`}`)
-		}
+			var again response
+			var hookErr error
+			tr.hook = func() {
+				// Runs on the server's goroutine: no require here.
+				if _, hookErr = ops.Purge(context.Background(), base.pool, 0, ops.PurgeOptions{Now: time.Now().Add(time.Hour)}); hookErr == nil {
+					again = b.do(t, "POST", "/v1/intents", adminSecret, "pay-1", `{"connector":"payment","payload":`+paymentPayload+`}`)
+				}
+			}
+			tr.armed.Store(true)
+			r = b.do(t, "POST", "/v1/intents/pay-1/"+action, webhookAdminSecret, "", "")
+			require.False(t, tr.armed.Load(), "the hook ran")
+			require.NoError(t, hookErr)
+			require.Equal(t, http.StatusCreated, again.status, again.raw)
+
+			var status, connector string
+			require.NoError(t, base.pool.QueryRow(t.Context(),
+				`SELECT status, connector FROM outbox WHERE idempotency_key = 'pay-1'`).Scan(&status, &connector))
+			require.Equal(t, "payment", connector)
+			require.Equal(t, "awaiting_approval", status, "a token scoped to webhook decided on a payment; answer: %d %s", r.status, r.raw)
+			require.Equal(t, http.StatusNotFound, r.status, r.raw)
+		})
 	}
-	tr.armed.Store(true)
-	r = b.do(t, "POST", "/v1/intents/pay-1/reject", webhookAdminSecret, "", "")
-	require.False(t, tr.armed.Load(), "the hook ran")
-	require.NoError(t, hookErr)
-	require.Equal(t, http.StatusCreated, again.status, again.raw)
-
-	require.Equal(t, http.StatusNotFound, r.status, r.raw)
-	var status, connector string
-	require.NoError(t, base.pool.QueryRow(t.Context(),
-		`SELECT status, connector FROM outbox WHERE idempotency_key = 'pay-1'`).Scan(&status, &connector))
-	require.Equal(t, "payment", connector)
-	require.Equal(t, "awaiting_approval", status, "a token scoped to webhook rejected a payment")
 }
 
 // The token that proposed an intent awaiting approval cannot approve it (README: 403,

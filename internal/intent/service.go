@@ -518,7 +518,9 @@ func (s *Service) Cancel(ctx context.Context, tok *Token, key, reason string) (i
 	if err := s.admin(ctx, tok, key); err != nil {
 		return outbox.Intent{}, nil, err
 	}
-	res, err := ops.Cancel(ctx, s.Pool, []string{key}, actor(tok), reason, s.now())
+	// The scope again, on the row as locked: the one read above may have been replaced
+	// under its key since (see ops.CancelWhere).
+	res, err := ops.CancelWhere(ctx, s.Pool, []string{key}, actor(tok), reason, s.now(), tok.Allows)
 	if err != nil {
 		return outbox.Intent{}, nil, s.leaveReadOnly(err)
 	}

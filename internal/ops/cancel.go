@@ -72,6 +72,17 @@ WHERE id = ANY($1)`
 // relay whose lease expired mid-attempt) may have had its effect already, which
 // canceling cannot undo: such keys are listed in CancelResult.MayHaveActed, with why.
 func Cancel(ctx context.Context, pool *pgxpool.Pool, keys []string, actor, reason string, now time.Time) (CancelResult, error) {
+	return CancelWhere(ctx, pool, keys, actor, reason, now, nil)
+}
+
+// CancelWhere is [Cancel] for a caller that may cancel only rows of some connectors:
+// allow (all when nil) is asked about each row's connector on the row as locked, in the
+// cancel's transaction, and a row it refuses is left alone and listed in NotFound, as a
+// row the caller may not see. A check on a read before would not do: the row found under
+// a key then may be gone by the time the cancel locks it (retention, purge), and another
+// row, of another connector, in its place.
+func CancelWhere(ctx context.Context, pool *pgxpool.Pool, keys []string, actor, reason string, now time.Time,
+	allow func(connector string) bool) (CancelResult, error) {
 	res := CancelResult{
 		Canceled: []string{}, Unchanged: []string{}, Refused: map[string]string{}, NotFound: []string{},
 		MayHaveActed: map[string]Reached{},
@@ -93,7 +104,7 @@ func Cancel(ctx context.Context, pool *pgxpool.Pool, keys []string, actor, reaso
 		var br CancelResult
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			br = CancelResult{Refused: map[string]string{}, MayHaveActed: map[string]Reached{}}
-			return cancelBatch(ctx, tx, b, actor, reason, now, &br)
+			return cancelBatch(ctx, tx, b, actor, reason, now, allow, &br)
 		})
 		if err != nil {
 			return res, fmt.Errorf("cancel: %w", err)
@@ -111,7 +122,8 @@ func Cancel(ctx context.Context, pool *pgxpool.Pool, keys []string, actor, reaso
 	return res, nil
 }
 
-func cancelBatch(ctx context.Context, tx pgx.Tx, b []target, actor, reason string, now time.Time, br *CancelResult) error {
+func cancelBatch(ctx context.Context, tx pgx.Tx, b []target, actor, reason string, now time.Time,
+	allow func(connector string) bool, br *CancelResult) error {
 	if err := limitIdle(ctx, tx); err != nil {
 		return err
 	}
@@ -129,6 +141,10 @@ func cancelBatch(ctx context.Context, tx pgx.Tx, b []target, actor, reason strin
 			if err := skipped(ctx, tx, t, &br.NotFound, br.Refused); err != nil {
 				return err
 			}
+			continue
+		}
+		if allow != nil && !allow(r.connector) {
+			br.NotFound = append(br.NotFound, t.key)
 			continue
 		}
 		switch r.status {

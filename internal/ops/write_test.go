@@ -296,6 +296,28 @@ func TestCancel(t *testing.T) {
 	require.ErrorIs(t, err, ops.ErrInvalidOptions)
 }
 
+// CancelWhere leaves a row whose connector allow refuses as it is, listed as not found,
+// with no audit row, and cancels the others of the same call.
+func TestCancelWhereLeavesRowsOutsideAllowAlone(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.DB(t)
+	insertRow(t, pool, row{Key: "w", Connector: "webhook", Status: outbox.StatusPending})
+	insertRow(t, pool, row{Key: "p", Connector: "payment", Status: outbox.StatusAwaitingApproval})
+	var asked []string
+	res, err := ops.CancelWhere(t.Context(), pool, []string{"w", "p"}, "alice", "", base, func(connector string) bool {
+		asked = append(asked, connector)
+		return connector == "webhook"
+	})
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"webhook", "payment"}, asked)
+	require.Equal(t, []string{"w"}, res.Canceled)
+	require.Equal(t, []string{"p"}, res.NotFound)
+	require.Empty(t, res.Refused)
+	require.Equal(t, outbox.StatusCanceled, state(t, pool, "w").Status)
+	require.Equal(t, outbox.StatusAwaitingApproval, state(t, pool, "p").Status)
+	require.Empty(t, auditRows(t, pool, "p"))
+}
+
 func TestPurge(t *testing.T) {
 	t.Parallel()
 
