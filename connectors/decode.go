@@ -34,7 +34,7 @@ func DecodeExact(raw []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields() // a misspelt field would otherwise vanish
 	if err := dec.Decode(v); err != nil {
-		return err
+		return fieldOf(raw, reflect.TypeOf(v).Elem(), err)
 	}
 	if dec.More() {
 		return errors.New("more than one JSON value")
@@ -52,20 +52,57 @@ func DecodeExact(raw []byte, v any) error {
 	return nil
 }
 
+// fieldOf names the field of the JSON object raw whose value err, from decoding raw into
+// struct type t, is about, when err does not say: a type's own UnmarshalJSON (time.Time's,
+// say) answers "parsing time "tomorrow" as ..." with no word of which field it was. Each
+// of t's fields present in raw is decoded alone, in t's order, and the first that fails
+// names it. Syntax and type errors are returned as they are (they give an offset, or the
+// field's path).
+func fieldOf(raw []byte, t reflect.Type, err error) error {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	if errors.As(err, &syntax) || errors.As(err, &typ) || t.Kind() != reflect.Struct {
+		return err
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(raw, &fields) != nil {
+		return err
+	}
+	for f := range t.Fields() {
+		name, ok := jsonName(f)
+		value, present := fields[name]
+		if !ok || !present {
+			continue
+		}
+		if ferr := json.Unmarshal(value, reflect.New(f.Type).Interface()); ferr != nil {
+			return fmt.Errorf("field %q: %w", name, ferr)
+		}
+	}
+	return err
+}
+
 // jsonNames returns the JSON names of struct type t's fields.
 func jsonNames(t reflect.Type) map[string]struct{} {
 	names := map[string]struct{}{}
 	for f := range t.Fields() {
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		switch {
-		case name == "-" || !f.IsExported():
-		case name == "":
-			names[f.Name] = struct{}{}
-		default:
+		if name, ok := jsonName(f); ok {
 			names[name] = struct{}{}
 		}
 	}
 	return names
+}
+
+// jsonName is the JSON name of struct field f, by its json tag; false when encoding/json
+// leaves it out.
+func jsonName(f reflect.StructField) (string, bool) {
+	name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+	switch {
+	case name == "-" || !f.IsExported():
+		return "", false
+	case name == "":
+		return f.Name, true
+	}
+	return name, true
 }
 
 // payloadChecks are the checks connector packages register for their kind's payloads.

@@ -2,6 +2,7 @@ package connectors_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -46,4 +47,25 @@ func TestDecodeExactRefusesWhatIsNotAnObject(t *testing.T) {
 	}
 	require.NoError(t, connectors.DecodeExact([]byte(` {"a":1} `), &v))
 	require.Equal(t, 1, v.A)
+}
+
+// A field whose type decodes itself (time.Time) fails without saying which field it was;
+// the error names it. Syntax and type errors keep what encoding/json says.
+func TestDecodeExactNamesTheFieldThatFailed(t *testing.T) {
+	t.Parallel()
+	type request struct {
+		Connector string     `json:"connector"`
+		NotBefore *time.Time `json:"not_before,omitempty"`
+		Count     int        `json:"count"`
+	}
+	for raw, want := range map[string]string{
+		`{"connector":"x","not_before":"tomorrow"}`:             `field "not_before": parsing time "tomorrow"`,
+		`{"not_before":5,"connector":"x"}`:                      `field "not_before": Time.UnmarshalJSON: input is not a JSON string`,
+		`{"connector":"x","count":"5"}`:                         `Go struct field request.count of type int`,
+		`{"connector":"x","count":1,"not_before":"2"}`:          `field "not_before": parsing time "2"`,
+		`{"connector":"x","not_before":"2026-13-01T00:00:00Z"}`: `field "not_before": parsing time "2026-13-01T00:00:00Z": month out of range`,
+	} {
+		var r request
+		require.ErrorContains(t, connectors.DecodeExact([]byte(raw), &r), want, raw)
+	}
 }

@@ -188,3 +188,14 @@ func TestFieldNamesMatchExactly(t *testing.T) {
 	r = b.do(t, "POST", "/v1/intents/k/cancel", adminSecret, "", `{"Reason":"x"}`)
 	require.Equal(t, http.StatusBadRequest, r.status, r.raw)
 }
+
+// A not_before that is not an RFC 3339 time is a bad request whose message names the
+// field: it said only `parsing time "tomorrow" as "2006-01-02T15:04:05Z07:00"`.
+func TestBadNotBeforeNamesTheField(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	r := b.do(t, "POST", "/v1/intents", adminSecret, "k", `{"connector":"webhook","payload":{},"not_before":"tomorrow"}`)
+	require.Equal(t, http.StatusBadRequest, r.status, r.raw)
+	require.Contains(t, r.raw, `field \"not_before\": parsing time \"tomorrow\"`)
+	require.Equal(t, 0, b.count(t))
+}
