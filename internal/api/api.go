@@ -296,12 +296,6 @@ func idempotencyKey(r *http.Request) (string, error) {
 	return key, nil
 }
 
-// pathless says key cannot be named in a URL path: a path cleans /v1/intents/.. away, so
-// an intent under it could never be read or decided. create takes no new intent under
-// it; but one written before that rule (by an older outboxd, or plain SQL) is still the
-// answer to its request, or a client told to use another key for it acts again.
-func pathless(key string) bool { return key == "." || key == ".." }
-
 func (h *Handler) create(w http.ResponseWriter, r *http.Request, tok *intent.Token) error {
 	key, err := idempotencyKey(r)
 	if err != nil {
@@ -316,12 +310,8 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, tok *intent.Tok
 		return err
 	}
 	ctx, done := h.bound(r.Context())
-	create := h.svc.Create
-	if pathless(key) {
-		create = h.svc.Existing
-	}
-	in, err := create(ctx, tok, key, req)
-	if pathless(key) && errors.Is(err, outbox.ErrNotFound) {
+	in, err := h.svc.Propose(ctx, tok, key, req)
+	if errors.Is(err, intent.ErrPathlessKey) {
 		_ = done(nil) // ends the bound
 		return fmt.Errorf("%w: the Idempotency-Key %q cannot be named in a URL path (GET /v1/intents/{key}); use another key", errBadRequest, key)
 	}

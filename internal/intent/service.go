@@ -70,6 +70,31 @@ func (s *Service) Create(ctx context.Context, tok *Token, key string, req Create
 	return s.create(ctx, tok, key, req, false)
 }
 
+// ErrPathlessKey marks a new intent [Service.Propose] refused because no URL path can
+// name its key.
+var ErrPathlessKey = errors.New("the key cannot be named in a URL path")
+
+// Pathless says key cannot be named in a URL path: a path cleans /v1/intents/.. away, so
+// an intent under it could never be read or decided through the intent API.
+func Pathless(key string) bool { return key == "." || key == ".." }
+
+// Propose is [Service.Create] for the faces agents and services propose through (the
+// intent API, MCP): no new intent is taken under a key no URL path can name ([Pathless]),
+// which approvers and clients of the API could never read or decide; that fails with an
+// error wrapping [ErrPathlessKey], writing nothing. One written under such a key before
+// the rule (by an older outboxd, or plain SQL) is still the answer to its request, as
+// [Service.Existing] gives it: a client told to use another key for it would act again.
+func (s *Service) Propose(ctx context.Context, tok *Token, key string, req CreateRequest) (outbox.Intent, error) {
+	if !Pathless(key) {
+		return s.Create(ctx, tok, key, req)
+	}
+	in, err := s.Existing(ctx, tok, key, req)
+	if errors.Is(err, outbox.ErrNotFound) {
+		return outbox.Intent{}, fmt.Errorf("%w: %q", ErrPathlessKey, key)
+	}
+	return in, err
+}
+
 // Existing is [Service.Create] that writes nothing: it answers req under key as Create
 // answers the same request again, with the intent key holds, or with Create's refusals;
 // when no intent holds key, it fails with an error wrapping [outbox.ErrNotFound]. A face
@@ -533,7 +558,8 @@ func (s *Service) Cancel(ctx context.Context, tok *Token, key, reason string) (i
 	if r, ok := res.MayHaveActed[key]; ok {
 		acted = &r
 	}
-	in, err = outbox.Get(ctx, s.Pool, key)
+	// As the token may see it: the row under key may have been replaced since the cancel.
+	in, err = s.Get(ctx, tok, key)
 	return in, acted, err
 }
 

@@ -437,9 +437,13 @@ func (t *tools) propose(ctx context.Context, req *mcp.CallToolRequest, in Propos
 		}
 		notBefore = &nb
 	}
-	created, err := t.svc.Create(ctx, tok, key, intent.CreateRequest{
+	created, err := t.svc.Propose(ctx, tok, key, intent.CreateRequest{
 		Connector: in.Connector, Payload: payload, OrderingKey: in.OrderingKey, NotBefore: notBefore,
 	})
+	if errors.Is(err, intent.ErrPathlessKey) {
+		return nil, ProposeOutput{}, fmt.Errorf("key %q cannot be named in the intent API's URL paths, so the intent could not be read or decided there. "+
+			"Pass key_parts naming the decision instead (the server derives a key from them); nothing was written", key)
+	}
 	var n intent.Notes
 	if err == nil && !created.Inserted {
 		n, err = t.svc.Notes(ctx, tok, []outbox.Intent{created})
