@@ -544,18 +544,31 @@ func (c *Connector) send(ctx context.Context, client *smtp.Client, m *message) (
 		return Result{}, fmt.Errorf("smtp %s: MAIL FROM: %w", c.addr, withCause(ctx, err))
 	}
 	var errs []error
+	accepted, limited := 0, false
 	for _, rcpt := range m.rcpts {
 		if err := client.Rcpt(angle(rcpt)); err != nil {
-			if _, ok := errors.AsType[*textproto.Error](err); !ok {
+			te, ok := errors.AsType[*textproto.Error](err)
+			if !ok {
 				return Result{}, c.replyError(ctx, "RCPT TO", err) // the connection failed
 			}
+			// 452 with enhanced code 4.5.3 after recipients of this message were taken is
+			// the server's limit on recipients per message (RFC 5321 section 4.5.3.1.10,
+			// RFC 3463: "too many recipients"), which every retry of the same message meets.
+			limited = limited || accepted > 0 && te.Code == 452 && strings.HasPrefix(te.Msg, "4.5.3")
 			errs = append(errs, fmt.Errorf("%s: %w", rcpt, err))
+			continue
 		}
+		accepted++
 	}
 	if len(errs) > 0 {
 		// All or nothing: a message that reached only some recipients could not be
 		// completed by a retry without duplicating it for the others.
 		_ = client.Reset()
+		if limited {
+			return Result{}, connectors.Permanent(fmt.Errorf(
+				"smtp %s: RCPT TO: the server took %d of the message's %d recipients and refused the rest as too many for one message (4.5.3), which every retry would meet; split the row into messages of fewer recipients: %w",
+				c.addr, accepted, len(m.rcpts), errors.Join(errs...)))
+		}
 		return Result{}, c.replyError(ctx, "RCPT TO", errors.Join(errs...))
 	}
 	w, err := client.Data()

@@ -52,6 +52,10 @@ type serverOptions struct {
 	// OnReset, when set, runs when the client abandons a transaction in progress (RSET
 	// after MAIL), before the server replies.
 	OnReset func()
+	// MaxRecipients, when set, limits the recipients of one message, as Gmail (100),
+	// Microsoft 365 and Postfix (smtpd_recipient_limit) do: a RCPT past it is answered
+	// "452 4.5.3 Maximum limit of N recipients reached".
+	MaxRecipients int
 }
 
 // received is one message the server accepted.
@@ -83,6 +87,7 @@ func listen(opts serverOptions) (*testServer, func(), error) {
 	srv.AllowInsecureAuth = true              // loopback: PLAIN in clear is what a local relay does
 	srv.ReadTimeout = time.Minute
 	srv.WriteTimeout = time.Minute
+	srv.MaxRecipients = opts.MaxRecipients
 	var serverTLS *tls.Config
 	if opts.StartTLS || opts.ImplicitTLS {
 		var err error

@@ -262,6 +262,8 @@ type ErrorAnswer struct {
 // operation performs one Stripe call with params (without "id") under key.
 type operation struct {
 	needsID bool
+	// required are the params Stripe refuses the call without, on every attempt.
+	required []string
 	// newParams returns a new params struct of the call, for [CheckPayload].
 	newParams func() any
 	call      func(ctx context.Context, c *stripe.Client, id string, params json.RawMessage, key string) (*stripe.APIResponse, error)
@@ -270,7 +272,7 @@ type operation struct {
 // operations are the calls a row may name. Each decodes its params into stripe-go's
 // params struct for the call, so a misspelt parameter is refused before anything is sent.
 var operations = map[string]operation{
-	"payment_intent.create": {newParams: func() any { return &stripe.PaymentIntentCreateParams{} }, call: func(ctx context.Context, c *stripe.Client, _ string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
+	"payment_intent.create": {required: []string{"amount", "currency"}, newParams: func() any { return &stripe.PaymentIntentCreateParams{} }, call: func(ctx context.Context, c *stripe.Client, _ string, raw json.RawMessage, key string) (*stripe.APIResponse, error) {
 		p := &stripe.PaymentIntentCreateParams{}
 		if err := decodeParams(raw, p); err != nil {
 			return nil, err
@@ -374,6 +376,9 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	}
 	what := fmt.Sprintf("%s at %s", p.Operation, c.base)
 	params, id, err := splitID(p.Params, op.needsID)
+	if err == nil {
+		err = missingRequired(params, op.required)
+	}
 	if err != nil {
 		return nil, connectors.Permanent(fmt.Errorf("%s: %w", what, err))
 	}
@@ -427,6 +432,23 @@ func splitID(raw json.RawMessage, needsID bool) (json.RawMessage, string, error)
 	return rest, id, nil
 }
 
+// missingRequired refuses params (a JSON object) without one of required, or with it null.
+func missingRequired(params json.RawMessage, required []string) error {
+	if len(required) == 0 {
+		return nil
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(params, &fields); err != nil {
+		return errors.New("params: must be a JSON object")
+	}
+	for _, name := range required {
+		if v, ok := fields[name]; !ok || bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
+			return fmt.Errorf("params: %q is required", name)
+		}
+	}
+	return nil
+}
+
 // validObjectID reports whether id can be a Stripe object id ("pi_3Mtw..."): letters,
 // digits and '_' only, so that it stays one path segment of the operation's own endpoint
 // ("." and ".." would be dot segments; control characters are in no id).
@@ -461,6 +483,9 @@ func CheckPayload(raw []byte) error {
 		return fmt.Errorf("unknown operation %q (want one of %s)", p.Operation, strings.Join(Operations(), ", "))
 	}
 	params, _, err := splitID(p.Params, op.needsID)
+	if err == nil {
+		err = missingRequired(params, op.required)
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", p.Operation, err)
 	}

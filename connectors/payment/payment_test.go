@@ -96,12 +96,18 @@ func TestStripeMock(t *testing.T) {
 	// stripe-mock validates parameters against Stripe's OpenAPI spec.
 	t.Run("MissingRequiredParam", func(t *testing.T) {
 		t.Parallel()
+		// Refused before sending (see TestCheckPayload_RequiredParamsOfPaymentIntentCreate);
+		// a param stripe-mock requires that the connector does not check is Stripe's answer.
 		raw, err := c.Deliver(t.Context(), delivery("stripe-mock:missing", `{"operation":"payment_intent.create","params":{"amount":2000}}`))
+		require.Error(t, err)
+		require.Nil(t, raw)
+		require.True(t, connectors.IsPermanent(err), "%v", err)
+		require.Contains(t, err.Error(), "currency")
+		raw, err = c.Deliver(t.Context(), delivery("stripe-mock:missing-data", `{"operation":"payment_intent.create","params":{"amount":2000,"currency":"usd","payment_method_data":{"billing_details":{"name":"Jane"}}}}`))
 		require.Error(t, err)
 		require.Equal(t, float64(http.StatusBadRequest), decode(t, raw)["status"], "Stripe's answer is stored: %s", raw)
 		require.True(t, connectors.IsPermanent(err), "%v", err)
 		require.Contains(t, err.Error(), "invalid_request_error")
-		require.Contains(t, err.Error(), "currency")
 	})
 
 	t.Run("UnknownParam", func(t *testing.T) {

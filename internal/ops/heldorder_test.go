@@ -20,7 +20,7 @@ func TestHeldOrderedRowAdviceLeadsSomewhere(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.DB(t)
 	insertRow(t, pool, row{Key: "pay-1", Connector: "payment", Status: outbox.StatusHeld, Attempts: 2, OrderingKey: "cust-1",
-		Payload: `{"operation": "payment_intent.create", "params": {"amount": 100}}`, Age: 30 * time.Hour,
+		Payload: `{"operation": "payment_intent.create", "params": {"amount": 100, "currency": "eur"}}`, Age: 30 * time.Hour,
 		LastError: "attempt 2 not sent: held: payment remembers idempotency keys for 24h0m0s ... check the receiver, then replay with a new key or cancel"})
 
 	opts := ops.ReplayOptions{Actor: "op", NewKey: true, Now: base}
@@ -32,7 +32,7 @@ func TestHeldOrderedRowAdviceLeadsSomewhere(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"pay-1"}, cres.Canceled)
 	in, err := outbox.Enqueue(t.Context(), pool, outbox.Message{Key: outbox.Key("pay-1", "again"), Connector: "payment",
-		Payload: map[string]any{"operation": "payment_intent.create", "params": map[string]any{"amount": 100}}, OrderingKey: "cust-1"})
+		Payload: map[string]any{"operation": "payment_intent.create", "params": map[string]any{"amount": 100, "currency": "eur"}}, OrderingKey: "cust-1"})
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatusPending, in.Status, "the new intent is not held back by the canceled row")
 }
