@@ -162,6 +162,12 @@ func replay(ctx context.Context, e *env, pool *pgxpool.Pool, sel ops.Selection, 
 	// is decided again under its lock, so one the plan would replay may still be left.
 	orig := sel
 	sel = ops.Selection{Keys: plan.Replayed}
+	if orig.Filter != nil {
+		// Still in the statuses the filter selected them for: a row a relay delivered
+		// meanwhile (a late delivery of a dead row's ambiguous attempt) is not what was
+		// confirmed, and --redeliver would send it again.
+		sel.Statuses = orig.Filter.Status
+	}
 	if len(sel.Keys) == 0 {
 		plan.DryRun = false
 		return reportReplay(e, plan, notes, nil, orig, run.json)

@@ -4,55 +4,31 @@ import (
 	"context"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/intent"
 	"github.com/outboxd/outboxd/internal/ops"
+	"github.com/outboxd/outboxd/internal/pgtest"
 )
-
-type getKey struct{}
-
-// hookTracer runs hook once, when armed, right after the first statement reading one
-// intent by key (outbox.Get) ends: the moment between the API's checks of an intent and
-// the decision's own transaction.
-type hookTracer struct {
-	armed atomic.Bool
-	hook  func()
-}
-
-func (h *hookTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(data.SQL, "FROM outbox WHERE idempotency_key = $1") && !strings.Contains(data.SQL, "FOR UPDATE") {
-		return context.WithValue(ctx, getKey{}, true)
-	}
-	return ctx
-}
-
-func (h *hookTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
-	if ctx.Value(getKey{}) != nil && h.armed.CompareAndSwap(true, false) {
-		h.hook()
-	}
-}
 
 // webhookAdminSecret is an admin token's whose scope is the webhook connector alone.
 const webhookAdminSecret = "obx_webhook-admin-secret-value"
 
-// tracedService is setup's database with a service whose pool runs tr's hook, and
-// tokens admin, admin2 and webhook-admin; payment and webhook intents await approval.
-func tracedService(t *testing.T) (*testBundle, *hookTracer, *intent.Service) {
+// tracedService is setup's database with a service whose pool runs a hook, and tokens
+// admin, admin2 and webhook-admin; payment and webhook intents await approval. The hook,
+// when armed, runs its Func right after the first statement reading one intent by key
+// (outbox.Get) ends: the moment between the API's checks of an intent and the decision's
+// own transaction.
+func tracedService(t *testing.T) (*testBundle, *pgtest.Hook, *intent.Service) {
 	t.Helper()
 	base := setup(t, options{}) // its own database; pool without a tracer
-	tr := &hookTracer{}
-	cfg := base.pool.Config().Copy()
-	cfg.ConnConfig.Tracer = tr
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	tr := &pgtest.Hook{Match: func(sql string) bool {
+		return strings.Contains(sql, "FROM outbox WHERE idempotency_key = $1") && !strings.Contains(sql, "FOR UPDATE")
+	}}
+	pool := pgtest.PoolWith(t, base.pool, tr)
 	return base, tr, &intent.Service{Pool: pool, Policy: &intent.Policy{
 		Tokens: []intent.Token{
 			{Name: "admin", SHA256: hash(adminSecret), Connectors: []string{"*"}, Admin: true},
@@ -81,15 +57,15 @@ func TestScopedDecisionDoesNotReachAReplacementOutOfScope(t *testing.T) {
 
 			var again response
 			var hookErr error
-			tr.hook = func() {
+			tr.Func = func() {
 				// Runs on the server's goroutine: no require here.
 				if _, hookErr = ops.Purge(context.Background(), base.pool, 0, ops.PurgeOptions{Now: time.Now().Add(time.Hour)}); hookErr == nil {
 					again = b.do(t, "POST", "/v1/intents", adminSecret, "pay-1", `{"connector":"payment","payload":`+paymentPayload+`}`)
 				}
 			}
-			tr.armed.Store(true)
+			tr.Arm()
 			r = b.do(t, "POST", "/v1/intents/pay-1/"+action, webhookAdminSecret, "", "")
-			require.False(t, tr.armed.Load(), "the hook ran")
+			require.True(t, tr.Ran(), "the hook ran")
 			require.NoError(t, hookErr)
 			require.Equal(t, http.StatusCreated, again.status, again.raw)
 
@@ -126,7 +102,7 @@ func TestProposerCannotApproveWhenTheKeysRowIsReplacedMidApproval(t *testing.T) 
 	var purged int
 	var again response
 	var hookErr error
-	tr.hook = func() {
+	tr.Func = func() {
 		// Runs on the server's goroutine: no require here.
 		res, err := ops.Purge(context.Background(), base.pool, 0, ops.PurgeOptions{Now: time.Now().Add(time.Hour)})
 		purged, hookErr = res.Rows, err
@@ -134,9 +110,9 @@ func TestProposerCannotApproveWhenTheKeysRowIsReplacedMidApproval(t *testing.T) 
 			again = b.do(t, "POST", "/v1/intents", adminSecret, "pay-1", body)
 		}
 	}
-	tr.armed.Store(true)
+	tr.Arm()
 	r = b.do(t, "POST", "/v1/intents/pay-1/approve", adminSecret, "", "")
-	require.False(t, tr.armed.Load(), "the hook ran")
+	require.True(t, tr.Ran(), "the hook ran")
 	require.NoError(t, hookErr)
 	require.Equal(t, 1, purged, "retention deleted the rejected row")
 	require.Equal(t, http.StatusCreated, again.status, again.raw)

@@ -27,8 +27,14 @@ type Selection struct {
 	// Keys are idempotency keys; repeats count once.
 	Keys []string `json:"keys,omitempty"`
 	// Filter selects rows as [List] does, every page of it. Its Limit caps the number of
-	// rows selected (zero: no cap); After is ignored.
+	// rows selected (zero: no cap); After is ignored. Its Status is checked again as each
+	// row is locked, as Statuses is.
 	Filter *Filter `json:"filter,omitempty"`
+	// Statuses, when set, are the statuses the selected rows were chosen for (with Keys:
+	// the Filter.Status of the selection a dry run planned). A row found in another
+	// status once locked (one a relay delivered since, which Redeliver would send again)
+	// is refused, as changed since it was selected; one pending since is unchanged.
+	Statuses []string `json:"statuses,omitempty"`
 }
 
 // ReplayOptions control [Replay].
@@ -428,6 +434,13 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayO
 		return res, err
 	}
 	res.NotFound = append(res.NotFound, notFound...)
+	// The statuses the rows were selected for, checked again under each row's lock: a
+	// filter's rows are read before their batch locks them, a paced replay's minutes
+	// before.
+	statuses := sel.Statuses
+	if sel.Filter != nil && len(sel.Filter.Status) > 0 {
+		statuses = sel.Filter.Status
+	}
 	// Oldest first, not newest first (a filter's order) or as the keys were typed. Each
 	// batch commits on its own, and a relay may send what one put back before the next
 	// runs (a paced replay waits between them): a later row of an ordering key put back
@@ -462,7 +475,7 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, sel Selection, opts ReplayO
 			if err != nil {
 				return err
 			}
-			if err := replayBatch(ctx, tx, b, opts, now, ran, &br); err != nil {
+			if err := replayBatch(ctx, tx, b, opts, statuses, now, ran, &br); err != nil {
 				return err
 			}
 			if opts.DryRun {
@@ -519,7 +532,7 @@ func (r *ReplayResult) merge(b ReplayResult) {
 // replayBatch replays one batch in tx, recording the outcome of each key in br. ran maps
 // the key of each row put back under its own key so far, or of the row it copies (a
 // copy that NewKey made), to the key of the row put back.
-func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions, now time.Time, ran map[string]string,
+func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions, statuses []string, now time.Time, ran map[string]string,
 	br *ReplayResult) error {
 	if !opts.NewKey && !opts.DryRun {
 		// Before any row is locked (a claim round waiting for this one may be writing
@@ -574,6 +587,10 @@ func replayBatch(ctx context.Context, tx pgx.Tx, b []target, opts ReplayOptions,
 		switch {
 		case r.status == outbox.StatusPending:
 			br.Unchanged = append(br.Unchanged, t.key)
+			continue
+		case len(statuses) > 0 && !slices.Contains(statuses, r.status):
+			br.Refused[t.key] = fmt.Sprintf("it is %s now, no longer %s as when it was selected; look at it again "+
+				"(outboxd inspect) and replay it by key if it should still go", r.status, strings.Join(statuses, " or "))
 			continue
 		case r.status == outbox.StatusCanceled:
 			// With NewKey too: a canceled row may be one an approver rejected, and its copy

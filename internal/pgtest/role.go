@@ -48,10 +48,5 @@ func Role(t testing.TB, pool *pgxpool.Pool, prefix string, grants ...string) str
 // PoolAs is a pool on pool's database that logs in as role, closed when the test ends.
 func PoolAs(t testing.TB, pool *pgxpool.Pool, role string) *pgxpool.Pool {
 	t.Helper()
-	cfg := pool.Config().Copy()
-	cfg.ConnConfig.User = role
-	p, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(p.Close)
-	return p
+	return poolWith(t, pool, func(cfg *pgxpool.Config) { cfg.ConnConfig.User = role })
 }
