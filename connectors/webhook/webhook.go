@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -115,6 +116,10 @@ var ErrTimeout = errors.New("webhook attempt timed out")
 type Connector struct {
 	url    string
 	target string // the URL as errors show it: scheme and host (connectors.RedactEndpoint)
+	// echoes are the parts of the URL that target hides (its path, query, query values,
+	// user name and password, as a receiver may quote them), longest first, for
+	// redactEchoes.
+	echoes []string
 	// secrets are the signing keys, in the order their signatures are sent; nil when
 	// requests are not signed.
 	secrets [][]byte
@@ -199,6 +204,7 @@ func New(cfg Config) (*Connector, error) {
 	// row. Those are percent-encoded, as a browser sends them; the values read the same.
 	u.RawQuery = escapeQuery(u.RawQuery)
 	c.url, c.target = u.String(), connectors.RedactEndpoint(u.String())
+	c.echoes = urlEchoes(u)
 	if u.User != nil {
 		password, _ := u.User.Password()
 		c.authorization = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+password))
@@ -442,8 +448,56 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	// A body cut short (a timeout while reading it, say) still leaves the status code,
 	// which is the receiver's answer; the excerpt is then marked truncated.
 	excerpt, truncated := readExcerpt(answerBody(resp), c.maxBody)
+	// Before it is stored or quoted: an answer may repeat what target hides.
+	excerpt = c.redactEchoes(excerpt)
 	res := connectors.MarshalResult(result{Status: resp.StatusCode, Body: excerpt, Truncated: truncated})
 	return res, c.classify(resp, excerpt)
+}
+
+// minEcho is the length from which a part of the URL is hidden in answers: shorter ones
+// (a path of "/hook", a query value of "1") hold no token, and replacing them with the
+// longer "xxxxx" could take an excerpt past its bound.
+const minEcho = 5
+
+// urlEchoes returns the parts of u that [connectors.RedactEndpoint] hides and that an
+// answer may quote: Express answers an unknown route "Cannot POST <path>", and redirects
+// (its res.redirect, Rails', Apache's) name their target, which often repeats the
+// path and query, in the body. A token in the URL would otherwise reach last_error, the
+// stored result and, through the intent API, agents.
+func urlEchoes(u *url.URL) []string {
+	var parts []string
+	add := func(s ...string) {
+		for _, p := range s {
+			if len(p) >= minEcho && !slices.Contains(parts, p) {
+				parts = append(parts, p)
+			}
+		}
+	}
+	if path := u.EscapedPath(); (path != "" && path != "/") || u.RawQuery != "" {
+		add(u.RequestURI(), path, u.Path, strings.ReplaceAll(u.Path, "/", `\/`))
+	}
+	add(u.RawQuery)
+	for pair := range strings.SplitSeq(u.RawQuery, "&") {
+		_, raw, _ := strings.Cut(pair, "=")
+		add(raw)
+		if v, err := url.QueryUnescape(raw); err == nil {
+			add(v)
+		}
+	}
+	if u.User != nil {
+		password, _ := u.User.Password()
+		add(u.User.Username(), password)
+	}
+	slices.SortStableFunc(parts, func(a, b string) int { return len(b) - len(a) })
+	return parts
+}
+
+// redactEchoes replaces in s each part of the URL that the connector's errors hide.
+func (c *Connector) redactEchoes(s string) string {
+	for _, p := range c.echoes {
+		s = strings.ReplaceAll(s, p, "xxxxx")
+	}
+	return s
 }
 
 // signature returns the webhook-signature value for one request: each secret's
