@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxd/outboxd/internal/config"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -82,4 +84,49 @@ func TestServeDeliversOnADatabaseOfOtherSessionDefaults(t *testing.T) {
 		return err == nil && in.Status == outbox.StatusDelivered
 	}, processWait, 10*time.Millisecond, "serve's relay delivered nothing")
 	require.Equal(t, 1, rcv.Effects("k-1"))
+}
+
+// outboxd's sessions ask for read committed as a startup parameter only where the
+// sessions' default is another isolation (config.SessionDefaults): a transaction pooler
+// such as PgBouncer refuses a startup parameter it does not track, this one among them
+// (TestCommandsWorkBehindPgBouncer), so on a database that runs read committed by
+// default, as most do, none is sent; on one that runs repeatable read, it is, in the
+// pool's sessions and migrate's; and a URL that names one keeps its own.
+func TestSessionsAskForReadCommittedOnlyWhereTheDefaultIsAnother(t *testing.T) {
+	t.Parallel()
+	d := newOpsDB(t)
+	source := func(t *testing.T, dsn string) (level, from string) {
+		t.Helper()
+		cfg, err := config.ParseDSN("OUTBOX_DATABASE_URL", dsn)
+		require.NoError(t, err)
+		pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+		require.NoError(t, err)
+		defer pool.Close()
+		require.NoError(t, pool.QueryRow(t.Context(),
+			`SELECT setting, source FROM pg_settings WHERE name = 'default_transaction_isolation'`).Scan(&level, &from))
+		return level, from
+	}
+	level, from := source(t, d.dsn)
+	require.Equal(t, "read committed", level)
+	require.Equal(t, "default", from, "no startup parameter where read committed is the default")
+
+	var db string
+	require.NoError(t, d.pool.QueryRow(t.Context(), `SELECT current_database()`).Scan(&db))
+	_, err := d.pool.Exec(t.Context(), `ALTER DATABASE `+pgx.Identifier{db}.Sanitize()+` SET default_transaction_isolation = 'repeatable read'`)
+	require.NoError(t, err)
+	level, from = source(t, d.dsn)
+	require.Equal(t, "read committed", level)
+	require.Equal(t, "client", from, "asked for where the database's default is repeatable read")
+	code, _, errOut := runCLI(t, d.environ, strings.NewReader(""), "migrate")
+	require.Equal(t, exitOK, code, errOut)
+
+	sep := "?"
+	if strings.Contains(d.dsn, "?") {
+		sep = "&"
+	}
+	named := d.dsn + sep + "default_transaction_isolation=serializable"
+	level, _ = source(t, named)
+	require.Equal(t, "serializable", level, "the URL's own is kept")
+	code, _, errOut = runCLI(t, []string{"OUTBOX_DATABASE_URL=" + named}, strings.NewReader(""), "migrate")
+	require.Equal(t, exitOK, code, errOut)
 }

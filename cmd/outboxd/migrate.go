@@ -57,7 +57,15 @@ func newMigrateCmd(e *env) *cobra.Command {
 			poolCfg.ConnConfig.BuildContextWatcherHandler = func(pgConn *pgconn.PgConn) ctxwatch.Handler {
 				return &pgconn.CancelRequestContextWatcherHandler{Conn: pgConn, DeadlineDelay: time.Second}
 			}
-			conn, err := pgx.ConnectConfig(ctx, poolCfg.ConnConfig)
+			// Connected as a pool connects: its BeforeConnect asks for read committed
+			// where the sessions' default is another (config.SessionDefaults).
+			var conn *pgx.Conn
+			if poolCfg.BeforeConnect != nil {
+				err = poolCfg.BeforeConnect(ctx, poolCfg.ConnConfig)
+			}
+			if err == nil {
+				conn, err = pgx.ConnectConfig(ctx, poolCfg.ConnConfig)
+			}
 			if err != nil && ctx.Err() != nil {
 				return fmt.Errorf("stopped (%v) before connecting: nothing was changed", context.Cause(ctx))
 			}

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -9,11 +10,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/caarlos0/env/v11"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/relay"
@@ -228,25 +231,73 @@ func maskQuotedWord(dsn, reason string) string {
 
 // SessionDefaults asks for the session settings outboxd's statements count on in every
 // session of cfg's pool, each unless the DSN names it. A setting of the connection's own
-// outranks the database's and the role's, and transaction poolers pass both on.
+// outranks the database's and the role's.
 //
 //   - DateStyle ISO: in pgx's simple protocol and exec mode (the README's advice behind a
 //     transaction pooler) every result is read as text, and pgx reads a timestamp's text
 //     only in the ISO style, so on a database set to another (SQL, German, Postgres)
-//     every statement that returns a time would fail.
+//     every statement that returns a time would fail. Asked for as a startup parameter,
+//     which transaction poolers track and pass on.
 //   - default_transaction_isolation read committed: the relay's claims and the
 //     operator's replays take a snapshot per statement; on a database whose sessions
-//     default to REPEATABLE READ or SERIALIZABLE the relay refuses to start.
+//     default to REPEATABLE READ or SERIALIZABLE the relay refuses to start. Asked for
+//     as a startup parameter only where the sessions' default is another: a transaction
+//     pooler such as PgBouncer refuses every startup parameter it does not track, this
+//     one among them ("unsupported startup parameter"), and would refuse every
+//     connection. The pool's first connection finds out with a session of its own
+//     first (see readCommitted), in cfg's BeforeConnect, after the one cfg had.
 func SessionDefaults(cfg *pgxpool.Config) {
 	set := make(map[string]bool, len(cfg.ConnConfig.RuntimeParams))
 	for k := range cfg.ConnConfig.RuntimeParams {
 		set[strings.ToLower(k)] = true
 	}
-	for name, value := range map[string]string{"datestyle": "ISO", "default_transaction_isolation": "read committed"} {
-		if !set[name] {
-			cfg.ConnConfig.RuntimeParams[name] = value
-		}
+	if !set["datestyle"] {
+		cfg.ConnConfig.RuntimeParams["datestyle"] = "ISO"
 	}
+	if set["default_transaction_isolation"] {
+		return
+	}
+	rc, before := &readCommitted{}, cfg.BeforeConnect
+	cfg.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
+		if before != nil {
+			if err := before(ctx, cc); err != nil {
+				return err
+			}
+		}
+		return rc.ask(ctx, cc)
+	}
+}
+
+// readCommitted asks for read committed in the sessions of one pool where their default
+// is another, which it finds out once.
+type readCommitted struct {
+	mu           sync.Mutex
+	known, needs bool
+}
+
+// ask adds default_transaction_isolation=read committed to cc's startup parameters when
+// the sessions' default is another: the first time, it connects with cc to find out
+// (and fails as that connection fails, to find out at the next).
+func (r *readCommitted) ask(ctx context.Context, cc *pgx.ConnConfig) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.known {
+		conn, err := pgx.ConnectConfig(ctx, cc.Copy())
+		if err != nil {
+			return err
+		}
+		var level string
+		err = conn.QueryRow(ctx, `SHOW default_transaction_isolation`).Scan(&level)
+		_ = conn.Close(ctx)
+		if err != nil {
+			return fmt.Errorf("look up the sessions' default_transaction_isolation: %w", err)
+		}
+		r.known, r.needs = true, level != "read committed"
+	}
+	if r.needs {
+		cc.RuntimeParams["default_transaction_isolation"] = "read committed"
+	}
+	return nil
 }
 
 // LoadLog reads [Log] from environ (as os.Environ returns it), for commands that log
