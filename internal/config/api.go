@@ -2,7 +2,6 @@ package config
 
 import (
 	"log/slog"
-	"math"
 	"slices"
 	"strings"
 
@@ -105,10 +104,8 @@ func (a *API) validate(p *problems) {
 				"kind:* or *, so it would require approval of nothing", a.ApprovalRequired[i], kindNames())
 		}
 	}
-	switch {
-	case a.Rate < 0 || math.IsNaN(a.Rate): // NaN would limit nothing
-		p.addf("OUTBOX_API_RATE", "OUTBOX_API_RATE must be 0 (no limit) or positive, got %v", a.Rate)
-	case a.Rate > 0 && a.Rate < minAPIRate:
+	checkRate("OUTBOX_API_RATE", a.Rate, p) // NaN and +Inf would limit nothing
+	if p.ok("OUTBOX_API_RATE") && a.Rate > 0 && a.Rate < minAPIRate {
 		// 1e-9 allowed a token one request, then the next in 30 years: a typo for a
 		// limit, or a way to switch a token off that revoking it does better.
 		p.addf("OUTBOX_API_RATE", "OUTBOX_API_RATE must be 0 (no limit) or at least %.6f (one request an hour), got %v",

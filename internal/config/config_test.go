@@ -652,7 +652,7 @@ func TestLoadAPIProblems(t *testing.T) {
 	require.Contains(t, msg, `OUTBOX_API_TOKENS: token "a": sha256 must be 64 hex digits`)
 	require.Contains(t, msg, `OUTBOX_API_TOKENS: token "a": connectors is empty`)
 	require.Contains(t, msg, `OUTBOX_API_TOKENS: token "a": name is used by another token`)
-	require.Contains(t, msg, "OUTBOX_API_RATE must be 0")
+	require.Contains(t, msg, "OUTBOX_API_RATE must be requests per second, 0 for no limit, got -1")
 	require.Contains(t, msg, "OUTBOX_API_MAX_BODY must be positive")
 	require.Len(t, cerr.Problems, 8)
 
@@ -688,15 +688,17 @@ func TestApprovalRequiredTakesWildcards(t *testing.T) {
 	require.ErrorContains(t, err, `OUTBOX_APPROVAL_REQUIRED: "payments:*" is not`)
 }
 
-// TestAPIRateMustBeANumber: OUTBOX_API_RATE=NaN parses as a float, and the intent API
-// then limits nothing; the connector instances' RATE refuses it, and so must this.
+// TestAPIRateMustBeANumber: OUTBOX_API_RATE=NaN parses as a float, and so does Inf (or
+// inf, infinity), and the intent API then limits nothing; the connector instances' RATE
+// refuses them, and so must this, in one line.
 func TestAPIRateMustBeANumber(t *testing.T) {
 	t.Parallel()
 
-	for _, v := range []string{"NaN", "nan"} {
+	for _, v := range []string{"NaN", "nan", "Inf", "+inf", "infinity"} {
 		_, err := LoadAPI([]string{"OUTBOX_API_RATE=" + v})
 		require.Error(t, err, "OUTBOX_API_RATE=%s is accepted", v)
-		require.Contains(t, err.Error(), "OUTBOX_API_RATE")
+		require.Len(t, err.(*Error).Problems, 1, "%v", err)
+		require.Contains(t, err.Error(), "OUTBOX_API_RATE must be requests per second, 0 for no limit, got ")
 		_, err = Load([]string{"OUTBOX_DATABASE_URL=postgres://app@localhost/app", "OUTBOX_WEBHOOK_URL=http://127.0.0.1/h", "OUTBOX_API_RATE=" + v})
 		require.Error(t, err, "OUTBOX_API_RATE=%s is accepted", v)
 	}
