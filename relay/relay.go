@@ -557,7 +557,7 @@ func (r *Relay) corrected(t time.Time) time.Time {
 // relay's to it. The relay's clock is compared with lease expiries other relays wrote
 // (reclaimSQL), so the correction is measured again before every reclaim, every poll
 // interval and at least every reclaimInterval: the local clock or the database's may
-// step after start (NTP, a VM resumed, an operator) or drift. It is read on a connection already open, in one round trip (the simple protocol: no
+// step after start (NTP, a VM resumed, an operator) or drift. It is read on a connection already open, in one round trip (the exec mode: no
 // prepare first), so that neither a connect nor a wait for a free connection counts in
 // the round trip, whose middle is taken as the moment the database read its clock.
 //
@@ -573,11 +573,15 @@ func (r *Relay) readClock(ctx context.Context) error {
 		return err
 	}
 	defer conn.Release()
-	// As microseconds since the epoch: the simple protocol's results are text, and a
-	// timestamp's text follows the session's DateStyle, which may not be ISO.
+	// As microseconds since the epoch: the exec mode's results are text, and a
+	// timestamp's text follows the session's DateStyle, which may not be ISO. The exec
+	// mode (an unnamed statement, parsed, bound and run in one round trip), not the
+	// simple protocol, which pgx refuses to use unless the session's client_encoding is
+	// UTF8: in an installation in a SQL_ASCII or LATIN1 database, which migrate upgrades
+	// as it is, no relay could start.
 	var micros int64
 	before := r.cfg.NowFunc()
-	if err := conn.QueryRow(ctx, `SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8`, pgx.QueryExecModeSimpleProtocol).Scan(&micros); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8`, pgx.QueryExecModeExec).Scan(&micros); err != nil {
 		return err
 	}
 	dbNow := time.UnixMicro(micros)
