@@ -2,11 +2,9 @@ package outboxd_test
 
 import (
 	"context"
-	"net/url"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	outboxd "github.com/outboxd/outboxd"
@@ -14,36 +12,17 @@ import (
 	"github.com/outboxd/outboxd/outbox"
 )
 
-// databaseWithEncoding creates a database of encoding enc on the test server and
-// returns a pool on it; both go when the test ends.
-func databaseWithEncoding(t *testing.T, enc string) *pgxpool.Pool {
-	t.Helper()
-	ctx := t.Context()
-	base := pgtest.DB(t)
-	name := "enc_" + strings.ToLower(enc)
-	_, err := base.Exec(ctx, `CREATE DATABASE `+name+` ENCODING '`+enc+`' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'`)
-	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = base.Exec(context.Background(), `DROP DATABASE IF EXISTS `+name+` WITH (FORCE)`) })
-	u, err := url.Parse(base.Config().ConnString())
-	require.NoError(t, err)
-	u.Path = "/" + name
-	pool, err := pgxpool.New(ctx, u.String())
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
-}
-
 // outboxd is not installed in a database whose encoding is not UTF8: there, messages the
 // outbox package accepts fail at the INSERT and abort the caller's transaction (a key of
 // 200 "é" in SQL_ASCII, whose char_length counts bytes; a payload with U+2028, which
 // json.Marshal writes as \u2028 and jsonb then refuses). An installation that is there
 // already is upgraded as it is.
 func TestMigrateRefusesANewInstallationNotInUTF8(t *testing.T) {
-	// Not parallel: the databases' names are fixed, on a server other tests share.
+	t.Parallel()
 	ctx := t.Context()
 	for _, enc := range []string{"SQL_ASCII", "LATIN1"} {
 		t.Run(enc, func(t *testing.T) {
-			pool := databaseWithEncoding(t, enc)
+			pool := pgtest.DBWithEncoding(t, enc)
 			_, err := outboxd.Migrate(ctx, pool)
 			require.ErrorIs(t, err, outboxd.ErrDatabaseNotUTF8)
 			require.ErrorContains(t, err, "it is "+enc+",")

@@ -1,16 +1,12 @@
 package relay
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"net/url"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	outboxd "github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/internal/pgtest"
 	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -28,22 +24,9 @@ func TestRelayRunsInAnInstallationNotInUTF8(t *testing.T) {
 		t.Run(enc, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, receiver.Options{})
-			suffix := make([]byte, 4)
-			_, _ = rand.Read(suffix)
-			name := "enc_" + hex.EncodeToString(suffix)
-			_, err := b.pool.Exec(t.Context(), `CREATE DATABASE `+name+` ENCODING '`+enc+`' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'`)
-			require.NoError(t, err)
-			t.Cleanup(func() {
-				_, _ = b.pool.Exec(context.Background(), `DROP DATABASE IF EXISTS `+name+` WITH (FORCE)`)
-			})
-			u, err := url.Parse(b.pool.Config().ConnString())
-			require.NoError(t, err)
-			u.Path = "/" + name
-			pool, err := pgxpool.New(t.Context(), u.String())
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
+			pool := pgtest.DBWithEncoding(t, enc)
 			// Installed as an older outboxd would have (migrate refuses a new one here).
-			_, err = pool.Exec(t.Context(), outboxd.Schema)
+			_, err := pool.Exec(t.Context(), outboxd.Schema)
 			require.NoError(t, err)
 
 			b.pool = pool
