@@ -43,7 +43,7 @@ func TestCommandsWorkBehindPgBouncer(t *testing.T) {
 	rcv, err := receiver.Start(receiver.Options{})
 	require.NoError(t, err)
 	t.Cleanup(rcv.Close)
-	startServe(t, append(environ, "OUTBOX_WEBHOOK_URL="+rcv.URL(), "OUTBOX_HTTP_ADDR=127.0.0.1:0", "OUTBOX_LOG_FORMAT=json"))
+	s := startServe(t, append(environ, "OUTBOX_WEBHOOK_URL="+rcv.URL(), "OUTBOX_HTTP_ADDR=127.0.0.1:0", "OUTBOX_LOG_FORMAT=json"))
 	_, err = outbox.Enqueue(t.Context(), d.pool, outbox.Message{Key: "k-1", Connector: "webhook", Payload: json.RawMessage(`{"n":1}`)})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
@@ -51,4 +51,8 @@ func TestCommandsWorkBehindPgBouncer(t *testing.T) {
 		return err == nil && in.Status == outbox.StatusDelivered
 	}, processWait, 10*time.Millisecond, "serve's relay delivered nothing behind pgbouncer")
 	require.Equal(t, 1, rcv.Effects("k-1"))
+	// And says, once, that NOTIFY does not pass the pooler (README), after its self-test's
+	// wait (5 s).
+	require.Eventually(t, func() bool { return strings.Contains(s.stderr.String(), "NOTIFY DOES NOT REACH THIS RELAY") },
+		processWait, 10*time.Millisecond, "serve did not say that NOTIFY does not pass PgBouncer:\n%s", s.stderr)
 }
