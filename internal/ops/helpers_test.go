@@ -34,6 +34,7 @@ type row struct {
 	Ambiguous              bool
 	Attempts               int
 	Payload, Result        string
+	Headers                string // a JSON object; {} when empty
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -49,6 +50,9 @@ func insertRow(t *testing.T, d db, r row) int64 {
 	}
 	if r.Payload == "" {
 		r.Payload = fmt.Sprintf(`{"key": %q}`, r.Key)
+	}
+	if r.Headers == "" {
+		r.Headers = "{}"
 	}
 	updatedAgo := r.Age
 	if r.UpdatedAgo != nil {
@@ -82,12 +86,12 @@ func insertRow(t *testing.T, d db, r row) int64 {
 	err := d.QueryRow(t.Context(), `
 INSERT INTO outbox (idempotency_key, connector, payload, status, attempts, next_attempt_at, last_error,
                     result, ordering_key, lease_owner, lease_expires_at, ambiguous, created_at, updated_at,
-                    delivered_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+                    delivered_at, headers)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
 RETURNING id`,
 		r.Key, r.Connector, r.Payload, r.Status, r.Attempts, base.Add(r.NextAttemptIn), lastError,
 		result, orderingKey, leaseOwner, leaseExp, r.Ambiguous, base.Add(-r.Age), base.Add(-updatedAgo),
-		deliveredAt).Scan(&id)
+		deliveredAt, r.Headers).Scan(&id)
 	require.NoError(t, err)
 	return id
 }

@@ -219,6 +219,10 @@ func List(ctx context.Context, db outbox.DB, f Filter) (Page, error) {
 		// A row past the page, or one that would take the page past maxPageBytes, says
 		// there is a next page, and starts it.
 		rowSize := len(in.Payload) + len(in.Result) + len(in.LastError)
+		for name, value := range in.Headers {
+			// Plain SQL writes headers of any size too, and the page answers them.
+			rowSize += len(name) + len(value)
+		}
 		if len(page.Intents) == limit || (len(page.Intents) > 0 && size+rowSize > maxPageBytes) {
 			more = true
 			break
@@ -242,7 +246,7 @@ func List(ctx context.Context, db outbox.DB, f Filter) (Page, error) {
 	return page, nil
 }
 
-// maxPageBytes bounds the payloads, results and errors one page of [List] holds: rows
+// maxPageBytes bounds the payloads, results, errors and headers one page of [List] holds: rows
 // may be large (plain SQL writes any size), and a page of 1,000 rows of a megabyte each,
 // held and encoded at once for an API token's GET, would take the server's memory. A
 // page then has fewer rows than its limit, and its Next goes on; it always has one row.
