@@ -289,6 +289,11 @@ type outcome struct {
 	// maybeWritten: a write of this outcome failed in a way that leaves unknown whether
 	// it committed (the connection broke), so it is written again with recordAgainSQL.
 	maybeWritten bool
+	// nextLocked: another session keeps the next row of its ordering key locked, so the
+	// outcome is written without letting that row go (queueRelease): withheld until the
+	// lock went, the row, whose own lock is free, was put back by another relay's reclaim
+	// once its lease ran out, and sent again (see splitLocked).
+	nextLocked bool
 	// lockedSince is when a write of this outcome was first found waiting for a lock
 	// another session holds (zero: never), so that it is said once (see lockWait).
 	lockedSince time.Time
@@ -2691,7 +2696,38 @@ func lockTimedOut(err error) bool {
 // endsOrdered reports whether o ends a row of an ordering key (delivered or dead), so
 // that its write lets the key's next row go (queueRelease).
 func (o outcome) endsOrdered() bool {
-	return o.ordered && (o.status == outbox.StatusDelivered || o.status == outbox.StatusDead)
+	return o.ordered && !o.nextLocked && (o.status == outbox.StatusDelivered || o.status == outbox.StatusDead)
+}
+
+// splitLocked splits outs by locked (lockedOutcomes): blocked are those whose own row
+// another session keeps locked; free the others, to be written now. An outcome held up
+// only by a lock on the next row of its ordering key is free, marked nextLocked: its own
+// row is not locked, so no relay's reclaim skips it, and withheld past its lease it was
+// put back as an abandoned attempt and sent again, though this relay holds its answer.
+// Written without letting the next row go, that row, when parked behind it, goes when
+// its parking ends, as after a reclaim that finds it locked.
+func (r *Relay) splitLocked(ctx context.Context, outs []outcome, locked map[int64]int64) (free, blocked []outcome) {
+	for _, o := range outs {
+		row, ok := locked[o.id]
+		switch {
+		case !ok:
+			free = append(free, o)
+		case row != o.id:
+			if !o.nextLocked {
+				o.nextLocked = true
+				r.metrics.dbErrors.WithLabelValues("record").Inc()
+				r.log.WarnContext(ctx, "another database session keeps locked the next row of an ordering key whose row's "+
+					"outcome the relay writes: the outcome is written without letting the next row go, which goes when "+
+					"its parking ends, within a minute, once the lock is let go; pg_stat_activity shows the session "+
+					"holding it (often idle in transaction)", "id", o.id, "key", o.key, "attempt", o.attempt,
+					"outcome", o.record, "locked_row", row)
+			}
+			free = append(free, o)
+		default:
+			blocked = append(blocked, r.lockWait(ctx, o, row))
+		}
+	}
+	return free, blocked
 }
 
 // lockWaits is what is set aside because its write waits for a lock another session
@@ -2758,8 +2794,7 @@ func (r *Relay) retryLocked(ctx context.Context, w *lockWaits[outcome]) []outcom
 	}
 	var free []outcome
 	if err == nil {
-		free = slices.DeleteFunc(slices.Clone(w.outs), func(o outcome) bool { _, ok := locked[o.id]; return ok })
-		w.outs = slices.DeleteFunc(w.outs, func(o outcome) bool { _, ok := locked[o.id]; return !ok })
+		free, w.outs = r.splitLocked(ctx, w.outs, locked)
 	}
 	w.looked()
 	return free
@@ -2787,14 +2822,8 @@ func (r *Relay) writeAround(ctx context.Context, outs []outcome) (left, blocked 
 		if err != nil {
 			return outs, blocked, err
 		}
-		var free []outcome
-		for _, o := range outs {
-			if row, ok := locked[o.id]; ok {
-				blocked = append(blocked, r.lockWait(ctx, o, row))
-			} else {
-				free = append(free, o)
-			}
-		}
+		free, held := r.splitLocked(ctx, outs, locked)
+		blocked = append(blocked, held...)
 		if len(free) == 0 {
 			return nil, blocked, nil
 		}
