@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
 	"github.com/outboxd/outboxd/internal/config"
@@ -63,7 +65,11 @@ func newMCPCmd(e *env) *cobra.Command {
 			// a reason only in the log, which an MCP client seldom shows: refused now,
 			// as serve refuses it. Any other failure to look is left to the calls (a
 			// database that never answers delays the start by its connect timeout).
-			if err := checkSchema(ctx, pool); errors.Is(err, errNoSchema) {
+			// So is one that answers and refuses the session for good (a database or a
+			// role that does not exist, a wrong password): every call would say the
+			// database is unavailable and that calling again later is safe, which no
+			// later call makes true.
+			if err := checkSchema(ctx, pool); errors.Is(err, errNoSchema) || sessionRefused(err) {
 				return err
 			}
 
@@ -85,4 +91,15 @@ func newMCPCmd(e *env) *cobra.Command {
 	}
 	db.register(cmd)
 	return cmd
+}
+
+// sessionRefused says err is PostgreSQL refusing to open a session that no later attempt
+// would get either: the role or its password refused (class 28, invalid authorization
+// specification), or the database unknown (3D000, invalid catalog name).
+func sessionRefused(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, new(*pgconn.ConnectError)) || !errors.As(err, &pgErr) {
+		return false
+	}
+	return strings.HasPrefix(pgErr.Code, "28") || pgErr.Code == "3D000"
 }
