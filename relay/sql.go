@@ -666,16 +666,26 @@ ORDER BY connector`
 // plain SQL wrote), and one such row would stop every refresh; a row created at
 // -infinity is infinitely old, as PostgreSQL 17 has it. The last column is how long the
 // oldest due row (next_attempt_at passed) has waited since it fell due: rows scheduled
-// for later (a retry's backoff, a not_before) do not count until then.
+// for later (a retry's backoff, a not_before) do not count until then, nor do rows that
+// wait for an earlier row of their ordering key not finished (the claim's own rule,
+// claimDue): they wait for that row (its backoff, an operator), not for a relay, as
+// outboxd status has it (internal/ops, statusSQL). The relay parks such rows only when
+// it writes the earlier row's failure (parkSQL), so a row enqueued behind it after that
+// stays due until its retry, up to OUTBOX_BACKOFF_MAX. The lookup, one probe of
+// outbox_ordering_unfinished, is made only for due pending rows with an ordering key.
 const statsSQL = `
 SELECT connector, status, count(*),
        coalesce(extract(epoch FROM $1::timestamptz) - extract(epoch FROM min(created_at)), 0)::float8,
        coalesce(extract(epoch FROM $1::timestamptz)
-                - extract(epoch FROM min(next_attempt_at) FILTER (WHERE next_attempt_at <= $1::timestamptz)), 0)::float8
+                - extract(epoch FROM min(next_attempt_at) FILTER (WHERE next_attempt_at <= $1::timestamptz
+                    AND (ordering_key IS NULL OR NOT EXISTS (
+                          SELECT 1 FROM outbox p
+                          WHERE p.ordering_key = waiting.ordering_key AND p.id < waiting.id
+                            AND p.status IN ('pending', 'delivering', 'held', 'awaiting_approval'))))), 0)::float8
 FROM (
-    SELECT connector, status, created_at, next_attempt_at FROM outbox WHERE status = 'pending'
+    SELECT id, connector, status, created_at, next_attempt_at, ordering_key FROM outbox WHERE status = 'pending'
     UNION ALL
-    SELECT connector, status, created_at, next_attempt_at FROM outbox WHERE status IN ('dead', 'held', 'awaiting_approval')
+    SELECT id, connector, status, created_at, next_attempt_at, NULL FROM outbox WHERE status IN ('dead', 'held', 'awaiting_approval')
 ) waiting
 GROUP BY connector, status`
 
