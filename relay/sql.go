@@ -691,8 +691,9 @@ GROUP BY connector, status`
 
 // retentionSQL deletes up to $2 finished rows of this relay's connectors ($3) last
 // changed before $1, after ($4, $5), as finished.DeleteSQL says. Each relay keeps its
-// own connectors' rows for its own retention, so relays configured differently on one
-// database do not overrule each other (the connectors are never NULL: see nonNil).
+// own connectors' rows for its own retention, so relays with different instances on one
+// database do not overrule each other; relays sharing an instance delete its rows at the
+// shortest of their retentions (the connectors are never NULL: see nonNil).
 const retentionSQL = finished.DeleteSQL
 
 // pollFastSQL tells the insert trigger that relay $1 polls fast for its connector
