@@ -621,6 +621,19 @@ func (r *Relay) ResetPool() {
 	notify(r.relisten)
 }
 
+// leaveReadOnly resets the pool (see ResetPool) when err is a refusal to write (SQLSTATE
+// 25006) met by a relay asked to stop: its claim loop, which resets the pool on such a
+// refusal while it runs, has returned, and the stopping relay's last writes (the
+// outcomes of the attempts in flight, the hand-backs of rows never sent) were retried on
+// the same sessions, left on a server that takes no writes after a failover, until the
+// drain ran out: the outcomes were lost, and the rows sent again once their leases
+// expired, as ambiguous attempts.
+func (r *Relay) leaveReadOnly(err error) {
+	if takesNoWrites(err) && r.stopRequested() {
+		r.ResetPool()
+	}
+}
+
 // Ready reports whether the relay can work: it runs (it has started) and has not been
 // asked to stop, the database answers and takes writes, and the LISTEN connection is up.
 func (r *Relay) Ready(ctx context.Context) error {
@@ -1773,6 +1786,7 @@ func (r *Relay) releaseRows(ctx context.Context, rows []claimed) (int64, bool) {
 		r.unreleased = append(r.unreleased, rows...)
 		r.anyUnreleased.Store(true)
 		r.unreleasedMu.Unlock()
+		r.leaveReadOnly(err)
 		// Through failed: while the database is away the release is tried again before
 		// every round and every reclaim, and a warning each time flooded the log.
 		if !stopping(ctx) {
@@ -1876,6 +1890,7 @@ func (r *Relay) retryLockedReleases(ctx context.Context) {
 	r.releaseLocks.looked()
 	r.unreleasedMu.Unlock()
 	if err != nil {
+		r.leaveReadOnly(err)
 		if !stopping(ctx) {
 			r.failed(ctx, "release", releaseFailed, err, "rows", len(due))
 		}
@@ -1946,6 +1961,7 @@ func (r *Relay) releaseAgain(ctx context.Context) {
 			r.lost = append(r.lost, lost...)
 			r.anyUnreleased.Store(true)
 			r.unreleasedMu.Unlock()
+			r.leaveReadOnly(err)
 			// Said, as a failed release is: until it succeeds, the rows of those rounds
 			// stay leased to this relay, and reclaim waits.
 			if !stopping(ctx) {
@@ -3022,6 +3038,7 @@ func (r *Relay) writeBatch(ctx context.Context, batch []outcome, locked *lockWai
 				}
 				args, err = r.recordArgs(batch), cmp.Or(aroundErr, err)
 			}
+			r.leaveReadOnly(err)
 			r.failed(ctx, "record", recordFailed, err, "rows", len(batch))
 			return retry.RetryableError(err)
 		}
