@@ -51,14 +51,7 @@ func TestStoppingRelayLeavesSessionsThatTakeNoWrites(t *testing.T) {
 
 	// The failover: every session of the pool is on the old server, which takes no
 	// writes now; a new session would reach the new primary.
-	held := make([]*pgxpool.Conn, 0, pcfg.MaxConns)
-	for len(held) < int(pcfg.MaxConns) {
-		c, err := pool.Acquire(ctx)
-		require.NoError(t, err)
-		_, err = c.Exec(ctx, `SET default_transaction_read_only = on`)
-		require.NoError(t, err)
-		held = append(held, c)
-	}
+	held := takeNoWrites(t, pool)
 	for _, c := range held {
 		c.Release()
 	}

@@ -199,14 +199,7 @@ func TestRelayListensOnTheNewPrimaryAfterAFailover(t *testing.T) {
 
 	// The failover, at once for the relay: every session of its pool is on the old
 	// server, which now takes no writes, and new sessions reach the new primary.
-	held := make([]*pgxpool.Conn, 0, pcfg.MaxConns)
-	for len(held) < int(pcfg.MaxConns) {
-		c, err := pool.Acquire(ctx)
-		require.NoError(t, err)
-		_, err = c.Exec(ctx, `SET default_transaction_read_only = on`)
-		require.NoError(t, err)
-		held = append(held, c)
-	}
+	held := takeNoWrites(t, pool)
 	failedOver.Store(true)
 	enqueue(t, b.pool, "after-failover", "webhook", map[string]int{"n": 1})
 	for _, c := range held {
@@ -376,4 +369,19 @@ INSERT INTO test_fail_park VALUES (true);`)
 	r.parkInFlight(ctx)
 	require.Equal(t, 2, lines(`level=WARN`))
 	require.Zero(t, lines("failed_since_last_warning="), "not part of the run of hours ago")
+}
+
+// takeNoWrites holds every session of pool (its MaxConns) and makes each take no
+// writes, as a server left behind by a failover does; the caller releases them.
+func takeNoWrites(t *testing.T, pool *pgxpool.Pool) []*pgxpool.Conn {
+	t.Helper()
+	held := make([]*pgxpool.Conn, 0, pool.Config().MaxConns)
+	for len(held) < int(pool.Config().MaxConns) {
+		c, err := pool.Acquire(t.Context())
+		require.NoError(t, err)
+		_, err = c.Exec(t.Context(), `SET default_transaction_read_only = on`)
+		require.NoError(t, err)
+		held = append(held, c)
+	}
+	return held
 }
