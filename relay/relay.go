@@ -622,14 +622,17 @@ func (r *Relay) ResetPool() {
 }
 
 // leaveReadOnly resets the pool (see ResetPool) when err is a refusal to write (SQLSTATE
-// 25006) met by a relay asked to stop: its claim loop, which resets the pool on such a
-// refusal while it runs, has returned, and the stopping relay's last writes (the
-// outcomes of the attempts in flight, the hand-backs of rows never sent) were retried on
-// the same sessions, left on a server that takes no writes after a failover, until the
-// drain ran out: the outcomes were lost, and the rows sent again once their leases
-// expired, as ambiguous attempts.
+// 25006). A failover may have left the pool's sessions on a server that takes no writes
+// while new ones reach the primary (target_session_attrs=read-write, a DNS name or a
+// proxy that moved). Those sessions answer pings, so the pool would keep them until its
+// MaxConnLifetime: close them all (those in use when they are released), so that the
+// next write opens new ones. The LISTEN connection, which LISTENs there just as well, is
+// made again too. Every write of the relay's calls it, the last ones of a relay that
+// stops included: retried on the same sessions after the claim loop had returned, the
+// outcomes of the attempts in flight were lost once the drain ran out, and the rows sent
+// again once their leases expired, as ambiguous attempts.
 func (r *Relay) leaveReadOnly(err error) {
-	if takesNoWrites(err) && r.stopRequested() {
+	if takesNoWrites(err) {
 		r.ResetPool()
 	}
 }
@@ -1137,15 +1140,7 @@ func (r *Relay) claimLoop(ctx context.Context) []outcome {
 			if ctx.Err() != nil {
 				return append(outs, locked.outs...)
 			}
-			if takesNoWrites(err) {
-				// A failover may have left the pool's sessions on a server that takes no
-				// writes while new ones reach the primary (target_session_attrs=read-write,
-				// a DNS name or a proxy that moved). Those sessions answer pings, so the
-				// pool would keep them until its MaxConnLifetime: close them all (those in
-				// use when they are released), so the next round opens new ones. The LISTEN
-				// connection, which LISTENs there just as well, is made again too.
-				r.ResetPool()
-			}
+			r.leaveReadOnly(err)
 			failures++
 			wait := backoff(failures, 100*time.Millisecond, 5*time.Second)
 			r.failed(ctx, "claim", claimFailed, err, "retry_in", wait, "outcomes", len(outs))

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -9,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/internal/pgtest"
-	"github.com/outboxd/outboxd/internal/receiver"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -23,12 +21,7 @@ import (
 func TestCommandsWorkBehindPgBouncer(t *testing.T) {
 	t.Parallel()
 	d := newOpsDB(t)
-	through := pgtest.Bouncer(t, d.dsn)
-	sep := "?"
-	if strings.Contains(through, "?") {
-		sep = "&"
-	}
-	through += sep + "default_query_exec_mode=simple_protocol"
+	through := withParam(pgtest.Bouncer(t, d.dsn), "default_query_exec_mode=simple_protocol")
 	d.insert(t, fixture{Key: "dead-1", Status: outbox.StatusDead, LastError: "receiver answered 400"})
 
 	environ := []string{"OUTBOX_DATABASE_URL=" + through, "USER=alice"}
@@ -40,17 +33,7 @@ func TestCommandsWorkBehindPgBouncer(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatusCanceled, in.Status, "replayed, then canceled through the pooler")
 
-	rcv, err := receiver.Start(receiver.Options{})
-	require.NoError(t, err)
-	t.Cleanup(rcv.Close)
-	s := startServe(t, append(environ, "OUTBOX_WEBHOOK_URL="+rcv.URL(), "OUTBOX_HTTP_ADDR=127.0.0.1:0", "OUTBOX_LOG_FORMAT=json"))
-	_, err = outbox.Enqueue(t.Context(), d.pool, outbox.Message{Key: "k-1", Connector: "webhook", Payload: json.RawMessage(`{"n":1}`)})
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		in, err := outbox.Get(t.Context(), d.pool, "k-1")
-		return err == nil && in.Status == outbox.StatusDelivered
-	}, processWait, 10*time.Millisecond, "serve's relay delivered nothing behind pgbouncer")
-	require.Equal(t, 1, rcv.Effects("k-1"))
+	s := serveDelivers(t, d.pool, environ)
 	// And says, once, that NOTIFY does not pass the pooler (README), after its self-test's
 	// wait (5 s).
 	require.Eventually(t, func() bool { return strings.Contains(s.stderr.String(), "NOTIFY DOES NOT REACH THIS RELAY") },

@@ -29,11 +29,7 @@ func TestCommandsReadTimesOnADatabaseOfAnotherDateStyle(t *testing.T) {
 	require.NoError(t, err)
 	d.insert(t, fixture{Key: "k-1", Status: outbox.StatusDead, LastError: "receiver answered 400"})
 
-	sep := "?"
-	if strings.Contains(d.dsn, "?") {
-		sep = "&"
-	}
-	simple := d.dsn + sep + "default_query_exec_mode=simple_protocol"
+	simple := withParam(d.dsn, "default_query_exec_mode=simple_protocol")
 	environ := []string{"OUTBOX_DATABASE_URL=" + simple, "USER=alice"}
 	for _, args := range [][]string{{"list"}, {"inspect", "k-1", "--json"}, {"status"}} {
 		code, out, errOut := runCLI(t, environ, strings.NewReader(""), args...)
@@ -63,27 +59,34 @@ func TestServeDeliversOnADatabaseOfOtherSessionDefaults(t *testing.T) {
 		_, err := d.pool.Exec(t.Context(), `ALTER DATABASE `+pgx.Identifier{db}.Sanitize()+` SET `+set)
 		require.NoError(t, err)
 	}
+	serveDelivers(t, d.pool, []string{"OUTBOX_DATABASE_URL=" + withParam(d.dsn, "default_query_exec_mode=simple_protocol")})
+}
+
+// withParam is dsn, a URL, with the parameter param (name=value) added.
+func withParam(dsn, param string) string {
+	if strings.Contains(dsn, "?") {
+		return dsn + "&" + param
+	}
+	return dsn + "?" + param
+}
+
+// serveDelivers starts serve with environ and a webhook receiver of its own, enqueues a
+// row in pool and waits until serve's relay has delivered it, with one effect; it
+// returns the running serve.
+func serveDelivers(t *testing.T, pool *pgxpool.Pool, environ []string) *inProcessServe {
+	t.Helper()
 	rcv, err := receiver.Start(receiver.Options{})
 	require.NoError(t, err)
 	t.Cleanup(rcv.Close)
-
-	sep := "?"
-	if strings.Contains(d.dsn, "?") {
-		sep = "&"
-	}
-	startServe(t, []string{
-		"OUTBOX_DATABASE_URL=" + d.dsn + sep + "default_query_exec_mode=simple_protocol",
-		"OUTBOX_WEBHOOK_URL=" + rcv.URL(),
-		"OUTBOX_HTTP_ADDR=127.0.0.1:0",
-		"OUTBOX_LOG_FORMAT=json",
-	})
-	_, err = outbox.Enqueue(t.Context(), d.pool, outbox.Message{Key: "k-1", Connector: "webhook", Payload: json.RawMessage(`{"n":1}`)})
+	s := startServe(t, append(environ, "OUTBOX_WEBHOOK_URL="+rcv.URL(), "OUTBOX_HTTP_ADDR=127.0.0.1:0", "OUTBOX_LOG_FORMAT=json"))
+	_, err = outbox.Enqueue(t.Context(), pool, outbox.Message{Key: "k-1", Connector: "webhook", Payload: json.RawMessage(`{"n":1}`)})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		in, err := outbox.Get(t.Context(), d.pool, "k-1")
+		in, err := outbox.Get(t.Context(), pool, "k-1")
 		return err == nil && in.Status == outbox.StatusDelivered
 	}, processWait, 10*time.Millisecond, "serve's relay delivered nothing")
 	require.Equal(t, 1, rcv.Effects("k-1"))
+	return s
 }
 
 // outboxd's sessions ask for read committed as a startup parameter only where the
@@ -120,11 +123,7 @@ func TestSessionsAskForReadCommittedOnlyWhereTheDefaultIsAnother(t *testing.T) {
 	code, _, errOut := runCLI(t, d.environ, strings.NewReader(""), "migrate")
 	require.Equal(t, exitOK, code, errOut)
 
-	sep := "?"
-	if strings.Contains(d.dsn, "?") {
-		sep = "&"
-	}
-	named := d.dsn + sep + "default_transaction_isolation=serializable"
+	named := withParam(d.dsn, "default_transaction_isolation=serializable")
 	level, _ = source(t, named)
 	require.Equal(t, "serializable", level, "the URL's own is kept")
 	code, _, errOut = runCLI(t, []string{"OUTBOX_DATABASE_URL=" + named}, strings.NewReader(""), "migrate")

@@ -191,13 +191,8 @@ func TestBuildInstances(t *testing.T) {
 func TestMigrateAcceptsPoolSettingsInDSN(t *testing.T) {
 	t.Parallel()
 
-	dsn := pgtest.URL(t)
-	sep := "?"
-	if strings.Contains(dsn, "?") {
-		sep = "&"
-	}
 	var stdout, stderr bytes.Buffer
-	code := run(t.Context(), []string{"migrate"}, []string{"OUTBOX_DATABASE_URL=" + dsn + sep + "pool_max_conns=4"},
+	code := run(t.Context(), []string{"migrate"}, []string{"OUTBOX_DATABASE_URL=" + withParam(pgtest.URL(t), "pool_max_conns=4")},
 		strings.NewReader(""), &stdout, &stderr)
 	require.Equal(t, exitOK, code, stderr.String())
 	require.Contains(t, stdout.String(), "schema already at version")

@@ -375,10 +375,7 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 		return nil, connectors.Permanent(fmt.Errorf("deliver payment: unknown operation %q (want one of %s)", p.Operation, strings.Join(Operations(), ", ")))
 	}
 	what := fmt.Sprintf("%s at %s", p.Operation, c.base)
-	params, id, err := splitID(p.Params, op.needsID)
-	if err == nil {
-		err = missingRequired(params, op.required)
-	}
+	params, id, err := op.splitParams(p.Params)
 	if err != nil {
 		return nil, connectors.Permanent(fmt.Errorf("%s: %w", what, err))
 	}
@@ -403,9 +400,10 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	return resultOf(what, resp)
 }
 
-// splitID takes "id" out of params when the operation needs it, and refuses it otherwise
+// splitParams refuses params without one of the operation's required params (or with
+// it null), takes "id" out of them when the operation needs it, and refuses it otherwise
 // (the params struct would refuse it anyway, with a less helpful message).
-func splitID(raw json.RawMessage, needsID bool) (json.RawMessage, string, error) {
+func (op operation) splitParams(raw json.RawMessage) (json.RawMessage, string, error) {
 	if len(bytes.TrimSpace(raw)) == 0 || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 		raw = json.RawMessage(`{}`)
 	}
@@ -413,16 +411,23 @@ func splitID(raw json.RawMessage, needsID bool) (json.RawMessage, string, error)
 	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
 		return nil, "", errors.New("params: must be a JSON object")
 	}
-	if !needsID {
-		return raw, "", nil
-	}
-	rawID, ok := fields["id"]
-	if !ok {
-		return nil, "", errors.New(`params: "id" is required`)
-	}
 	var id string
-	if err := json.Unmarshal(rawID, &id); err != nil || !validObjectID(id) {
-		return nil, "", errors.New(`params: "id" must be a non-empty Stripe object id`)
+	if op.needsID {
+		rawID, ok := fields["id"]
+		if !ok {
+			return nil, "", errors.New(`params: "id" is required`)
+		}
+		if err := json.Unmarshal(rawID, &id); err != nil || !validObjectID(id) {
+			return nil, "", errors.New(`params: "id" must be a non-empty Stripe object id`)
+		}
+	}
+	for _, name := range op.required {
+		if v, ok := fields[name]; !ok || bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
+			return nil, "", fmt.Errorf("params: %q is required", name)
+		}
+	}
+	if !op.needsID {
+		return raw, "", nil
 	}
 	delete(fields, "id")
 	rest, err := json.Marshal(fields)
@@ -430,23 +435,6 @@ func splitID(raw json.RawMessage, needsID bool) (json.RawMessage, string, error)
 		return nil, "", fmt.Errorf("params: %w", err)
 	}
 	return rest, id, nil
-}
-
-// missingRequired refuses params (a JSON object) without one of required, or with it null.
-func missingRequired(params json.RawMessage, required []string) error {
-	if len(required) == 0 {
-		return nil
-	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(params, &fields); err != nil {
-		return errors.New("params: must be a JSON object")
-	}
-	for _, name := range required {
-		if v, ok := fields[name]; !ok || bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
-			return fmt.Errorf("params: %q is required", name)
-		}
-	}
-	return nil
 }
 
 // validObjectID reports whether id can be a Stripe object id ("pi_3Mtw..."): letters,
@@ -482,10 +470,7 @@ func CheckPayload(raw []byte) error {
 	if !ok {
 		return fmt.Errorf("unknown operation %q (want one of %s)", p.Operation, strings.Join(Operations(), ", "))
 	}
-	params, _, err := splitID(p.Params, op.needsID)
-	if err == nil {
-		err = missingRequired(params, op.required)
-	}
+	params, _, err := op.splitParams(p.Params)
 	if err != nil {
 		return fmt.Errorf("%s: %w", p.Operation, err)
 	}

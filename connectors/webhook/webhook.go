@@ -116,10 +116,10 @@ var ErrTimeout = errors.New("webhook attempt timed out")
 type Connector struct {
 	url    string
 	target string // the URL as errors show it: scheme and host (connectors.RedactEndpoint)
-	// echoes are the parts of the URL that target hides (its path, query, query values,
-	// user name and password, as a receiver may quote them), longest first, for
-	// redactEchoes.
-	echoes []string
+	// echoes replaces the parts of the URL that target hides (its path, query, query
+	// values, user name and password, as a receiver may quote them) with xxxxx, longest
+	// first; nil when there are none (see urlEchoes).
+	echoes *strings.Replacer
 	// secrets are the signing keys, in the order their signatures are sent; nil when
 	// requests are not signed.
 	secrets [][]byte
@@ -449,13 +449,15 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	// which is the receiver's answer; the excerpt is then marked truncated.
 	excerpt, truncated := readExcerpt(answerBody(resp), c.maxBody)
 	// Before it is stored or quoted: an answer may repeat what target hides.
-	excerpt = c.redactEchoes(excerpt)
+	if c.echoes != nil {
+		excerpt = c.echoes.Replace(excerpt)
+	}
 	res := connectors.MarshalResult(result{Status: resp.StatusCode, Body: excerpt, Truncated: truncated})
 	return res, c.classify(resp, excerpt)
 }
 
 // minEcho is the length from which a part of the URL is hidden in answers: shorter ones
-// (a path of "/hook", a query value of "1") hold no token, and replacing them with the
+// (a path of "/h", a query value of "1") hold no token, and replacing them with the
 // longer "xxxxx" could take an excerpt past its bound.
 const minEcho = 5
 
@@ -464,7 +466,7 @@ const minEcho = 5
 // (its res.redirect, Rails', Apache's) name their target, which often repeats the
 // path and query, in the body. A token in the URL would otherwise reach last_error, the
 // stored result and, through the intent API, agents.
-func urlEchoes(u *url.URL) []string {
+func urlEchoes(u *url.URL) *strings.Replacer {
 	var parts []string
 	add := func(s ...string) {
 		for _, p := range s {
@@ -488,16 +490,16 @@ func urlEchoes(u *url.URL) []string {
 		password, _ := u.User.Password()
 		add(u.User.Username(), password)
 	}
-	slices.SortStableFunc(parts, func(a, b string) int { return len(b) - len(a) })
-	return parts
-}
-
-// redactEchoes replaces in s each part of the URL that the connector's errors hide.
-func (c *Connector) redactEchoes(s string) string {
-	for _, p := range c.echoes {
-		s = strings.ReplaceAll(s, p, "xxxxx")
+	if len(parts) == 0 {
+		return nil
 	}
-	return s
+	// A Replacer tries its pairs in order at each place: the longest part first.
+	slices.SortStableFunc(parts, func(a, b string) int { return len(b) - len(a) })
+	pairs := make([]string, 0, 2*len(parts))
+	for _, p := range parts {
+		pairs = append(pairs, p, "xxxxx")
+	}
+	return strings.NewReplacer(pairs...)
 }
 
 // signature returns the webhook-signature value for one request: each secret's

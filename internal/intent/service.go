@@ -74,18 +74,18 @@ func (s *Service) Create(ctx context.Context, tok *Token, key string, req Create
 // name its key.
 var ErrPathlessKey = errors.New("the key cannot be named in a URL path")
 
-// Pathless says key cannot be named in a URL path: a path cleans /v1/intents/.. away, so
+// pathless says key cannot be named in a URL path: a path cleans /v1/intents/.. away, so
 // an intent under it could never be read or decided through the intent API.
-func Pathless(key string) bool { return key == "." || key == ".." }
+func pathless(key string) bool { return key == "." || key == ".." }
 
 // Propose is [Service.Create] for the faces agents and services propose through (the
-// intent API, MCP): no new intent is taken under a key no URL path can name ([Pathless]),
+// intent API, MCP): no new intent is taken under a key no URL path can name ("." or ".."),
 // which approvers and clients of the API could never read or decide; that fails with an
 // error wrapping [ErrPathlessKey], writing nothing. One written under such a key before
 // the rule (by an older outboxd, or plain SQL) is still the answer to its request, as
 // [Service.Existing] gives it: a client told to use another key for it would act again.
 func (s *Service) Propose(ctx context.Context, tok *Token, key string, req CreateRequest) (outbox.Intent, error) {
-	if !Pathless(key) {
+	if !pathless(key) {
 		return s.Create(ctx, tok, key, req)
 	}
 	in, err := s.Existing(ctx, tok, key, req)

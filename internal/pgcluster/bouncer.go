@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -102,32 +101,17 @@ func (b *Bouncer) Port() int { return b.port }
 // waitReady runs a query through the bouncer until it answers, and fails early if it
 // exits.
 func (b *Bouncer) waitReady(ctx context.Context, user string) error {
-	ctx, cancel := context.WithTimeoutCause(ctx, readyTimeout,
-		fmt.Errorf("pgbouncer did not answer within %s", readyTimeout))
-	defer cancel()
 	dsn := fmt.Sprintf("postgres://%s@%s/postgres?sslmode=disable&connect_timeout=5&default_query_exec_mode=simple_protocol",
 		user, net.JoinHostPort("127.0.0.1", strconv.Itoa(b.port)))
-	for {
-		err := func() error {
-			conn, err := pgx.Connect(ctx, dsn)
-			if err != nil {
-				return err
-			}
-			defer conn.Close(context.WithoutCancel(ctx))
-			var one int
-			return conn.QueryRow(ctx, `SELECT 1`).Scan(&one)
-		}()
-		if err == nil {
-			return nil
+	return b.proc.waitAnswers(ctx, "pgbouncer", func(ctx context.Context) error {
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			return err
 		}
-		select {
-		case <-b.proc.exited:
-			return fmt.Errorf("pgbouncer exited: %v", b.proc.err)
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last error: %v)", context.Cause(ctx), err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		defer conn.Close(context.WithoutCancel(ctx))
+		var one int
+		return conn.QueryRow(ctx, `SELECT 1`).Scan(&one)
+	})
 }
 
 // Stop kills PgBouncer, waits for it to exit and removes its directory.

@@ -321,11 +321,18 @@ type process struct {
 // Only our server counts: another one that took the port first (another test binary's
 // cluster, with the same user and trust) answers too, while ours fails to bind it.
 func (c *Cluster) waitReady(ctx context.Context, p *process) error {
+	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5", c.port)
+	return p.waitAnswers(ctx, "postgres", func(ctx context.Context) error { return ping(ctx, dsn, c.dataDir) })
+}
+
+// waitAnswers calls ping until it succeeds, for up to readyTimeout, and fails early if
+// p, the program called name, exits.
+func (p *process) waitAnswers(ctx context.Context, name string, ping func(context.Context) error) error {
 	ctx, cancel := context.WithTimeoutCause(ctx, readyTimeout,
-		fmt.Errorf("postgres did not accept connections within %s", readyTimeout))
+		fmt.Errorf("%s did not accept connections within %s", name, readyTimeout))
 	defer cancel()
 	// A ping can hang until connect_timeout on a port that another program took (it
-	// accepts, then never answers); the server exiting cuts it short.
+	// accepts, then never answers); the program exiting cuts it short.
 	ctx, cancelExit := context.WithCancelCause(ctx)
 	defer cancelExit(nil)
 	done := make(chan struct{})
@@ -333,14 +340,12 @@ func (c *Cluster) waitReady(ctx context.Context, p *process) error {
 	go func() {
 		select {
 		case <-p.exited:
-			cancelExit(fmt.Errorf("postgres exited: %v", p.err))
+			cancelExit(fmt.Errorf("%s exited: %v", name, p.err))
 		case <-done:
 		}
 	}()
-
-	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5", c.port)
 	for {
-		err := ping(ctx, dsn, c.dataDir)
+		err := ping(ctx)
 		if err == nil {
 			return nil
 		}
