@@ -148,3 +148,39 @@ func newRelayAs(t *testing.T, b *testBundle, cfg *Config, instances map[string]I
 	require.NoError(t, err)
 	return r
 }
+
+// The relay's clock steps forward and back (the database's clock, which the relay's is
+// corrected to, ran an hour ahead until NTP stepped it back; or the relay's host clock
+// did, until the next reading of the database's clock corrected it). The rounds claimed
+// while it was ahead carry leases an hour too long; that cannot be helped. But the
+// rounds claimed once the clock is right again must carry leases of OUTBOX_LEASE: a
+// relay that dies then must not leave every row it claimed in the following hour
+// stuck in delivering for up to an hour, as if its lease were an hour long.
+func TestLeaseAfterTheClockSteppedBackIsTheConfiguredOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t, receiver.Options{})
+	clock, cfg := b.clockedConfig(t)
+	cfg.Lease = 10 * time.Second
+	instances := map[string]Instance{"webhook": {Connector: b.hook}}
+	sender, other := newRelayAs(t, b, cfg, instances, "sender"), newRelayAs(t, b, cfg, instances, "other")
+
+	enqueue(t, b.pool, "while-ahead", "webhook", []int{1})
+	clock.Advance(time.Hour) // the clock runs an hour ahead for a moment
+	require.Len(t, claimRows(t, sender, "webhook"), 1)
+	clock.Advance(-time.Hour) // and is stepped back
+
+	enqueue(t, b.pool, "after", "webhook", []int{1})
+	got := claimRows(t, sender, "webhook")
+	require.Len(t, got, 1)
+	require.Equal(t, "after", got[0].key)
+	require.WithinDuration(t, clock.Now().Add(cfg.Lease), got[0].lease, time.Second,
+		"a round claimed on the right clock is leased for OUTBOX_LEASE, not until %s", got[0].lease)
+
+	// The sender dies; once its lease of 10s has run out, another relay puts the row back.
+	clock.Advance(cfg.Lease + time.Second)
+	other.reclaim(t.Context())
+	in, err := outbox.Get(t.Context(), b.pool, "after")
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatusPending, in.Status,
+		"the dead relay's row stays delivering long after its lease should have run out")
+}

@@ -139,8 +139,9 @@ type Relay struct {
 	unwritten   map[rowAttempt]time.Time
 	// lastLease is the lease expiry of the claim loop's last round of claims, and
 	// roundLease that of the round in progress (zero: it claims nothing). Each round's is
-	// later than the one before, so that the rows of a round whose reply was lost can be
-	// found and handed back (see releaseLost). Only the claim loop uses them.
+	// later than the one before (but after the clock stepped back a lease or more, see
+	// claimAndRecord), so that the rows of a round whose reply was lost can be found and
+	// handed back (see releaseLost). Only the claim loop uses them.
 	lastLease, roundLease time.Time
 	// oldestPending is the age of the oldest pending row by connector label that the last
 	// refresh of the row gauges that worked found, as NowFunc read oldestPendingAt (zero
@@ -1551,8 +1552,14 @@ func (r *Relay) claimAndRecord(ctx context.Context, plans []claimPlan, outs []ou
 	if len(plans) > 0 {
 		// The round's lease expiry, as PostgreSQL stores it (microseconds), and later
 		// than the last round's: it tells this round's rows from all others of the relay.
+		// Only while the last round's is less than a lease ahead: after the clock stepped
+		// back further (it ran ahead, and was corrected), every round would otherwise be
+		// leased until just past the last round's, for as long as the step, and a relay
+		// that died meanwhile left its rows stuck in delivering that long. A round a
+		// lease or more ago ended its attempts inside its lease, so its rows are no
+		// longer in flight for this round's lease to be taken for theirs.
 		lease := now.Add(r.cfg.Lease).Truncate(time.Microsecond)
-		if !lease.After(r.lastLease) {
+		if !lease.After(r.lastLease) && r.lastLease.Sub(lease) < r.cfg.Lease {
 			lease = r.lastLease.Add(time.Microsecond)
 		}
 		r.lastLease, r.roundLease = lease, lease
