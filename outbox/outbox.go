@@ -701,7 +701,8 @@ func headersJSON(h map[string]string) string {
 
 // DecodeHeaders reads the headers column, a JSON object. A value that is not a string,
 // which plain SQL can write, is kept as its JSON text, so that one odd row can still be
-// read, re-enqueued, listed and claimed (the connector decides what is valid).
+// read, re-enqueued, listed and claimed (the connector decides what is valid); a null
+// reads as the empty string, as an absent value.
 func DecodeHeaders(b []byte) map[string]string {
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(b, &raw); err != nil || len(raw) == 0 {

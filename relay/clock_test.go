@@ -96,8 +96,11 @@ func TestClockCorrectionLeavesOutTheConnect(t *testing.T) {
 
 	r, err := New(pool, realClockConfig(b.fastConfig(), "slowdial", wall), map[string]Instance{"webhook": {Connector: b.hook}})
 	require.NoError(t, err)
+	// wall moves only while dialling, so the relay's clock is the database's as start
+	// read it: between the database's clock before and after, however long start took.
+	before := dbNow(t, b.pool)
 	require.NoError(t, r.start(t.Context()))
-	require.WithinDuration(t, dbNow(t, b.pool), r.now(), 2*time.Second,
+	require.WithinRange(t, r.now(), before, dbNow(t, b.pool),
 		"the correction is measured over the query alone, not the connect")
 }
 
@@ -163,16 +166,23 @@ func TestSlowClockReadDoesNotSkewTheRelay(t *testing.T) {
 		t.Cleanup(pool.Close)
 		r, err := New(pool, realClockConfig(b.fastConfig(), id, wall), map[string]Instance{"webhook": {Connector: b.hook}})
 		require.NoError(t, err)
+		// wall stands still, so the relay's clock is the database's as start read it:
+		// between the database's clock before and after, however long start took.
+		before := dbNow(t, b.pool)
 		require.NoError(t, r.start(t.Context()))
-		require.WithinDuration(t, dbNow(t, b.pool), r.now(), time.Second)
+		require.WithinRange(t, r.now(), before, dbNow(t, b.pool))
 		return r, wall, slow
 	}
-	readSlowly := func(t *testing.T, r *Relay, slow *clockReadDelay, delay time.Duration) {
+	// readSlowly returns the database's clock just before and just after the reading.
+	readSlowly := func(t *testing.T, r *Relay, slow *clockReadDelay, delay time.Duration) (before, after time.Time) {
 		t.Helper()
 		slow.delay = delay
 		slow.armed.Store(true)
+		before = dbNow(t, b.pool)
 		require.NoError(t, r.readClock(t.Context()))
+		after = dbNow(t, b.pool)
 		require.False(t, slow.armed.Load(), "the clock was read")
+		return before, after
 	}
 
 	r, wall, slow := started(t, "slowread")
@@ -187,9 +197,9 @@ func TestSlowClockReadDoesNotSkewTheRelay(t *testing.T) {
 	// correction a minute wrong, and within 2s where it is.
 	r, wall, slow = started(t, "stepped")
 	wall.Advance(time.Minute)
-	readSlowly(t, r, slow, 2*time.Second)
-	require.WithinDuration(t, dbNow(t, b.pool).Add(2*time.Second), r.now(), time.Second,
-		"the relay's clock follows a step of the local clock, however slow the reading")
+	before, after := readSlowly(t, r, slow, 2*time.Second)
+	require.WithinRange(t, r.now(), before.Add(2*time.Second), after.Add(2*time.Second),
+		"the relay's clock follows a step of the local clock, however slow the reading: the database's as it read it, 2s on")
 }
 
 // Tests put back expired leases with reclaim beside a running relay, whose own passes

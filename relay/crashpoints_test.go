@@ -212,6 +212,9 @@ func TestRelayKilledWithARequestUnansweredAndRowsWaiting(t *testing.T) {
 	for _, k := range keys {
 		in := waitStatus(t, pool, k, outbox.StatusDelivered)
 		require.Equal(t, 1, rcv.Effects(k), k)
+		// The receiver enforces keys, so effects alone cannot show a row sent twice: no
+		// request of the killed relay reached it, so the successor's is the only one.
+		require.Equal(t, 1, rcv.Requests(k), "%s: requests that reached the receiver", k)
 		att := attemptsOf(t, pool, k)
 		if abandoned[k] {
 			require.Equal(t, 2, in.Attempts, k)

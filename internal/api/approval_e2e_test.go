@@ -84,6 +84,8 @@ func TestApprovalFlowToDelivery(t *testing.T) {
 	require.Equal(t, outbox.StatusDelivered, res.body["status"])
 
 	require.Equal(t, 1, rcv.Effects("wire-1"))
+	// The receiver enforces keys: only its request count shows a row sent again.
+	require.Equal(t, 1, rcv.Requests("wire-1"), "approving again sent nothing")
 	require.Empty(t, rcv.DuplicateKeys())
 	in, err := outbox.Get(t.Context(), pool, "wire-1")
 	require.NoError(t, err)
