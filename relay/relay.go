@@ -816,10 +816,20 @@ func (r *Relay) releaseWhileStopping(ctx context.Context, done <-chan struct{}) 
 		select {
 		case <-ctx.Done():
 		case <-done:
+			// A hand-back under way elsewhere (reclaim's releaseAgain, which runs on
+			// until the recorder is done) has taken its rows off the lists: waited for,
+			// under releasingMu, so that the rows it fails to hand back are retried here
+			// rather than left to their lease once Run stops the background work.
+			if !r.waitReleasing(ctx) {
+				continue // ctx ended
+			}
+			if r.anyUnreleased.Load() {
+				continue // retried at the top of the loop
+			}
 			// Rows another session keeps locked are looked at again with their own
 			// backoff (see retryLockedReleases), until the lock is let go or ctx ends.
 			wait := r.releaseLockWait(time.Now())
-			if !r.anyUnreleased.Load() && wait == 0 {
+			if wait == 0 {
 				return // no worker hands a row back any more
 			}
 			sleep(ctx, wait)
@@ -831,6 +841,19 @@ func (r *Relay) releaseWhileStopping(ctx context.Context, done <-chan struct{}) 
 			"they stay leased to it until their lease expires, and a relay's reclaim then puts them back as attempts that may have happened (ambiguous)",
 			"rows", n)
 	}
+}
+
+// waitReleasing waits until no hand-back runs under releasingMu (see releaseAgain), or
+// ctx ends; it reports whether it got there.
+func (r *Relay) waitReleasing(ctx context.Context) bool {
+	for !r.releasingMu.TryLock() {
+		if ctx.Err() != nil {
+			return false
+		}
+		sleep(ctx, 10*time.Millisecond)
+	}
+	r.releasingMu.Unlock()
+	return true
 }
 
 // leftLocked returns the rows set aside because another session kept them locked (see

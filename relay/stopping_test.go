@@ -263,3 +263,54 @@ func TestHungReclaimIsCutShortAndTheNextPutsRowsBack(t *testing.T) {
 	require.GreaterOrEqual(t, testutil.ToFloat64(r.metrics.dbErrors.WithLabelValues("reclaim")), 1.0,
 		"the reclaim cut short is reported as a failure, not taken for the relay stopping")
 }
+
+// A stopping relay retries the hand-backs that failed (the database was away at the
+// stop) until none is left (releaseWhileStopping). Reclaim, which runs on until the
+// recorder is done, retries them too, and takes them off the lists while its hand-back
+// runs. releaseWhileStopping, finding the lists empty then, returned: Run went on to stop
+// the background work, which cut reclaim's hand-back short (or it failed by itself),
+// the rows went back on the lists, and nothing tried again. The row, never sent, stayed
+// leased, to come back as an ambiguous attempt once its lease expired (held for an
+// operator under the hold policy, dead on its last attempt).
+func TestStoppingRelayWaitsForAHandBackUnderWay(t *testing.T) {
+	t.Parallel()
+	direct, proxy, cfg, _ := lossySetup(t)
+	r, err := New(proxy.pool, cfg, map[string]Instance{"webhook": {Connector: &recordingConnector{}}})
+	require.NoError(t, err)
+	// Cuts short the held hand-back below, as a slow database or a lost connection
+	// would: it fails, and its rows go back on the lists.
+	r.maintainTimeout = time.Second
+	enqueue(t, direct, "never-sent", "webhook", map[string]int{"n": 1})
+	got, err := r.claimAndRecord(t.Context(), []claimPlan{{inst: r.instances["webhook"], limit: 1, bytes: 1 << 20}}, nil)
+	require.NoError(t, err)
+	require.Len(t, got[0], 1)
+
+	// The stop's hand-back of the row claimed and not started fails: the database is away.
+	proxy.cut()
+	r.release(context.Background(), got[0])
+	proxy.restore()
+	require.True(t, r.anyUnreleased.Load())
+
+	// Reclaim's pass retries it; its statement is under way (held by the proxy).
+	held, release := proxy.holdOnce(t, "AS r(id, attempt, lease)")
+	bgCtx, stopBackground := context.WithCancel(t.Context())
+	defer stopBackground()
+	reclaimed := make(chan struct{})
+	go func() { defer close(reclaimed); r.bounded(bgCtx, r.reclaim) }()
+	waitFor(t, held, "reclaim never retried the hand-back")
+
+	// The workers are done, and the relay retries its failed hand-backs, as Run does.
+	done := make(chan struct{})
+	close(done)
+	recordCtx, cancelRecords := context.WithTimeout(t.Context(), waitTimeout)
+	defer cancelRecords()
+	r.releaseWhileStopping(recordCtx, done)
+	stopBackground() // Run stops the background work once the recorder is done
+	<-reclaimed
+
+	in, err := outbox.Get(t.Context(), direct, "never-sent")
+	require.NoError(t, err)
+	release()
+	require.Equal(t, outbox.StatusPending, in.Status, "the row never sent is handed back while the relay stops (unreleased: %v)", r.anyUnreleased.Load())
+	require.Zero(t, in.Attempts)
+}
