@@ -1267,8 +1267,9 @@ func cpuNow(pgPID int, backends ...int) cpuSample {
 	return u
 }
 
-// since returns the CPU used between start and u; of PostgreSQL's, by the processes
-// running at u (a backend or autovacuum worker that exited meanwhile counts nothing).
+// since returns the CPU used between start and u; of PostgreSQL's, by the server's
+// processes, those that exited meanwhile included (a backend, an autovacuum worker: see
+// proccpu.Sample.Since).
 func (u cpuSample) since(start cpuSample) cpuUse {
 	return cpuUse{self: u.self - start.selfAfter, pg: u.pg.Since(start.pg), backends: u.backends - start.backends,
 		selfOK: u.selfOK && start.selfOK, pgOK: u.pgOK && start.pgOK}
