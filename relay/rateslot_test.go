@@ -35,21 +35,7 @@ func TestRateLimitHoldsWhenRowsWaitForASlot(t *testing.T) {
 		"webhook:slow": {Connector: slowHook, Concurrency: 2},
 	})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	var workers sync.WaitGroup
-	for _, inst := range r.instances {
-		for range inst.limit {
-			workers.Go(func() { r.work(ctx, ctx, inst) })
-		}
-	}
-	t.Cleanup(func() {
-		release()
-		cancel()
-		for _, inst := range r.instances {
-			close(inst.jobs)
-		}
-		workers.Wait()
-	})
+	runWorkers(t, r, release)
 	paced := r.instances["webhook"]
 	idle := func() {
 		t.Helper()
@@ -83,4 +69,28 @@ func TestRateLimitHoldsWhenRowsWaitForASlot(t *testing.T) {
 	for i := 1; i < len(at); i++ {
 		require.GreaterOrEqual(t, at[i].Sub(at[i-1]), time.Second, "requests %d and %d at rate 1/s: %v", i-1, i, at)
 	}
+}
+
+// runWorkers starts the workers of every instance of r, without its claim loop (the
+// test claims with claimOnce); they stop at the test's end, after releases (of answers
+// the test's receivers hold back) have run.
+func runWorkers(t *testing.T, r *Relay, releases ...func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	var workers sync.WaitGroup
+	for _, inst := range r.instances {
+		for range inst.limit {
+			workers.Go(func() { r.work(ctx, ctx, inst) })
+		}
+	}
+	t.Cleanup(func() {
+		for _, release := range releases {
+			release()
+		}
+		cancel()
+		for _, inst := range r.instances {
+			close(inst.jobs)
+		}
+		workers.Wait()
+	})
 }

@@ -1,9 +1,7 @@
 package relay
 
 import (
-	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -33,16 +31,7 @@ func TestRateLimitHoldsWithinEverySecond(t *testing.T) {
 	r, err := New(b.pool, cfg, map[string]Instance{"webhook": {Connector: c, Concurrency: 10, Rate: 100}})
 	require.NoError(t, err)
 	inst := r.instances["webhook"]
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	var workers sync.WaitGroup
-	for range inst.limit {
-		workers.Go(func() { r.work(ctx, ctx, inst) })
-	}
-	t.Cleanup(func() {
-		cancel()
-		close(inst.jobs)
-		workers.Wait()
-	})
+	runWorkers(t, r)
 
 	// Two seconds on the relay's clock, in steps of 10ms, each with a round of claims
 	// whose rows are all sent before the clock moves on.

@@ -186,6 +186,11 @@ type instance struct {
 	unsent     atomic.Int64  // rows of a rate-limited instance claimed, not yet sent nor handed back
 	claimed    atomic.Int64  // rows claimed and not finished
 	jobs       chan claimed  // claimed rows waiting for one of the instance's workers
+	// holds: its ambiguous attempts are held (AmbiguousHold on a forwarded connector), so
+	// it claims no row that no free slot can take (see claimRound); slotted counts its
+	// rows holding a slot, for that only.
+	holds   bool
+	slotted atomic.Int64
 	// The latest time a request took its token at, so that none takes one at an
 	// earlier time (see takeToken).
 	tokenMu sync.Mutex
@@ -427,6 +432,7 @@ func New(pool *pgxpool.Pool, cfg *Config, instances map[string]Instance) (*Relay
 			// ahead come back ambiguous when their lease expires, and held ones would each
 			// need a person.
 			r.hold = append(r.hold, name)
+			inst.holds = true
 		case in.Rate > 0:
 			// Nor for rate-limited instances: the claims are paced, and rows claimed ahead
 			// while the workers are busy (a slow answer) would go out together once they
@@ -1315,6 +1321,19 @@ func (r *Relay) claimRound(ctx context.Context, outs []outcome, record bool) (cl
 			inst.tightClaimAt = now
 		}
 		limit := min(r.cfg.BatchSize, max(room, 1), inst.room())
+		if inst.holds {
+			// No more rows waiting for a slot than the slots free now, or one, which keeps
+			// its place in the queue for the next slot to come free: other instances'
+			// attempts can hold every shared slot for long, and the rows claimed meanwhile
+			// would wait under a lease (up to startBy, and be claimed again after each
+			// hand-back). Should the relay die, each would come back held for an operator,
+			// though never sent. A slot that comes free wakes the loop.
+			free := cap(r.slots) - len(r.slots)
+			if inst.ownSlot != nil && len(inst.ownSlot) == 0 {
+				free++
+			}
+			limit = min(limit, max(free, 1)-int(inst.claimed.Load()-inst.slotted.Load()))
+		}
 		if inst.limiter != nil {
 			// A row takes its token as its request goes (see deliver): the tokens of
 			// rows claimed and not yet sent are spoken for. Read in this order, the
@@ -2161,8 +2180,14 @@ func (r *Relay) work(ctx, deliverCtx context.Context, inst *instance) {
 		inTime := func() bool { return ctx.Err() == nil && r.cfg.NowFunc().Sub(row.local) <= inst.startBy }
 		if inTime() {
 			if slot := r.takeSlot(ctx, inst, row); slot != nil {
+				if inst.holds {
+					inst.slotted.Add(1)
+				}
 				if started = inTime(); started {
 					r.deliver(deliverCtx, inst, row)
+				}
+				if inst.holds {
+					inst.slotted.Add(-1) // before the slot goes: never counted free twice
 				}
 				<-slot
 			}
