@@ -3,10 +3,12 @@ package relay
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/connectors"
@@ -60,4 +62,79 @@ func TestConnectorPanicIsAnAmbiguousAttempt(t *testing.T) {
 	in, err := outbox.Get(t.Context(), b.pool, "panics")
 	require.NoError(t, err)
 	require.NotContains(t, in.LastError, "goroutine")
+}
+
+// answerError is a connector's own error type, as connectors written for one receiver
+// have: the answer's status, and what it wraps.
+type answerError struct {
+	status int
+	err    error
+}
+
+func (e *answerError) Error() string { return fmt.Sprintf("answered %d: %v", e.status, e.err) }
+func (e *answerError) Unwrap() error { return e.err }
+
+// statusError is one without Unwrap: only its message dereferences the pointer.
+type statusError struct{ status int }
+
+func (e *statusError) Error() string { return fmt.Sprintf("answered %d", e.status) }
+
+// typedNilConnector makes Go's best-known mistake: it returns its own error type through
+// a variable of that type, nil when the receiver took the request, which the error
+// interface then holds as a non-nil error whose methods dereference a nil pointer.
+type typedNilConnector struct{ unwraps bool }
+
+func (c typedNilConnector) Deliver(context.Context, connectors.Delivery) (json.RawMessage, error) {
+	if c.unwraps {
+		var failed *answerError // set when the receiver refuses; it took the request
+		return json.RawMessage(`{"status":200}`), failed
+	}
+	var failed *statusError
+	return json.RawMessage(`{"status":200}`), failed
+}
+
+func (typedNilConnector) Guarantee() connectors.Guarantee { return connectors.Forwarded }
+
+// A connector's panic is an ambiguous attempt (see TestConnectorPanicIsAnAmbiguousAttempt),
+// but only while Deliver runs: the error it returns is looked at afterwards (what it
+// wraps, its class, its message), outside the recover, on the delivery worker's
+// goroutine. One whose methods panic, as a typed nil of the connector's own error type
+// does, killed the whole process the relay is embedded in when the panic came from
+// errors.As's Unwrap; restarted, it found the row's lease expired, sent it again as an
+// ambiguous attempt's retry and died again. From Error alone, fmt's own recover made
+// the attempt a plain failure, "attempt 1: <nil>", retried without a word that the
+// receiver may have acted: sent again at a forwarded receiver with the hold policy.
+func TestConnectorErrorThatPanicsIsAnAmbiguousAttempt(t *testing.T) {
+	t.Parallel()
+	for name, c := range map[string]typedNilConnector{"Unwrap": {unwraps: true}, "Error": {}} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			connectorErrorThatPanics(t, c)
+		})
+	}
+}
+
+func connectorErrorThatPanics(t *testing.T, c typedNilConnector) {
+	pool, err := pgxpool.New(t.Context(), "postgres://relay@127.0.0.1:1/unused") // never dialled: New does not touch the database
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r, err := New(pool, &Config{Logger: testLogger()}, map[string]Instance{
+		"webhook": {Connector: c, OnAmbiguous: AmbiguousHold},
+	})
+	require.NoError(t, err)
+	inst := r.instances["webhook"]
+	now := time.Now()
+	row := claimed{id: 1, key: "typed-nil", payload: json.RawMessage(`{}`), attempt: 1, createdAt: now,
+		firstAt: now, claimedAt: now, lease: now.Add(r.cfg.Lease), local: now}
+
+	panicked := make(chan any, 1)
+	go func() {
+		defer func() { panicked <- recover() }()
+		r.deliver(t.Context(), inst, row)
+	}()
+	require.Nil(t, <-panicked, "the delivery worker panicked on the connector's error: the process the relay runs in dies")
+	o := <-r.results
+	require.True(t, o.ambiguous, "the request may have gone out: %+v", o)
+	require.Equal(t, statusHeld, o.status, "ambiguous on a forwarded instance with the hold policy: held for an operator")
+	require.Contains(t, *o.lastError, "connector panicked")
 }

@@ -2487,14 +2487,36 @@ func stoppedBy(ctx context.Context, err error) bool {
 
 // safeDeliver turns a connector's panic into an ambiguous error: the connector may have
 // sent its request before it panicked (reading the answer, say), so the receiver may have
-// acted, as when a relay dies mid-attempt.
+// acted, as when a relay dies mid-attempt. So does a panic of the error it returns (see
+// lookAt).
 func safeDeliver(ctx context.Context, c connectors.Connector, d connectors.Delivery) (res json.RawMessage, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			res, err = nil, connectors.Ambiguous(&connectorPanic{value: p, stack: debug.Stack()})
 		}
 	}()
-	return c.Deliver(ctx, d)
+	res, err = c.Deliver(ctx, d)
+	if err != nil {
+		lookAt(err)
+	}
+	return res, err
+}
+
+// lookAt calls what the relay calls of a connector's error once Deliver has returned
+// (its message, its class, its delay, what it wraps), for safeDeliver's recover to catch
+// a panic there. A typed nil of a connector's own error type (returned through a
+// variable of that type, nil when the receiver took the request) is a non-nil error
+// whose methods dereference a nil pointer: looked at first on the delivery worker's
+// goroutine, it killed the process the relay runs in (a panic in Unwrap, through
+// errors.As), or was a plain failure, "<nil>", retried as if nothing had gone out (one in
+// Error, which fmt recovers).
+func lookAt(err error) {
+	_ = err.Error()
+	_ = connectors.IsAmbiguous(err)
+	_ = connectors.IsPermanent(err)
+	_, _ = connectors.RetryDelay(err)
+	_ = errors.Is(err, context.Canceled)
+	_ = errors.As(err, new(*connectorPanic))
 }
 
 // connectorPanic is a connector's panic, with the stack that led to it for the log
