@@ -496,6 +496,10 @@ func benchDatabases(ctx context.Context, e *env, o benchOptions, runID string, p
 	if err != nil {
 		return nil, fmt.Errorf("%w; or set OUTBOX_DATABASE_URL to benchmark an existing database", err)
 	}
+	if e.ownsProcess {
+		// The environment is the process's: only for a process of its own.
+		pgcluster.ClearClientEnvironment()
+	}
 	progress("starting a throwaway PostgreSQL from %s with fsync=on, synchronous_commit=on", binDir)
 	started := time.Now()
 	// Room for the relays' pools (the throughput phase's opens every connection to warm

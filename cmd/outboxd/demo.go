@@ -141,6 +141,10 @@ func demo(ctx context.Context, e *env) (err error) {
 		instance = "webhook:demo_" + runID
 		out.plain("database: OUTBOX_DATABASE_URL (%s); the demo's rows use relay instance %s\n", db, instance)
 	} else {
+		if e.ownsProcess {
+			// The environment is the process's: only for a process of its own.
+			pgcluster.ClearClientEnvironment()
+		}
 		out.plain("database: starting a throwaway PostgreSQL from the local server binaries ...")
 		started := time.Now()
 		cluster, err := pgcluster.Start(ctx, pgcluster.Options{})
@@ -214,12 +218,17 @@ func demo(ctx context.Context, e *env) (err error) {
 			res, cerr := ops.Cancel(cctx, pool, keys, "outboxd demo", "the demo stopped before it finished", time.Time{})
 			if cerr != nil {
 				fmt.Fprintln(e.stderr, "outboxd: cancel the demo's unfinished rows:", cerr)
-				return
-			}
-			if len(res.Canceled) > 0 {
+			} else if len(res.Canceled) > 0 {
 				out.plain("\nthe demo stopped before its rows finished; canceled the %d still waiting, so no relay waits for them\n",
 					len(res.Canceled))
 			}
+			if cerr == nil && len(res.NotFound) == len(keys) {
+				return // its transaction never committed: no row of it is there
+			}
+			// Its rows stay all the same (the refused one dead, a dead letter in
+			// `outboxd status`), as after a run that finished: say how to remove them.
+			out.plain("\nthe demo's rows stay in this database for relay instance %s; remove them with:\n"+
+				"  DELETE FROM outbox WHERE connector = '%s';  -- their attempts go with them\n", instance, instance)
 		}()
 	}
 	// The receiver reports each effect as it performs it.

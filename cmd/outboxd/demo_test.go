@@ -474,3 +474,67 @@ func TestDemoGoesOnWhenAnotherPipeBreaks(t *testing.T) {
 		t.Fatal("the demo did not finish")
 	}
 }
+
+// TestDemoIgnoresTheClientEnvironment: `make demo` needs no configuration, and its
+// throwaway PostgreSQL is its own, so the libpq variables a user keeps for psql and
+// their own databases must not reach its connections. pgx reads them (PGSERVICE,
+// PGOPTIONS, PGREQUIREAUTH, PGTARGETSESSIONATTRS, ...) under the cluster's URL: with a
+// read-only PGOPTIONS the migration failed, and with a PGSERVICE that pgx cannot find
+// (libpq also reads the system's pg_service.conf, pgx only ~/.pg_service.conf) the demo
+// waited 30 s and said "postgres did not accept connections within 30s".
+func TestDemoIgnoresTheClientEnvironment(t *testing.T) {
+	t.Parallel()
+	if _, err := pgcluster.FindBinDir(); err != nil {
+		t.Fatalf("the demo needs the PostgreSQL server binaries (apt-get install postgresql): %v", err)
+	}
+	for name, kv := range map[string]string{
+		"PGOPTIONS": "PGOPTIONS=-c default_transaction_read_only=on",
+		"PGSERVICE": "PGSERVICE=outboxd_review_no_such_service",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := startChild(t, "demo", kv)
+			select {
+			case <-c.exited:
+			case <-time.After(processWait):
+				t.Fatalf("the demo did not finish within %s", processWait)
+			}
+			require.Equal(t, exitOK, c.cmd.ProcessState.ExitCode(), "stdout:\n%s\nstderr:\n%s", c.stdout, c.stderr)
+			require.Contains(t, c.stdout.String(), demoSuccess)
+			c.requireNothingLeft(t)
+		})
+	}
+}
+
+// TestDemoStoppedOnADatabaseSaysHowToRemoveItsRows: on a user's database the demo's
+// rows stay, and the README says the demo prints the DELETE that removes them. A demo
+// stopped early (Ctrl-C, its time limit) leaves them too (delivered, canceled, and the
+// refused one dead, a dead letter in `outboxd status`), but printed the DELETE only on
+// success.
+func TestDemoStoppedOnADatabaseSaysHowToRemoveItsRows(t *testing.T) {
+	t.Parallel()
+
+	dsn := pgtest.URL(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	// The refused row is dead by now, and the row that fails twice has retries to go.
+	stdout := &cancelOnWriter{marker: "attempt 1 failed", cancel: cancel}
+	var stderr strings.Builder
+	code := run(ctx, []string{"demo"}, []string{"OUTBOX_DATABASE_URL=" + dsn}, strings.NewReader(""), stdout, &stderr)
+	require.Equal(t, exitFailure, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+
+	conn, err := pgx.Connect(t.Context(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.WithoutCancel(t.Context())) })
+	var left int
+	require.NoError(t, conn.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&left))
+	require.Equal(t, len(demoIntents("x")), left, "the stopped demo's rows stay")
+
+	i := strings.Index(stdout.String(), "DELETE FROM outbox WHERE connector = 'webhook:demo_")
+	require.GreaterOrEqual(t, i, 0, "the stopped demo left its rows without saying how to remove them:\n%s", stdout.String())
+	sql, _, _ := strings.Cut(stdout.String()[i:], ";")
+	_, err = conn.Exec(t.Context(), sql)
+	require.NoError(t, err)
+	require.NoError(t, conn.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&left))
+	require.Zero(t, left, "the printed DELETE removes the run's rows")
+}

@@ -374,6 +374,23 @@ func ping(ctx context.Context, dsn, dataDir string) error {
 	return nil
 }
 
+// ClearClientEnvironment unsets the environment variables that libpq reads, and pgx
+// after it, for every connection whose URL does not say otherwise (PGSERVICE,
+// PGOPTIONS, PGREQUIREAUTH, PGCHANNELBINDING, PGTARGETSESSIONATTRS and the rest), for a
+// process whose connections all go to a cluster of its own, which none of them is
+// meant for. A user keeps them for psql and their own databases; under a throwaway
+// cluster's URL they made its connections fail (a read-only PGOPTIONS, an
+// authentication requirement trust does not meet) or not even parse (a PGSERVICE that
+// pgx, which reads only ~/.pg_service.conf, cannot find), and the caller then waited
+// 30 s for a server that was up.
+func ClearClientEnvironment() {
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "PG") {
+			_ = os.Unsetenv(name)
+		}
+	}
+}
+
 // writeSettings appends our settings to postgresql.conf. Later lines win, so they
 // override initdb's defaults, and ExtraSettings (written last) override ours.
 func (c *Cluster) writeSettings(opts Options) error {

@@ -263,3 +263,16 @@ func TestStartCanceledWhileTheServerStarts(t *testing.T) {
 	require.NotEmpty(t, dir)
 	require.NoDirExists(t, dir)
 }
+
+// ClearClientEnvironment leaves no variable libpq (and pgx) would read, and the others
+// alone.
+func TestClearClientEnvironment(t *testing.T) {
+	t.Setenv("PGOPTIONS", "-c default_transaction_read_only=on")
+	t.Setenv("PGSERVICE", "no_such_service")
+	t.Setenv("OUTBOXD_TEST_KEPT", "kept")
+	ClearClientEnvironment()
+	for _, kv := range os.Environ() {
+		require.False(t, strings.HasPrefix(kv, "PG"), "left: %s", kv)
+	}
+	require.Equal(t, "kept", os.Getenv("OUTBOXD_TEST_KEPT"))
+}
