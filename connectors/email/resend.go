@@ -281,7 +281,7 @@ func (c *Resend) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMe
 	if res.Name == "" && res.Message == "" {
 		res.Message = connectors.Excerpt(string(raw), maxResendMessage)
 	}
-	return connectors.MarshalResult(res), c.classify(resp, res)
+	return connectors.MarshalResult(res), c.classify(resp, res, readErr)
 }
 
 // build checks the payload and returns the request body. Its errors are the row's fault.
@@ -355,8 +355,9 @@ const (
 	resendKeyReused          = "invalid_idempotent_request"
 )
 
-// classify turns an answer that is not 2xx into a classified error.
-func (c *Resend) classify(resp *http.Response, res ResendResult) error {
+// classify turns an answer that is not 2xx into a classified error. readErr is why its
+// body could not be read to the end, if it could not.
+func (c *Resend) classify(resp *http.Response, res ResendResult, readErr error) error {
 	code := resp.StatusCode
 	answered := fmt.Sprintf("POST %s: Resend answered %s", c.target, connectors.StatusText(code))
 	if res.Name != "" {
@@ -388,6 +389,11 @@ func (c *Resend) classify(resp *http.Response, res ResendResult) error {
 		// mark tells of its latest attempt only, and a row whose attempts ran out on
 		// these would otherwise end dead as if Resend had sent nothing.
 		return connectors.Ambiguous(fmt.Errorf("%w (an earlier request with this key is still in progress at Resend and may send the email; a retry with the same key gets its answer)", retry()))
+	case code == http.StatusConflict && readErr != nil:
+		// Resend's 409s are both about an earlier request with the key, which sent the
+		// email or may yet: the status line says as much when the body that names which
+		// is lost on the way. A retry with the same key gets the whole answer.
+		return connectors.Ambiguous(fmt.Errorf("%w (the connection dropped before the rest of the answer came: %v; an earlier request with this key may have sent the email)", retry(), readErr))
 	case connectors.GatewayLostAnswer(code):
 		// A gateway answered for Resend: it passed the request on and then lost Resend's
 		// connection (502, or Cloudflare's 520) or stopped waiting for its answer (504,

@@ -237,6 +237,15 @@ func retryAfter(ctx context.Context, code int, err error) error {
 type slackAnswers struct{ next http.RoundTripper }
 
 func (t slackAnswers) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.GetBody != nil {
+		// slack-go gives every request GetBody, with which net/http's HTTP/2 transport
+		// resends a request by itself after a stream reset (REFUSED_STREAM, or
+		// PROTOCOL_ERROR: golang/go#47635) or a GOAWAY, though Slack (or a proxy before
+		// it) may have taken the whole post already: a second message the relay never
+		// sees. Without it the attempt ends, and the relay decides.
+		req = req.Clone(req.Context())
+		req.GetBody = nil
+	}
 	resp, err := t.next.RoundTrip(req)
 	if err != nil || resp.StatusCode != http.StatusOK {
 		return resp, err

@@ -6,13 +6,13 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/connectortest"
 	"github.com/outboxd/outboxd/connectors/webhook"
 )
 
@@ -24,7 +24,7 @@ func rawReceiver(t *testing.T, answer func(c net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	serveConns(t, ln, func(c net.Conn) {
+	connectortest.ServeConns(t, ln, func(c net.Conn) {
 		br := bufio.NewReader(c)
 		for {
 			req, err := http.ReadRequest(br)
@@ -36,41 +36,6 @@ func rawReceiver(t *testing.T, answer func(c net.Conn)) string {
 		}
 	})
 	return "http://" + ln.Addr().String() + "/hook"
-}
-
-// serveConns accepts ln's connections and serves each with serve in a goroutine of its
-// own, until cleanup, which closes ln and every connection (idle ones in a client's pool
-// included) and waits for those goroutines.
-func serveConns(t *testing.T, ln net.Listener, serve func(c net.Conn)) {
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() {
-				defer c.Close()
-				serve(c)
-			})
-		}
-	})
 }
 
 // An answer's headers are bounded well below net/http's 10 MiB. An attempt held about

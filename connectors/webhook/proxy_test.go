@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxd/outboxd/connectors"
+	"github.com/outboxd/outboxd/connectors/connectortest"
 	"github.com/outboxd/outboxd/connectors/webhook"
 )
 
@@ -25,7 +26,7 @@ func TestDeliver_ProxyRefusalNamesTheProxy(t *testing.T) {
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	serveConns(t, ln, func(c net.Conn) {
+	connectortest.ServeConns(t, ln, func(c net.Conn) {
 		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
 			return
 		}
