@@ -331,6 +331,34 @@ func Excerpt(s string, limit int) string {
 	return s[:cut] + "…"
 }
 
+// HideSecret returns res and err with secret replaced by xxxxx in res and in err's
+// message, err keeping its classification and what it wraps. A receiver, a proxy or a
+// stand-in that repeats the request's Authorization header in its answer (stripe-mock
+// refuses a key that is not a test key so: "Authorization was 'Bearer sk_live_…'")
+// would otherwise put an API key or token in the row's result and last_error, which the
+// intent API and MCP show to agents.
+func HideSecret(res json.RawMessage, err error, secret string) (json.RawMessage, error) {
+	if secret == "" {
+		return res, err
+	}
+	if bytes.Contains(res, []byte(secret)) {
+		res = bytes.ReplaceAll(res, []byte(secret), []byte(redacted))
+	}
+	if err != nil && strings.Contains(err.Error(), secret) {
+		err = &secretHidden{err: err, secret: secret}
+	}
+	return res, err
+}
+
+// secretHidden is an error whose message shows xxxxx for secret (see [HideSecret]).
+type secretHidden struct {
+	err    error
+	secret string
+}
+
+func (e *secretHidden) Error() string { return strings.ReplaceAll(e.err.Error(), e.secret, redacted) }
+func (e *secretHidden) Unwrap() error { return e.err }
+
 // MarshalResult encodes a connector's result for storage. It keeps <, > and & as they are
 // (results are read by people) and panics only on a value JSON cannot hold, which is a
 // programmer error in the connector.

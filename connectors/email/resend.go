@@ -228,6 +228,13 @@ type ResendResult struct {
 // may send the email) and a gateway's 502 or 504 (or Cloudflare's 520 or 524, which
 // fronts Resend's API).
 func (c *Resend) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
+	res, err := c.deliver(ctx, d)
+	// An answer (a proxy's, a stand-in's at OUTBOX_EMAIL_API_BASE) may repeat the
+	// request's Authorization header, the API key in it.
+	return connectors.HideSecret(res, err, c.apiKey)
+}
+
+func (c *Resend) deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
 	body, err := c.build(d)
 	if err != nil {
 		return nil, connectors.Permanent(fmt.Errorf("deliver email via resend: %w", err))

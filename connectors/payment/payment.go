@@ -75,6 +75,7 @@ var ErrTimeout = errors.New("payment attempt timed out")
 // Connector performs Stripe API calls named by rows. It is safe for concurrent use.
 type Connector struct {
 	client  *stripe.Client
+	apiKey  string // hidden in what answers repeat of it (see connectors.HideSecret)
 	base    string // the API base as messages show it, without a password
 	keyHint string // the redacted key
 	timeout time.Duration
@@ -160,6 +161,7 @@ func New(cfg Config) (*Connector, error) {
 	})
 	return &Connector{
 		client:  stripe.NewClient(cfg.APIKey, stripe.WithBackends(&stripe.Backends{API: backend})),
+		apiKey:  cfg.APIKey,
 		base:    u.Redacted(),
 		keyHint: redactKey(cfg.APIKey),
 		timeout: cfg.Timeout,
@@ -360,6 +362,12 @@ func (e *badParamsError) Unwrap() error { return e.err }
 // idempotency key. See the package documentation for the payload, the result and how
 // failures are classified.
 func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
+	res, err := c.deliver(ctx, d)
+	// An answer may repeat the request's Authorization header, the API key in it.
+	return connectors.HideSecret(res, err, c.apiKey)
+}
+
+func (c *Connector) deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
 	if d.Key == "" {
 		return nil, connectors.Permanent(errors.New("deliver payment: the row has no idempotency key"))
 	}

@@ -118,8 +118,9 @@ type Connector struct {
 	target string // the URL as errors show it: scheme and host (connectors.RedactEndpoint)
 	// echoes replaces the parts of the URL that target hides (its path, query, query
 	// values, user name and password, as a receiver may quote them) with xxxxx, longest
-	// first; nil when there are none (see urlEchoes).
-	echoes *strings.Replacer
+	// first; nil when there are none (see urlEchoes). echoParts are those parts.
+	echoes    *strings.Replacer
+	echoParts []string
 	// secrets are the signing keys, in the order their signatures are sent; nil when
 	// requests are not signed.
 	secrets [][]byte
@@ -204,10 +205,9 @@ func New(cfg Config) (*Connector, error) {
 	// row. Those are percent-encoded, as a browser sends them; the values read the same.
 	u.RawQuery = escapeQuery(u.RawQuery)
 	c.url, c.target = u.String(), connectors.RedactEndpoint(u.String())
-	c.echoes = urlEchoes(u)
+	c.echoes, c.echoParts = urlEchoes(u)
 	if u.User != nil {
-		password, _ := u.User.Password()
-		c.authorization = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+password))
+		c.authorization = "Basic " + basicCredentials(u.User)
 	}
 
 	// The transport, not http.Client: a client's redirect and cookie handling are not
@@ -450,6 +450,9 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	excerpt, truncated := readExcerpt(answerBody(resp), c.maxBody)
 	// Before it is stored or quoted: an answer may repeat what target hides.
 	if c.echoes != nil {
+		if truncated {
+			excerpt = dropCutEcho(excerpt, c.echoParts)
+		}
 		excerpt = c.echoes.Replace(excerpt)
 	}
 	res := connectors.MarshalResult(result{Status: resp.StatusCode, Body: excerpt, Truncated: truncated})
@@ -466,7 +469,7 @@ const minEcho = 5
 // (its res.redirect, Rails', Apache's) name their target, which often repeats the
 // path and query, in the body. A token in the URL would otherwise reach last_error, the
 // stored result and, through the intent API, agents.
-func urlEchoes(u *url.URL) *strings.Replacer {
+func urlEchoes(u *url.URL) (*strings.Replacer, []string) {
 	var parts []string
 	add := func(s ...string) {
 		for _, p := range s {
@@ -488,10 +491,13 @@ func urlEchoes(u *url.URL) *strings.Replacer {
 	}
 	if u.User != nil {
 		password, _ := u.User.Password()
-		add(u.User.Username(), password)
+		// And as they are sent, HTTP Basic authentication's base64 of "user:password",
+		// which a receiver that repeats the request's Authorization header quotes.
+		basic := basicCredentials(u.User)
+		add(u.User.Username(), password, basic, strings.ReplaceAll(basic, "/", `\/`))
 	}
 	if len(parts) == 0 {
-		return nil
+		return nil, nil
 	}
 	// A Replacer tries its pairs in order at each place: the longest part first.
 	slices.SortStableFunc(parts, func(a, b string) int { return len(b) - len(a) })
@@ -499,7 +505,30 @@ func urlEchoes(u *url.URL) *strings.Replacer {
 	for _, p := range parts {
 		pairs = append(pairs, p, "xxxxx")
 	}
-	return strings.NewReplacer(pairs...)
+	return strings.NewReplacer(pairs...), parts
+}
+
+// dropCutEcho removes from the end of an excerpt cut at its limit the start of one of
+// parts that the cut split ("Cannot POST /hooks/T0K" of /hooks/T0KEN): the replacer
+// finds only whole parts, and would leave all of a token but its last bytes.
+func dropCutEcho(excerpt string, parts []string) string {
+	cut := 0
+	for _, p := range parts {
+		for n := min(len(p)-1, len(excerpt)); n > cut; n-- {
+			if strings.HasSuffix(excerpt, p[:n]) {
+				cut = n
+				break
+			}
+		}
+	}
+	return excerpt[:len(excerpt)-cut]
+}
+
+// basicCredentials is the base64 of "user:password", as HTTP Basic authentication sends
+// a URL's user info.
+func basicCredentials(user *url.Userinfo) string {
+	password, _ := user.Password()
+	return base64.StdEncoding.EncodeToString([]byte(user.Username() + ":" + password))
 }
 
 // signature returns the webhook-signature value for one request: each secret's
