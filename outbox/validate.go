@@ -33,11 +33,12 @@ var PaymentOperations = []string{
 	"customer.create",
 }
 
-// The range of PostgreSQL's timestamptz: 4714-11-24 BC to 294276-12-31 (UTC).
-var (
-	minTimestamp = time.Date(-4713, 11, 24, 0, 0, 0, 0, time.UTC)
-	maxTimestamp = time.Date(294277, 1, 1, 0, 0, 0, 0, time.UTC)
-)
+// MinTimestamp is the earliest time PostgreSQL's timestamptz holds, 4714-11-24 BC
+// (UTC); a Message's NotBefore may be as early, and must be before 294277-01-01.
+var MinTimestamp = time.Date(-4713, 11, 24, 0, 0, 0, 0, time.UTC)
+
+// maxTimestamp is the first time after timestamptz's range.
+var maxTimestamp = time.Date(294277, 1, 1, 0, 0, 0, 0, time.UTC)
 
 var (
 	connectorPattern = regexp.MustCompile(`^[a-z][a-z0-9_]*(:[a-z0-9_]+)?$`)
@@ -119,7 +120,7 @@ func prepare(m Message) (prepared, error) {
 	if !utf8.ValidString(m.CreatedBy) || strings.ContainsRune(m.CreatedBy, 0) {
 		return p, invalid("created_by is not valid UTF-8 or contains a NUL character")
 	}
-	if !m.NotBefore.IsZero() && (m.NotBefore.Before(minTimestamp) || !m.NotBefore.Before(maxTimestamp)) {
+	if !m.NotBefore.IsZero() && (m.NotBefore.Before(MinTimestamp) || !m.NotBefore.Before(maxTimestamp)) {
 		return p, invalid("not_before %s is outside PostgreSQL's timestamptz range", m.NotBefore.UTC().Format(time.RFC3339))
 	}
 

@@ -1549,6 +1549,11 @@ func (inst *instance) scanFound(rows []claimed) {
 		}
 	}
 	inst.scanFrom = first.Add(-scanMargin)
+	if inst.scanFrom.Before(outbox.MinTimestamp) {
+		// PostgreSQL cannot hold it (a NotBefore near its earliest time): every claim
+		// from there failed with "timestamp out of range". The head is as good.
+		inst.scanFrom = time.Time{}
+	}
 }
 
 // share cuts the plans' limits so that together they ask for at most room rows: each
@@ -3147,7 +3152,23 @@ func queueRecord(b *pgx.Batch, batch []outcome, args []any, own []string) int {
 		b.Queue(recordAgainSQL, args...)
 		n = 2
 	}
-	return n + queuePark(b, batch) + queueRelease(b, batch, own)
+	return n + queuePark(b, batch) + queueRelease(b, batch, own) + queueWakeEarlier(b, batch, own)
+}
+
+// queueWakeEarlier queues wakeEarlierSQL when batch holds outcomes of rows of ordering
+// keys, and returns how many statements that is (0 or 1).
+func queueWakeEarlier(b *pgx.Batch, batch []outcome, own []string) int {
+	var ids []int64
+	for _, o := range batch {
+		if o.ordered {
+			ids = append(ids, o.id)
+		}
+	}
+	if len(ids) == 0 {
+		return 0
+	}
+	b.Queue(wakeEarlierSQL, ids, own)
+	return 1
 }
 
 // queuePark queues parkSQL when batch puts rows of ordering keys back to pending for a

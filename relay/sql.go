@@ -485,6 +485,21 @@ WHERE n.id = ANY (ARRAY(` + nextUnfinished + `))
 ORDER BY n.id
 FOR NO KEY UPDATE OF n`
 
+// wakeEarlierSQL wakes the relays (NOTIFY, sent at commit) when a row of $1, rows of
+// ordering keys whose outcome this transaction wrote (no longer in flight: delivered,
+// dead, back to pending or held), has an earlier row of its key pending, of an instance
+// other than $2 (the instances this relay claims itself, see lockNextSQL). Such a row was
+// replayed while the later one was in flight, and waited for it (claimSQL: no later row
+// of its key delivering); it may be due now, and a relay with its instance, which the
+// replay's NOTIFY woke while it still waited, heard nothing more and found it only at
+// its poll interval. lockNextSQL looks only for the rows after each row.
+const wakeEarlierSQL = `
+SELECT pg_notify('` + notifyChannel + `', '')
+WHERE EXISTS (
+    SELECT 1 FROM outbox h JOIN outbox e ON e.ordering_key = h.ordering_key AND e.id < h.id
+    WHERE h.id = ANY($1::bigint[]) AND h.status <> 'delivering'
+      AND e.status = 'pending' AND e.connector <> ALL($2::text[]))`
+
 // releaseSQL hands back rows this relay ($1) claimed but never started, $2 with the
 // attempts $5 they were claimed for and their claims' leases $6: they return to pending
 // and the attempt that never began is uncounted. A row claimed again since (its lease
