@@ -414,7 +414,8 @@ const MaxAnswerHeaderBytes = 64 << 10
 // application has put a RoundTripper of its own there (an instrumenting wrapper, a test's
 // mock), which cannot be cloned, a transport with the settings net/http gives its
 // default one. A type assertion would panic there. Either way, it reads no answer whose
-// headers exceed [MaxAnswerHeaderBytes].
+// headers exceed [MaxAnswerHeaderBytes], and counts the bytes written to its
+// connections (see [TraceSend]).
 func CloneDefaultTransport() *http.Transport {
 	t, ok := http.DefaultTransport.(*http.Transport)
 	if ok {
@@ -431,6 +432,16 @@ func CloneDefaultTransport() *http.Transport {
 		}
 	}
 	t.MaxResponseHeaderBytes = MaxAnswerHeaderBytes
+	// Its connections count the bytes written to them, so that an attempt whose request
+	// never left is not taken for one the receiver may have acted on (see TraceSend).
+	// Not where an application dials by the deprecated Dial only.
+	if t.DialContext != nil || t.Dial == nil {
+		dial := t.DialContext
+		if dial == nil {
+			dial = (&net.Dialer{}).DialContext
+		}
+		t.DialContext = countWrites(dial)
+	}
 	return t
 }
 

@@ -10,11 +10,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptrace"
 	"net/mail"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/outboxd/outboxd/connectors"
@@ -242,14 +240,7 @@ func (c *Resend) deliver(ctx context.Context, d connectors.Delivery) (json.RawMe
 
 	ctx, cancel := context.WithTimeoutCause(ctx, c.timeout, ErrResendTimeout)
 	defer cancel()
-	var wrote atomic.Bool
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		WroteRequest: func(info httptrace.WroteRequestInfo) {
-			if info.Err == nil {
-				wrote.Store(true)
-			}
-		},
-	})
+	ctx, sent := connectors.TraceSend(ctx)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
 	if err != nil {
 		return nil, connectors.Permanent(fmt.Errorf("POST %s: build request: %w", c.target, err))
@@ -266,7 +257,7 @@ func (c *Resend) deliver(ctx context.Context, d connectors.Delivery) (json.RawMe
 
 	resp, err := c.client.Do(req)
 	if err != nil {
-		return nil, c.sendError(ctx, err, wrote.Load())
+		return nil, c.sendError(ctx, err, sent(err))
 	}
 	defer resp.Body.Close() //nolint:errcheck // read to the limit below; nothing to report
 	raw, readErr := io.ReadAll(io.LimitReader(resp.Body, maxResendAnswer))

@@ -10,12 +10,10 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	slackgo "github.com/slack-go/slack"
@@ -481,17 +479,10 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 		opts = append(opts, slackgo.MsgOptionTS(m.ThreadTS))
 	}
 
-	var wrote atomic.Bool
-	postCtx := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		WroteRequest: func(info httptrace.WroteRequestInfo) {
-			if info.Err == nil {
-				wrote.Store(true)
-			}
-		},
-	})
+	postCtx, sent := connectors.TraceSend(ctx)
 	channel, ts, err := c.api.PostMessageContext(postCtx, m.Channel, opts...)
 	if err != nil {
-		return nil, c.classify(ctx, "chat.postMessage "+m.Channel, err, wrote.Load())
+		return nil, c.classify(ctx, "chat.postMessage "+m.Channel, err, sent(err))
 	}
 	if ts == "" {
 		// Slack's "ok" always comes with the message's ts: this answer is no account of a

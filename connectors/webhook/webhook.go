@@ -15,13 +15,11 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptrace"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -381,14 +379,7 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 
 	ctx, cancel := context.WithTimeoutCause(ctx, c.timeout, ErrTimeout)
 	defer cancel()
-	var wrote atomic.Bool
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		WroteRequest: func(info httptrace.WroteRequestInfo) {
-			if info.Err == nil {
-				wrote.Store(true)
-			}
-		},
-	})
+	ctx, sent := connectors.TraceSend(ctx)
 
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(d.Payload))
 	if err != nil {
@@ -430,7 +421,7 @@ func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 
 	resp, err := c.transport.RoundTrip(req)
 	if err != nil {
-		return nil, c.sendError(ctx, req, err, wrote.Load())
+		return nil, c.sendError(ctx, req, err, sent(err))
 	}
 	if resp.StatusCode < 200 {
 		// 101 Switching Protocols is the only 1xx that ends a request (the transport
