@@ -97,9 +97,11 @@
 //     [CheckPayload] tells the payload's faults apart without sending; it is registered
 //     for outbox.Enqueue, which refuses such keys itself. A whole number written with a fraction or an exponent (2000.0,
 //     2e3) goes into an integer parameter as that integer.
-//   - Network errors and timeouts are retried. Once a connection was obtained the
-//     request may have reached Stripe, so those are also marked
-//     [connectors.Ambiguous]; Stripe enforces the key, so the retry is safe. An answer
+//   - Network errors and timeouts are retried. Once the request was written it may
+//     have reached Stripe, so those are also marked [connectors.Ambiguous]; Stripe
+//     enforces the key, so the retry is safe. A failure before any of the request left
+//     (a keep-alive connection reset before the flush, a refused TLS handshake: see
+//     [connectors.TraceSend]) is not ambiguous. An answer
 //     that cannot be read (a 2xx body that is not a Stripe object) is ambiguous too.
 //
 // Messages name the operation and the API base, never the API key; [Config] and

@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptrace"
 	"net/url"
 	"slices"
 	"strings"
@@ -395,11 +394,10 @@ func (c *Connector) deliver(ctx context.Context, d connectors.Delivery) (json.Ra
 	defer cancel()
 	ex := &exchange{}
 	ctx = context.WithValue(ctx, exchangeKey{}, ex)
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		// Once a connection is in hand the request may be (partly) on the wire. Stripe
-		// enforces the key, so calling a failure from here on ambiguous costs nothing.
-		GotConn: func(httptrace.GotConnInfo) { ex.gotConn.Store(true) },
-	})
+	// Whether any of the request reached Stripe (see connectors.TraceSend): a failure
+	// before that (a keep-alive connection reset before the flush, a refused TLS 1.3
+	// handshake) sent nothing Stripe could act on, and is not ambiguous.
+	ctx, ex.sent = connectors.TraceSend(ctx)
 
 	resp, err := op.call(ctx, c.client, id, params, d.Key)
 	if err != nil {
@@ -563,7 +561,7 @@ func (c *Connector) classify(ctx context.Context, what string, ex *exchange, err
 	if timedOut && !errors.Is(cause, ErrTimeout) {
 		cause = fmt.Errorf("%w: %w", ErrTimeout, cause)
 	}
-	sent := ex.gotConn.Load()
+	sent := ex.sent(err)
 	switch {
 	case sent && timedOut:
 		return nil, connectors.Ambiguous(fmt.Errorf("%s: no answer within %s; Stripe may have acted: %w", what, c.timeout, cause))
@@ -682,11 +680,11 @@ func retryable(err error, header http.Header) error {
 const maxErrorExcerpt = 200
 
 // exchange records what the transport saw of one attempt, for classification: whether
-// a connection was obtained, the answer's status and headers when one came (a
+// any of the request may have reached Stripe, the answer's status and headers when one came (a
 // non-Stripe error body loses them inside stripe-go), and whether reading its body
 // failed (stripe-go returns the bare read error).
 type exchange struct {
-	gotConn  atomic.Bool
+	sent     func(err error) bool // from connectors.TraceSend
 	bodyLost atomic.Bool
 	mu       sync.Mutex
 	status   int
@@ -727,21 +725,48 @@ func (t *observingTransport) RoundTrip(req *http.Request) (*http.Response, error
 			ex.mu.Lock()
 			ex.status, ex.header = resp.StatusCode, resp.Header
 			ex.mu.Unlock()
-			resp.Body = &observedBody{ReadCloser: resp.Body, ex: ex}
+			resp.Body = &observedBody{ReadCloser: resp.Body, ex: ex, left: maxAnswerBytes}
 		}
 	}
 	return resp, err
 }
 
+// maxAnswerBytes bounds how much of an answer is read. stripe-go reads every answer
+// whole, with no bound of its own: an answer without end (a proxy streaming a file) held
+// all an attempt could read within its time limit, at up to the relay's concurrency at
+// once. Stripe's answers to the operations here are single objects, far smaller.
+const maxAnswerBytes = 1 << 20
+
+// errAnswerTooLarge ends the reading of an answer longer than maxAnswerBytes.
+var errAnswerTooLarge = fmt.Errorf("the answer is longer than %d MiB, and was not read further", maxAnswerBytes>>20)
+
 // observedBody is an answer's body that records in its exchange a read that failed
-// before the end: the connection dropped, or the attempt's time limit struck.
+// before the end: the connection dropped, or the attempt's time limit struck. It reads
+// no more than left bytes more, and fails with errAnswerTooLarge when there are.
 type observedBody struct {
 	io.ReadCloser
-	ex *exchange
+	ex   *exchange
+	left int64
 }
 
 func (b *observedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		// All that is read of an answer is in: is there more?
+		var one [1]byte
+		n, err := b.ReadCloser.Read(one[:])
+		if n > 0 {
+			return 0, errAnswerTooLarge
+		}
+		if err != nil && err != io.EOF {
+			b.ex.bodyLost.Store(true)
+		}
+		return 0, err
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
 	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
 	if err != nil && err != io.EOF {
 		b.ex.bodyLost.Store(true)
 	}
