@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -135,6 +136,10 @@ type Connector struct {
 	tlsName   string
 	tlsConfig *tls.Config
 	now       func() time.Time
+	// secrets are the password as AUTH sends it (in base64, alone for LOGIN and with the
+	// user name for PLAIN) and as written, longest first: a server's reply may quote them,
+	// and none may reach an error (see hideSecrets).
+	secrets []string
 }
 
 var _ connectors.Connector = (*Connector)(nil)
@@ -195,6 +200,10 @@ func New(cfg Config) (*Connector, error) {
 	}
 	if c.tlsConfig.ServerName == "" {
 		c.tlsConfig.ServerName = host
+	}
+	if c.password != "" {
+		b64 := base64.StdEncoding.EncodeToString
+		c.secrets = []string{b64([]byte("\x00" + c.username + "\x00" + c.password)), b64([]byte(c.password)), c.password}
 	}
 	return c, nil
 }
@@ -331,6 +340,21 @@ type message struct {
 // Deliver sends the row as one email, over a new connection. See the package
 // documentation for the message built and how failures are classified.
 func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
+	res, err := c.deliver(ctx, d)
+	return c.hideSecrets(res, err)
+}
+
+// hideSecrets replaces the password, and its base64 as AUTH sent it, with xxxxx in res
+// and err, which keeps its classification: a server that refuses a login may quote the
+// line it refused, and the error becomes the row's last_error.
+func (c *Connector) hideSecrets(res json.RawMessage, err error) (json.RawMessage, error) {
+	for _, secret := range c.secrets {
+		res, err = connectors.HideSecret(res, err, secret)
+	}
+	return res, err
+}
+
+func (c *Connector) deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
 	m, err := c.build(d)
 	if err != nil {
 		return nil, connectors.Permanent(fmt.Errorf("deliver email: %w", err))
@@ -549,7 +573,11 @@ func (c *Connector) send(ctx context.Context, client *smtp.Client, m *message) (
 		if err := client.Rcpt(angle(rcpt)); err != nil {
 			te, ok := errors.AsType[*textproto.Error](err)
 			if !ok {
-				return Result{}, c.replyError(ctx, "RCPT TO", err) // the connection failed
+				// The connection failed. A server that refused earlier recipients may have
+				// hung up with the last of them (421 closes it): those replies say why, and
+				// a 5xx among them makes the row permanent.
+				errs = append(errs, fmt.Errorf("%s: %w", rcpt, err))
+				return Result{}, c.replyError(ctx, "RCPT TO", errors.Join(errs...))
 			}
 			// 452 with enhanced code 4.5.3 after recipients of this message were taken is
 			// the server's limit on recipients per message (RFC 5321 section 4.5.3.1.10,
@@ -586,7 +614,13 @@ func (c *Connector) send(ctx context.Context, client *smtp.Client, m *message) (
 		return Result{}, fmt.Errorf("smtp %s: send message: %w", c.addr, withCause(ctx, err))
 	}
 	res := Result{MessageID: m.messageID, Accepted: m.rcpts}
-	code, text, err := endData(client, dc)
+	code, text, sent, err := endData(client, dc)
+	if err != nil && !sent {
+		// The write of the message's end failed, and no reply was there to read: the
+		// final "." never left, so the server cannot have accepted the message.
+		return Result{}, fmt.Errorf("smtp %s: end of message: the connection failed before the message's end was sent, so the server cannot have accepted it: %w",
+			c.addr, withCause(ctx, err))
+	}
 	if err != nil {
 		// The whole message went out and the reply never came: the server may have
 		// queued it.
@@ -614,11 +648,20 @@ func (c *Connector) send(ctx context.Context, client *smtp.Client, m *message) (
 // ReadResponse. That one refuses a reply that is a bare code, so a server's "250" to
 // the message looked like a lost reply: the attempt was ambiguous, and the message,
 // which the server had queued, went out again on every retry.
-func endData(client *smtp.Client, dc *smtp.DataCloser) (int, string, error) {
-	// As DataCloser.Close: a failed write leaves the reply to tell (a broken connection
-	// has none to read).
-	_ = dc.WriteCloser.Close()
-	return readReply(&client.Text.Reader)
+//
+// sent is false when the write of the message's end failed and no reply could be read:
+// the final "." did not leave (a write that fails leaves its last bytes unsent), so the
+// server cannot have taken the message. err is then the write's error.
+func endData(client *smtp.Client, dc *smtp.DataCloser) (code int, text string, sent bool, err error) {
+	// As DataCloser.Close: a failed write leaves the reply to tell (a server that refused
+	// the message early and closed the connection), but a broken connection has none to
+	// read.
+	werr := dc.WriteCloser.Close()
+	code, text, err = readReply(&client.Text.Reader)
+	if err != nil && werr != nil {
+		return 0, "", false, werr
+	}
+	return code, text, true, err
 }
 
 // readReply reads one reply, of one line or several, as textproto's ReadResponse does,
