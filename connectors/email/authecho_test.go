@@ -47,50 +47,31 @@ func TestDeliver_RefusedLoginQuotingTheCredentialsDoesNotShowThem(t *testing.T) 
 // client's last line and what it decodes to.
 func quotingAuthServer(t *testing.T, mech string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				r := bufio.NewReader(conn)
-				_, _ = io.WriteString(conn, "220 mx.test ESMTP\r\n")
-				logins := 0
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					line = strings.TrimRight(line, "\r\n")
-					switch cmd := strings.ToUpper(line); {
-					case strings.HasPrefix(cmd, "EHLO"):
-						_, _ = io.WriteString(conn, "250-mx.test\r\n250 AUTH "+mech+"\r\n")
-					case cmd == "AUTH LOGIN":
-						_, _ = io.WriteString(conn, "334 VXNlcm5hbWU6\r\n")
-					case strings.HasPrefix(cmd, "AUTH PLAIN "):
-						quote(conn, strings.TrimPrefix(line, "AUTH PLAIN "))
-					case cmd == "QUIT":
-						_, _ = io.WriteString(conn, "221 bye\r\n")
-						return
-					case mech == "LOGIN" && logins == 0:
-						logins++
-						_, _ = io.WriteString(conn, "334 UGFzc3dvcmQ6\r\n")
-					case mech == "LOGIN" && logins == 1:
-						logins++
-						quote(conn, line)
-					default:
-						_, _ = io.WriteString(conn, "501 5.5.2 syntax error\r\n")
-					}
-				}
-			}()
+	logins := 0 // of the connection under way (one at a time), counted from its EHLO
+	return lineServer(t, func(conn net.Conn, _ *bufio.Reader, line string) bool {
+		line = strings.TrimRight(line, "\r\n")
+		switch cmd := strings.ToUpper(line); {
+		case strings.HasPrefix(cmd, "EHLO"):
+			logins = 0
+			_, _ = io.WriteString(conn, "250-mx.test\r\n250 AUTH "+mech+"\r\n")
+		case cmd == "AUTH LOGIN":
+			_, _ = io.WriteString(conn, "334 VXNlcm5hbWU6\r\n")
+		case strings.HasPrefix(cmd, "AUTH PLAIN "):
+			quote(conn, strings.TrimPrefix(line, "AUTH PLAIN "))
+		case cmd == "QUIT":
+			_, _ = io.WriteString(conn, "221 bye\r\n")
+			return true
+		case mech == "LOGIN" && logins == 0:
+			logins++
+			_, _ = io.WriteString(conn, "334 UGFzc3dvcmQ6\r\n")
+		case mech == "LOGIN" && logins == 1:
+			logins++
+			quote(conn, line)
+		default:
+			_, _ = io.WriteString(conn, "501 5.5.2 syntax error\r\n")
 		}
-	}()
-	return ln.Addr().String()
+		return false
+	})
 }
 
 func quote(w io.Writer, got string) {

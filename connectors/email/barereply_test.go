@@ -57,10 +57,41 @@ func TestDeliver_BareReplyToTheMessage(t *testing.T) {
 // end of each message with reply, verbatim. It counts the messages it read to the end.
 func scriptedServer(t *testing.T, reply string) (string, *atomic.Int64) {
 	t.Helper()
+	var messages atomic.Int64
+	addr := lineServer(t, func(conn net.Conn, r *bufio.Reader, line string) bool {
+		switch cmd := strings.ToUpper(line); {
+		case strings.HasPrefix(cmd, "EHLO"), strings.HasPrefix(cmd, "HELO"):
+			_, _ = io.WriteString(conn, "250 mx.test\r\n")
+		case strings.HasPrefix(cmd, "DATA"):
+			_, _ = io.WriteString(conn, "354 go ahead\r\n")
+			for line != ".\r\n" {
+				var err error
+				if line, err = r.ReadString('\n'); err != nil {
+					return true
+				}
+			}
+			messages.Add(1)
+			_, _ = io.WriteString(conn, reply)
+		case strings.HasPrefix(cmd, "QUIT"):
+			_, _ = io.WriteString(conn, "221 bye\r\n")
+			return true
+		default: // MAIL, RCPT, RSET
+			_, _ = io.WriteString(conn, "250 ok\r\n")
+		}
+		return false
+	})
+	return addr, &messages
+}
+
+// lineServer is an SMTP server on loopback: it greets each connection, and hands every
+// line the client sends (its line ending left on) to handle, with the connection to
+// answer on and its reader for the lines after (a message's), until handle says the
+// conversation is over or the connection ends. It returns the server's address.
+func lineServer(t *testing.T, handle func(conn net.Conn, r *bufio.Reader, line string) (over bool)) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
-	var messages atomic.Int64
 	go func() {
 		for {
 			conn, err := ln.Accept()
@@ -73,30 +104,12 @@ func scriptedServer(t *testing.T, reply string) (string, *atomic.Int64) {
 				_, _ = io.WriteString(conn, "220 mx.test ESMTP\r\n")
 				for {
 					line, err := r.ReadString('\n')
-					if err != nil {
+					if err != nil || handle(conn, r, line) {
 						return
-					}
-					switch cmd := strings.ToUpper(line); {
-					case strings.HasPrefix(cmd, "EHLO"), strings.HasPrefix(cmd, "HELO"):
-						_, _ = io.WriteString(conn, "250 mx.test\r\n")
-					case strings.HasPrefix(cmd, "DATA"):
-						_, _ = io.WriteString(conn, "354 go ahead\r\n")
-						for line != ".\r\n" {
-							if line, err = r.ReadString('\n'); err != nil {
-								return
-							}
-						}
-						messages.Add(1)
-						_, _ = io.WriteString(conn, reply)
-					case strings.HasPrefix(cmd, "QUIT"):
-						_, _ = io.WriteString(conn, "221 bye\r\n")
-						return
-					default: // MAIL, RCPT, RSET
-						_, _ = io.WriteString(conn, "250 ok\r\n")
 					}
 				}
 			}()
 		}
 	}()
-	return ln.Addr().String(), &messages
+	return ln.Addr().String()
 }

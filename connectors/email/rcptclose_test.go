@@ -53,36 +53,16 @@ func TestDeliver_RecipientRefusalBeforeAHangUpIsKept(t *testing.T) {
 // hangUpAfterFirstRcptServer answers the first RCPT with reply and closes the connection.
 func hangUpAfterFirstRcptServer(t *testing.T, reply string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				r := bufio.NewReader(conn)
-				_, _ = io.WriteString(conn, "220 mx.test ESMTP\r\n")
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					switch cmd := strings.ToUpper(line); {
-					case strings.HasPrefix(cmd, "EHLO"), strings.HasPrefix(cmd, "HELO"):
-						_, _ = io.WriteString(conn, "250 mx.test\r\n")
-					case strings.HasPrefix(cmd, "RCPT"):
-						_, _ = io.WriteString(conn, reply)
-						return
-					default:
-						_, _ = io.WriteString(conn, "250 ok\r\n")
-					}
-				}
-			}()
+	return lineServer(t, func(conn net.Conn, _ *bufio.Reader, line string) bool {
+		switch cmd := strings.ToUpper(line); {
+		case strings.HasPrefix(cmd, "EHLO"), strings.HasPrefix(cmd, "HELO"):
+			_, _ = io.WriteString(conn, "250 mx.test\r\n")
+		case strings.HasPrefix(cmd, "RCPT"):
+			_, _ = io.WriteString(conn, reply)
+			return true
+		default:
+			_, _ = io.WriteString(conn, "250 ok\r\n")
 		}
-	}()
-	return ln.Addr().String()
+		return false
+	})
 }
