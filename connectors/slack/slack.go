@@ -143,7 +143,10 @@ func New(cfg Config) (*Connector, error) {
 	// A redirected POST would be resent as a GET without its body; a 3xx is an answer to
 	// classify, not a place to go.
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	client.Transport = slackAnswers{retryAfterSeconds{cmp.Or[http.RoundTripper](client.Transport, http.DefaultTransport)}}
+	client.Transport = slackAnswers{
+		next:        retryAfterSeconds{cmp.Or[http.RoundTripper](client.Transport, http.DefaultTransport)},
+		lookupLimit: max(maxPostAnswerBytes, int64(cfg.HistoryLimit)*lookupAnswerBytesPerMessage),
+	}
 
 	return &Connector{
 		// No slackgo.OptionRetry: the relay owns retries, and a library retry of a post
@@ -232,7 +235,24 @@ func retryAfter(ctx context.Context, code int, err error) error {
 // would be stored as delivered, without a ts, though nothing may have been posted, and a
 // lookup so answered read as a conversation without the key, after which the retry
 // would post again.
-type slackAnswers struct{ next http.RoundTripper }
+//
+// It reads no more of an answer than its bound (see [maxPostAnswerBytes]): slack-go
+// decodes every answer with no bound of its own, and an answer without end (a proxy
+// streaming a file) held all an attempt could read within its time limit, at up to the
+// relay's concurrency at once.
+type slackAnswers struct {
+	next        http.RoundTripper
+	lookupLimit int64 // the bound of a lookup's answer, which holds up to HistoryLimit messages
+}
+
+const (
+	// maxPostAnswerBytes bounds chat.postMessage's answer, which echoes one message (at
+	// most 40,000 characters of text and 50 blocks): far smaller.
+	maxPostAnswerBytes = 1 << 20
+	// lookupAnswerBytesPerMessage is what a lookup's answer may hold for each message a
+	// page asks for (Config.HistoryLimit), at least maxPostAnswerBytes in all.
+	lookupAnswerBytesPerMessage = 64 << 10
+)
 
 func (t slackAnswers) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.GetBody != nil {
@@ -248,10 +268,17 @@ func (t slackAnswers) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil || resp.StatusCode != http.StatusOK {
 		return resp, err
 	}
-	body, err := io.ReadAll(resp.Body)
+	limit := t.lookupLimit
+	if strings.HasSuffix(req.URL.Path, "/chat.postMessage") {
+		limit = maxPostAnswerBytes
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	_ = resp.Body.Close()
 	if err != nil {
 		return nil, err // the connection failed mid-answer
+	}
+	if int64(len(body)) > limit {
+		return nil, fmt.Errorf("%w (%d KiB, read no further)", errAnswerTooLarge, limit>>10)
 	}
 	var answer struct {
 		OK    *bool  `json:"ok"`
@@ -275,6 +302,13 @@ func (t slackAnswers) CloseIdleConnections() {
 // errNotSlackAnswer is an HTTP 200 that slackAnswers refused. It does not quote the body:
 // a service that echoes requests would show the token.
 var errNotSlackAnswer = errors.New(`HTTP 200 without Slack's "ok" and error code: not an answer of the Slack Web API (is APIBase right?)`)
+
+// errNoCursor is a lookup's page that says there are more messages and gives no cursor
+// to ask for them.
+var errNoCursor = errors.New(`answered has_more without a next_cursor: the messages after this page cannot be asked for (is APIBase right?)`)
+
+// errAnswerTooLarge is an HTTP 200 longer than slackAnswers reads.
+var errAnswerTooLarge = errors.New(`HTTP 200 longer than an answer of the Slack Web API (is APIBase right? for a lookup, a smaller HistoryLimit asks for shorter pages)`)
 
 // errNoMessages is a lookup's "ok" without the messages, which Slack always gives.
 var errNoMessages = errors.New(`answered "ok" without "messages": not an answer of the Slack Web API (is APIBase right?)`)
@@ -589,8 +623,13 @@ func (c *Connector) scan(ctx context.Context, where *string, page func(cursor st
 		if ts, ok := findKey(msgs, key); ok {
 			return ts, true, nil
 		}
-		if !more || next == "" {
+		if !more {
 			return "", false, nil // read to the end: no earlier attempt posted
+		}
+		if next == "" {
+			// More to read, and no way to ask for it: not read to the end, so an earlier
+			// attempt's message may be there still. Looked at again on the next attempt.
+			return "", false, c.classify(ctx, "look up the key in "+*where, errNoCursor, false)
 		}
 		cursor = next
 	}
@@ -680,7 +719,7 @@ func (c *Connector) classify(ctx context.Context, op string, err error, wrote bo
 		}
 		return err
 	}
-	if errors.Is(err, errNotSlackAnswer) {
+	if errors.Is(err, errNotSlackAnswer) || errors.Is(err, errAnswerTooLarge) {
 		if wrote {
 			// Something answered for Slack, as a gateway's 502 does: it may have passed
 			// the post on.
