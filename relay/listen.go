@@ -87,6 +87,17 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	// A connection that only waits is idle to the server: idle_session_timeout (set on
+	// the database or the role) ends it, so it is pinged within half of that. Read before
+	// the LISTEN, which stays the session's last statement (pg_stat_activity) until a ping.
+	check := r.listenCheck
+	var idleMillis int64
+	if err := conn.QueryRow(setupCtx, `SELECT (extract(epoch FROM coalesce(current_setting('idle_session_timeout', true), '0')::interval) * 1000)::int8`).Scan(&idleMillis); err != nil {
+		return fmt.Errorf("read idle_session_timeout: %w", err)
+	}
+	if half := time.Duration(idleMillis) * time.Millisecond / 2; half > 0 && half < check {
+		check = half
+	}
 	if _, err := conn.Exec(setupCtx, "LISTEN "+notifyChannel); err != nil {
 		return fmt.Errorf("LISTEN: %w", err)
 	}
@@ -119,7 +130,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		}
 	})
 	for {
-		n, err := r.waitForNotification(waitCtx, conn)
+		n, err := r.waitForNotification(waitCtx, conn, check)
 		if err != nil {
 			if ctx.Err() == nil && waitCtx.Err() != nil {
 				return errRelisten
@@ -148,9 +159,11 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 // most of an hour with pgx's defaults: meanwhile no NOTIFY woke the relay, and /readyz
 // said LISTEN was up. A wait cut short by its own deadline leaves the connection usable
 // (pgx's default context handler sets a read deadline and sends no cancel request).
-func (r *Relay) waitForNotification(ctx context.Context, conn *pgx.Conn) (*pgconn.Notification, error) {
+// check is how long a wait lasts before the ping: r.listenCheck, or less where the
+// session's idle_session_timeout would end it sooner.
+func (r *Relay) waitForNotification(ctx context.Context, conn *pgx.Conn, check time.Duration) (*pgconn.Notification, error) {
 	for {
-		waitCtx, cancel := context.WithTimeout(ctx, r.listenCheck)
+		waitCtx, cancel := context.WithTimeout(ctx, check)
 		n, err := conn.WaitForNotification(waitCtx)
 		idle := err != nil && ctx.Err() == nil && waitCtx.Err() != nil
 		cancel()
