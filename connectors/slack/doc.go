@@ -36,8 +36,11 @@
 // thread is gone, Slack posts a reply to it in the channel, so the history is read),
 // [Config.HistoryLimit] messages a page, up to 10 pages, only the messages since 10
 // minutes before the row's first attempt (connectors.Delivery.FirstAttemptAt; all of
-// them when it is unknown). If a message whose metadata carries the key is there, Deliver
-// returns it without posting:
+// them when it is unknown). A page that says there are more messages but gives no
+// cursor for them ends the lookup unfinished: nothing is posted, and the next attempt
+// looks again. An answer is read to at most 1 MiB for a post and 64 KiB a message asked for
+// (at least 1 MiB) for a lookup's page. If a message whose metadata carries the key is
+// there, Deliver returns it without posting:
 //
 //	{"channel": "C0123ABCD", "ts": "1700000000.000200", "reconciled": true}
 //
