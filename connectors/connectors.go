@@ -331,32 +331,46 @@ func Excerpt(s string, limit int) string {
 	return s[:cut] + "…"
 }
 
-// HideSecret returns res and err with secret replaced by xxxxx in res and in err's
-// message, err keeping its classification and what it wraps. A receiver, a proxy or a
-// stand-in that repeats the request's Authorization header in its answer (stripe-mock
-// refuses a key that is not a test key so: "Authorization was 'Bearer sk_live_…'")
-// would otherwise put an API key or token in the row's result and last_error, which the
-// intent API and MCP show to agents.
-func HideSecret(res json.RawMessage, err error, secret string) (json.RawMessage, error) {
-	if secret == "" {
-		return res, err
+// HideSecret returns res and err with each of secrets replaced by xxxxx in res and in
+// err's message, in the order given (a longer one that holds a shorter first), err
+// keeping its classification and what it wraps. A receiver, a proxy or a stand-in that
+// repeats the request's Authorization header in its answer (stripe-mock refuses a key
+// that is not a test key so: "Authorization was 'Bearer sk_live_…'"), or a server that
+// quotes a refused login, would otherwise put an API key, token or password in the
+// row's result and last_error, which the intent API and MCP show to agents.
+func HideSecret(res json.RawMessage, err error, secrets ...string) (json.RawMessage, error) {
+	var inErr []string
+	for _, secret := range secrets {
+		if secret == "" {
+			continue
+		}
+		if bytes.Contains(res, []byte(secret)) {
+			res = bytes.ReplaceAll(res, []byte(secret), []byte(redacted))
+		}
+		if err != nil && strings.Contains(err.Error(), secret) {
+			inErr = append(inErr, secret)
+		}
 	}
-	if bytes.Contains(res, []byte(secret)) {
-		res = bytes.ReplaceAll(res, []byte(secret), []byte(redacted))
-	}
-	if err != nil && strings.Contains(err.Error(), secret) {
-		err = &secretHidden{err: err, secret: secret}
+	if len(inErr) > 0 {
+		err = &secretHidden{err: err, secrets: inErr}
 	}
 	return res, err
 }
 
-// secretHidden is an error whose message shows xxxxx for secret (see [HideSecret]).
+// secretHidden is an error whose message shows xxxxx for secrets (see [HideSecret]).
 type secretHidden struct {
-	err    error
-	secret string
+	err     error
+	secrets []string
 }
 
-func (e *secretHidden) Error() string { return strings.ReplaceAll(e.err.Error(), e.secret, redacted) }
+func (e *secretHidden) Error() string {
+	msg := e.err.Error()
+	for _, secret := range e.secrets {
+		msg = strings.ReplaceAll(msg, secret, redacted)
+	}
+	return msg
+}
+
 func (e *secretHidden) Unwrap() error { return e.err }
 
 // MarshalResult encodes a connector's result for storage. It keeps <, > and & as they are

@@ -186,9 +186,9 @@ type instance struct {
 	unsent     atomic.Int64  // rows of a rate-limited instance claimed, not yet sent nor handed back
 	claimed    atomic.Int64  // rows claimed and not finished
 	jobs       chan claimed  // claimed rows waiting for one of the instance's workers
-	// holds: its ambiguous attempts are held (AmbiguousHold on a forwarded connector), so
-	// it claims no row that no free slot can take (see claimRound); slotted counts its
-	// rows holding a slot, for that only.
+	// holds: its ambiguous attempts are held (AmbiguousHold on a forwarded connector; see
+	// decide), so it claims no row that no free slot can take (see claimRound); slotted
+	// counts its rows holding a slot, for that only.
 	holds   bool
 	slotted atomic.Int64
 	// The latest time a request took its token at, so that none takes one at an
@@ -2553,7 +2553,7 @@ func (r *Relay) decide(inst *instance, row claimed, result json.RawMessage, err 
 	o.ambiguous = connectors.IsAmbiguous(err)
 	msg := fmt.Sprintf("attempt %d: %v", row.attempt, err)
 	switch {
-	case o.ambiguous && slices.Contains(r.hold, inst.name):
+	case o.ambiguous && inst.holds:
 		// Before permanent: an answer both ambiguous and final (a 303) is an ambiguous
 		// attempt too, and dead would let its ordering key's next row go undecided.
 		o.status = statusHeld

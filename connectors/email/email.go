@@ -138,7 +138,7 @@ type Connector struct {
 	now       func() time.Time
 	// secrets are the password as AUTH sends it (in base64, alone for LOGIN and with the
 	// user name for PLAIN) and as written, longest first: a server's reply may quote them,
-	// and none may reach an error (see hideSecrets).
+	// and none may reach an error (see Deliver).
 	secrets []string
 }
 
@@ -341,17 +341,8 @@ type message struct {
 // documentation for the message built and how failures are classified.
 func (c *Connector) Deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
 	res, err := c.deliver(ctx, d)
-	return c.hideSecrets(res, err)
-}
-
-// hideSecrets replaces the password, and its base64 as AUTH sent it, with xxxxx in res
-// and err, which keeps its classification: a server that refuses a login may quote the
-// line it refused, and the error becomes the row's last_error.
-func (c *Connector) hideSecrets(res json.RawMessage, err error) (json.RawMessage, error) {
-	for _, secret := range c.secrets {
-		res, err = connectors.HideSecret(res, err, secret)
-	}
-	return res, err
+	// A server that refuses a login may quote the line it refused.
+	return connectors.HideSecret(res, err, c.secrets...)
 }
 
 func (c *Connector) deliver(ctx context.Context, d connectors.Delivery) (json.RawMessage, error) {
